@@ -1,0 +1,63 @@
+// comm: moving activations and gradients between stages. A Transport is one rank's endpoint:
+// send() returns without waiting for the receiver; recv() waits until the matching message
+// arrives, its deadline passes (TimeoutError) or the transport is aborted (TransportError).
+// Every message carries the validated wire header (comm/wire.h). Backends live in their own
+// folder (local/, later ucx/, nccl/) and are created through make_transport_group().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/wire.h"
+#include "common/deadline.h"
+
+namespace pipetrain::comm {
+
+enum class Kind : uint8_t { Activation = 1, Grad = 2 };
+
+// What a message is: its tag is derived from kind, chunk and micro-batch; the step is checked
+// by the receiver against the header.
+struct MessageId {
+  Kind kind;
+  int micro_batch;
+  int chunk = 0;
+  int64_t step = 0;
+
+  uint64_t tag() const {
+    return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(chunk & 0xffff) << 32) |
+           static_cast<uint32_t>(micro_batch);
+  }
+  std::string describe() const;  // "activation of micro-batch 3 (step 7)"
+};
+
+struct TransportOptions {
+  uint64_t max_message_bytes = uint64_t(1) << 32;  // 4 GiB
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;
+
+  virtual void send(int dst, const MessageId& id, const at::Tensor& tensor) = 0;
+  virtual at::Tensor recv(int src, const MessageId& id, Deadline deadline) = 0;
+
+  // Wakes every waiting recv with an error that carries `reason`; later calls fail at once.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// Header for `tensor` (dtype, dims, bytes) sent as `id`.
+WireHeader make_header(const at::Tensor& tensor, const MessageId& id);
+
+// Checks that a received header is the message that was asked for and describes `tensor`.
+void check_received(const WireHeader& h, const MessageId& id, int self, int src);
+
+// The endpoints of all ranks of one in-process group, one per rank.
+std::vector<std::unique_ptr<Transport>> make_local_group(int world_size, TransportOptions options = {});
+
+}  // namespace pipetrain::comm

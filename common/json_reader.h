@@ -1,0 +1,67 @@
+// Typed, path-aware reading of JSON config objects. Every error is one line that names where
+// the value came from (the config file or the --set flag) and the full key path; unknown keys
+// are refused with the nearest valid key.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pipetrain {
+
+class JsonReader {
+ public:
+  // `origins` maps full key paths that came from a command-line override to that override's
+  // text, so errors about them point at the flag instead of the file.
+  JsonReader(const nlohmann::json& obj, std::string path, std::string source,
+             std::shared_ptr<const std::map<std::string, std::string>> origins = nullptr);
+
+  bool has(const std::string& key) const;
+  const std::string& path() const { return path_; }
+
+  int64_t get_int(const std::string& key, int64_t def, int64_t min, int64_t max);
+  int64_t require_int(const std::string& key, int64_t min, int64_t max);
+  double get_number(const std::string& key, double def, double min, double max);
+  bool get_bool(const std::string& key, bool def);
+  std::string get_string(const std::string& key, const std::string& def);
+  std::string get_choice(const std::string& key, const std::string& def,
+                         const std::vector<std::string>& choices);
+  std::vector<double> get_numbers(const std::string& key, const std::vector<double>& def);
+  // The raw value, marked as known; for keys whose type depends on the value (e.g. balance).
+  const nlohmann::json* get_raw(const std::string& key);
+
+  // A nested object (empty if absent).
+  JsonReader child(const std::string& key);
+
+  // Marks a key as known without reading it (for keys read elsewhere).
+  void accept(const std::string& key) { known_.insert(key); }
+
+  // Throws ConfigError for the first key that was never read.
+  void finish() const;
+
+  // "where" prefix for a key: "<source>: <path.key>" or "--set <path.key>=...: <path.key>".
+  std::string where(const std::string& key) const;
+  [[noreturn]] void fail(const std::string& key, const std::string& msg) const;
+
+ private:
+  std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const nlohmann::json* find(const std::string& key);
+
+  nlohmann::json obj_;
+  std::string path_;
+  std::string source_;
+  std::shared_ptr<const std::map<std::string, std::string>> origins_;
+  std::set<std::string> known_;
+};
+
+// Parses JSON text; syntax errors become ConfigError "<source>:<line>:<col>: ...".
+nlohmann::json parse_json(const std::string& text, const std::string& source);
+
+// Describes a JSON value's type for error messages ("string \"4\"", "number 2.5").
+std::string describe(const nlohmann::json& v);
+
+}  // namespace pipetrain

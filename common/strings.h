@@ -1,0 +1,17 @@
+// Small string helpers used for user-facing messages.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+// Edit distance, for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// The candidate closest to `word`, or "" when none is reasonably close.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep);
+
+}  // namespace pipetrain

@@ -1,0 +1,12 @@
+// The built-in families. Each is one file; registry.cpp lists them.
+#pragma once
+
+#include "models/model.h"
+
+namespace pipetrain::models {
+
+Model build_mlp(JsonReader& model);
+Model build_cnn(JsonReader& model);
+Model build_gpt(JsonReader& model);
+
+}  // namespace pipetrain::models

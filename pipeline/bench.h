@@ -1,0 +1,39 @@
+// Side-by-side timing of the plain single-device loop and the pipeline on the same model,
+// batch and data, in one process run.
+#pragma once
+
+#include <iosfwd>
+
+#include "pipeline/trainer.h"
+
+namespace pipetrain::pipeline {
+
+struct BenchOptions {
+  int warmup = 3;
+  int repeat = 10;
+};
+
+struct BenchMeasure {
+  std::string name;
+  int threads = 0;               // intra-op threads (per stage for the pipeline)
+  double median_step_s = 0;
+  double min_step_s = 0, max_step_s = 0;
+  double samples_per_s = 0;      // batch / median step
+  int64_t peak_rss_bytes = 0;    // resident-memory high-water mark during this measure
+  double bubble = -1;            // pipeline only: idle share of stage time in the median step
+};
+
+struct BenchResult {
+  BenchMeasure baseline;            // plain loop, one stage's intra-op threads
+  BenchMeasure baseline_all_cores;  // plain loop, every core
+  BenchMeasure pipeline;
+};
+
+BenchResult run_bench(const Config& config, const BenchOptions& options);
+void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
+
+// Resident-memory high-water mark of this process (VmHWM), and its reset (Linux >= 4.0).
+int64_t peak_rss_bytes();
+void reset_peak_rss();
+
+}  // namespace pipetrain::pipeline

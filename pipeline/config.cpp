@@ -1,0 +1,160 @@
+#include "pipeline/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "common/json_reader.h"
+
+namespace pipetrain::pipeline {
+
+using nlohmann::json;
+
+std::string Config::where(const std::string& key_path) const {
+  if (origins) {
+    auto it = origins->find(key_path);
+    if (it != origins->end()) return "--set " + it->second + ": " + key_path;
+  }
+  return source + ": " + key_path;
+}
+
+void apply_overrides(json& root, const std::vector<std::string>& overrides,
+                     std::map<std::string, std::string>& origins) {
+  for (const auto& text : overrides) {
+    const auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("--set " + text + ": expected key.path=value");
+    const std::string path = text.substr(0, eq), raw = text.substr(eq + 1);
+    json value;
+    try {
+      value = json::parse(raw);
+    } catch (const json::parse_error&) {
+      value = raw;  // bare words are strings: --set data.kind=synthetic
+    }
+    json* node = &root;
+    size_t start = 0;
+    for (;;) {
+      const auto dot = path.find('.', start);
+      const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (key.empty()) throw ConfigError("--set " + text + ": empty key in '" + path + "'");
+      if (!node->is_object()) {
+        throw ConfigError("--set " + text + ": " + path.substr(0, start ? start - 1 : 0) +
+                          " is not an object");
+      }
+      if (dot == std::string::npos) {
+        (*node)[key] = value;
+        break;
+      }
+      node = &(*node)[key];
+      if (node->is_null()) *node = json::object();
+      start = dot + 1;
+    }
+    origins[path] = text;
+  }
+}
+
+int intra_op_threads(const RuntimeConfig& runtime, int stages) {
+  if (runtime.intra_op_threads > 0) return runtime.intra_op_threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, stages));
+}
+
+Config parse_config(const json& input, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  if (!input.is_object()) throw ConfigError(source + ": the config must be a JSON object");
+  json root = input;
+  auto origins = std::make_shared<std::map<std::string, std::string>>();
+  apply_overrides(root, overrides, *origins);
+
+  Config c;
+  c.source = source;
+  c.origins = origins;
+  JsonReader top(root, "", source, origins);
+
+  if (const json* m = top.get_raw("model")) {
+    if (!m->is_object()) top.fail("model", "expected an object, got " + describe(*m));
+    c.model = *m;
+  } else {
+    top.fail("model", "is required (an object with at least \"family\")");
+  }
+
+  JsonReader data = top.child("data");
+  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist"});
+  c.data.batch_size = data.get_int("batch_size", c.data.batch_size, 1, 1 << 24);
+  c.data.path = data.get_string("path", c.data.path);
+  c.data.samples = data.get_int("samples", c.data.samples, 1, int64_t(1) << 32);
+  c.data.test_samples = data.get_int("test_samples", c.data.test_samples, 0, int64_t(1) << 32);
+  data.finish();
+
+  JsonReader pipe = top.child("pipeline");
+  c.pipeline.stages = static_cast<int>(pipe.get_int("stages", 1, 1, 4096));
+  c.pipeline.micro_batches = static_cast<int>(pipe.get_int("micro_batches", 1, 1, 1 << 20));
+  c.pipeline.schedule = pipe.get_choice("schedule", c.pipeline.schedule, {"gpipe"});
+  c.pipeline.checkpoint =
+      pipe.get_choice("checkpoint", c.pipeline.checkpoint, {"always", "except_last", "never"});
+  if (const json* b = pipe.get_raw("balance")) {
+    if (b->is_string()) {
+      if (b->get<std::string>() != "uniform")
+        pipe.fail("balance", "unknown method \"" + b->get<std::string>() +
+                                 "\"; use \"uniform\" or a list of layer counts");
+    } else if (b->is_array()) {
+      for (const auto& e : *b) {
+        if (!e.is_number_integer())
+          pipe.fail("balance", "expected a list of integers, found " + describe(e));
+        c.pipeline.balance.push_back(e.get<int>());
+      }
+    } else {
+      pipe.fail("balance", "expected \"uniform\" or a list of layer counts, got " + describe(*b));
+    }
+  }
+  pipe.finish();
+  if (c.pipeline.micro_batches > c.data.batch_size)
+    pipe.fail("micro_batches", detail::concat(c.pipeline.micro_batches,
+                                              " micro-batches exceed data.batch_size ", c.data.batch_size,
+                                              " (each micro-batch needs at least one sample)"));
+
+  JsonReader opt = top.child("optimizer");
+  c.optimizer.kind = opt.get_choice("kind", c.optimizer.kind, {"sgd", "adam", "adamw"});
+  c.optimizer.lr = opt.get_number("lr", c.optimizer.lr, 0.0, 1e6);
+  c.optimizer.momentum = opt.get_number("momentum", c.optimizer.momentum, 0.0, 1.0);
+  c.optimizer.nesterov = opt.get_bool("nesterov", c.optimizer.nesterov);
+  c.optimizer.weight_decay = opt.get_number("weight_decay", c.optimizer.weight_decay, 0.0, 1e6);
+  auto betas = opt.get_numbers("betas", {c.optimizer.beta1, c.optimizer.beta2});
+  if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
+    opt.fail("betas", "expected two numbers in [0, 1)");
+  c.optimizer.beta1 = betas[0];
+  c.optimizer.beta2 = betas[1];
+  c.optimizer.eps = opt.get_number("eps", c.optimizer.eps, 0.0, 1.0);
+  opt.finish();
+
+  JsonReader train = top.child("train");
+  c.train.steps = train.get_int("steps", c.train.steps, 0, int64_t(1) << 40);
+  c.train.seed = static_cast<uint64_t>(train.get_int("seed", 0, 0, INT64_MAX));
+  c.train.log_every = train.get_int("log_every", c.train.log_every, 1, int64_t(1) << 40);
+  c.train.eval_batches = train.get_int("eval_batches", c.train.eval_batches, 0, int64_t(1) << 40);
+  train.finish();
+
+  JsonReader rt = top.child("runtime");
+  c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads"});
+  c.runtime.transport = rt.get_choice("transport", c.runtime.transport, {"local"});
+  c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
+  c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);
+  c.runtime.max_message_bytes = static_cast<uint64_t>(
+      rt.get_int("max_message_bytes", static_cast<int64_t>(c.runtime.max_message_bytes), 1, INT64_MAX));
+  c.runtime.dtype = rt.get_choice("dtype", c.runtime.dtype, {"float32", "float64"});
+  rt.finish();
+
+  top.finish();
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(parse_json(ss.str(), path), path, overrides);
+}
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,82 @@
+// pipeline: the training engine. config.h reads and validates a JSON config (plus --set
+// overrides) into typed sections; every mistake is a one-line ConfigError naming the file or
+// flag and the key path.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pipetrain::pipeline {
+
+struct DataConfig {
+  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist"
+  int64_t batch_size = 64;
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t samples = 8192;       // synthetic train split size
+  int64_t test_samples = 1024;  // synthetic test split size
+};
+
+struct PipelineConfig {
+  int stages = 1;
+  int micro_batches = 1;
+  std::string schedule = "gpipe";
+  std::string checkpoint = "except_last";
+  std::vector<int> balance;  // empty: uniform
+};
+
+struct OptimizerConfig {
+  std::string kind = "sgd";  // "sgd" | "adam" | "adamw"
+  double lr = 0.01;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  int64_t log_every = 10;
+  int64_t eval_batches = 0;  // 0: the whole test split
+};
+
+struct RuntimeConfig {
+  std::string kind = "threads";
+  std::string transport = "local";
+  int intra_op_threads = 0;  // 0: cores / stages
+  double timeout_s = 300;
+  uint64_t max_message_bytes = uint64_t(1) << 32;
+  std::string dtype = "float32";
+};
+
+struct Config {
+  std::string source;                   // file name, for messages
+  nlohmann::json model;                 // the `model` object, read by models::build
+  std::shared_ptr<const std::map<std::string, std::string>> origins;  // key path -> --set text
+  DataConfig data;
+  PipelineConfig pipeline;
+  OptimizerConfig optimizer;
+  TrainConfig train;
+  RuntimeConfig runtime;
+
+  // Where a key came from, for messages: "--set k=v: k" or "<file>: k".
+  std::string where(const std::string& key_path) const;
+};
+
+// Applies "key.path=value" overrides (value parsed as JSON, else taken as a string).
+void apply_overrides(nlohmann::json& root, const std::vector<std::string>& overrides,
+                     std::map<std::string, std::string>& origins);
+
+Config parse_config(const nlohmann::json& root, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Intra-op threads per stage: the configured value, or cores / stages (at least 1).
+int intra_op_threads(const RuntimeConfig& runtime, int stages);
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,243 @@
+#include "pipeline/pipeline.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "pipeline/config.h"
+#include "pipeline/worker.h"
+
+namespace pipetrain::pipeline {
+
+using schedule::Op;
+
+namespace {
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
+
+struct Pipeline::Impl {
+  PipelineOptions options;
+  torch::nn::Sequential model;
+  partitioner::Balance balance;
+  schedule::Schedule sched;
+  std::vector<std::unique_ptr<stages::Stage>> stages;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  std::vector<std::unique_ptr<Worker>> workers;
+  StepTrace trace;
+  int64_t step = 0;
+  std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
+
+  // Inputs of the step being run, shared read-only with the stage threads.
+  std::vector<at::Tensor> inputs, targets;
+  std::vector<int64_t> offsets;
+  std::vector<double> weights, losses;
+
+  void run_stage(int r, bool apply_optimizer, Clock::time_point t0);
+  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer);
+};
+
+Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& p = *impl_;
+  p.options = options;
+  p.model = model;
+  const int layers = static_cast<int>(model->size());
+  if (options.stages > layers)
+    throw ConfigError(detail::concat("pipeline: ", options.stages, " stages but the model has only ",
+                                     layers, " layers"));
+  if (options.micro_batches < 1)
+    throw ConfigError(detail::concat("pipeline: micro_batches must be >= 1, got ", options.micro_batches));
+  p.balance = options.balance.empty() ? partitioner::uniform(layers, options.stages) : options.balance;
+  partitioner::check(p.balance, layers, options.stages, "pipeline");
+  p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches);
+  schedule::validate(p.sched);
+
+  auto off = partitioner::offsets(p.balance);
+  auto children = model->named_children();
+  for (int r = 0; r < options.stages; ++r) {
+    torch::nn::Sequential slice;
+    // AnyModule copies share the module: the stages train the caller's own layers.
+    for (int i = off[r]; i < off[r + 1]; ++i) slice->push_back(children[i].key(), *(model->begin() + i));
+    p.stages.push_back(std::make_unique<stages::Stage>(r, options.stages, slice, options.recompute));
+  }
+  p.stages.back()->set_loss(std::move(loss));
+  p.optimizers.resize(options.stages);
+  p.transports = comm::make_local_group(options.stages, options.transport);
+  for (int r = 0; r < options.stages; ++r)
+    p.workers.push_back(std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads));
+  p.trace.spans.resize(options.stages);
+}
+
+Pipeline::~Pipeline() = default;
+
+void Pipeline::set_optimizer(OptimizerFactory factory) {
+  for (size_t r = 0; r < impl_->stages.size(); ++r) {
+    auto params = impl_->stages[r]->layers()->parameters();
+    impl_->optimizers[r] = params.empty() ? nullptr : factory(params);
+  }
+}
+
+void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0) {
+  stages::Stage& stage = *stages[r];
+  comm::Transport& t = *transports[r];
+  const int M = options.micro_batches;
+  stage.begin_step(options.seed, step, M);
+  for (auto& param : stage.layers()->parameters()) param.mutable_grad() = at::Tensor();
+  std::map<int, at::Tensor> received, outputs, grads;
+  auto& spans = trace.spans[r];
+  spans.clear();
+  for (const schedule::Action& a : sched.actions[r]) {
+    const int m = a.micro_batch;
+    const double start = seconds_since(t0);
+    const comm::MessageId act{comm::Kind::Activation, m, a.chunk, step};
+    const comm::MessageId grad{comm::Kind::Grad, m, a.chunk, step};
+    try {
+    switch (a.op) {
+      case Op::RecvActivation:
+        received[m] = t.recv(r - 1, act, Deadline::after(options.timeout_s));
+        break;
+      case Op::Forward: {
+        at::Tensor in = stage.is_first() ? inputs[m] : received.at(m);
+        received.erase(m);
+        at::Tensor out = stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(), weights[m]);
+        if (stage.is_last())
+          losses[m] = out.item<double>();
+        else
+          outputs[m] = out;
+        break;
+      }
+      case Op::SendActivation:
+        t.send(r + 1, act, outputs.at(m));
+        outputs.erase(m);
+        break;
+      case Op::RecvGrad:
+        grads[m] = t.recv(r + 1, grad, Deadline::after(options.timeout_s));
+        break;
+      case Op::Backward: {
+        at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(m);
+        grads.erase(m);
+        at::Tensor gin = stage.backward(m, g);
+        if (!stage.is_first()) outputs[m] = gin;  // the input gradient waits for SendGrad
+        break;
+      }
+      case Op::SendGrad:
+        t.send(r - 1, grad, outputs.at(m));
+        outputs.erase(m);
+        break;
+    }
+    } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
+      throw Error(detail::concat("stage ", r, ": ", schedule::to_string(a), ": ",
+                                 e.what_without_backtrace()));
+    }
+    spans.push_back({a.op, m, start, seconds_since(t0)});
+  }
+  if (apply_optimizer && optimizers[r]) optimizers[r]->step();
+}
+
+double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer) {
+  const int M = options.micro_batches;
+  const int64_t N = input.size(0);
+  if (N < M)
+    throw ConfigError(detail::concat("pipeline: batch of ", N, " samples cannot be split into ", M,
+                                     " micro-batches"));
+  if (target.size(0) != N)
+    throw ConfigError(detail::concat("pipeline: ", N, " inputs but ", target.size(0), " targets"));
+  inputs = input.tensor_split(M, 0);
+  targets = target.tensor_split(M, 0);
+  offsets.assign(M, 0);
+  weights.assign(M, 0);
+  losses.assign(M, 0);
+  for (int m = 0; m < M; ++m) {
+    offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : 0;
+    weights[m] = static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
+  }
+
+  const auto t0 = Clock::now();
+  std::vector<Worker::Result> results;
+  // A failing stage aborts the transport at once so its peers stop waiting; the earliest
+  // failure is the cause and is what the caller sees.
+  for (int r = 0; r < options.stages; ++r)
+    workers[r]->submit([this, r, apply_optimizer, t0] {
+      try {
+        run_stage(r, apply_optimizer, t0);
+      } catch (const std::exception& e) {
+        int none = -1;
+        first_failure.compare_exchange_strong(none, r);  // before the abort wakes the peers
+        transports[r]->abort(detail::concat("stage ", r, " failed: ", e.what()));
+        throw;
+      }
+    });
+  for (int r = 0; r < options.stages; ++r) results.push_back(workers[r]->wait());
+  trace.wall = seconds_since(t0);
+  inputs.clear();
+  targets.clear();
+  const int failed = first_failure.exchange(-1);
+  if (failed >= 0) {
+    transports = comm::make_local_group(options.stages, options.transport);  // fresh mailboxes
+    ++step;
+    std::rethrow_exception(results[failed].error);
+  }
+  ++step;
+  double loss = 0;
+  for (double l : losses) loss += l;
+  return loss;
+}
+
+double Pipeline::train_step(const at::Tensor& input, const at::Tensor& target) {
+  return impl_->run_step(input, target, /*apply_optimizer=*/true);
+}
+
+double Pipeline::forward_backward(const at::Tensor& input, const at::Tensor& target) {
+  return impl_->run_step(input, target, /*apply_optimizer=*/false);
+}
+
+at::Tensor Pipeline::predict(const at::Tensor& input) {
+  torch::NoGradGuard no_grad;
+  impl_->model->eval();
+  at::Tensor x = input;
+  try {
+    for (auto& s : impl_->stages) x = s->layers()->forward(x);
+  } catch (...) {
+    impl_->model->train();
+    throw;
+  }
+  impl_->model->train();
+  return x;
+}
+
+int Pipeline::stages() const { return impl_->options.stages; }
+const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
+const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
+const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
+int64_t Pipeline::step() const { return impl_->step; }
+torch::nn::Sequential& Pipeline::stage_layers(int stage) { return impl_->stages.at(stage)->layers(); }
+
+OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
+  return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (c.kind == "sgd")
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
+    if (c.kind == "adam")
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+    if (c.kind == "adamw")
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+    throw ConfigError("optimizer.kind: unknown optimizer '" + c.kind + "'");
+  };
+}
+
+at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
+}
+
+}  // namespace pipetrain::pipeline

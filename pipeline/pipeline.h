@@ -1,0 +1,95 @@
+// The public C++ API. A Pipeline takes a torch::nn::Sequential, splits it into stages (the
+// modules are shared, so the caller's model sees every update), and runs each step as a
+// schedule of micro-batch forwards and backwards, one thread per stage, over a transport.
+//
+//   auto model = torch::nn::Sequential(...);
+//   pipetrain::pipeline::Pipeline pipe(model, {.stages = 2, .micro_batches = 8}, loss_fn);
+//   pipe.set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
+//   double loss = pipe.train_step(input, target);
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+
+#include "comm/transport.h"
+#include "partitioner/partition.h"
+#include "schedule/schedule.h"
+#include "stages/stage.h"
+
+namespace pipetrain::pipeline {
+
+struct PipelineOptions {
+  int stages = 1;
+  int micro_batches = 1;
+  partitioner::Balance balance;  // empty: uniform
+  std::string schedule = "gpipe";
+  stages::Recompute recompute = stages::Recompute::ExceptLast;
+  int intra_op_threads = 1;  // libtorch intra-op threads in each stage thread
+  double timeout_s = 300;    // longest wait for a message from another stage
+  uint64_t seed = 0;         // seeds the random streams of dropout (common/rng.h)
+  comm::TransportOptions transport;
+};
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
+
+// One executed action: times are seconds since the step began.
+struct Span {
+  schedule::Op op;
+  int micro_batch;
+  double start, end;
+};
+
+struct StepTrace {
+  double wall = 0;                       // seconds the step took
+  std::vector<std::vector<Span>> spans;  // spans[stage]
+};
+
+class Pipeline {
+ public:
+  // `loss` returns the mean loss of one micro-batch (e.g. cross-entropy with mean reduction);
+  // the pipeline weights it by the micro-batch's share of the batch, so the step's loss is the
+  // mean over the whole batch even when the batch does not divide evenly.
+  Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Each stage gets its own optimizer over its own parameters.
+  void set_optimizer(OptimizerFactory factory);
+
+  // Zeroes gradients, runs forward and backward of every micro-batch, and (when an optimizer
+  // is set) steps it. Returns the batch's mean loss.
+  double train_step(const at::Tensor& input, const at::Tensor& target);
+
+  // Forward and backward only: gradients accumulate into the parameters' .grad (zeroed first).
+  double forward_backward(const at::Tensor& input, const at::Tensor& target);
+
+  // Forward of the whole batch in evaluation mode, without gradients.
+  at::Tensor predict(const at::Tensor& input);
+
+  int stages() const;
+  const partitioner::Balance& balance() const;
+  const schedule::Schedule& schedule() const;
+  const StepTrace& last_trace() const;
+  int64_t step() const;  // steps run so far
+  torch::nn::Sequential& stage_layers(int stage);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds a torch optimizer over `params` from the config's optimizer section.
+struct OptimizerConfig;
+OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
+
+// Cross-entropy over the last dimension with mean reduction (classifiers and language models).
+at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target);
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,165 @@
+#include "pipeline/trainer.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/rng.h"
+#include "common/strings.h"
+
+namespace pipetrain::pipeline {
+
+models::Model build_model(const Config& c) {
+  JsonReader model_reader(c.model, "model", c.source, c.origins);
+  models::Model m = models::build(model_reader, c.train.seed);
+  m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
+  return m;
+}
+
+Job prepare(const Config& c) {
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat};
+  const int layers = static_cast<int>(job.model.layers->size());
+  if (c.pipeline.stages > layers)
+    throw ConfigError(c.where("pipeline.stages") + ": " + std::to_string(c.pipeline.stages) +
+                      " stages but the model has only " + std::to_string(layers) + " layers (" +
+                      join(models::layer_names(job.model.layers), ", ") + ")");
+  if (!c.pipeline.balance.empty())
+    partitioner::check(c.pipeline.balance, layers, c.pipeline.stages, c.where("pipeline.balance"));
+  job.data = load_dataset(c, job.model);
+
+  PipelineOptions& o = job.options;
+  o.stages = c.pipeline.stages;
+  o.micro_batches = c.pipeline.micro_batches;
+  o.balance = c.pipeline.balance;
+  o.schedule = c.pipeline.schedule;
+  o.recompute = stages::parse_recompute(c.pipeline.checkpoint);
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
+  o.timeout_s = c.runtime.timeout_s;
+  o.seed = c.train.seed;
+  o.transport.max_message_bytes = c.runtime.max_message_bytes;
+  return job;
+}
+
+Batch to_model(const Job& job, Batch b) {
+  if (b.input.is_floating_point()) b.input = b.input.to(job.dtype);
+  return b;
+}
+
+namespace {
+
+std::string clock_text(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+}  // namespace
+
+void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
+  const int64_t B = job.config.data.batch_size;
+  int64_t batches = job.data.test_batches(B);
+  if (job.config.train.eval_batches > 0) batches = std::min(batches, job.config.train.eval_batches);
+  double loss_sum = 0, correct = 0;
+  int64_t samples = 0, targets = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch b = to_model(job, job.data.test_batch(i, B));
+    at::Tensor out = pipe.predict(b.input);
+    const int64_t n = b.target.numel();
+    loss_sum += mean_cross_entropy(out, b.target).item<double>() * static_cast<double>(n);
+    correct += out.argmax(-1).eq(b.target).sum().item<double>();
+    targets += n;
+    samples += b.input.size(0);
+  }
+  result.test_samples = samples;
+  if (targets > 0) {
+    result.test_loss = loss_sum / static_cast<double>(targets);
+    result.test_accuracy = correct / static_cast<double>(targets);
+  }
+}
+
+TrainResult train(Job& job, const TrainOptions& options) {
+  const Config& c = job.config;
+  Pipeline pipe(job.model.layers, job.options, mean_cross_entropy);
+  pipe.set_optimizer(make_optimizer_factory(c.optimizer));
+
+  std::ofstream metrics;
+  if (!options.metrics_path.empty()) {
+    metrics.open(options.metrics_path, std::ios::out | std::ios::trunc);
+    if (!metrics) throw ConfigError("--metrics " + options.metrics_path + ": cannot open for writing");
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  const int64_t steps = c.train.steps, B = c.data.batch_size;
+  std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage\n",
+               c.model.value("family", "?").c_str(), job.data.name.c_str(), pipe.stages(),
+               partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
+               c.pipeline.checkpoint.c_str(), job.options.intra_op_threads);
+
+  TrainResult result;
+  const auto start = Clock::now();
+  auto window_start = start;
+  int64_t window_samples = 0;
+  double rate = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    Batch b = to_model(job, job.data.train_batch(s, B, c.train.seed));
+    const auto t0 = Clock::now();
+    const double loss = pipe.train_step(b.input, b.target);
+    const auto t1 = Clock::now();
+    const double step_s = std::chrono::duration<double>(t1 - t0).count();
+    const double elapsed = std::chrono::duration<double>(t1 - start).count();
+    result.losses.push_back(loss);
+    if (!std::isfinite(loss))
+      throw Error(detail::concat("step ", s + 1, ": the loss is ", loss, "; stopping (lower optimizer.lr?)"));
+    window_samples += B;
+    const double window_s = std::chrono::duration<double>(t1 - window_start).count();
+    if (window_s >= 1.0 || rate == 0) {
+      rate = window_samples / window_s;
+      window_start = t1;
+      window_samples = 0;
+    }
+    if (metrics) {
+      metrics << nlohmann::json{{"step", s + 1}, {"loss", loss}, {"samples_per_s", B / step_s},
+                                {"step_time_s", step_s}, {"time_s", elapsed}}.dump()
+              << "\n";
+    }
+    const bool last = s + 1 == steps;
+    if (options.progress && (tty || (s + 1) % c.train.log_every == 0 || last)) {
+      const double eta = rate > 0 ? (steps - s - 1) * B / rate : 0;
+      std::fprintf(stderr, "%sstep %lld/%lld | loss %.4f | %.0f samples/s | %s elapsed | %s left%s",
+                   tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(steps), loss,
+                   rate, clock_text(elapsed).c_str(), clock_text(eta).c_str(), tty ? "   " : "\n");
+      if (tty && last) std::fprintf(stderr, "\n");
+    }
+  }
+  const double total = std::chrono::duration<double>(Clock::now() - start).count();
+  result.samples_per_s = total > 0 ? steps * B / total : 0;
+  evaluate(job, pipe, result);
+  if (metrics && result.test_samples > 0)
+    metrics << nlohmann::json{{"event", "test"}, {"test_loss", result.test_loss},
+                              {"test_accuracy", result.test_accuracy}, {"test_samples", result.test_samples}}.dump()
+            << "\n";
+  return result;
+}
+
+SingleDevice::SingleDevice(torch::nn::Sequential model, stages::LossFn loss, OptimizerFactory optimizer,
+                           uint64_t seed)
+    : model_(std::move(model)), loss_(std::move(loss)), optimizer_(optimizer(model_->parameters())), seed_(seed) {}
+
+double SingleDevice::train_step(const at::Tensor& input, const at::Tensor& target) {
+  optimizer_->zero_grad();
+  RngContextGuard rng(RngContext{seed_, step_++, 0});
+  at::Tensor loss = loss_(model_->forward(input), target);
+  loss.backward();
+  optimizer_->step();
+  return loss.item<double>();
+}
+
+}  // namespace pipetrain::pipeline

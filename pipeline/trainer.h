@@ -1,0 +1,64 @@
+// Running a config: build the model and data, train with progress and metrics, evaluate.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "pipeline/config.h"
+#include "pipeline/data.h"
+#include "pipeline/pipeline.h"
+
+namespace pipetrain::pipeline {
+
+// Everything a config describes, built and checked.
+struct Job {
+  Config config;
+  models::Model model;
+  Dataset data;
+  PipelineOptions options;
+  at::ScalarType dtype;
+};
+
+// The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.
+models::Model build_model(const Config& config);
+
+// Builds the model (seeded by train.seed) and the data set, and checks stages and balance
+// against the layer count; every problem is a ConfigError or DataError.
+Job prepare(const Config& config);
+
+// Turns a data batch into model inputs of the job's dtype.
+Batch to_model(const Job& job, Batch b);
+
+struct TrainOptions {
+  std::string metrics_path;  // JSON lines, one per step; empty: none
+  bool progress = true;      // live progress line on stderr
+};
+
+struct TrainResult {
+  std::vector<double> losses;
+  double samples_per_s = 0;  // over the whole run
+  int64_t test_samples = 0;  // 0: no test split
+  double test_loss = 0, test_accuracy = 0;
+};
+
+TrainResult train(Job& job, const TrainOptions& options);
+
+// Mean loss and accuracy of `predict` over the test split (up to train.eval_batches batches).
+void evaluate(Job& job, Pipeline& pipe, TrainResult& result);
+
+// The plain single-device training loop the pipeline is compared against.
+class SingleDevice {
+ public:
+  SingleDevice(torch::nn::Sequential model, stages::LossFn loss, OptimizerFactory optimizer, uint64_t seed);
+  double train_step(const at::Tensor& input, const at::Tensor& target);
+
+ private:
+  torch::nn::Sequential model_;
+  stages::LossFn loss_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+};
+
+}  // namespace pipetrain::pipeline

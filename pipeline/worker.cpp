@@ -1,0 +1,62 @@
+#include "pipeline/worker.h"
+
+#include <ATen/Parallel.h>
+
+namespace pipetrain::pipeline {
+
+Worker::Worker(std::string name, int intra_op_threads)
+    : name_(std::move(name)), intra_op_threads_(intra_op_threads), thread_([this] { loop(); }) {}
+
+Worker::~Worker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Worker::submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    has_job_ = true;
+    done_ = false;
+    result_ = {};
+  }
+  cv_.notify_all();
+}
+
+Worker::Result Worker::wait() {
+  // Bounded by the job itself: every blocking call inside a stage has a deadline.
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  return result_;
+}
+
+void Worker::loop() {
+  // libtorch initialises a thread's intra-op count lazily from a process-wide value; do that
+  // first so the explicit setting below is the one that sticks for this thread.
+  at::get_num_threads();
+  at::set_num_threads(intra_op_threads_);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return has_job_ || stop_; });
+    if (stop_) return;
+    auto job = std::move(job_);
+    has_job_ = false;
+    lock.unlock();
+    Result result;
+    try {
+      job();
+    } catch (...) {
+      result.error = std::current_exception();
+    }
+    lock.lock();
+    result_ = result;
+    done_ = true;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,44 @@
+// A long-lived thread that runs one job at a time: each stage of an in-process pipeline owns
+// one, so libtorch's per-thread state (intra-op thread count, grad mode) persists across steps.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/deadline.h"
+
+namespace pipetrain::pipeline {
+
+class Worker {
+ public:
+  struct Result {
+    std::exception_ptr error;
+  };
+
+  Worker(std::string name, int intra_op_threads);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void submit(std::function<void()> job);
+  // Waits for the submitted job; its exception, if any, is returned rather than thrown.
+  Result wait();
+
+ private:
+  void loop();
+
+  std::string name_;
+  int intra_op_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool has_job_ = false, done_ = false, stop_ = false;
+  Result result_;
+  std::thread thread_;
+};
+
+}  // namespace pipetrain::pipeline

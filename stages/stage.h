@@ -1,0 +1,77 @@
+// stages: one contiguous slice of a model's layers on one device. A stage runs forward and
+// backward per micro-batch and decides, per micro-batch, whether to keep the activations
+// (autograd graph) or only the input and recompute in backward. Recomputation restores the
+// RNG context saved at forward time, so random layers draw the same masks again.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include "common/rng.h"
+
+namespace pipetrain::stages {
+
+enum class Recompute { Always, ExceptLast, Never };
+
+Recompute parse_recompute(const std::string& name);  // "always", "except_last", "never"
+const char* recompute_name(Recompute r);
+
+// Mean loss of one micro-batch; the stage scales it by the micro-batch's share of the batch.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+class Stage {
+ public:
+  Stage(int index, int num_stages, torch::nn::Sequential layers, Recompute recompute);
+
+  int index() const { return index_; }
+  bool is_first() const { return index_ == 0; }
+  bool is_last() const { return index_ == num_stages_ - 1; }
+  torch::nn::Sequential& layers() { return layers_; }
+
+  // The last stage turns its output into the loss.
+  void set_loss(LossFn loss) { loss_ = std::move(loss); }
+
+  // Starts a step: forgets any state of the previous one.
+  void begin_step(uint64_t seed, int64_t step, int micro_batches);
+
+  bool checkpointed(int micro_batch) const;
+
+  // Runs micro-batch `m`. `sample_offset` is its first sample's index in the mini-batch (for the
+  // RNG context). On the last stage `target` and `weight` (the micro-batch's share of the batch)
+  // give the loss, and the returned tensor is the weighted loss; elsewhere it is the output.
+  at::Tensor forward(int m, const at::Tensor& input, int64_t sample_offset,
+                     const at::Tensor& target = {}, double weight = 1.0);
+
+  // Backpropagates micro-batch `m` given the gradient of its output (undefined on the last
+  // stage) and returns the gradient of its input (undefined on the first stage).
+  at::Tensor backward(int m, const at::Tensor& grad_output);
+
+  // Micro-batches whose activations or inputs are still held.
+  size_t held() const { return saved_.size(); }
+
+ private:
+  struct Saved {
+    at::Tensor input;   // leaf that requires grad (stage > 0), or the raw input
+    at::Tensor output;  // graph output, or the weighted loss on the last stage; undefined if checkpointed
+    at::Tensor target;
+    double weight = 1.0;
+    RngContext rng;
+  };
+  at::Tensor run(const Saved& s);
+  at::Tensor as_leaf(const at::Tensor& input) const;
+
+  int index_, num_stages_;
+  torch::nn::Sequential layers_;
+  Recompute recompute_;
+  LossFn loss_;
+  uint64_t seed_ = 0;
+  int64_t step_ = 0;
+  int micro_batches_ = 0;
+  std::map<int, Saved> saved_;
+};
+
+}  // namespace pipetrain::stages

@@ -1,0 +1,179 @@
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "comm/transport.h"
+#include "comm/wire.h"
+#include "common/error.h"
+
+using namespace pipetrain;
+using namespace pipetrain::comm;
+
+namespace {
+WireHeader sample_header() {
+  WireHeader h;
+  h.dtype = WireDType::Float32;
+  h.dims = {2, 3};
+  h.nbytes = 24;
+  h.micro_batch = 5;
+  h.step = 7;
+  h.tag = 42;
+  return h;
+}
+
+std::string decode_error(std::array<uint8_t, kWireHeaderBytes> bytes, uint64_t max = 1 << 20) {
+  try {
+    decode(bytes.data(), bytes.size(), max, 3);
+  } catch (const TransportError& e) {
+    EXPECT_EQ(e.peer(), 3);
+    return e.what();
+  }
+  return "";
+}
+
+void put64(std::array<uint8_t, kWireHeaderBytes>& b, size_t off, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b[off + i] = static_cast<uint8_t>(v >> (8 * i));
+}
+constexpr size_t kDims = 8, kBytes = 8 + 8 * kWireMaxDims;
+}  // namespace
+
+TEST(Wire, RoundTrip) {
+  auto h = decode(encode(sample_header()).data(), kWireHeaderBytes, 1 << 20, 1);
+  EXPECT_EQ(h.dims, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(h.nbytes, 24u);
+  EXPECT_EQ(h.micro_batch, 5);
+  EXPECT_EQ(h.step, 7);
+  EXPECT_EQ(h.tag, 42u);
+}
+
+TEST(Wire, RefusesMalformedHeaders) {
+  const auto good = encode(sample_header());
+  auto b = good;
+  b[0] ^= 0xff;
+  EXPECT_NE(decode_error(b).find("bad magic"), std::string::npos);
+  b = good;
+  b[4] = 9;
+  EXPECT_NE(decode_error(b).find("version"), std::string::npos);
+  b = good;
+  b[6] = 77;
+  EXPECT_NE(decode_error(b).find("unknown dtype"), std::string::npos);
+  b = good;
+  b[7] = 9;
+  EXPECT_NE(decode_error(b).find("dims"), std::string::npos);
+  b = good;
+  put64(b, kDims, static_cast<uint64_t>(-4));
+  EXPECT_NE(decode_error(b).find("negative dim"), std::string::npos);
+  b = good;
+  put64(b, kBytes, 25);
+  EXPECT_NE(decode_error(b).find("do not match"), std::string::npos);
+  EXPECT_NE(decode_error(good, 16).find("limit"), std::string::npos);
+  EXPECT_NE(decode_error(b).find("from rank 3"), std::string::npos);
+  EXPECT_THROW(decode(good.data(), kWireHeaderBytes - 1, 1 << 20, 3), TransportError);
+}
+
+TEST(Wire, HugeShapeCannotOverflowTheCheck) {
+  auto h = sample_header();
+  h.dims = {int64_t(1) << 40, int64_t(1) << 40, 16};
+  h.nbytes = 0;  // the product wraps to 0 in 64 bits; the receiver must still refuse it
+  std::string err;
+  try {
+    decode(encode(h).data(), kWireHeaderBytes, uint64_t(1) << 62, 1);
+  } catch (const TransportError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("limit"), std::string::npos) << err;
+}
+
+class LocalTransportTest : public ::testing::Test {
+ protected:
+  std::vector<std::unique_ptr<Transport>> g = make_local_group(3);
+  static MessageId act(int m, int64_t step = 0) { return {Kind::Activation, m, 0, step}; }
+};
+
+TEST_F(LocalTransportTest, DeliversInOrderPerTagAndAcrossTags) {
+  for (int i = 0; i < 100; ++i) g[0]->send(1, act(i % 4), torch::full({2}, i));
+  // Receive the tags in a different order than they were sent; each tag keeps its own order.
+  for (int tag = 3; tag >= 0; --tag)
+    for (int i = tag; i < 100; i += 4)
+      EXPECT_EQ(g[1]->recv(0, act(tag), Deadline::after(5)).index({0}).item<int>(), i);
+}
+
+TEST_F(LocalTransportTest, KeepsDtypeShapeAndStrides) {
+  auto base = torch::arange(12, torch::kLong).view({3, 4});
+  auto t = base.t();  // non-contiguous
+  g[0]->send(2, act(0), t);
+  auto got = g[2]->recv(0, act(0), Deadline::after(5));
+  EXPECT_TRUE(torch::equal(got, t));
+  g[0]->send(2, act(1), torch::empty({0, 5}));
+  EXPECT_EQ(g[2]->recv(0, act(1), Deadline::after(5)).sizes(), (std::vector<int64_t>{0, 5}));
+  for (auto dt : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt, torch::kShort,
+                  torch::kChar, torch::kByte, torch::kBool}) {
+    g[1]->send(0, act(2), torch::ones({3}, dt));
+    EXPECT_EQ(g[0]->recv(1, act(2), Deadline::after(5)).scalar_type(), dt);
+  }
+}
+
+TEST_F(LocalTransportTest, DeadlineFiresWithRankAndMessage) {
+  try {
+    g[1]->recv(0, act(3, 9), Deadline::after(0.05));
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_EQ(e.peer(), 0);
+    EXPECT_STREQ(e.what(), "rank 1: timed out waiting for activation of micro-batch 3 (step 9) from rank 0");
+  }
+}
+
+TEST_F(LocalTransportTest, WrongStepIsRefused) {
+  g[0]->send(1, act(0, 1), torch::ones({1}));
+  try {
+    g[1]->recv(0, act(0, 2), Deadline::after(5));
+    FAIL();
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("got micro-batch 0 of step 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LocalTransportTest, MessageOverLimitIsRefused) {
+  auto small = make_local_group(2, TransportOptions{64});
+  small[0]->send(1, act(0), torch::ones({100}));
+  try {
+    small[1]->recv(0, act(0), Deadline::after(5));
+    FAIL();
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("message limit of 64 bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LocalTransportTest, AbortWakesWaitersAndFailsLaterCalls) {
+  std::string err;
+  std::thread waiter([&] {
+    try {
+      g[2]->recv(1, act(0), Deadline::after(60));
+    } catch (const TransportError& e) {
+      err = e.what();
+    }
+  });
+  g[0]->abort("stage 0 failed");
+  waiter.join();
+  EXPECT_NE(err.find("aborted"), std::string::npos) << err;
+  EXPECT_NE(err.find("stage 0 failed"), std::string::npos) << err;
+  EXPECT_THROW(g[1]->send(2, act(0), torch::ones({1})), TransportError);
+}
+
+TEST_F(LocalTransportTest, BadPeerIsAnError) {
+  EXPECT_THROW(g[0]->send(3, act(0), torch::ones({1})), TransportError);
+  EXPECT_THROW(g[0]->recv(-1, act(0), Deadline::after(1)), TransportError);
+}
+
+TEST_F(LocalTransportTest, ManyMessagesInFlightBetweenThreads) {
+  constexpr int kCount = 500;
+  std::thread producer([&] {
+    for (int i = 0; i < kCount; ++i) g[0]->send(1, act(i), torch::full({8}, i));
+  });
+  int64_t sum = 0;
+  for (int i = 0; i < kCount; ++i) sum += g[1]->recv(0, act(i), Deadline::after(10))[0].item<int64_t>();
+  producer.join();
+  EXPECT_EQ(sum, int64_t(kCount) * (kCount - 1) / 2);
+}

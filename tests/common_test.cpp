@@ -1,0 +1,99 @@
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "common/json_reader.h"
+#include "common/rng.h"
+#include "common/strings.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+
+TEST(Strings, NearestSuggestsTyposOnly) {
+  EXPECT_EQ(nearest("stagse", {"stages", "micro_batches", "schedule"}), "stages");
+  EXPECT_EQ(nearest("zzzzzzzz", {"stages", "schedule"}), "");
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
+
+TEST(JsonReader, ReadsTypedValuesWithDefaults) {
+  JsonReader r(json{{"a", 3}, {"b", 2.5}, {"c", "x"}, {"d", true}}, "sec", "f.json");
+  EXPECT_EQ(r.get_int("a", 0, 0, 10), 3);
+  EXPECT_EQ(r.get_int("missing", 7, 0, 10), 7);
+  EXPECT_DOUBLE_EQ(r.get_number("b", 0, 0, 10), 2.5);
+  EXPECT_EQ(r.get_choice("c", "y", {"x", "y"}), "x");
+  EXPECT_TRUE(r.get_bool("d", false));
+  EXPECT_NO_THROW(r.finish());
+}
+
+TEST(JsonReader, ErrorsNameFileAndPath) {
+  JsonReader r(json{{"stages", "4"}}, "pipeline", "cfg.json");
+  try {
+    r.get_int("stages", 1, 1, 8);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "cfg.json: pipeline.stages: expected an integer, got string \"4\"");
+  }
+}
+
+TEST(JsonReader, UnknownKeyGetsNearestValidKey) {
+  JsonReader r(json{{"stagse", 4}}, "pipeline", "cfg.json");
+  r.get_int("stages", 1, 1, 8);
+  try {
+    r.finish();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: pipeline.stagse: unknown key (did you mean 'pipeline.stages'?)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(JsonReader, RangeAndChoiceErrors) {
+  JsonReader r(json{{"n", 0}, {"k", "gpipf"}}, "p", "c.json");
+  EXPECT_THROW(r.get_int("n", 1, 1, 8), ConfigError);
+  try {
+    r.get_choice("k", "gpipe", {"gpipe"});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean \"gpipe\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(JsonReader, OverrideOriginIsNamed) {
+  auto origins = std::make_shared<std::map<std::string, std::string>>();
+  (*origins)["p.n"] = "p.n=abc";
+  JsonReader r(json{{"n", "abc"}}, "p", "c.json", origins);
+  try {
+    r.get_int("n", 1, 1, 8);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--set p.n=abc: p.n:", 0), 0u) << e.what();
+  }
+}
+
+TEST(JsonParse, SyntaxErrorHasLineAndColumn) {
+  try {
+    parse_json("{\n  \"a\": 1,\n  \"b\": ]\n}", "bad.json");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("bad.json:3:", 0), 0u) << e.what();
+  }
+}
+
+TEST(Rng, KeysDifferPerField) {
+  const uint64_t k = rng_key(1, 2, 3, 4);
+  EXPECT_EQ(k, rng_key(1, 2, 3, 4));
+  EXPECT_NE(k, rng_key(0, 2, 3, 4));
+  EXPECT_NE(k, rng_key(1, 0, 3, 4));
+  EXPECT_NE(k, rng_key(1, 2, 0, 4));
+  EXPECT_NE(k, rng_key(1, 2, 3, 0));
+}
+
+TEST(Rng, GuardRestoresContext) {
+  current_rng_context() = RngContext{1, 2, 3};
+  {
+    RngContextGuard g(RngContext{9, 9, 9});
+    EXPECT_EQ(current_rng_context().seed, 9u);
+  }
+  EXPECT_EQ(current_rng_context().seed, 1u);
+  EXPECT_EQ(current_rng_context().sample_offset, 3);
+}

@@ -1,0 +1,144 @@
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "pipeline/config.h"
+#include "pipeline/trainer.h"
+
+using namespace pipetrain;
+using namespace pipetrain::pipeline;
+using nlohmann::json;
+
+namespace {
+json base() {
+  return json{{"model", {{"family", "mlp"}, {"in", 8}, {"width", 8}, {"layers", 3}, {"out", 4}}},
+              {"data", {{"kind", "synthetic"}, {"batch_size", 8}, {"samples", 64}, {"test_samples", 16}}},
+              {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}};
+}
+
+// The message of the ConfigError that parsing (and preparing) `cfg` raises, or "" if none.
+std::string error_of(const json& cfg, const std::vector<std::string>& overrides = {}) {
+  try {
+    Config c = parse_config(cfg, "cfg.json", overrides);
+    prepare(c);
+  } catch (const ConfigError& e) {
+    return e.what();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR(cfg_or_call, needle)                                           \
+  do {                                                                              \
+    const std::string msg = (cfg_or_call);                                          \
+    EXPECT_NE(msg.find(needle), std::string::npos) << "message: '" << msg << "'";  \
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line expected: " << msg;  \
+  } while (0)
+}  // namespace
+
+TEST(Config, ValidConfigParses) {
+  EXPECT_EQ(error_of(base()), "");
+  Config c = parse_config(base(), "cfg.json");
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_EQ(c.pipeline.checkpoint, "except_last");
+  EXPECT_EQ(c.runtime.intra_op_threads, 0);
+  EXPECT_GE(intra_op_threads(c.runtime, 2), 1);
+}
+
+TEST(Config, UnknownKeysNameTheNearestValidKey) {
+  json c = base();
+  c["pipeline"]["micro_batchs"] = 2;
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.micro_batchs: unknown key (did you mean 'pipeline.micro_batches'?)");
+  c = base();
+  c["trian"] = json::object();
+  EXPECT_ERROR(error_of(c), "did you mean 'train'");
+  c = base();
+  c["model"]["widht"] = 3;
+  EXPECT_ERROR(error_of(c), "cfg.json: model.widht: unknown key (did you mean 'model.width'?)");
+}
+
+TEST(Config, WrongTypes) {
+  json c = base();
+  c["pipeline"]["stages"] = "two";
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.stages: expected an integer, got string \"two\"");
+  c = base();
+  c["data"] = 5;
+  EXPECT_ERROR(error_of(c), "cfg.json: data: expected an object");
+  c = base();
+  c["optimizer"] = {{"lr", "fast"}};
+  EXPECT_ERROR(error_of(c), "optimizer.lr: expected a number");
+}
+
+TEST(Config, StagesBalanceAndMicroBatches) {
+  json c = base();
+  c["pipeline"]["stages"] = 5;
+  EXPECT_ERROR(error_of(c), "pipeline.stages: 5 stages but the model has only 4 layers (fc1, fc2, fc3, head)");
+  c = base();
+  c["pipeline"]["balance"] = {1, 2};
+  EXPECT_ERROR(error_of(c), "balance [1, 2] sums to 3 but the model has 4 layers");
+  c = base();
+  c["pipeline"]["balance"] = {4};
+  EXPECT_ERROR(error_of(c), "has 1 entries but pipeline.stages is 2");
+  c = base();
+  c["pipeline"]["balance"] = {0, 4};
+  EXPECT_ERROR(error_of(c), "no layers");
+  c = base();
+  c["pipeline"]["balance"] = "fastest";
+  EXPECT_ERROR(error_of(c), "pipeline.balance: unknown method");
+  c = base();
+  c["pipeline"]["micro_batches"] = 0;
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.micro_batches: must be between 1");
+  c = base();
+  c["pipeline"]["micro_batches"] = 9;
+  EXPECT_ERROR(error_of(c), "pipeline.micro_batches: 9 micro-batches exceed data.batch_size 8");
+  c = base();
+  c["pipeline"]["balance"] = {1, 3};
+  EXPECT_EQ(error_of(c), "");
+}
+
+TEST(Config, MissingDataFilesNameThePackage) {
+  json c = base();
+  c["model"] = {{"family", "cnn"}};
+  c["data"] = {{"kind", "fashion-mnist"}, {"path", "/nonexistent/fmnist"}, {"batch_size", 8}};
+  EXPECT_ERROR(error_of(c), "/nonexistent/fmnist/train-images-idx3-ubyte.gz not found (install the Debian package dataset-fashion-mnist");
+}
+
+TEST(Config, DataMustFitTheModel) {
+  json c = base();
+  c["data"] = {{"kind", "fashion-mnist"}, {"batch_size", 8}};  // 784 features, model takes 8
+  EXPECT_ERROR(error_of(c), "data.kind: data set fashion-mnist gives samples of shape [1, 28, 28]");
+}
+
+TEST(Overrides, SetAnyKey) {
+  Config c = parse_config(base(), "cfg.json",
+                          {"pipeline.stages=1", "pipeline.checkpoint=never", "train.seed=9", "data.kind=synthetic",
+                           "runtime.intra_op_threads=3", "model.width=16", "pipeline.balance=[4]"});
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.checkpoint, "never");
+  EXPECT_EQ(c.train.seed, 9u);
+  EXPECT_EQ(c.runtime.intra_op_threads, 3);
+  EXPECT_EQ(c.model["width"], 16);
+  EXPECT_EQ(c.pipeline.balance, (std::vector<int>{4}));
+}
+
+TEST(Overrides, ErrorsPointAtTheFlag) {
+  EXPECT_ERROR(error_of(base(), {"pipeline.stagse=4"}),
+               "--set pipeline.stagse=4: pipeline.stagse: unknown key (did you mean 'pipeline.stages'?)");
+  EXPECT_ERROR(error_of(base(), {"pipeline.stages=x"}), "--set pipeline.stages=x: pipeline.stages: expected an integer");
+  EXPECT_ERROR(error_of(base(), {"novalue"}), "--set novalue: expected key.path=value");
+  EXPECT_ERROR(error_of(base(), {"pipeline.stages.x=1"}), "pipeline.stages is not an object");
+  EXPECT_ERROR(error_of(base(), {"model.dropout=2"}), "--set model.dropout=2: model.dropout: must be between");
+}
+
+TEST(Config, FilesAndSyntax) {
+  try {
+    load_config("/nonexistent/config.json");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "/nonexistent/config.json: cannot open the config file");
+  }
+  EXPECT_ERROR(error_of(json::array()), "the config must be a JSON object");
+  json c = base();
+  c.erase("model");
+  EXPECT_ERROR(error_of(c), "cfg.json: model: is required");
+}

@@ -1,0 +1,195 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "pipeline/pipeline.h"
+
+using namespace pipetrain;
+using namespace pipetrain::pipeline;
+
+namespace {
+
+at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out, target);
+}
+
+torch::nn::Sequential mlp(int width, int layers) {
+  torch::manual_seed(0);
+  torch::nn::Sequential s;
+  for (int i = 0; i < layers; ++i) {
+    s->push_back("fc" + std::to_string(i), torch::nn::Linear(width, width));
+    s->push_back("relu" + std::to_string(i), torch::nn::Functional(torch::relu));
+  }
+  return s;
+}
+
+// A layer that fails on its `fail_at`-th call, to test error propagation.
+struct FailingImpl : torch::nn::Module {
+  int calls = 0, fail_at;
+  explicit FailingImpl(int fail_at) : fail_at(fail_at) {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (++calls == fail_at) TORCH_CHECK(false, "injected failure");
+    return x;
+  }
+};
+TORCH_MODULE(Failing);
+
+bool overlaps(const Span& a, const Span& b) { return a.start < b.end && b.start < a.end; }
+
+}  // namespace
+
+TEST(Executor, StagesRunConcurrently) {
+  auto model = mlp(256, 4);
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 8;
+  o.recompute = stages::Recompute::Never;
+  Pipeline pipe(model, o, mean_ce);
+  auto x = torch::randn({64, 256});
+  auto y = torch::randint(0, 256, {64}, torch::kLong);
+  pipe.forward_backward(x, y);
+  const StepTrace& t = pipe.last_trace();
+  ASSERT_EQ(t.spans.size(), 2u);
+  // Stage 0 computes the forward of micro-batch m+1 while stage 1 computes that of m: a
+  // sequential executor could never produce two overlapping compute spans.
+  int overlapping = 0;
+  for (const Span& a : t.spans[0])
+    for (const Span& b : t.spans[1])
+      if (a.op == schedule::Op::Forward && b.op == schedule::Op::Forward && overlaps(a, b)) ++overlapping;
+  EXPECT_GT(overlapping, 0);
+  // Every action of the schedule was executed and timed.
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(t.spans[r].size(), pipe.schedule().actions[r].size());
+  EXPECT_GT(t.wall, 0.0);
+}
+
+TEST(Executor, ErrorInOneStageStopsEveryStageAndNamesIt) {
+  torch::nn::Sequential model;
+  model->push_back("fc0", torch::nn::Linear(4, 4));
+  model->push_back("fc1", torch::nn::Linear(4, 4));
+  model->push_back("bad", Failing(2));  // fails on the second micro-batch
+  model->push_back("fc3", torch::nn::Linear(4, 4));
+  PipelineOptions o;
+  o.stages = 4;
+  o.micro_batches = 4;
+  o.timeout_s = 60;  // far longer than the test: peers must be woken, not time out
+  Pipeline pipe(model, o, mean_ce);
+  auto x = torch::randn({8, 4});
+  auto y = torch::randint(0, 4, {8}, torch::kLong);
+  try {
+    pipe.forward_backward(x, y);
+    FAIL() << "the injected failure was not reported";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("stage 2: forward(mb 1): injected failure"), std::string::npos) << msg;
+  }
+  // The pipeline recovers: the next step runs on fresh mailboxes.
+  EXPECT_NO_THROW(pipe.forward_backward(x, y));
+}
+
+TEST(Executor, SilentPeerTimesOutNamingTheRank) {
+  // Stage 1 stays silent (stuck in its forward for 2 s); stage 0 waits for its gradient and
+  // must give up after the 0.2 s timeout with a message naming rank 1.
+  struct StuckImpl : torch::nn::Module {
+    at::Tensor forward(const at::Tensor& x) {
+      std::mutex mu;
+      std::condition_variable never;
+      std::unique_lock<std::mutex> lock(mu);
+      never.wait_for(lock, std::chrono::seconds(2));
+      return x;
+    }
+  };
+  torch::nn::Sequential model;
+  model->push_back("fc", torch::nn::Linear(4, 4));
+  model->push_back("stuck", torch::nn::ModuleHolder<StuckImpl>(std::make_shared<StuckImpl>()));
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 1;
+  o.timeout_s = 0.2;
+  Pipeline pipe(model, o, mean_ce);
+  std::string msg;
+  try {
+    pipe.forward_backward(torch::randn({2, 4}), torch::randint(0, 4, {2}, torch::kLong));
+  } catch (const TimeoutError& e) {
+    msg = e.what();
+    EXPECT_EQ(e.peer(), 1);
+  }
+  EXPECT_EQ(msg, "rank 0: timed out waiting for gradient of micro-batch 0 (step 0) from rank 1");
+}
+
+TEST(Pipeline, UnevenBatchGivesTheExactMeanLoss) {
+  auto model = mlp(8, 3);
+  model->to(torch::kDouble);
+  auto x = torch::randn({7, 8}, torch::kDouble);
+  auto y = torch::randint(0, 8, {7}, torch::kLong);
+  const double whole = mean_ce(model->forward(x), y).item<double>();
+  PipelineOptions o;
+  o.stages = 3;
+  o.micro_batches = 3;  // 3 + 2 + 2 samples
+  Pipeline pipe(model, o, mean_ce);
+  EXPECT_NEAR(pipe.forward_backward(x, y), whole, 1e-12);
+}
+
+TEST(Pipeline, TrainStepUpdatesTheCallersModelAndLowersTheLoss) {
+  auto model = mlp(16, 3);
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  Pipeline pipe(model, o, mean_ce);
+  pipe.set_optimizer([](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+  });
+  auto before = model->named_parameters()["fc0.weight"].clone();
+  auto x = torch::randn({32, 16});
+  auto y = torch::randint(0, 16, {32}, torch::kLong);
+  const double first = pipe.train_step(x, y);
+  double last = first;
+  for (int i = 0; i < 20; ++i) last = pipe.train_step(x, y);
+  EXPECT_LT(last, first);
+  EXPECT_FALSE(torch::equal(before, model->named_parameters()["fc0.weight"]));
+  EXPECT_EQ(pipe.step(), 21);
+  EXPECT_EQ(pipe.predict(x).sizes(), (std::vector<int64_t>{32, 16}));
+}
+
+TEST(Pipeline, OptimizerStepMatchesSingleDevice) {
+  for (const char* kind : {"sgd", "adamw"}) {
+    auto a = mlp(8, 2), b = mlp(8, 2);
+    a->to(torch::kDouble);
+    b->to(torch::kDouble);
+    auto make = [&](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+      if (std::string(kind) == "sgd")
+        return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    };
+    auto x = torch::randn({12, 8}, torch::kDouble);
+    auto y = torch::randint(0, 8, {12}, torch::kLong);
+    auto opt = make(a->parameters());
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 3;
+    Pipeline pipe(b, o, mean_ce);
+    pipe.set_optimizer(make);
+    for (int s = 0; s < 3; ++s) {
+      opt->zero_grad();
+      mean_ce(a->forward(x), y).backward();
+      opt->step();
+      pipe.train_step(x, y);
+    }
+    auto pa = a->named_parameters(), pb = b->named_parameters();
+    for (const auto& p : pa) EXPECT_TRUE(torch::allclose(p.value(), pb[p.key()], 1e-10, 1e-12)) << kind << " " << p.key();
+  }
+}
+
+TEST(Pipeline, BadOptionsAreErrors) {
+  auto model = mlp(4, 1);  // 2 layers
+  PipelineOptions o;
+  o.stages = 3;
+  EXPECT_THROW(Pipeline(model, o, mean_ce), ConfigError);
+  o.stages = 2;
+  o.balance = {1, 2};
+  EXPECT_THROW(Pipeline(model, o, mean_ce), ConfigError);
+  o.balance = {};
+  o.micro_batches = 4;
+  Pipeline pipe(model, o, mean_ce);
+  EXPECT_THROW(pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {3}, torch::kLong)), ConfigError);
+}

@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "models/model.h"
+#include "stages/stage.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+
+namespace {
+torch::nn::Sequential mlp(uint64_t seed) {
+  JsonReader r(json{{"family", "mlp"}, {"in", 6}, {"width", 8}, {"layers", 2}, {"out", 3}, {"dropout", 0.5}},
+               "model", "t");
+  auto m = models::build(r, seed).layers;
+  m->to(torch::kDouble);
+  return m;
+}
+at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& t) {
+  return torch::nn::functional::cross_entropy(out, t);
+}
+
+// Gradients of a single (last and first) stage over `micro_batches` micro-batches.
+std::vector<at::Tensor> grads(stages::Recompute mode, int micro_batches, size_t* held_after_forward) {
+  auto model = mlp(1);
+  stages::Stage s(0, 1, model, mode);
+  s.set_loss(mean_ce);
+  s.begin_step(5, 0, micro_batches);
+  auto x = torch::randn({8, 6}, torch::dtype(torch::kDouble).requires_grad(false));
+  auto y = torch::randint(0, 3, {8}, torch::kLong);
+  auto xs = x.tensor_split(micro_batches), ys = y.tensor_split(micro_batches);
+  for (int m = 0; m < micro_batches; ++m) s.forward(m, xs[m], m * (8 / micro_batches), ys[m], 1.0 / micro_batches);
+  *held_after_forward = s.held();
+  for (int m = micro_batches - 1; m >= 0; --m) s.backward(m, {});
+  EXPECT_EQ(s.held(), 0u);
+  std::vector<at::Tensor> g;
+  for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+}  // namespace
+
+TEST(Stage, RecomputationGivesIdenticalGradientsWithDropout) {
+  torch::manual_seed(0);
+  size_t held = 0;
+  auto never = grads(stages::Recompute::Never, 4, &held);
+  torch::manual_seed(0);
+  auto always = grads(stages::Recompute::Always, 4, &held);
+  ASSERT_EQ(never.size(), always.size());
+  for (size_t i = 0; i < never.size(); ++i) EXPECT_TRUE(torch::equal(never[i], always[i])) << i;
+}
+
+TEST(Stage, CheckpointPolicyPerMicroBatch) {
+  auto model = mlp(1);
+  stages::Stage a(0, 2, model, stages::Recompute::ExceptLast);
+  a.begin_step(0, 0, 3);
+  EXPECT_TRUE(a.checkpointed(0));
+  EXPECT_TRUE(a.checkpointed(1));
+  EXPECT_FALSE(a.checkpointed(2));
+  stages::Stage b(0, 2, model, stages::Recompute::Never);
+  b.begin_step(0, 0, 3);
+  EXPECT_FALSE(b.checkpointed(0));
+  EXPECT_EQ(stages::parse_recompute("always"), stages::Recompute::Always);
+  EXPECT_THROW(stages::parse_recompute("sometimes"), ConfigError);
+}
+
+TEST(Stage, CheckpointedForwardKeepsNoGraph) {
+  auto model = mlp(1);
+  stages::Stage s(0, 2, model, stages::Recompute::Always);
+  s.begin_step(0, 0, 1);
+  auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_EQ(out.grad_fn(), nullptr);
+}
+
+TEST(Stage, MiddleStageReturnsInputGradient) {
+  auto model = mlp(1);
+  stages::Stage s(1, 3, model, stages::Recompute::Never);
+  s.begin_step(0, 0, 1);
+  auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
+  auto g = s.backward(0, torch::ones_like(out));
+  ASSERT_TRUE(g.defined());
+  EXPECT_EQ(g.sizes(), (std::vector<int64_t>{2, 6}));
+}
+
+TEST(Stage, BackwardWithoutForwardIsAnInternalError) {
+  auto model = mlp(1);
+  stages::Stage s(0, 2, model, stages::Recompute::Never);
+  s.begin_step(0, 0, 2);
+  EXPECT_THROW(s.backward(1, torch::ones({1, 8})), InternalError);
+}
