@@ -16,7 +16,7 @@ namespace pt = pipetrain::pipeline;
 int main(int argc, char** argv) {
   // glibc would hand large freed tensors back to the system after every step and fault them
   // in again on the next; keep them (see bench/README.md).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   CLI::App app{"pipetrain: pipeline-parallel training (GPipe) on libtorch", "pipetrain"};
