@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
+
 #include "common/error.h"
 #include "pipeline/config.h"
 #include "pipeline/trainer.h"
@@ -141,4 +143,21 @@ TEST(Config, FilesAndSyntax) {
   json c = base();
   c.erase("model");
   EXPECT_ERROR(error_of(c), "cfg.json: model: is required");
+}
+
+TEST(Prepare, SameSeedSameInitialWeightsWhateverTheStageCount) {
+  Job one = prepare(parse_config(base(), "cfg.json", {"pipeline.stages=1"}));
+  Job four = prepare(parse_config(base(), "cfg.json", {"pipeline.stages=4", "pipeline.micro_batches=4"}));
+  Job other_seed = prepare(parse_config(base(), "cfg.json", {"train.seed=1"}));
+  auto a = one.model.layers->named_parameters(), b = four.model.layers->named_parameters();
+  auto c = other_seed.model.layers->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  bool differs = false;
+  for (const auto& p : a) {
+    EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
+    differs |= !torch::equal(p.value(), c[p.key()]);
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_EQ(four.options.stages, 4);
+  EXPECT_EQ(four.options.recompute, stages::Recompute::ExceptLast);
 }
