@@ -2,8 +2,10 @@
 // modules are shared, so the caller's model sees every update), and runs each step as a
 // schedule of micro-batch forwards and backwards, one thread per stage, over a transport.
 //
-//   auto model = torch::nn::Sequential(...);
-//   pipetrain::pipeline::Pipeline pipe(model, {.stages = 2, .micro_batches = 8}, loss_fn);
+//   pipetrain::pipeline::PipelineOptions options;
+//   options.stages = 2;
+//   options.micro_batches = 8;
+//   pipetrain::pipeline::Pipeline pipe(model, options, loss_fn);
 //   pipe.set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
 //   double loss = pipe.train_step(input, target);
 #pragma once
