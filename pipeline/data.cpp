@@ -102,7 +102,7 @@ Batch Dataset::test_batch(int64_t index, int64_t batch_size) const {
 
 namespace {
 
-Dataset load_fashion(const Config& c, const models::Model& model) {
+Dataset load_fashion(const Config& c) {
   Dataset d;
   d.name = "fashion-mnist";
   d.sample_shape = {1, 28, 28};
@@ -176,7 +176,7 @@ int64_t numel(const std::vector<int64_t>& s) {
 }  // namespace
 
 Dataset load_dataset(const Config& c, const models::Model& model) {
-  Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c, model) : make_synthetic(c, model);
+  Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c) : make_synthetic(c, model);
   if (d.tokens != model.token_input || numel(d.sample_shape) != numel(model.sample_shape))
     throw ConfigError(c.where("data.kind") + ": data set " + d.name + " gives samples of shape " +
                       c10::str(c10::IntArrayRef(d.sample_shape)) + (d.tokens ? " (tokens)" : "") +
@@ -188,7 +188,6 @@ Dataset load_dataset(const Config& c, const models::Model& model) {
   if (d.train.size() < c.data.batch_size)
     throw ConfigError(c.where("data.batch_size") + ": " + std::to_string(c.data.batch_size) +
                       " exceeds the " + std::to_string(d.train.size()) + " training samples");
-  if (d.images_u8 && model.sample_shape.size() == 1) d.train.inputs = d.train.inputs.flatten(1), d.test.inputs = d.test.inputs.flatten(1);
   return d;
 }
 

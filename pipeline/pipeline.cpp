@@ -1,10 +1,7 @@
 #include "pipeline/pipeline.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -92,7 +89,9 @@ void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0
   const int M = options.micro_batches;
   stage.begin_step(options.seed, step, M);
   for (auto& param : stage.layers()->parameters()) param.mutable_grad() = at::Tensor();
-  std::map<int, at::Tensor> received, outputs, grads;
+  // received: inputs and output gradients waiting for their compute; outbox: results
+  // (activations, input gradients) waiting for their send action.
+  std::map<int, at::Tensor> received, outbox, grads;
   auto& spans = trace.spans[r];
   spans.clear();
   for (const schedule::Action& a : sched.actions[r]) {
@@ -112,12 +111,12 @@ void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0
         if (stage.is_last())
           losses[m] = out.item<double>();
         else
-          outputs[m] = out;
+          outbox[m] = out;
         break;
       }
       case Op::SendActivation:
-        t.send(r + 1, act, outputs.at(m));
-        outputs.erase(m);
+        t.send(r + 1, act, outbox.at(m));
+        outbox.erase(m);
         break;
       case Op::RecvGrad:
         grads[m] = t.recv(r + 1, grad, Deadline::after(options.timeout_s));
@@ -126,12 +125,12 @@ void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0
         at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(m);
         grads.erase(m);
         at::Tensor gin = stage.backward(m, g);
-        if (!stage.is_first()) outputs[m] = gin;  // the input gradient waits for SendGrad
+        if (!stage.is_first()) outbox[m] = gin;
         break;
       }
       case Op::SendGrad:
-        t.send(r - 1, grad, outputs.at(m));
-        outputs.erase(m);
+        t.send(r - 1, grad, outbox.at(m));
+        outbox.erase(m);
         break;
     }
     } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
@@ -162,7 +161,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   }
 
   const auto t0 = Clock::now();
-  std::vector<Worker::Result> results;
+  std::vector<std::exception_ptr> errors;
   // A failing stage aborts the transport at once so its peers stop waiting; the earliest
   // failure is the cause and is what the caller sees.
   for (int r = 0; r < options.stages; ++r)
@@ -176,7 +175,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
         throw;
       }
     });
-  for (int r = 0; r < options.stages; ++r) results.push_back(workers[r]->wait());
+  for (int r = 0; r < options.stages; ++r) errors.push_back(workers[r]->wait());
   trace.wall = seconds_since(t0);
   inputs.clear();
   targets.clear();
@@ -184,7 +183,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   if (failed >= 0) {
     transports = comm::make_local_group(options.stages, options.transport);  // fresh mailboxes
     ++step;
-    std::rethrow_exception(results[failed].error);
+    std::rethrow_exception(errors[failed]);
   }
   ++step;
   double loss = 0;

@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 
 #include <torch/torch.h>
 

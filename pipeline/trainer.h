@@ -1,7 +1,6 @@
 // Running a config: build the model and data, train with progress and metrics, evaluate.
 #pragma once
 
-#include <iosfwd>
 #include <string>
 #include <vector>
 

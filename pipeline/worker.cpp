@@ -22,16 +22,16 @@ void Worker::submit(std::function<void()> job) {
     job_ = std::move(job);
     has_job_ = true;
     done_ = false;
-    result_ = {};
+    error_ = nullptr;
   }
   cv_.notify_all();
 }
 
-Worker::Result Worker::wait() {
+std::exception_ptr Worker::wait() {
   // Bounded by the job itself: every blocking call inside a stage has a deadline.
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_; });
-  return result_;
+  return error_;
 }
 
 void Worker::loop() {
@@ -46,14 +46,14 @@ void Worker::loop() {
     auto job = std::move(job_);
     has_job_ = false;
     lock.unlock();
-    Result result;
+    std::exception_ptr error;
     try {
       job();
     } catch (...) {
-      result.error = std::current_exception();
+      error = std::current_exception();
     }
     lock.lock();
-    result_ = result;
+    error_ = error;
     done_ = true;
     cv_.notify_all();
   }

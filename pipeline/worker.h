@@ -15,10 +15,6 @@ namespace pipetrain::pipeline {
 
 class Worker {
  public:
-  struct Result {
-    std::exception_ptr error;
-  };
-
   Worker(std::string name, int intra_op_threads);
   ~Worker();
   Worker(const Worker&) = delete;
@@ -26,7 +22,7 @@ class Worker {
 
   void submit(std::function<void()> job);
   // Waits for the submitted job; its exception, if any, is returned rather than thrown.
-  Result wait();
+  std::exception_ptr wait();
 
  private:
   void loop();
@@ -37,7 +33,7 @@ class Worker {
   std::condition_variable cv_;
   std::function<void()> job_;
   bool has_job_ = false, done_ = false, stop_ = false;
-  Result result_;
+  std::exception_ptr error_;
   std::thread thread_;
 };
 

@@ -105,3 +105,17 @@ TEST(Cli, BenchPrintsBothRunsAndTheRatio) {
   EXPECT_NE(r.out.find("pipeline / plain"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MiB"), std::string::npos) << r.out;
 }
+
+TEST(Cli, NonFiniteLossStopsTheRunNamingTheStep) {
+  const std::string cfg = write_config("diverge.json", kSmall);
+  const std::string metrics = cfg + ".jsonl";
+  Result r = run("train " + cfg + " --quiet --set optimizer.lr=1e6 --set train.steps=50 --metrics " + metrics);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("pipetrain: error: step "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the loss is"), std::string::npos) << r.out;
+  // The steps before the failure are kept in the metrics file.
+  std::ifstream in(metrics);
+  std::string first;
+  EXPECT_TRUE(std::getline(in, first));
+  EXPECT_NE(first.find("\"step\":1"), std::string::npos) << first;
+}

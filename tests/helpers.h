@@ -1,0 +1,23 @@
+// Assertions shared by the test suites.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+namespace pipetrain::test {
+
+// Success when both modules have the same parameter names with bit-identical values.
+inline ::testing::AssertionResult same_parameters(const torch::nn::Module& a, const torch::nn::Module& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  if (pa.size() != pb.size())
+    return ::testing::AssertionFailure() << pa.size() << " parameters against " << pb.size();
+  for (const auto& p : pa) {
+    const at::Tensor* other = pb.find(p.key());
+    if (!other) return ::testing::AssertionFailure() << p.key() << " is missing";
+    if (!torch::equal(p.value(), *other)) return ::testing::AssertionFailure() << p.key() << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace pipetrain::test
