@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
+
 #include <torch/torch.h>
 
 #include "common/error.h"
@@ -39,20 +42,55 @@ bool overlaps(const Span& a, const Span& b) { return a.start < b.end && b.start 
 
 }  // namespace
 
+// Two layers, one per stage, that meet: stage 0's forward of micro-batch 1 and stage 1's
+// forward of micro-batch 0 each wait (up to a deadline) until the other one has started. A
+// concurrent executor gets there at once; a sequential one cannot, because the stages would
+// run one after the other and the waits would run out. Both waits lie inside the two forward
+// spans, so those spans must overlap. No timing is asserted, only the order of events.
+struct Meeting {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  bool met = true;
+
+  void arrive() {
+    std::unique_lock<std::mutex> lock(mu);
+    ++arrived;
+    cv.notify_all();
+    met &= cv.wait_for(lock, std::chrono::seconds(10), [&] { return arrived == 2; });
+  }
+};
+
+struct ProbeImpl : torch::nn::Module {
+  std::shared_ptr<Meeting> meeting;
+  int meet_on_call, calls = 0;
+  ProbeImpl(std::shared_ptr<Meeting> m, int meet_on_call) : meeting(std::move(m)), meet_on_call(meet_on_call) {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (++calls == meet_on_call) meeting->arrive();
+    return x;
+  }
+};
+TORCH_MODULE(Probe);
+
 TEST(Executor, StagesRunConcurrently) {
-  auto model = mlp(256, 4);
+  auto meeting = std::make_shared<Meeting>();
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  model->push_back("fc0", torch::nn::Linear(16, 16));
+  model->push_back("probe0", Probe(meeting, /*meet_on_call=*/2));  // stage 0, micro-batch 1
+  model->push_back("probe1", Probe(meeting, /*meet_on_call=*/1));  // stage 1, micro-batch 0
+  model->push_back("fc1", torch::nn::Linear(16, 16));
   PipelineOptions o;
   o.stages = 2;
-  o.micro_batches = 8;
-  o.recompute = stages::Recompute::Never;
+  o.micro_batches = 4;
+  o.recompute = stages::Recompute::Never;  // one forward call per micro-batch
   Pipeline pipe(model, o, mean_ce);
-  auto x = torch::randn({64, 256});
-  auto y = torch::randint(0, 256, {64}, torch::kLong);
-  pipe.forward_backward(x, y);
+  pipe.forward_backward(torch::randn({8, 16}), torch::randint(0, 16, {8}, torch::kLong));
+  EXPECT_TRUE(meeting->met && meeting->arrived == 2) << "the two stages never computed at the same time";
+
+  // The per-stage timestamps show the same thing.
   const StepTrace& t = pipe.last_trace();
   ASSERT_EQ(t.spans.size(), 2u);
-  // Stage 0 computes the forward of micro-batch m+1 while stage 1 computes that of m: a
-  // sequential executor could never produce two overlapping compute spans.
   int overlapping = 0;
   for (const Span& a : t.spans[0])
     for (const Span& b : t.spans[1])
