@@ -61,7 +61,7 @@ double bubble(const StepTrace& t) {
   double busy = 0;
   for (const auto& spans : t.spans)
     for (const auto& s : spans)
-      if (s.op == schedule::Op::Forward || s.op == schedule::Op::Backward) busy += s.end - s.start;
+      if (schedule::is_compute(s.op)) busy += s.end - s.start;
   return t.wall > 0 ? 1.0 - busy / (t.spans.size() * t.wall) : 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "schedule/schedule.h"
 
 namespace pipetrain::pipeline {
 
@@ -90,7 +91,15 @@ Config parse_config(const json& input, const std::string& source,
   JsonReader pipe = top.child("pipeline");
   c.pipeline.stages = static_cast<int>(pipe.get_int("stages", 1, 1, 4096));
   c.pipeline.micro_batches = static_cast<int>(pipe.get_int("micro_batches", 1, 1, 1 << 20));
-  c.pipeline.schedule = pipe.get_choice("schedule", c.pipeline.schedule, {"gpipe"});
+  c.pipeline.schedule = pipe.get_choice("schedule", c.pipeline.schedule, schedule::schedule_kinds());
+  c.pipeline.chunks = static_cast<int>(
+      pipe.get_int("chunks", schedule::uses_chunks(c.pipeline.schedule) ? 2 : 1, 1, 64));
+  try {
+    schedule::check_supported(c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches,
+                              c.pipeline.chunks);
+  } catch (const ScheduleError& e) {
+    pipe.fail("schedule", std::string(e.what()).substr(std::string("schedule: ").size()));
+  }
   c.pipeline.checkpoint =
       pipe.get_choice("checkpoint", c.pipeline.checkpoint, {"always", "except_last", "never"});
   if (const json* b = pipe.get_raw("balance")) {

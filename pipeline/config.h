@@ -24,7 +24,8 @@ struct DataConfig {
 struct PipelineConfig {
   int stages = 1;
   int micro_batches = 1;
-  std::string schedule = "gpipe";
+  std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  int chunks = 1;                  // virtual stages per device; interleaved-1f1b defaults to 2
   std::string checkpoint = "except_last";
   std::vector<int> balance;  // empty: uniform
 };

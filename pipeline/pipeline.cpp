@@ -1,5 +1,6 @@
 #include "pipeline/pipeline.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
@@ -30,6 +31,7 @@ struct Pipeline::Impl {
   std::vector<std::unique_ptr<comm::Transport>> transports;
   std::vector<std::unique_ptr<Worker>> workers;
   StepTrace trace;
+  Clock::time_point created = Clock::now();
   int64_t step = 0;
   std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
 
@@ -48,30 +50,41 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   p.options = options;
   p.model = model;
   const int layers = static_cast<int>(model->size());
-  if (options.stages > layers)
-    throw ConfigError(detail::concat("pipeline: ", options.stages, " stages but the model has only ",
-                                     layers, " layers"));
+  if (options.stages < 1)
+    throw ConfigError(detail::concat("pipeline: stages must be >= 1, got ", options.stages));
   if (options.micro_batches < 1)
     throw ConfigError(detail::concat("pipeline: micro_batches must be >= 1, got ", options.micro_batches));
-  p.balance = options.balance.empty() ? partitioner::uniform(layers, options.stages) : options.balance;
-  partitioner::check(p.balance, layers, options.stages, "pipeline");
-  p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches);
+  try {
+    schedule::check_supported(options.schedule, options.stages, options.micro_batches, options.chunks);
+  } catch (const ScheduleError& e) {
+    throw ConfigError(std::string("pipeline: ") + e.what());
+  }
+  const int V = options.stages * options.chunks;
+  if (V > layers)
+    throw ConfigError(detail::concat("pipeline: ", options.stages, " stages",
+                                     options.chunks > 1 ? detail::concat(" x ", options.chunks, " chunks") : "",
+                                     " need at least ", V, " layers but the model has only ", layers));
+  p.balance = options.balance.empty() ? partitioner::uniform(layers, V) : options.balance;
+  partitioner::check(p.balance, layers, V, "pipeline");
+  p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches, options.chunks);
   schedule::validate(p.sched);
 
   auto off = partitioner::offsets(p.balance);
   auto children = model->named_children();
-  for (int r = 0; r < options.stages; ++r) {
+  for (int vs = 0; vs < V; ++vs) {
     torch::nn::Sequential slice;
     // AnyModule copies share the module: the stages train the caller's own layers.
-    for (int i = off[r]; i < off[r + 1]; ++i) slice->push_back(children[i].key(), *(model->begin() + i));
-    p.stages.push_back(std::make_unique<stages::Stage>(r, options.stages, slice, options.recompute));
+    for (int i = off[vs]; i < off[vs + 1]; ++i) slice->push_back(children[i].key(), *(model->begin() + i));
+    p.stages.push_back(std::make_unique<stages::Stage>(vs, V, slice, options.recompute));
   }
   p.stages.back()->set_loss(std::move(loss));
-  p.optimizers.resize(options.stages);
+  p.optimizers.resize(V);
   p.transports = comm::make_local_group(options.stages, options.transport);
   for (int r = 0; r < options.stages; ++r)
     p.workers.push_back(std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads));
   p.trace.spans.resize(options.stages);
+  p.trace.peak_in_flight.assign(options.stages, 0);
+  p.trace.peak_awaiting_weight.assign(options.stages, 0);
 }
 
 Pipeline::~Pipeline() = default;
@@ -84,62 +97,85 @@ void Pipeline::set_optimizer(OptimizerFactory factory) {
 }
 
 void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0) {
-  stages::Stage& stage = *stages[r];
   comm::Transport& t = *transports[r];
   const int M = options.micro_batches;
-  stage.begin_step(options.seed, step, M);
-  for (auto& param : stage.layers()->parameters()) param.mutable_grad() = at::Tensor();
+  std::vector<stages::Stage*> mine;  // this device's virtual stages, by chunk
+  for (int c = 0; c < sched.chunks; ++c) mine.push_back(stages[sched.virtual_stage(r, c)].get());
+  for (stages::Stage* st : mine) {
+    st->begin_step(options.seed, step, M);
+    for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
+  }
   // received: inputs and output gradients waiting for their compute; outbox: results
-  // (activations, input gradients) waiting for their send action.
-  std::map<int, at::Tensor> received, outbox, grads;
+  // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
+  using Key = std::pair<int, int>;
+  std::map<Key, at::Tensor> received, outbox, grads;
   auto& spans = trace.spans[r];
   spans.clear();
+  int& peak = trace.peak_in_flight[r];
+  int& peak_w = trace.peak_awaiting_weight[r];
+  peak = peak_w = 0;
   for (const schedule::Action& a : sched.actions[r]) {
     const int m = a.micro_batch;
+    const Key key{m, a.chunk};
+    const int vs = sched.virtual_stage(r, a.chunk);
+    stages::Stage& stage = *stages[vs];
     const double start = seconds_since(t0);
-    const comm::MessageId act{comm::Kind::Activation, m, a.chunk, step};
-    const comm::MessageId grad{comm::Kind::Grad, m, a.chunk, step};
+    const auto deadline = [&] { return Deadline::after(options.timeout_s); };
     try {
-    switch (a.op) {
-      case Op::RecvActivation:
-        received[m] = t.recv(r - 1, act, Deadline::after(options.timeout_s));
-        break;
-      case Op::Forward: {
-        at::Tensor in = stage.is_first() ? inputs[m] : received.at(m);
-        received.erase(m);
-        at::Tensor out = stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(), weights[m]);
-        if (stage.is_last())
-          losses[m] = out.item<double>();
-        else
-          outbox[m] = out;
-        break;
+      switch (a.op) {
+        case Op::RecvActivation:
+          received[key] = t.recv(sched.device_of(vs - 1), {comm::Kind::Activation, m, a.chunk, step}, deadline());
+          break;
+        case Op::Forward: {
+          at::Tensor in = stage.is_first() ? inputs[m] : received.at(key);
+          received.erase(key);
+          at::Tensor out = stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(), weights[m]);
+          if (stage.is_last())
+            losses[m] = out.item<double>();
+          else
+            outbox[key] = out;
+          break;
+        }
+        case Op::SendActivation:
+          t.send(sched.device_of(vs + 1), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
+          outbox.erase(key);
+          break;
+        case Op::RecvGrad:
+          grads[key] = t.recv(sched.device_of(vs + 1), {comm::Kind::Grad, m, a.chunk, step}, deadline());
+          break;
+        case Op::Backward:
+        case Op::BackwardInput: {
+          at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(key);
+          grads.erase(key);
+          at::Tensor gin = a.op == Op::Backward ? stage.backward(m, g) : stage.backward_input(m, g);
+          if (!stage.is_first()) outbox[key] = gin;
+          break;
+        }
+        case Op::BackwardWeight:
+          stage.backward_weight(m);
+          break;
+        case Op::SendGrad:
+          t.send(sched.device_of(vs - 1), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
+          outbox.erase(key);
+          break;
       }
-      case Op::SendActivation:
-        t.send(r + 1, act, outbox.at(m));
-        outbox.erase(m);
-        break;
-      case Op::RecvGrad:
-        grads[m] = t.recv(r + 1, grad, Deadline::after(options.timeout_s));
-        break;
-      case Op::Backward: {
-        at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(m);
-        grads.erase(m);
-        at::Tensor gin = stage.backward(m, g);
-        if (!stage.is_first()) outbox[m] = gin;
-        break;
-      }
-      case Op::SendGrad:
-        t.send(r - 1, grad, outbox.at(m));
-        outbox.erase(m);
-        break;
-    }
     } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
       throw Error(detail::concat("stage ", r, ": ", schedule::to_string(a), ": ",
                                  e.what_without_backtrace()));
     }
-    spans.push_back({a.op, m, start, seconds_since(t0)});
+    int held = 0, awaiting = 0;
+    for (stages::Stage* st : mine) {
+      held += static_cast<int>(st->held());
+      awaiting += static_cast<int>(st->held() + st->awaiting_weight());
+    }
+    peak = std::max(peak, held);
+    peak_w = std::max(peak_w, awaiting);
+    const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
+    spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
   }
-  if (apply_optimizer && optimizers[r]) optimizers[r]->step();
+  if (apply_optimizer)
+    for (int c = 0; c < sched.chunks; ++c)
+      if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
 }
 
 double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer) {
@@ -161,6 +197,8 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   }
 
   const auto t0 = Clock::now();
+  trace.step = step;
+  trace.start = std::chrono::duration<double>(t0 - created).count();
   std::vector<std::exception_ptr> errors;
   // A failing stage aborts the transport at once so its peers stop waiting; the earliest
   // failure is the cause and is what the caller sees.
@@ -218,7 +256,9 @@ const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
 const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
 const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
 int64_t Pipeline::step() const { return impl_->step; }
-torch::nn::Sequential& Pipeline::stage_layers(int stage) { return impl_->stages.at(stage)->layers(); }
+torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) {
+  return impl_->stages.at(virtual_stage)->layers();
+}
 
 OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {

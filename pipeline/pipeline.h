@@ -20,6 +20,7 @@
 
 #include "comm/transport.h"
 #include "partitioner/partition.h"
+#include "pipeline/step_trace.h"
 #include "schedule/schedule.h"
 #include "stages/stage.h"
 
@@ -28,8 +29,9 @@ namespace pipetrain::pipeline {
 struct PipelineOptions {
   int stages = 1;
   int micro_batches = 1;
-  partitioner::Balance balance;  // empty: uniform
-  std::string schedule = "gpipe";
+  partitioner::Balance balance;  // layers per virtual stage (stages · chunks entries); empty: uniform
+  std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  int chunks = 1;                  // virtual stages per device (interleaved-1f1b)
   stages::Recompute recompute = stages::Recompute::ExceptLast;
   int intra_op_threads = 1;  // libtorch intra-op threads in each stage thread
   double timeout_s = 300;    // longest wait for a message from another stage
@@ -39,18 +41,6 @@ struct PipelineOptions {
 
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
-
-// One executed action: times are seconds since the step began.
-struct Span {
-  schedule::Op op;
-  int micro_batch;
-  double start, end;
-};
-
-struct StepTrace {
-  double wall = 0;                       // seconds the step took
-  std::vector<std::vector<Span>> spans;  // spans[stage]
-};
 
 class Pipeline {
  public:
@@ -75,12 +65,12 @@ class Pipeline {
   // Forward of the whole batch in evaluation mode, without gradients.
   at::Tensor predict(const at::Tensor& input);
 
-  int stages() const;
-  const partitioner::Balance& balance() const;
+  int stages() const;  // devices; each runs `chunks` virtual stages
+  const partitioner::Balance& balance() const;  // layers per virtual stage
   const schedule::Schedule& schedule() const;
   const StepTrace& last_trace() const;
   int64_t step() const;  // steps run so far
-  torch::nn::Sequential& stage_layers(int stage);
+  torch::nn::Sequential& stage_layers(int virtual_stage);
 
  private:
   struct Impl;

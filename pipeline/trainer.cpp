@@ -23,12 +23,15 @@ models::Model build_model(const Config& c) {
 Job prepare(const Config& c) {
   Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat};
   const int layers = static_cast<int>(job.model.layers->size());
-  if (c.pipeline.stages > layers)
-    throw ConfigError(c.where("pipeline.stages") + ": " + std::to_string(c.pipeline.stages) +
-                      " stages but the model has only " + std::to_string(layers) + " layers (" +
-                      join(models::layer_names(job.model.layers), ", ") + ")");
+  const int V = c.pipeline.stages * c.pipeline.chunks;
+  if (V > layers)
+    throw ConfigError(
+        c.where("pipeline.stages") + ": " + std::to_string(c.pipeline.stages) + " stages" +
+        (c.pipeline.chunks > 1 ? " x " + std::to_string(c.pipeline.chunks) + " chunks (" + std::to_string(V) + " virtual stages)" : "") +
+        " but the model has only " + std::to_string(layers) + " layers (" +
+        join(models::layer_names(job.model.layers), ", ") + ")");
   if (!c.pipeline.balance.empty())
-    partitioner::check(c.pipeline.balance, layers, c.pipeline.stages, c.where("pipeline.balance"));
+    partitioner::check(c.pipeline.balance, layers, V, c.where("pipeline.balance"));
   job.data = load_dataset(c, job.model);
 
   PipelineOptions& o = job.options;
@@ -36,6 +39,7 @@ Job prepare(const Config& c) {
   o.micro_batches = c.pipeline.micro_batches;
   o.balance = c.pipeline.balance;
   o.schedule = c.pipeline.schedule;
+  o.chunks = c.pipeline.chunks;
   o.recompute = stages::parse_recompute(c.pipeline.checkpoint);
   o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
   o.timeout_s = c.runtime.timeout_s;

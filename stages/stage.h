@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -50,8 +51,25 @@ class Stage {
   // stage) and returns the gradient of its input (undefined on the first stage).
   at::Tensor backward(int m, const at::Tensor& grad_output);
 
-  // Micro-batches whose activations or inputs are still held.
+  // Zero-bubble split of backward(). backward_input() computes only the gradient of the input
+  // and keeps, for backward_weight(), the autograd nodes where the weight gradients branch off
+  // the input path, with the gradients that reached them; everything else of the graph is
+  // released. backward_weight() then runs only those branches, so no work is done twice. On a
+  // stage whose input needs no gradient (the first stage), B does nothing and W is the whole
+  // backward.
+  at::Tensor backward_input(int m, const at::Tensor& grad_output);
+  void backward_weight(int m);
+
+  // Micro-batches whose activations or inputs are still held (forward done, backward not).
   size_t held() const { return saved_.size(); }
+  // Seconds the last backward or backward_input spent re-running the forward (0 if it kept
+  // the activations).
+  double last_recompute_s() const { return last_recompute_s_; }
+
+  // Micro-batches between backward_input and backward_weight.
+  size_t awaiting_weight() const { return weight_work_.size(); }
+
+  ~Stage();
 
  private:
   struct Saved {
@@ -61,6 +79,8 @@ class Stage {
     double weight = 1.0;
     RngContext rng;
   };
+  struct WeightWork;  // defined in stage.cpp: autograd nodes and gradients kept for W
+  Saved take(int m);  // removes micro-batch m's saved state, rebuilding the graph if checkpointed
   at::Tensor run(const Saved& s);
   at::Tensor as_leaf(const at::Tensor& input) const;
 
@@ -72,6 +92,8 @@ class Stage {
   int64_t step_ = 0;
   int micro_batches_ = 0;
   std::map<int, Saved> saved_;
+  std::map<int, std::unique_ptr<WeightWork>> weight_work_;
+  double last_recompute_s_ = 0;
 };
 
 }  // namespace pipetrain::stages

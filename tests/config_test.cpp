@@ -99,6 +99,30 @@ TEST(Config, StagesBalanceAndMicroBatches) {
   EXPECT_EQ(error_of(c), "");
 }
 
+TEST(Config, Schedules) {
+  json c = base();
+  c["pipeline"]["schedule"] = "pipedream";
+  EXPECT_ERROR(error_of(c), "pipeline.schedule: unknown value \"pipedream\"; choose one of: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  c = base();
+  c["pipeline"]["schedule"] = "interleaved-1f1b";
+  c["pipeline"]["micro_batches"] = 3;
+  EXPECT_ERROR(error_of(c), "pipeline.schedule: interleaved-1f1b sends micro-batches in groups of the stage count (2), so micro_batches must be a multiple of 2; got 3, try 2 or 4");
+  c["pipeline"]["micro_batches"] = 4;
+  c["pipeline"]["chunks"] = 3;
+  EXPECT_ERROR(error_of(c), "pipeline.stages: 2 stages x 3 chunks (6 virtual stages) but the model has only 4 layers");
+  c["model"]["layers"] = 5;
+  EXPECT_EQ(error_of(c), "");
+  c = base();
+  c["pipeline"]["schedule"] = "1f1b";
+  c["pipeline"]["chunks"] = 2;
+  EXPECT_ERROR(error_of(c), "1f1b runs one chunk per stage, got chunks = 2 (use interleaved-1f1b for virtual stages)");
+  for (const char* kind : {"1f1b", "zb-h1"}) {
+    c = base();
+    c["pipeline"]["schedule"] = kind;
+    EXPECT_EQ(error_of(c), "") << kind;
+  }
+}
+
 TEST(Config, MissingDataFilesNameThePackage) {
   json c = base();
   c["model"] = {{"family", "cnn"}};

@@ -1,6 +1,7 @@
 // The central test: one pipeline step computes the same loss and the same gradient for every
 // parameter as one device running the whole batch, for every model family (with dropout),
-// stage count, micro-batch count (including uneven splits) and recomputation mode.
+// schedule (gpipe, 1f1b, interleaved-1f1b with 2 chunks, zb-h1 with its split backward), stage
+// count, micro-batch count (including uneven splits) and recomputation mode.
 //
 // Tolerances: in float64 the only difference is summation order (micro-batch partial sums of
 // the loss and of the gradients), so the norm-wise relative error stays near 1e-15; 1e-10
@@ -9,27 +10,33 @@
 // same reordering costs up to ~1e-5 relative on these small models; 1e-4 is the bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "common/rng.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
+#include "schedule/schedule.h"
 
 using namespace pipetrain;
 using nlohmann::json;
 
 namespace {
 
-json family_config(const std::string& family) {
-  if (family == "mlp") return {{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", 4}, {"out", 5}, {"dropout", 0.2}};
+// Five layers each, or eight for the mlp and gpt when an interleaved schedule needs more
+// virtual stages (the cnn has five layers, so it is interleaved on at most two stages).
+json family_config(const std::string& family, bool deep = false) {
+  if (family == "mlp")
+    return {{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", deep ? 7 : 4}, {"out", 5}, {"dropout", 0.2}};
   if (family == "cnn")
     return {{"family", "cnn"}, {"image_size", 8}, {"channels", 2}, {"hidden", 8}, {"classes", 3}, {"dropout", 0.3}};
   return {{"family", "gpt"}, {"vocab_size", 11}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
-          {"n_layers", 2}, {"d_ff", 16}, {"dropout", 0.2}};
+          {"n_layers", deep ? 5 : 2}, {"d_ff", 16}, {"dropout", 0.2}};
 }
 
-models::Model build(const std::string& family, at::ScalarType dtype) {
-  JsonReader r(family_config(family), "model", "test");
+models::Model build(const std::string& family, at::ScalarType dtype, bool deep) {
+  JsonReader r(family_config(family, deep), "model", "test");
   models::Model m = models::build(r, /*seed=*/42);
   m.layers->to(dtype);
   return m;
@@ -57,17 +64,19 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).norm().item<double>() / denom;
 }
 
-using Case = std::tuple<std::string, int, int, stages::Recompute, at::ScalarType>;
+using Case = std::tuple<std::string, std::string, int, int, stages::Recompute, at::ScalarType>;
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
-  const auto [family, stages, micro_batches, recompute, dtype] = GetParam();
+  const auto [schedule, family, stages, micro_batches, recompute, dtype] = GetParam();
   const double tol = dtype == torch::kDouble ? 1e-10 : 1e-4;
   const int64_t batch = 10;  // 3 and 8 micro-batches split it unevenly
+  const int chunks = schedule::uses_chunks(schedule) ? 2 : 1;
+  const bool deep = chunks > 1;
 
   // Reference: the whole batch on one device.
-  models::Model ref = build(family, dtype);
+  models::Model ref = build(family, dtype, deep);
   Batch b = make_batch(ref, batch, dtype);
   at::Tensor ref_loss;
   {
@@ -78,8 +87,10 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   // Dropout is active: the test means nothing if it dropped nothing.
   ASSERT_GT(family_config(family)["dropout"].get<double>(), 0.0);
 
-  models::Model pip = build(family, dtype);
+  models::Model pip = build(family, dtype, deep);
   pipeline::PipelineOptions o;
+  o.schedule = schedule;
+  o.chunks = chunks;
   o.stages = stages;
   o.micro_batches = micro_batches;
   o.recompute = recompute;
@@ -101,24 +112,46 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const auto& [family, stages, mb, mode, dtype] = info.param;
-  return family + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" +
+  const auto& [schedule, family, stages, mb, mode, dtype] = info.param;
+  std::string kind = schedule;
+  std::replace(kind.begin(), kind.end(), '-', '_');
+  return kind + "_" + family + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" +
          stages::recompute_name(mode) + (dtype == torch::kDouble ? "_f64" : "_f32");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Float64, Equivalence,
-    ::testing::Combine(::testing::Values("mlp", "cnn", "gpt"), ::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(1, 2, 3, 8),
-                       ::testing::Values(stages::Recompute::Always, stages::Recompute::ExceptLast,
-                                         stages::Recompute::Never),
-                       ::testing::Values(torch::kDouble)),
-    case_name);
+const stages::Recompute kModes[] = {stages::Recompute::Always, stages::Recompute::ExceptLast,
+                                     stages::Recompute::Never};
 
-INSTANTIATE_TEST_SUITE_P(
-    Float32, Equivalence,
-    ::testing::Combine(::testing::Values("mlp", "cnn", "gpt"), ::testing::Values(4), ::testing::Values(3),
-                       ::testing::Values(stages::Recompute::ExceptLast), ::testing::Values(torch::kFloat)),
-    case_name);
+// Every schedule x family x stage count 1-4 x recomputation mode. Micro-batches: 1, 2, 3 and 8
+// (3 and 8 split the batch of 10 unevenly); interleaved-1f1b needs a multiple of the stage
+// count, so it runs K and 2K.
+std::vector<Case> float64_cases() {
+  std::vector<Case> cases;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
+    for (const std::string family : {"mlp", "cnn", "gpt"})
+      for (int k = 1; k <= 4; ++k) {
+        std::vector<int> mbs{1, 2, 3, 8};
+        if (schedule::uses_chunks(schedule)) {
+          if (family == "cnn" && k > 2) continue;
+          mbs = {k, 2 * k};
+        }
+        for (int m : mbs)
+          for (auto mode : kModes) cases.emplace_back(schedule, family, k, m, mode, torch::kDouble);
+      }
+  return cases;
+}
+
+std::vector<Case> float32_cases() {
+  std::vector<Case> cases;
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"})
+    for (const std::string family : {"mlp", "cnn", "gpt"})
+      cases.emplace_back(schedule, family, 4, 3, stages::Recompute::ExceptLast, torch::kFloat);
+  for (const std::string family : {"mlp", "gpt"})
+    cases.emplace_back("interleaved-1f1b", family, 2, 4, stages::Recompute::ExceptLast, torch::kFloat);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Float64, Equivalence, ::testing::ValuesIn(float64_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Float32, Equivalence, ::testing::ValuesIn(float32_cases()), case_name);
 
 }  // namespace

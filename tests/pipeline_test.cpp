@@ -7,6 +7,11 @@
 
 #include "common/error.h"
 #include "pipeline/pipeline.h"
+#include "schedule/simulate.h"
+#include "schedule/trace.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
@@ -230,4 +235,72 @@ TEST(Pipeline, BadOptionsAreErrors) {
   o.micro_batches = 4;
   Pipeline pipe(model, o, mean_ce);
   EXPECT_THROW(pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {3}, torch::kLong)), ConfigError);
+}
+
+// The executor holds as many micro-batches at once as the simulator predicts from the same
+// lists, for every schedule: all M for gpipe, at most K - r on stage r for 1f1b and zb-h1.
+TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
+  struct Case {
+    std::string kind;
+    int stages, micro_batches, chunks;
+  };
+  for (const Case& c : {Case{"gpipe", 4, 8, 1}, Case{"1f1b", 4, 8, 1}, Case{"zb-h1", 4, 8, 1},
+                        Case{"interleaved-1f1b", 2, 4, 2}, Case{"1f1b", 3, 2, 1}}) {
+    PipelineOptions o;
+    o.stages = c.stages;
+    o.micro_batches = c.micro_batches;
+    o.schedule = c.kind;
+    o.chunks = c.chunks;
+    o.recompute = stages::Recompute::Never;
+    Pipeline pipe(mlp(8, 4), o, mean_ce);
+    pipe.forward_backward(torch::randn({16, 8}), torch::randint(0, 8, {16}, torch::kLong));
+    const auto sim = schedule::simulate(pipe.schedule(), schedule::Costs::uniform(c.stages * c.chunks, 1, 1, 1));
+    EXPECT_EQ(pipe.last_trace().peak_in_flight, sim.peak_in_flight) << c.kind;
+    EXPECT_EQ(pipe.last_trace().peak_awaiting_weight, sim.peak_awaiting_weight) << c.kind;
+  }
+}
+
+// A measured step turns into a timeline (a recompute span before each recomputing backward)
+// and into per-op costs the simulator accepts.
+TEST(Executor, TimelineAndMeasuredCosts) {
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 3;
+  o.schedule = "zb-h1";
+  o.recompute = stages::Recompute::ExceptLast;
+  Pipeline pipe(mlp(8, 4), o, mean_ce);
+  pipe.forward_backward(torch::randn({6, 8}), torch::randint(0, 8, {6}, torch::kLong));
+  const StepTrace& t = pipe.last_trace();
+  auto tl = timeline(t, t.start);
+  ASSERT_EQ(tl.size(), 2u);
+  int recomputes = 0;
+  for (const auto& stage : tl)
+    for (size_t i = 0; i < stage.size(); ++i) {
+      EXPECT_LE(stage[i].start_ms, stage[i].end_ms);
+      if (i) EXPECT_LE(stage[i - 1].end_ms, stage[i].start_ms + 1e-9);
+      if (stage[i].name == "recompute") {
+        ++recomputes;
+        ASSERT_LT(i + 1, stage.size());
+        EXPECT_EQ(stage[i + 1].name, "backward_input");
+        EXPECT_EQ(stage[i + 1].micro_batch, stage[i].micro_batch);
+      }
+    }
+  EXPECT_EQ(recomputes, 2 * 2);  // micro-batches 0 and 1 on both stages
+  schedule::Costs c = measured_costs(t, pipe.schedule());
+  EXPECT_EQ(c.checkpointed, (std::vector<bool>{true, true, false}));
+  for (int v = 0; v < 2; ++v) {
+    EXPECT_GT(c.forward[v], 0.0);
+    EXPECT_GT(c.backward_weight[v], 0.0);
+    EXPECT_GT(c.recompute[v], 0.0);
+  }
+  const auto sim = schedule::simulate(pipe.schedule(), c);
+  EXPECT_GT(sim.makespan_ms, 0.0);
+  std::ostringstream json;
+  schedule::write_chrome_trace(json, {{"measured", tl}, {"simulated", {}}});
+  const auto parsed = nlohmann::json::parse(json.str());
+  int complete = 0;
+  for (const auto& e : parsed["traceEvents"]) complete += e["ph"] == "X";
+  size_t spans = 0;
+  for (const auto& stage : tl) spans += stage.size();
+  EXPECT_GE(complete, static_cast<int>(spans));
 }

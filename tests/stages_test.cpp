@@ -89,3 +89,54 @@ TEST(Stage, BackwardWithoutForwardIsAnInternalError) {
   s.begin_step(0, 0, 2);
   EXPECT_THROW(s.backward(1, torch::ones({1, 8})), InternalError);
 }
+
+// The zero-bubble split on a middle stage (input needs a gradient, output gradient given):
+// B gives the same input gradient as the fused backward and leaves every weight gradient
+// untouched; W then gives the same weight gradients; with several micro-batches in flight the
+// Ws may come in any order.
+TEST(Stage, SplitBackwardEqualsFusedBackward) {
+  for (auto mode : {stages::Recompute::Never, stages::Recompute::Always}) {
+    auto fused_model = mlp(3), split_model = mlp(3);
+    stages::Stage fused(1, 3, fused_model, mode), split(1, 3, split_model, mode);
+    fused.begin_step(9, 0, 2);
+    split.begin_step(9, 0, 2);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+    auto x = torch::randn({6, 6}, gen).to(torch::kDouble);
+    auto g = torch::randn({6, 3}, gen).to(torch::kDouble);
+    auto xs = x.tensor_split(2), gs = g.tensor_split(2);
+    for (int m = 0; m < 2; ++m) {
+      fused.forward(m, xs[m], 3 * m);
+      split.forward(m, xs[m], 3 * m);
+    }
+    std::vector<at::Tensor> want_in, got_in;
+    for (int m = 0; m < 2; ++m) {
+      want_in.push_back(fused.backward(m, gs[m]));
+      got_in.push_back(split.backward_input(m, gs[m]));
+    }
+    EXPECT_EQ(split.held(), 0u);
+    EXPECT_EQ(split.awaiting_weight(), 2u);
+    for (auto& p : split_model->parameters()) EXPECT_FALSE(p.grad().defined()) << "B computed a weight gradient";
+    split.backward_weight(1);
+    split.backward_weight(0);
+    EXPECT_EQ(split.awaiting_weight(), 0u);
+    for (int m = 0; m < 2; ++m) EXPECT_TRUE(torch::allclose(got_in[m], want_in[m], 1e-12, 1e-12)) << m;
+    auto want = fused_model->named_parameters();
+    auto got = split_model->named_parameters();
+    for (const auto& p : want) {
+      ASSERT_TRUE(got[p.key()].grad().defined()) << p.key();
+      EXPECT_TRUE(torch::allclose(got[p.key()].grad(), p.value().grad(), 1e-12, 1e-12)) << p.key();
+    }
+  }
+}
+
+TEST(Stage, SplitBackwardOnTheFirstStageRunsEverythingInW) {
+  auto model = mlp(3);
+  stages::Stage s(0, 2, model, stages::Recompute::Never);
+  s.begin_step(0, 0, 1);
+  auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
+  EXPECT_FALSE(s.backward_input(0, torch::ones_like(out)).defined());
+  for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  s.backward_weight(0);
+  for (auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
+  EXPECT_THROW(s.backward_weight(0), InternalError);
+}

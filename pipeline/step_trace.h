@@ -1,0 +1,42 @@
+// step_trace: what the executor measured in one step (spans of every action on every stage),
+// and the two uses of it: a timeline in the Chrome trace format (schedule/trace.h), and the
+// per-op costs that let the simulator predict the same step (schedule/simulate.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "schedule/simulate.h"
+#include "schedule/trace.h"
+
+namespace pipetrain::pipeline {
+
+// One executed action: times are seconds since the step began.
+struct Span {
+  schedule::Op op;
+  int micro_batch;
+  int chunk;
+  double start, end;
+  double recompute = 0;  // seconds at the start of a backward spent re-running the forward
+};
+
+struct StepTrace {
+  int64_t step = 0;
+  double start = 0;                      // seconds from the pipeline's creation to the step's start
+  double wall = 0;                       // seconds the step took
+  std::vector<std::vector<Span>> spans;  // spans[stage]
+  // Per stage (device): the most micro-batches whose activations were held at once (forward
+  // done, backward or backward_input not), and the most awaiting their weight gradients.
+  std::vector<int> peak_in_flight, peak_awaiting_weight;
+};
+
+// The step's spans as a timeline in milliseconds from `origin_s` (seconds on the same clock as
+// StepTrace::start); a backward that recomputed becomes a "recompute" span and a "backward" one.
+std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, double origin_s);
+
+// Median measured cost of each op on each virtual stage, for simulate(). Transfers are taken as
+// free (the local transport passes tensors by reference); the micro-batches that recomputed are
+// marked checkpointed.
+schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s);
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,129 @@
+#include "schedule/simulate.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "common/error.h"
+
+namespace pipetrain::schedule {
+
+Costs Costs::uniform(int virtual_stages, double forward, double backward_input, double backward_weight) {
+  Costs c;
+  c.forward.assign(virtual_stages, forward);
+  c.backward_input.assign(virtual_stages, backward_input);
+  c.backward_weight.assign(virtual_stages, backward_weight);
+  c.recompute.assign(virtual_stages, 0.0);
+  c.activation_bytes.assign(virtual_stages, 0.0);
+  return c;
+}
+
+namespace {
+void check_costs(const Schedule& s, const Costs& c) {
+  const size_t V = static_cast<size_t>(s.virtual_stages());
+  auto size_ok = [&](const auto& v, const char* name, bool optional) {
+    if (v.size() == V || (optional && v.empty())) return;
+    throw ScheduleError(detail::concat("simulate: costs.", name, " has ", v.size(),
+                                       " entries for ", V, " virtual stages"));
+  };
+  size_ok(c.forward, "forward", false);
+  size_ok(c.backward_input, "backward_input", false);
+  size_ok(c.backward_weight, "backward_weight", false);
+  size_ok(c.recompute, "recompute", true);
+  size_ok(c.activation_bytes, "activation_bytes", true);
+  if (!c.checkpointed.empty() && c.checkpointed.size() != static_cast<size_t>(s.micro_batches))
+    throw ScheduleError(detail::concat("simulate: costs.checkpointed has ", c.checkpointed.size(),
+                                       " entries for ", s.micro_batches, " micro-batches"));
+}
+}  // namespace
+
+Simulation simulate(const Schedule& s, const Costs& c) {
+  check_costs(s, c);
+  const int K = s.stages;
+  Simulation out;
+  out.busy_ms.assign(K, 0.0);
+  out.peak_in_flight.assign(K, 0);
+  out.peak_awaiting_weight.assign(K, 0);
+  out.spans.resize(K);
+  std::vector<double> clock(K, 0.0);
+  std::vector<int> in_flight(K, 0), awaiting(K, 0);
+  std::vector<size_t> pc(K, 0);
+  // Delivery time of each message: (destination, receive op, micro-batch, chunk there).
+  std::map<std::tuple<int, int, int, int>, double> delivered;
+
+  auto transfer = [&](int from_vs, int to_vs) {
+    if (s.device_of(from_vs) == s.device_of(to_vs)) return 0.0;
+    const int boundary = std::min(from_vs, to_vs);  // output of `boundary` or its gradient
+    double bytes = c.activation_bytes.empty() ? 0.0 : c.activation_bytes[boundary];
+    return c.latency_ms + (c.bytes_per_ms > 0 ? bytes / c.bytes_per_ms : 0.0);
+  };
+
+  size_t remaining = 0;
+  for (const auto& l : s.actions) remaining += l.size();
+  while (remaining > 0) {
+    bool moved = false;
+    for (int r = 0; r < K; ++r) {
+      while (pc[r] < s.actions[r].size()) {
+        const Action& a = s.actions[r][pc[r]];
+        const int vs = s.virtual_stage(r, a.chunk);
+        const double start = clock[r];
+        double end = start;
+        switch (a.op) {
+          case Op::RecvActivation:
+          case Op::RecvGrad: {
+            auto it = delivered.find({r, static_cast<int>(a.op), a.micro_batch, a.chunk});
+            if (it == delivered.end()) goto blocked;
+            end = std::max(start, it->second);
+            delivered.erase(it);
+            break;
+          }
+          case Op::SendActivation:
+            delivered[{s.device_of(vs + 1), static_cast<int>(Op::RecvActivation), a.micro_batch,
+                       s.chunk_of(vs + 1)}] = start + transfer(vs, vs + 1);
+            break;
+          case Op::SendGrad:
+            delivered[{s.device_of(vs - 1), static_cast<int>(Op::RecvGrad), a.micro_batch,
+                       s.chunk_of(vs - 1)}] = start + transfer(vs, vs - 1);
+            break;
+          case Op::Forward:
+            end = start + c.forward[vs];
+            out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
+            out.peak_awaiting_weight[r] = std::max(out.peak_awaiting_weight[r], ++awaiting[r]);
+            break;
+          case Op::Backward:
+          case Op::BackwardInput: {
+            const bool recompute = !c.checkpointed.empty() && c.checkpointed[a.micro_batch] &&
+                                   !c.recompute.empty();
+            end = start + c.backward_input[vs] + (recompute ? c.recompute[vs] : 0.0) +
+                  (a.op == Op::Backward ? c.backward_weight[vs] : 0.0);
+            --in_flight[r];
+            if (a.op == Op::Backward) --awaiting[r];
+            break;
+          }
+          case Op::BackwardWeight:
+            end = start + c.backward_weight[vs];
+            --awaiting[r];
+            break;
+        }
+        if (is_compute(a.op)) out.busy_ms[r] += end - start;
+        out.spans[r].push_back({a.op, a.micro_batch, a.chunk, start, end});
+        clock[r] = end;
+        ++pc[r];
+        --remaining;
+        moved = true;
+      }
+    blocked:
+      continue;
+    }
+    if (!moved) throw ScheduleError("simulate: the schedule deadlocks (run validate() for details)");
+  }
+  double busy = 0;
+  for (int r = 0; r < K; ++r) {
+    out.makespan_ms = std::max(out.makespan_ms, clock[r]);
+    busy += out.busy_ms[r];
+  }
+  out.bubble = out.makespan_ms > 0 ? 1.0 - busy / (K * out.makespan_ms) : 0.0;
+  return out;
+}
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,50 @@
+// simulate: runs a schedule's action lists against a cost table, as a discrete-event model of
+// the executor. Each device runs its list in order; a compute takes its cost; a send costs the
+// sender nothing and delivers after latency + bytes / bandwidth (nothing between chunks of one
+// device); a receive waits for delivery. The result is the makespan, the bubble (idle share of
+// the devices' time), each device's peak number of micro-batches in flight and the timeline.
+// Nothing here depends on libtorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+
+namespace pipetrain::schedule {
+
+// Per virtual stage (size stages·chunks), milliseconds for one micro-batch.
+struct Costs {
+  std::vector<double> forward;
+  std::vector<double> backward_input;   // B: the input-gradient part of the backward
+  std::vector<double> backward_weight;  // W: the weight-gradient part; a fused backward costs B + W
+  std::vector<double> recompute;        // extra forward in the backward of a checkpointed micro-batch
+  std::vector<bool> checkpointed;       // per micro-batch; empty: none is recomputed
+  std::vector<double> activation_bytes;  // the output of each virtual stage (its gradient is as large)
+  double latency_ms = 0;
+  double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
+
+  // Equal costs on every virtual stage, no recomputation, free transfers.
+  static Costs uniform(int virtual_stages, double forward, double backward_input, double backward_weight);
+};
+
+// One simulated action, in milliseconds from the step's start.
+struct SimSpan {
+  Op op;
+  int micro_batch, chunk;
+  double start, end;
+};
+
+struct Simulation {
+  double makespan_ms = 0;
+  double bubble = 0;                    // 1 - (sum of compute time) / (stages · makespan)
+  std::vector<double> busy_ms;          // per device: compute time
+  std::vector<int> peak_in_flight;      // per device: most micro-batches between forward and backward(_input)
+  std::vector<int> peak_awaiting_weight;  // per device: most micro-batches between forward and their last backward part
+  std::vector<std::vector<SimSpan>> spans;  // spans[device], in list order
+};
+
+// Throws ScheduleError when the cost table does not fit the schedule or the lists deadlock.
+Simulation simulate(const Schedule& s, const Costs& costs);
+
+}  // namespace pipetrain::schedule

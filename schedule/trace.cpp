@@ -1,0 +1,69 @@
+#include "schedule/trace.h"
+
+#include <iomanip>
+
+namespace pipetrain::schedule {
+
+namespace {
+void write_string(std::ostream& out, const std::string& s) {
+  out << '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') out << '\\' << c;
+    else if (static_cast<unsigned char>(c) < 0x20) out << ' ';
+    else out << c;
+  }
+  out << '"';
+}
+
+void write_event(std::ostream& out, bool& first, const TraceSpan& s, int pid, int tid) {
+  out << (first ? "\n" : ",\n") << R"({"ph":"X","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":)";
+  first = false;
+  std::string name = s.name;
+  if (s.micro_batch >= 0) name += " " + std::to_string(s.micro_batch);
+  if (s.chunk > 0) name += "." + std::to_string(s.chunk);
+  write_string(out, name);
+  out << R"(,"cat":)";
+  write_string(out, s.name);
+  // Microseconds, the unit of the format.
+  out << R"(,"ts":)" << s.start_ms * 1e3 << R"(,"dur":)" << (s.end_ms - s.start_ms) * 1e3
+      << R"(,"args":{"step":)" << s.step;
+  if (s.micro_batch >= 0) out << R"(,"micro_batch":)" << s.micro_batch << R"(,"chunk":)" << s.chunk;
+  out << "}}";
+}
+
+void write_name(std::ostream& out, bool& first, const char* what, int pid, int tid, const std::string& name) {
+  out << (first ? "\n" : ",\n") << R"({"ph":"M","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":")"
+      << what << R"(","args":{"name":)";
+  first = false;
+  write_string(out, name);
+  out << "}}";
+}
+}  // namespace
+
+void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& timelines, double min_idle_ms) {
+  const auto precision = out.precision();
+  out << std::setprecision(12) << R"({"displayTimeUnit":"ms","traceEvents":[)";
+  bool first = true;
+  for (size_t p = 0; p < timelines.size(); ++p) {
+    const TraceTimeline& t = timelines[p];
+    const int pid = static_cast<int>(p);
+    write_name(out, first, "process_name", pid, 0, t.title);
+    for (size_t r = 0; r < t.spans.size(); ++r) {
+      const int tid = static_cast<int>(r);
+      write_name(out, first, "thread_name", pid, tid, "stage " + std::to_string(r));
+      double last_end = -1;
+      int64_t last_step = 0;
+      for (const TraceSpan& s : t.spans[r]) {
+        if (last_end >= 0 && s.step == last_step && s.start_ms - last_end >= min_idle_ms)
+          write_event(out, first, TraceSpan{"idle", -1, 0, s.step, last_end, s.start_ms}, pid, tid);
+        write_event(out, first, s, pid, tid);
+        last_end = s.end_ms;
+        last_step = s.step;
+      }
+    }
+  }
+  out << "\n]}\n";
+  out.precision(precision);
+}
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,33 @@
+// trace: per-stage timelines in the Chrome trace event format, which Perfetto
+// (ui.perfetto.dev) and chrome://tracing open. The executor's measured spans and the
+// simulator's predicted spans are written the same way, so the two can be compared by eye.
+// Gaps between a stage's spans are written as "idle". Nothing here depends on libtorch.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+
+namespace pipetrain::schedule {
+
+struct TraceSpan {
+  std::string name;      // "forward", "backward", "recompute", "send_activation", ...
+  int micro_batch = -1;  // -1: not about one micro-batch
+  int chunk = 0;
+  int64_t step = 0;
+  double start_ms = 0, end_ms = 0;
+};
+
+struct TraceTimeline {
+  std::string title;                          // names the process row, e.g. "measured" or "simulated gpipe"
+  std::vector<std::vector<TraceSpan>> spans;  // spans[stage], in time order
+};
+
+// Writes one JSON object {"traceEvents": [...]} with a process per timeline and a thread per
+// stage. Spans shorter than `min_idle_ms` between two others are not reported as idle.
+void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& timelines,
+                        double min_idle_ms = 0.001);
+
+}  // namespace pipetrain::schedule
