@@ -1,7 +1,10 @@
-// The pipetrain command: train, bench.
+// The pipetrain command: train, plan, partition, bench.
 #include <malloc.h>
 
+#include <fstream>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -9,9 +12,36 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "pipeline/bench.h"
+#include "pipeline/plan.h"
+#include "schedule/trace.h"
 #include "pipeline/trainer.h"
 
 namespace pt = pipetrain::pipeline;
+
+namespace {
+
+// `pipetrain partition`: the exact partitioner on a cost file, as JSON.
+void run_partition(const std::string& path, int stages, int64_t memory_limit, const std::vector<double>& speeds) {
+  namespace part = pipetrain::partitioner;
+  const auto costs = part::load_costs(path);
+  part::Constraints k;
+  if (!speeds.empty() && static_cast<int>(speeds.size()) != stages)
+    throw pipetrain::ConfigError("--speeds: " + std::to_string(speeds.size()) + " speeds for " +
+                                 std::to_string(stages) + " stages");
+  if (!speeds.empty() || memory_limit > 0) {
+    k.devices.resize(stages);
+    for (int i = 0; i < stages; ++i) {
+      if (!speeds.empty()) k.devices[i].speed = speeds[i];
+      k.devices[i].memory_limit = memory_limit;
+    }
+  }
+  const part::Plan p = part::min_max(costs, stages, k);
+  nlohmann::json j{{"balance", p.balance}, {"bottleneck", p.bottleneck_ms}, {"stage_ms", p.stage_ms},
+                   {"stage_bytes", p.stage_bytes}};
+  std::cout << j.dump() << "\n";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // glibc would hand large freed tensors back to the system after every step and fault them
@@ -33,6 +63,11 @@ int main(int argc, char** argv) {
   train->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
   train->add_option("--metrics", metrics_path, "Write one JSON object per step to this file");
   train->add_flag("--quiet", quiet, "No progress line");
+  std::string trace_path;
+  int trace_steps = 1;
+  train->add_option("--trace", trace_path,
+                    "Write the measured timeline of the second step (Chrome trace JSON, for Perfetto)");
+  train->add_option("--trace-steps", trace_steps, "Steps to put in the --trace timeline")->check(CLI::PositiveNumber);
 
   pt::BenchOptions bench_options;
   auto* bench = app.add_subcommand("bench", "Time the plain single-device loop and the pipeline side by side");
@@ -41,6 +76,31 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bench_options.warmup, "Untimed steps before measuring")->check(CLI::NonNegativeNumber);
   bench->add_option("--repeat", bench_options.repeat, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
 
+  pt::PlanOptions plan_options;
+  bool plan_json = false;
+  std::string plan_trace, save_costs;
+  auto* plan = app.add_subcommand("plan", "Profile the layers, partition them and predict the step of a config");
+  plan->add_option("config", config_path, "JSON config file")->required();
+  plan->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
+  plan->add_flag("--json", plan_json, "Print the plan as JSON");
+  plan->add_flag("--compare", plan_options.compare, "Simulate every schedule side by side");
+  plan->add_option("--trace", plan_trace, "Write the simulated timeline of one step (Chrome trace JSON)");
+  plan->add_option("--save-costs", save_costs, "Write the profiled per-layer costs (a cost file for partition)");
+  plan->add_option("--costs", plan_options.costs_path, "Use this cost file instead of profiling");
+  plan->add_option("--repeat", plan_options.repeat, "Profiling runs per op (the median is used)")->check(CLI::PositiveNumber);
+
+  std::string costs_path;
+  int partition_stages = 0;
+  int64_t memory_limit = 0;
+  std::vector<double> speeds;
+  auto* partition = app.add_subcommand("partition", "Split a cost file into stages exactly (min-max) and print JSON");
+  partition->add_option("--costs", costs_path, "JSON array of per-layer costs")->required();
+  partition->add_option("--stages", partition_stages, "Number of stages")->required()->check(CLI::PositiveNumber);
+  partition->add_option("--memory-limit", memory_limit,
+                        "Bytes each stage may hold (parameters x3 for gradient and momentum, plus saved activations of one micro-batch)")
+      ->check(CLI::NonNegativeNumber);
+  partition->add_option("--speeds", speeds, "Relative speed of each stage's device (one per stage)")->delimiter(',');
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -48,17 +108,34 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (*partition) {
+      run_partition(costs_path, partition_stages, memory_limit, speeds);
+      return 0;
+    }
     if (steps >= 0) overrides.push_back("train.steps=" + std::to_string(steps));
     pt::Config config = pt::load_config(config_path, overrides);
     if (*train) {
       pt::Job job = pt::prepare(config);
-      pt::TrainResult r = pt::train(job, {metrics_path, !quiet});
+      pt::TrainResult r = pt::train(job, {metrics_path, !quiet, trace_path, trace_steps});
       if (r.test_samples > 0)
         std::printf("test accuracy %.4f, test loss %.4f on %lld samples; %.1f samples/s in training\n",
                     r.test_accuracy, r.test_loss, static_cast<long long>(r.test_samples), r.samples_per_s);
       else
         std::printf("final loss %.4f; %.1f samples/s in training\n", r.losses.empty() ? 0.0 : r.losses.back(),
                     r.samples_per_s);
+    } else if (*plan) {
+      pt::PlanReport r = pt::make_plan(config, plan_options);
+      if (!save_costs.empty()) pipetrain::partitioner::save_costs(save_costs, r.profile);
+      if (!plan_trace.empty()) {
+        std::ofstream f(plan_trace, std::ios::out | std::ios::trunc);
+        if (!f) throw pipetrain::ConfigError("--trace " + plan_trace + ": cannot open for writing");
+        pipetrain::schedule::write_chrome_trace(f, {pt::simulated_timeline(config, r)});
+        if (!f) throw pipetrain::Error("--trace " + plan_trace + ": write failed");
+      }
+      if (plan_json)
+        pt::print_plan_json(std::cout, r);
+      else
+        pt::print_plan(std::cout, r);
     } else if (*bench) {
       pt::BenchResult r = pt::run_bench(config, bench_options);
       pt::print_bench(std::cout, config, r);

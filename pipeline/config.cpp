@@ -1,11 +1,14 @@
 #include "pipeline/config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "common/strings.h"
 #include "schedule/schedule.h"
 
 namespace pipetrain::pipeline {
@@ -103,19 +106,49 @@ Config parse_config(const json& input, const std::string& source,
   c.pipeline.checkpoint =
       pipe.get_choice("checkpoint", c.pipeline.checkpoint, {"always", "except_last", "never"});
   if (const json* b = pipe.get_raw("balance")) {
+    const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
     if (b->is_string()) {
-      if (b->get<std::string>() != "uniform")
-        pipe.fail("balance", "unknown method \"" + b->get<std::string>() +
-                                 "\"; use \"uniform\" or a list of layer counts");
+      c.pipeline.balance_method = b->get<std::string>();
+      if (std::find(methods.begin(), methods.end(), c.pipeline.balance_method) == methods.end()) {
+        std::string hint = nearest(c.pipeline.balance_method, methods);
+        pipe.fail("balance", "unknown method \"" + c.pipeline.balance_method + "\"" +
+                                 (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)") +
+                                 "; use one of " + join(methods, ", ") + " or a list of layer counts");
+      }
     } else if (b->is_array()) {
+      c.pipeline.balance_method = "list";
       for (const auto& e : *b) {
         if (!e.is_number_integer())
           pipe.fail("balance", "expected a list of integers, found " + describe(e));
         c.pipeline.balance.push_back(e.get<int>());
       }
     } else {
-      pipe.fail("balance", "expected \"uniform\" or a list of layer counts, got " + describe(*b));
+      pipe.fail("balance", "expected a method (uniform, parameters, time, memory) or a list of layer counts, got " +
+                               describe(*b));
     }
+  }
+  if (const json* m = pipe.get_raw("memory_limit")) {
+    auto bytes = [&](const json& v) {
+      if (!v.is_number() || v.get<double>() < 0 || !std::isfinite(v.get<double>()))
+        pipe.fail("memory_limit", "expected bytes (a number >= 0, 0 = no limit) or a list of them, found " + describe(v));
+      return static_cast<int64_t>(v.get<double>());
+    };
+    if (m->is_array()) {
+      for (const auto& e : *m) c.pipeline.memory_limit.push_back(bytes(e));
+      if (static_cast<int>(c.pipeline.memory_limit.size()) != c.pipeline.stages)
+        pipe.fail("memory_limit", detail::concat("has ", c.pipeline.memory_limit.size(), " entries but pipeline.stages is ",
+                                                 c.pipeline.stages));
+    } else {
+      c.pipeline.memory_limit.assign(c.pipeline.stages, bytes(*m));
+    }
+  }
+  c.pipeline.speeds = pipe.get_numbers("speeds", {});
+  if (!c.pipeline.speeds.empty()) {
+    if (static_cast<int>(c.pipeline.speeds.size()) != c.pipeline.stages)
+      pipe.fail("speeds", detail::concat("has ", c.pipeline.speeds.size(), " entries but pipeline.stages is ",
+                                         c.pipeline.stages));
+    for (double v : c.pipeline.speeds)
+      if (!(v > 0) || !std::isfinite(v)) pipe.fail("speeds", detail::concat("every speed must be > 0, got ", v));
   }
   pipe.finish();
   if (c.pipeline.micro_batches > c.data.batch_size)

@@ -27,7 +27,13 @@ struct PipelineConfig {
   std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
   int chunks = 1;                  // virtual stages per device; interleaved-1f1b defaults to 2
   std::string checkpoint = "except_last";
-  std::vector<int> balance;  // empty: uniform
+  // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
+  // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
+  // predicted peak memory), or "list" with `balance` given.
+  std::string balance_method = "uniform";
+  std::vector<int> balance;            // layers per virtual stage when balance_method is "list"
+  std::vector<int64_t> memory_limit;   // bytes per device (stage); empty or 0: no limit
+  std::vector<double> speeds;          // relative device speeds; empty: all equal
 };
 
 struct OptimizerConfig {

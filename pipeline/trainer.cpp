@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/rng.h"
 #include "common/strings.h"
+#include "pipeline/plan.h"
 
 namespace pipetrain::pipeline {
 
@@ -20,7 +21,7 @@ models::Model build_model(const Config& c) {
   return m;
 }
 
-Job prepare(const Config& c) {
+Job prepare(const Config& c, bool resolve_balance) {
   Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat};
   const int layers = static_cast<int>(job.model.layers->size());
   const int V = c.pipeline.stages * c.pipeline.chunks;
@@ -37,7 +38,6 @@ Job prepare(const Config& c) {
   PipelineOptions& o = job.options;
   o.stages = c.pipeline.stages;
   o.micro_batches = c.pipeline.micro_batches;
-  o.balance = c.pipeline.balance;
   o.schedule = c.pipeline.schedule;
   o.chunks = c.pipeline.chunks;
   o.recompute = stages::parse_recompute(c.pipeline.checkpoint);
@@ -45,6 +45,15 @@ Job prepare(const Config& c) {
   o.timeout_s = c.runtime.timeout_s;
   o.seed = c.train.seed;
   o.transport.max_message_bytes = c.runtime.max_message_bytes;
+  if (resolve_balance) {
+    const std::string& method = c.pipeline.balance_method;
+    const bool needs_profile = method == "time" || method == "memory";
+    partitioner::Profile profile;
+    if (needs_profile) profile = profile_job(job);
+    o.balance = choose_balance(c, job.model.layers, needs_profile ? &profile : nullptr);
+  } else {
+    o.balance = c.pipeline.balance;
+  }
   return job;
 }
 
@@ -99,6 +108,16 @@ TrainResult train(Job& job, const TrainOptions& options) {
     metrics.open(options.metrics_path, std::ios::out | std::ios::trunc);
     if (!metrics) throw ConfigError("--metrics " + options.metrics_path + ": cannot open for writing");
   }
+  std::ofstream trace_file;
+  if (!options.trace_path.empty()) {
+    trace_file.open(options.trace_path, std::ios::out | std::ios::trunc);
+    if (!trace_file) throw ConfigError("--trace " + options.trace_path + ": cannot open for writing");
+  }
+  const int64_t first_traced = c.train.steps > 1 ? 1 : 0;
+  schedule::TraceTimeline traced{detail::concat("measured: ", c.pipeline.schedule, ", ", pipe.stages(),
+                                                " stages, ", job.options.micro_batches, " micro-batches"),
+                                 std::vector<std::vector<schedule::TraceSpan>>(pipe.stages())};
+  double trace_origin = -1;
   const bool tty = isatty(STDERR_FILENO);
   const int64_t steps = c.train.steps, B = c.data.batch_size;
   std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage\n",
@@ -119,6 +138,17 @@ TrainResult train(Job& job, const TrainOptions& options) {
     const double step_s = std::chrono::duration<double>(t1 - t0).count();
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
     result.losses.push_back(loss);
+    if (trace_file.is_open() && s >= first_traced && s < first_traced + options.trace_steps) {
+      if (trace_origin < 0) trace_origin = pipe.last_trace().start;
+      auto tl = timeline(pipe.last_trace(), trace_origin);
+      for (size_t r = 0; r < tl.size(); ++r)
+        traced.spans[r].insert(traced.spans[r].end(), tl[r].begin(), tl[r].end());
+      if (s + 1 == std::min(steps, first_traced + options.trace_steps)) {
+        schedule::write_chrome_trace(trace_file, {traced});
+        trace_file.close();
+        if (!trace_file) throw Error("--trace " + options.trace_path + ": write failed");
+      }
+    }
     if (!std::isfinite(loss))
       throw Error(detail::concat("step ", s + 1, ": the loss is ", loss, "; stopping (lower optimizer.lr?)"));
     window_samples += B;
@@ -128,7 +158,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
       window_start = t1;
       window_samples = 0;
     }
-    if (metrics) {
+    if (metrics.is_open()) {
       metrics << nlohmann::json{{"step", s + 1}, {"loss", loss}, {"samples_per_s", B / step_s},
                                 {"step_time_s", step_s}, {"time_s", elapsed}}.dump()
               << "\n";

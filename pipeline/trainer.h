@@ -22,9 +22,10 @@ struct Job {
 // The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.
 models::Model build_model(const Config& config);
 
-// Builds the model (seeded by train.seed) and the data set, and checks stages and balance
-// against the layer count; every problem is a ConfigError or DataError.
-Job prepare(const Config& config);
+// Builds the model (seeded by train.seed) and the data set, checks stages and balance against
+// the layer count, and (with `resolve_balance`) chooses the balance by the config's method,
+// profiling the layers for `time` and `memory`; every problem is a ConfigError or DataError.
+Job prepare(const Config& config, bool resolve_balance = true);
 
 // Turns a data batch into model inputs of the job's dtype.
 Batch to_model(const Job& job, Batch b);
@@ -32,6 +33,8 @@ Batch to_model(const Job& job, Batch b);
 struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step; empty: none
   bool progress = true;      // live progress line on stderr
+  std::string trace_path;    // Chrome trace of the measured spans of `trace_steps` steps; empty: none
+  int trace_steps = 1;       // traced steps start at the second step (the first warms up), if there is one
 };
 
 struct TrainResult {

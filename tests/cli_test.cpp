@@ -50,7 +50,7 @@ void expect_one_line_error(const Result& r, const std::string& needle, int statu
 }  // namespace
 
 TEST(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "train ", "bench "}) {
+  for (const char* sub : {"", "train ", "bench ", "plan ", "partition "}) {
     Result r = run(std::string(sub) + "--help");
     EXPECT_EQ(r.status, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
@@ -118,4 +118,50 @@ TEST(Cli, NonFiniteLossStopsTheRunNamingTheStep) {
   std::string first;
   EXPECT_TRUE(std::getline(in, first));
   EXPECT_NE(first.find("\"step\":1"), std::string::npos) << first;
+}
+
+// `train --trace` writes the measured timeline of the second step as a Chrome trace: every
+// action of the schedule on every stage, with the recompute spans of checkpointed micro-batches.
+TEST(Cli, TrainWritesAChromeTrace) {
+  const std::string cfg = write_config("trace.json", kSmall);
+  const std::string trace = ::testing::TempDir() + "/pipetrain_cli_trace_" + std::to_string(::getpid()) + ".json";
+  Result r = run("train " + cfg + " --quiet --trace " + trace + " --set pipeline.schedule=1f1b");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0), 0u) << text.substr(0, 200);
+  for (const char* needle : {"\"name\":\"forward 0\"", "\"name\":\"backward 1\"", "\"cat\":\"recompute\"",
+                             "\"cat\":\"send_activation\"", "\"cat\":\"recv_grad\"", "\"step\":1",
+                             "measured: 1f1b, 2 stages, 2 micro-batches"})
+    EXPECT_NE(text.find(needle), std::string::npos) << needle;
+  EXPECT_EQ(text.find("\"step\":0"), std::string::npos) << "the first (warm-up) step is not traced";
+  r = run("train " + cfg + " --quiet --trace /nonexistent/dir/t.json");
+  expect_one_line_error(r, "--trace /nonexistent/dir/t.json: cannot open for writing");
+}
+
+// `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;
+// --save-costs writes a cost file that `partition` reads back.
+TEST(Cli, PlanAndPartition) {
+  const std::string cfg = write_config("plan.json", kSmall);
+  const std::string costs = ::testing::TempDir() + "/pipetrain_cli_costs_" + std::to_string(::getpid()) + ".json";
+  Result r = run("plan " + cfg + " --compare --repeat 1 --save-costs " + costs + " --set pipeline.balance=time");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* needle : {"balance time", "stage chunk layers", "predicted step", "gpipe", "1f1b", "zb-h1",
+                             "interleaved-1f1b"})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  r = run("plan " + cfg + " --json --repeat 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* needle : {"\"balance\": [", "\"predicted\": {", "\"step_ms\"", "\"peak_memory_bytes\""})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+
+  r = run("partition --costs " + costs + " --stages 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("{\"balance\":[", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\"bottleneck\":"), std::string::npos) << r.out;
+  expect_one_line_error(run("partition --costs " + costs + " --stages 9"), "9 stages");
+  expect_one_line_error(run("partition --costs " + costs + " --stages 2 --memory-limit 10"), "memory limit");
+  expect_one_line_error(run("partition --costs " + costs + " --stages 2 --speeds 1"), "--speeds: 1 speeds for 2 stages");
+  const std::string bad = write_config("bad_costs.json", R"([{"name": "a", "forward_ms": -1, "backward_ms": 1, "param_bytes": 0, "activation_bytes": 0}])");
+  expect_one_line_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a finite number >= 0");
+  expect_one_line_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
 }

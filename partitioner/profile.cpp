@@ -1,0 +1,233 @@
+#include "partitioner/profile.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace pipetrain::partitioner {
+
+namespace {
+
+// Replaces the CPU allocator: memory comes from c10::alloc_cpu as before; while counting is on,
+// each allocation's size is recorded by address, added to `live` and subtracted when freed. The
+// context of every DataPtr is its data pointer, as raw_allocate() requires.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> live{0}, peak{0};
+
+  c10::DataPtr allocate(size_t n) const override {
+    void* data = c10::alloc_cpu(n);
+    if (on.load(std::memory_order_relaxed)) self().count(data, n);
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  static CountingAllocator& self();
+  void count(void* data, size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sizes_[data] = n;
+    }
+    const int64_t now = live.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  static void release(void* data) {
+    CountingAllocator& a = self();
+    {
+      std::lock_guard<std::mutex> lock(a.mu_);
+      auto it = a.sizes_.find(data);
+      if (it != a.sizes_.end()) {
+        a.live.fetch_sub(static_cast<int64_t>(it->second));
+        a.sizes_.erase(it);
+      }
+    }
+    c10::free_cpu(data);
+  }
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+CountingAllocator& counting() {
+  static CountingAllocator* instance = [] {
+    auto* a = new CountingAllocator();  // lives as long as the process
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    return a;
+  }();
+  return *instance;
+}
+CountingAllocator& CountingAllocator::self() { return counting(); }
+
+std::mutex counter_mu;  // one MemoryCounter at a time
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+MemoryCounter::MemoryCounter() {
+  counter_mu.lock();
+  auto& c = counting();
+  c.live = 0;
+  c.peak = 0;
+  c.on = true;
+}
+MemoryCounter::~MemoryCounter() {
+  counting().on = false;
+  counter_mu.unlock();
+}
+int64_t MemoryCounter::live() const { return counting().live.load(); }
+int64_t MemoryCounter::peak() const { return counting().peak.load(); }
+void MemoryCounter::reset_peak() { counting().peak = counting().live.load(); }
+
+Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
+                       const stages::LossFn& loss, const ProfileOptions& o) {
+  PIPETRAIN_CHECK(o.repeat >= 1 && o.warmup >= 0, "profile: bad repeat/warmup");
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(1, o.intra_op_threads));
+  Profile p;
+  p.input_bytes = static_cast<int64_t>(input.nbytes());
+  const int L = static_cast<int>(model->size());
+  auto children = model->named_children();
+  at::Tensor x = input;
+  try {
+    for (int i = 0; i < L; ++i) {
+      torch::nn::Sequential one;
+      one->push_back(children[i].key(), *(model->begin() + i));
+      const bool first = i == 0, last = i == L - 1;
+      // A stage in the middle of three gets an input gradient and an output gradient; the last
+      // layer is the last stage and ends in the loss.
+      stages::Stage stage(first ? 0 : 1, last ? (first ? 1 : 2) : 3, one, stages::Recompute::Never);
+      if (last) stage.set_loss(loss);
+      LayerCost c;
+      c.name = children[i].key();
+      for (const auto& param : one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
+
+      std::vector<double> fwd, bwd, bin, bw;
+      at::Tensor out, grad;
+      for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
+        const bool timed = rep >= o.warmup;
+        for (int split = 0; split < 2; ++split) {
+          stage.begin_step(0, rep, 1);
+          int64_t before = 0;
+          std::unique_ptr<MemoryCounter> counter;
+          if (timed && rep == o.warmup && split == 0) {
+            counter = std::make_unique<MemoryCounter>();
+            before = counter->live();
+          }
+          auto t0 = std::chrono::steady_clock::now();
+          out = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
+          const double f = ms_since(t0);
+          if (counter) {
+            c.saved_bytes = counter->live() - before;
+            counter.reset();
+          }
+          if (!last && !grad.defined()) grad = torch::randn_like(out);
+          if (split == 0) {
+            if (timed) fwd.push_back(f);
+            t0 = std::chrono::steady_clock::now();
+            stage.backward(0, grad);
+            if (timed) bwd.push_back(ms_since(t0));
+          } else {
+            t0 = std::chrono::steady_clock::now();
+            stage.backward_input(0, grad);
+            const double b = ms_since(t0);
+            t0 = std::chrono::steady_clock::now();
+            stage.backward_weight(0);
+            if (timed) bin.push_back(b), bw.push_back(ms_since(t0));
+          }
+        }
+      }
+      c.forward_ms = median(fwd);
+      c.backward_ms = median(bwd);
+      c.activation_bytes = last ? 0 : static_cast<int64_t>(out.nbytes());
+      p.layers.push_back(c);
+      p.backward_input_ms.push_back(median(bin));
+      p.backward_weight_ms.push_back(median(bw));
+      for (auto& param : one->parameters()) param.mutable_grad() = at::Tensor();
+      x = out.detach();
+    }
+  } catch (...) {
+    at::set_num_threads(threads);
+    throw;
+  }
+  at::set_num_threads(threads);
+  return p;
+}
+
+std::vector<LayerCost> load_costs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the cost file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(path + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_array() || j.empty())
+    throw ConfigError(path + ": expected a non-empty JSON array with one object per layer");
+  std::vector<LayerCost> costs;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    const std::string where = detail::concat(path, ": entry ", i);
+    if (!e.is_object()) throw ConfigError(where + ": expected an object");
+    LayerCost c;
+    c.name = e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>()
+                                                          : detail::concat("layer ", i);
+    auto number = [&](const char* key, bool required) -> double {
+      if (!e.contains(key)) {
+        if (required) throw ConfigError(detail::concat(where, " (", c.name, "): missing \"", key, "\""));
+        return 0;
+      }
+      if (!e[key].is_number() || !std::isfinite(e[key].get<double>()) || e[key].get<double>() < 0)
+        throw ConfigError(detail::concat(where, " (", c.name, "): \"", key, "\" must be a finite number >= 0, got ",
+                                         e[key].dump()));
+      return e[key].get<double>();
+    };
+    c.forward_ms = number("forward_ms", true);
+    c.backward_ms = number("backward_ms", true);
+    c.param_bytes = static_cast<int64_t>(number("param_bytes", true));
+    c.activation_bytes = static_cast<int64_t>(number("activation_bytes", true));
+    c.saved_bytes = static_cast<int64_t>(number("saved_bytes", false));
+    costs.push_back(c);
+  }
+  return costs;
+}
+
+void save_costs(const std::string& path, const Profile& p) {
+  nlohmann::json j = nlohmann::json::array();
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    const LayerCost& c = p.layers[i];
+    j.push_back({{"name", c.name}, {"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms},
+                 {"backward_input_ms", p.backward_input_ms[i]}, {"backward_weight_ms", p.backward_weight_ms[i]},
+                 {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
+                 {"saved_bytes", c.saved_bytes}});
+  }
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  if (!out) throw ConfigError(path + ": cannot open for writing");
+  out << j.dump(1) << "\n";
+  if (!out) throw Error(path + ": write failed");
+}
+
+}  // namespace pipetrain::partitioner

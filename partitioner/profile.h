@@ -1,0 +1,53 @@
+// profile: measures the per-layer cost model (partitioner/cost.h) on this machine. Each layer
+// runs alone as a pipeline stage on one micro-batch: forward, fused backward, and the zero-bubble
+// split (B, W), each timed as the median of several runs after warm-up. Memory comes from a
+// counting CPU allocator: the bytes a layer's forward leaves alive with its graph are what it
+// keeps for backward.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include "partitioner/cost.h"
+#include "stages/stage.h"
+
+namespace pipetrain::partitioner {
+
+struct ProfileOptions {
+  int warmup = 2;
+  int repeat = 5;
+  int intra_op_threads = 1;  // as in a stage's worker thread
+};
+
+struct Profile {
+  std::vector<LayerCost> layers;
+  std::vector<double> backward_input_ms, backward_weight_ms;  // B and W of each layer
+  int64_t input_bytes = 0;                                    // one micro-batch of model input
+};
+
+// `input` and `target` are one micro-batch; `loss` turns the last layer's output into a loss.
+// The layers are used as they are (the caller's model): their gradients are cleared afterwards.
+Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
+                       const stages::LossFn& loss, const ProfileOptions& options = {});
+
+// Cost files: a JSON array with one object per layer (name, forward_ms, backward_ms, param_bytes,
+// activation_bytes, saved_bytes; other fields are kept out of the way). Errors name the file,
+// the entry and the field.
+std::vector<LayerCost> load_costs(const std::string& path);
+void save_costs(const std::string& path, const Profile& profile);
+
+// Live and peak bytes of CPU tensors allocated while counting is on (a process-wide counting
+// allocator, installed on first use).
+class MemoryCounter {
+ public:
+  MemoryCounter();   // starts counting from zero
+  ~MemoryCounter();  // stops counting
+  int64_t live() const;
+  int64_t peak() const;
+  void reset_peak();
+};
+
+}  // namespace pipetrain::partitioner

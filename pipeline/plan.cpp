@@ -1,0 +1,333 @@
+#include "pipeline/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace pipetrain::pipeline {
+
+namespace {
+
+int virtual_stages(const Config& c) { return c.pipeline.stages * c.pipeline.chunks; }
+
+partitioner::MemoryModel::Recompute model_recompute(stages::Recompute r) {
+  switch (r) {
+    case stages::Recompute::Always: return partitioner::MemoryModel::Recompute::Always;
+    case stages::Recompute::ExceptLast: return partitioner::MemoryModel::Recompute::ExceptLast;
+    case stages::Recompute::Never: break;
+  }
+  return partitioner::MemoryModel::Recompute::Never;
+}
+
+// Peak in-flight micro-batches per device of the configured schedule (they do not depend on
+// costs for these schedules), mapped to the virtual stages: each chunk is counted with its
+// device's whole peak, an upper bound.
+std::vector<int> in_flight(const Config& c) {
+  const auto s = schedule::make_schedule(c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches,
+                                         c.pipeline.chunks);
+  const auto sim = schedule::simulate(s, schedule::Costs::uniform(s.virtual_stages(), 1, 1, 1));
+  std::vector<int> out(s.virtual_stages());
+  for (int v = 0; v < s.virtual_stages(); ++v) out[v] = std::max(1, sim.peak_awaiting_weight[s.device_of(v)]);
+  return out;
+}
+
+partitioner::Constraints constraints(const Config& c, const partitioner::Profile* p) {
+  partitioner::Constraints k;
+  const int V = virtual_stages(c), K = c.pipeline.stages;
+  if (!c.pipeline.speeds.empty() || !c.pipeline.memory_limit.empty()) {
+    k.devices.resize(V);
+    for (int v = 0; v < V; ++v) {
+      if (!c.pipeline.speeds.empty()) k.devices[v].speed = c.pipeline.speeds[v % K];
+      // A device's chunks share its memory.
+      if (!c.pipeline.memory_limit.empty()) k.devices[v].memory_limit = c.pipeline.memory_limit[v % K] / c.pipeline.chunks;
+    }
+  }
+  if (p) k.memory = memory_model(c, *p);
+  return k;
+}
+
+std::string bytes_text(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+partitioner::Profile profile_job(const Job& job, int repeat) {
+  const Config& c = job.config;
+  Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
+  at::Tensor x = b.input.tensor_split(c.pipeline.micro_batches, 0)[0];
+  at::Tensor y = b.target.tensor_split(c.pipeline.micro_batches, 0)[0];
+  partitioner::ProfileOptions o;
+  o.repeat = repeat;
+  o.intra_op_threads = job.options.intra_op_threads;
+  return partitioner::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
+}
+
+partitioner::MemoryModel memory_model(const Config& c, const partitioner::Profile& p) {
+  partitioner::MemoryModel m;
+  // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
+  m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
+  m.in_flight = in_flight(c);
+  m.recompute = model_recompute(stages::parse_recompute(c.pipeline.checkpoint));
+  m.input_bytes = p.input_bytes;
+  return m;
+}
+
+partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
+                                    const partitioner::Profile* profile) {
+  const int layers = static_cast<int>(model->size()), V = virtual_stages(c);
+  const std::string& method = c.pipeline.balance_method;
+  const std::string where = c.where("pipeline.balance");
+  try {
+    if (method == "list") {
+      partitioner::check(c.pipeline.balance, layers, V, where);
+      return c.pipeline.balance;
+    }
+    if (method == "uniform") return partitioner::uniform(layers, V);
+    if (method == "parameters") {
+      std::vector<double> w;
+      for (const auto& m : *model) {
+        double bytes = 0;
+        for (const auto& p : m.ptr()->parameters()) bytes += static_cast<double>(p.nbytes());
+        w.push_back(bytes);
+      }
+      return partitioner::by_weights(w, V);
+    }
+    PIPETRAIN_CHECK(profile, "balance method '", method, "' needs a profile");
+    if (method == "time") return partitioner::min_max(profile->layers, V, constraints(c, profile)).balance;
+    // memory: the same exact min-max, on each layer's share of a stage's peak bytes instead of time.
+    std::vector<partitioner::LayerCost> mem = profile->layers;
+    const auto model_mem = memory_model(c, *profile);
+    const int peak = *std::max_element(model_mem.in_flight.begin(), model_mem.in_flight.end());
+    for (auto& l : mem) {
+      const bool keeps_all = model_mem.recompute == partitioner::MemoryModel::Recompute::Never;
+      l.forward_ms = static_cast<double>(l.param_bytes) * (1 + model_mem.state_factor) +
+                     static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
+      l.backward_ms = 0;
+    }
+    auto k = constraints(c, profile);
+    for (auto& d : k.devices) d.speed = 1;  // speeds do not change memory
+    return partitioner::min_max(mem, V, k).balance;
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(where, 0) == 0) throw;
+    throw ConfigError(where + ": " + msg);
+  }
+}
+
+schedule::Costs schedule_costs(const partitioner::Profile& p, const partitioner::Balance& balance,
+                               const schedule::Schedule& s, stages::Recompute recompute) {
+  const int V = s.virtual_stages();
+  schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
+  const auto off = partitioner::offsets(balance);
+  const bool split = s.kind == "zb-h1";
+  for (int v = 0; v < V; ++v) {
+    for (int i = off[v]; i < off[v + 1]; ++i) {
+      c.forward[v] += p.layers[i].forward_ms;
+      c.recompute[v] += p.layers[i].forward_ms;
+      if (split) {
+        c.backward_input[v] += p.backward_input_ms[i];
+        c.backward_weight[v] += p.backward_weight_ms[i];
+      } else {
+        c.backward_input[v] += p.layers[i].backward_ms;
+      }
+    }
+    if (split && v == 0) {  // the first stage's input needs no gradient: W is its whole backward
+      c.backward_weight[v] = 0;
+      for (int i = off[0]; i < off[1]; ++i) c.backward_weight[v] += p.layers[i].backward_ms;
+      c.backward_input[v] = 0;
+    }
+    c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
+  }
+  c.checkpointed.assign(s.micro_batches, false);
+  for (int m = 0; m < s.micro_batches; ++m)
+    c.checkpointed[m] = recompute == stages::Recompute::Always ||
+                        (recompute == stages::Recompute::ExceptLast && m != s.micro_batches - 1);
+  return c;
+}
+
+PlanReport make_plan(const Config& c, const PlanOptions& o) {
+  Job job = prepare(c, /*resolve_balance=*/false);
+  PlanReport r;
+  if (!o.costs_path.empty()) {
+    r.profile.layers = partitioner::load_costs(o.costs_path);
+    if (r.profile.layers.size() != job.model.layers->size())
+      throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
+                                       job.model.layers->size()));
+    for (const auto& l : r.profile.layers) {  // without a measured split, assume B and W halve it
+      r.profile.backward_input_ms.push_back(l.backward_ms / 2);
+      r.profile.backward_weight_ms.push_back(l.backward_ms / 2);
+    }
+    Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
+    r.profile.input_bytes = static_cast<int64_t>(b.input.tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
+  } else {
+    r.profile = profile_job(job, o.repeat);
+  }
+  r.balance = choose_balance(c, job.model.layers, &r.profile);
+  const auto recompute = stages::parse_recompute(c.pipeline.checkpoint);
+  const auto names = models::layer_names(job.model.layers);
+  const auto mem = memory_model(c, r.profile);
+  const auto k = constraints(c, &r.profile);
+  const auto off = partitioner::offsets(r.balance);
+  double bottleneck = 0;
+  for (size_t v = 0; v + 1 < off.size(); ++v) {
+    StageRow row;
+    row.stage = static_cast<int>(v) % c.pipeline.stages;
+    row.chunk = static_cast<int>(v) / c.pipeline.stages;
+    row.first_layer = names[off[v]];
+    row.last_layer = names[off[v + 1] - 1];
+    for (int i = off[v]; i < off[v + 1]; ++i) row.params += r.profile.layers[i].param_bytes;
+    row.time_ms = partitioner::stage_time(r.profile.layers, off[v], off[v + 1],
+                                          k.devices.empty() ? partitioner::Device{} : k.devices[v]);
+    row.activation_bytes = r.profile.layers[off[v + 1] - 1].activation_bytes;
+    row.peak_bytes = partitioner::stage_memory(r.profile.layers, off[v], off[v + 1], static_cast<int>(v), mem);
+    bottleneck = std::max(bottleneck, row.time_ms);
+    r.stages.push_back(row);
+  }
+  for (auto& row : r.stages) row.share = bottleneck > 0 ? row.time_ms / bottleneck : 0;
+
+  // Simulates config `cc` (a schedule, its chunks) on `balance` with the profiled costs.
+  auto simulate_config = [&](const Config& cc, const partitioner::Balance& balance) {
+    ScheduleRow row;
+    row.kind = cc.pipeline.schedule;
+    row.chunks = cc.pipeline.chunks;
+    const auto s = schedule::make_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks);
+    auto costs = schedule_costs(r.profile, balance, s, recompute);
+    if (!cc.pipeline.speeds.empty())
+      for (int v = 0; v < s.virtual_stages(); ++v) {
+        const double speed = cc.pipeline.speeds[s.device_of(v)];
+        costs.forward[v] /= speed, costs.backward_input[v] /= speed;
+        costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
+      }
+    const auto sim = schedule::simulate(s, costs);
+    row.step_ms = sim.makespan_ms;
+    row.bubble = sim.bubble;
+    row.peak_in_flight = sim.peak_in_flight;
+    partitioner::MemoryModel m = memory_model(cc, r.profile);
+    const auto bo = partitioner::offsets(balance);
+    for (int v = 0; v < s.virtual_stages(); ++v)
+      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m));
+    return std::make_pair(row, sim);
+  };
+  auto configured = simulate_config(c, r.balance);
+  r.configured = configured.first;
+  r.simulation = configured.second;
+  if (o.compare) {
+    // Every schedule with its own balance by the same method (interleaved: 2 chunks unless the
+    // config sets more).
+    for (const auto& kind : schedule::schedule_kinds()) {
+      Config cc = c;
+      cc.pipeline.schedule = kind;
+      cc.pipeline.chunks = schedule::uses_chunks(kind) ? std::max(2, c.pipeline.chunks) : 1;
+      try {
+        schedule::check_supported(kind, cc.pipeline.stages, cc.pipeline.micro_batches, cc.pipeline.chunks);
+        if (virtual_stages(cc) > static_cast<int>(names.size()))
+          throw ScheduleError(detail::concat("schedule: ", virtual_stages(cc), " virtual stages but the model has only ",
+                                             names.size(), " layers"));
+        if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
+          throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
+                                             " stages; this schedule needs ", virtual_stages(cc)));
+        r.compared.push_back(simulate_config(cc, choose_balance(cc, job.model.layers, &r.profile)).first);
+      } catch (const Error& e) {
+        ScheduleRow row;
+        row.kind = kind;
+        row.chunks = cc.pipeline.chunks;
+        row.error = e.what();
+        r.compared.push_back(row);
+      }
+    }
+  }
+  r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
+                             c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "", ", ",
+                             c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
+                             ", checkpoint ", c.pipeline.checkpoint, ", balance ", c.pipeline.balance_method);
+  return r;
+}
+
+schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r) {
+  schedule::TraceTimeline t{detail::concat("simulated: ", c.pipeline.schedule, ", ", c.pipeline.stages, " stages, ",
+                                           c.pipeline.micro_batches, " micro-batches"),
+                            {}};
+  for (const auto& stage : r.simulation.spans) {
+    t.spans.emplace_back();
+    for (const auto& s : stage) t.spans.back().push_back({schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
+  }
+  return t;
+}
+
+void print_plan(std::ostream& out, const PlanReport& r) {
+  char line[512];
+  out << "plan: " << r.summary << "\n";
+  out << "balance " << partitioner::to_string(r.balance) << "\n\n";
+  std::snprintf(line, sizeof line, "%-5s %-5s %-28s %10s %12s %12s %12s %7s\n", "stage", "chunk", "layers",
+                "params", "fwd+bwd ms", "act/mb", "peak mem", "share");
+  out << line;
+  for (const auto& s : r.stages) {
+    const std::string layers = s.first_layer == s.last_layer ? s.first_layer : s.first_layer + " .. " + s.last_layer;
+    std::snprintf(line, sizeof line, "%-5d %-5d %-28s %10s %12.3f %12s %12s %6.0f%%\n", s.stage, s.chunk,
+                  layers.c_str(), bytes_text(static_cast<double>(s.params)).c_str(), s.time_ms,
+                  bytes_text(static_cast<double>(s.activation_bytes)).c_str(),
+                  bytes_text(static_cast<double>(s.peak_bytes)).c_str(), 100 * s.share);
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "\npredicted step %.2f ms, bubble %.1f%% (%s)\n", r.configured.step_ms,
+                100 * r.configured.bubble, r.configured.kind.c_str());
+  out << line;
+  if (!r.compared.empty()) {
+    std::snprintf(line, sizeof line, "\n%-18s %12s %8s %14s %12s\n", "schedule", "step ms", "bubble",
+                  "in flight", "peak mem");
+    out << line;
+    for (const auto& s : r.compared) {
+      if (!s.error.empty()) {
+        out << s.kind << ": " << s.error << "\n";
+        continue;
+      }
+      std::vector<std::string> f;
+      for (int n : s.peak_in_flight) f.push_back(std::to_string(n));
+      std::snprintf(line, sizeof line, "%-18s %12.2f %7.1f%% %14s %12s\n", s.kind.c_str(), s.step_ms,
+                    100 * s.bubble, join(f, "/").c_str(), bytes_text(static_cast<double>(s.peak_bytes)).c_str());
+      out << line;
+    }
+  }
+}
+
+void print_plan_json(std::ostream& out, const PlanReport& r) {
+  using nlohmann::json;
+  auto schedule_json = [](const ScheduleRow& s) {
+    json j{{"schedule", s.kind}, {"chunks", s.chunks}};
+    if (!s.error.empty()) {
+      j["error"] = s.error;
+      return j;
+    }
+    j["step_ms"] = s.step_ms;
+    j["bubble"] = s.bubble;
+    j["peak_in_flight"] = s.peak_in_flight;
+    j["peak_memory_bytes"] = s.peak_bytes;
+    return j;
+  };
+  json stages = json::array();
+  for (const auto& s : r.stages)
+    stages.push_back({{"stage", s.stage}, {"chunk", s.chunk}, {"first_layer", s.first_layer},
+                      {"last_layer", s.last_layer}, {"param_bytes", s.params}, {"time_ms", s.time_ms},
+                      {"activation_bytes", s.activation_bytes}, {"peak_memory_bytes", s.peak_bytes},
+                      {"share_of_bottleneck", s.share}});
+  json j{{"summary", r.summary}, {"balance", r.balance}, {"stages", stages},
+         {"predicted", schedule_json(r.configured)}};
+  if (!r.compared.empty()) {
+    j["compare"] = json::array();
+    for (const auto& s : r.compared) j["compare"].push_back(schedule_json(s));
+  }
+  out << j.dump(2) << "\n";
+}
+
+}  // namespace pipetrain::pipeline

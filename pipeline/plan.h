@@ -1,0 +1,82 @@
+// plan: what a config will do before it runs. The layers are profiled on this machine (or
+// costs are loaded from a file), split by the configured balance method, and the configured
+// schedule is simulated on those costs: per stage the layers, parameters, time, activation and
+// predicted peak memory; for the step its predicted time and bubble; optionally every schedule
+// side by side. `pipetrain plan` prints it; `train` uses choose_balance() for the
+// `parameters`, `time` and `memory` methods.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "partitioner/partition.h"
+#include "partitioner/profile.h"
+#include "pipeline/trainer.h"
+#include "schedule/simulate.h"
+#include "schedule/trace.h"
+
+namespace pipetrain::pipeline {
+
+// One micro-batch of the job's training data, profiled layer by layer with the stage's thread
+// count.
+partitioner::Profile profile_job(const Job& job, int repeat = 5);
+
+// The memory model of the config: optimizer state per parameter byte, the schedule's peak
+// in-flight micro-batches per virtual stage, the recomputation mode and the input size.
+partitioner::MemoryModel memory_model(const Config& c, const partitioner::Profile& p);
+
+// Layers per virtual stage for the config's balance method. `profile` is needed by `time` and
+// `memory` (and for memory limits); the others ignore it. ConfigErrors name pipeline.balance.
+partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
+                                    const partitioner::Profile* profile);
+
+// The per-virtual-stage cost table of `balance` for simulate(): sums of the layers' costs, with
+// the recomputation mode's extra forwards; for split backwards B and W, where the first stage
+// (whose input needs no gradient) does all of its backward in W.
+schedule::Costs schedule_costs(const partitioner::Profile& p, const partitioner::Balance& balance,
+                               const schedule::Schedule& s, stages::Recompute recompute);
+
+struct StageRow {
+  int stage = 0, chunk = 0;
+  std::string first_layer, last_layer;
+  int64_t params = 0;          // parameter bytes
+  double time_ms = 0;          // forward + backward of one micro-batch
+  int64_t activation_bytes = 0;  // its output, one micro-batch
+  int64_t peak_bytes = 0;      // predicted: parameters, state, activations held at the peak
+  double share = 0;            // time_ms / bottleneck
+};
+
+struct ScheduleRow {
+  std::string kind;
+  int chunks = 1;
+  double step_ms = 0, bubble = 0;
+  std::vector<int> peak_in_flight;  // per device
+  int64_t peak_bytes = 0;           // the largest predicted stage peak
+  std::string error;                // why this schedule cannot run the config, if it cannot
+};
+
+struct PlanReport {
+  std::string summary;  // model, data, stages, micro-batches, schedule, checkpoint, method
+  partitioner::Profile profile;
+  partitioner::Balance balance;
+  std::vector<StageRow> stages;
+  ScheduleRow configured;
+  std::vector<ScheduleRow> compared;  // with --compare: every schedule on the same balance
+  schedule::Simulation simulation;    // the configured schedule's
+};
+
+struct PlanOptions {
+  bool compare = false;
+  int repeat = 5;             // profiling runs per op (median)
+  std::string costs_path;     // load these costs instead of profiling
+};
+
+PlanReport make_plan(const Config& c, const PlanOptions& options);
+
+// The configured schedule's simulated step as a timeline (schedule/trace.h).
+schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r);
+void print_plan(std::ostream& out, const PlanReport& r);
+void print_plan_json(std::ostream& out, const PlanReport& r);
+
+}  // namespace pipetrain::pipeline
