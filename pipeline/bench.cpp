@@ -10,6 +10,9 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/strings.h"
+#include "pipeline/plan.h"
+#include "pipeline/step_trace.h"
 
 namespace pipetrain::pipeline {
 
@@ -56,6 +59,12 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   return m;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // Idle share of stage time: 1 - busy / (stages * wall), busy being time spent computing.
 double bubble(const StepTrace& t) {
   double busy = 0;
@@ -91,13 +100,26 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   Pipeline pipe(fresh_model(), job.options, mean_cross_entropy);
   pipe.set_optimizer(make_optimizer_factory(c.optimizer));
   std::vector<std::pair<double, double>> wall_bubble;
+  std::vector<double> walls, simulated;
   r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
     pipe.train_step(batches[i].input, batches[i].target);
-    if (i >= o.warmup) wall_bubble.push_back({pipe.last_trace().wall, bubble(pipe.last_trace())});
+    if (i < o.warmup) return;
+    const StepTrace& t = pipe.last_trace();
+    wall_bubble.push_back({t.wall, bubble(t)});
+    walls.push_back(t.wall);
+    simulated.push_back(schedule::simulate(pipe.schedule(), measured_costs(t, pipe.schedule())).makespan_ms / 1e3);
+    r.prediction.peak_in_flight = t.peak_in_flight;
   });
   r.pipeline.samples_per_s = B / r.pipeline.median_step_s;
   std::sort(wall_bubble.begin(), wall_bubble.end());
   r.pipeline.bubble = wall_bubble[wall_bubble.size() / 2].second;
+  r.prediction.measured_step_s = median(walls);
+  r.prediction.simulated_step_s = median(simulated);
+  // What `pipetrain plan` predicts for this balance from per-layer profiles.
+  at::set_num_threads(per_stage);
+  const partitioner::Profile profile = profile_job(job);
+  const auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
+  r.prediction.profiled_step_s = schedule::simulate(pipe.schedule(), costs).makespan_ms / 1e3;
   return r;
 }
 
@@ -122,6 +144,14 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << r.pipeline.samples_per_s / r.baseline.samples_per_s << "x (ideal K*M/(M+K-1) = " << K * M / (M + K - 1)
       << "x); pipeline / plain (all cores): " << r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s
       << "x; measured bubble " << r.pipeline.bubble << " (fill-drain " << (K - 1) / (M + K - 1) << ")\n";
+  const BenchPrediction& p = r.prediction;
+  std::vector<std::string> in_flight;
+  for (int n : p.peak_in_flight) in_flight.push_back(std::to_string(n));
+  out << std::setprecision(2) << "step " << p.measured_step_s * 1e3 << " ms measured; simulated from its measured op costs "
+      << p.simulated_step_s * 1e3 << " ms (" << std::showpos << 100 * (p.simulated_step_s / p.measured_step_s - 1)
+      << std::noshowpos << "%); from profiled layer costs " << p.profiled_step_s * 1e3 << " ms (" << std::showpos
+      << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%); peak in-flight micro-batches "
+      << join(in_flight, "/") << "\n";
 }
 
 }  // namespace pipetrain::pipeline

@@ -23,10 +23,19 @@ struct BenchMeasure {
   double bubble = -1;            // pipeline only: idle share of stage time in the median step
 };
 
+// The pipeline's step against the simulator (pipeline only).
+struct BenchPrediction {
+  double measured_step_s = 0;   // median executor wall time (from the step trace)
+  double simulated_step_s = 0;  // median simulate() makespan of each step's own measured op costs
+  double profiled_step_s = 0;   // simulate() on per-layer profiled costs, as `pipetrain plan` predicts
+  std::vector<int> peak_in_flight;  // measured, per stage
+};
+
 struct BenchResult {
   BenchMeasure baseline;            // plain loop, one stage's intra-op threads
   BenchMeasure baseline_all_cores;  // plain loop, every core
   BenchMeasure pipeline;
+  BenchPrediction prediction;
 };
 
 BenchResult run_bench(const Config& config, const BenchOptions& options);

@@ -283,6 +283,18 @@ void print_plan(std::ostream& out, const PlanReport& r) {
   std::snprintf(line, sizeof line, "\npredicted step %.2f ms, bubble %.1f%% (%s)\n", r.configured.step_ms,
                 100 * r.configured.bubble, r.configured.kind.c_str());
   out << line;
+  if (!r.profile.backward_input_ms.empty()) {
+    double fused = 0, b = 0, w = 0;
+    for (size_t i = 0; i < r.profile.layers.size(); ++i) {
+      fused += r.profile.layers[i].backward_ms;
+      b += r.profile.backward_input_ms[i];
+      w += r.profile.backward_weight_ms[i];
+    }
+    std::snprintf(line, sizeof line,
+                  "backward of one micro-batch through every layer: fused %.3f ms, split B %.3f + W %.3f = %.3f ms (%.2fx)\n",
+                  fused, b, w, b + w, fused > 0 ? (b + w) / fused : 0.0);
+    out << line;
+  }
   if (!r.compared.empty()) {
     std::snprintf(line, sizeof line, "\n%-18s %12s %8s %14s %12s\n", "schedule", "step ms", "bubble",
                   "in flight", "peak mem");

@@ -179,3 +179,40 @@ TEST(Prepare, SameSeedSameInitialWeightsWhateverTheStageCount) {
   EXPECT_EQ(four.options.stages, 4);
   EXPECT_EQ(four.options.recompute, stages::Recompute::ExceptLast);
 }
+
+TEST(Config, BalanceMethods) {
+  for (const char* method : {"uniform", "parameters", "time", "memory"}) {
+    json c = base();
+    c["pipeline"]["balance"] = method;
+    Config cfg = parse_config(c, "cfg.json");
+    Job job = prepare(cfg);
+    ASSERT_EQ(job.options.balance.size(), 2u) << method;
+    EXPECT_EQ(job.options.balance[0] + job.options.balance[1], 4) << method;
+  }
+  // parameters: fc1..fc3 have 8x8+8 parameters, the head 8x4+4; the exact split is [2, 2].
+  json c = base();
+  c["pipeline"]["balance"] = "parameters";
+  EXPECT_EQ(prepare(parse_config(c, "cfg.json")).options.balance, (std::vector<int>{2, 2}));
+  c["pipeline"]["balance"] = "tme";
+  EXPECT_ERROR(error_of(c), "pipeline.balance: unknown method \"tme\" (did you mean \"time\"?)");
+  c = base();
+  c["pipeline"]["balance"] = "time";
+  c["pipeline"]["memory_limit"] = 100;
+  EXPECT_ERROR(error_of(c), "pipeline.balance: partition: layer 0 'fc1' alone needs");
+  c["pipeline"]["memory_limit"] = {100};
+  EXPECT_ERROR(error_of(c), "pipeline.memory_limit: has 1 entries but pipeline.stages is 2");
+  c["pipeline"]["memory_limit"] = "lots";
+  EXPECT_ERROR(error_of(c), "pipeline.memory_limit: expected bytes");
+  c = base();
+  c["pipeline"]["speeds"] = {1};
+  EXPECT_ERROR(error_of(c), "pipeline.speeds: has 1 entries but pipeline.stages is 2");
+  c["pipeline"]["speeds"] = {1, 0};
+  EXPECT_ERROR(error_of(c), "pipeline.speeds: every speed must be > 0, got 0");
+  // A device three times as fast takes more of the work.
+  c = base();
+  c["model"]["layers"] = 7;
+  c["pipeline"]["balance"] = "time";
+  c["pipeline"]["speeds"] = {1, 3};
+  auto b = prepare(parse_config(c, "cfg.json")).options.balance;
+  EXPECT_GT(b[1], b[0]) << b[0] << "," << b[1];
+}

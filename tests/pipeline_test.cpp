@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "partitioner/profile.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/plan.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
 
@@ -303,4 +305,65 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   size_t spans = 0;
   for (const auto& stage : tl) spans += stage.size();
   EXPECT_GE(complete, static_cast<int>(spans));
+}
+
+// The profiler measures each layer as a stage: exact parameter and output bytes, saved bytes
+// that include the output, positive times, and a B/W split for layers after the first.
+TEST(Profile, MeasuresEachLayer) {
+  auto model = mlp(16, 2);  // fc0 relu0 fc1 relu1
+  model->to(torch::kDouble);
+  auto x = torch::randn({8, 16}, torch::kDouble);
+  auto y = torch::randint(0, 16, {8}, torch::kLong);
+  partitioner::ProfileOptions o;
+  o.warmup = 1;
+  o.repeat = 3;
+  const auto p = partitioner::profile_layers(model, x, y, mean_ce, o);
+  ASSERT_EQ(p.layers.size(), 4u);
+  EXPECT_EQ(p.input_bytes, 8 * 16 * 8);
+  EXPECT_EQ(p.layers[0].name, "fc0");
+  EXPECT_EQ(p.layers[0].param_bytes, (16 * 16 + 16) * 8);
+  EXPECT_EQ(p.layers[1].param_bytes, 0);
+  EXPECT_EQ(p.layers[0].activation_bytes, 8 * 16 * 8);
+  EXPECT_EQ(p.layers[3].activation_bytes, 0);  // the last layer's output goes to the loss
+  EXPECT_GE(p.layers[0].saved_bytes, p.layers[0].activation_bytes);
+  EXPECT_GT(p.layers[2].saved_bytes, 0);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_GT(p.layers[i].forward_ms, 0.0) << i;
+    EXPECT_GT(p.layers[i].backward_ms, 0.0) << i;
+  }
+  EXPECT_GT(p.backward_weight_ms[2], 0.0);
+  EXPECT_GT(p.backward_input_ms[2], 0.0);
+  for (auto& param : model->parameters()) EXPECT_FALSE(param.grad().defined()) << "profiling leaves no gradients";
+
+  const std::string path = ::testing::TempDir() + "/pipetrain_costs_" + std::to_string(::getpid()) + ".json";
+  partitioner::save_costs(path, p);
+  const auto back = partitioner::load_costs(path);
+  ASSERT_EQ(back.size(), 4u);
+  EXPECT_EQ(back[0].param_bytes, p.layers[0].param_bytes);
+  EXPECT_EQ(back[2].saved_bytes, p.layers[2].saved_bytes);
+  EXPECT_DOUBLE_EQ(back[1].forward_ms, p.layers[1].forward_ms);
+}
+
+// The simulator's cost table of a balance: sums per stage, recomputation per micro-batch, and
+// for the split backward the first stage doing all of its backward in W.
+TEST(Profile, ScheduleCostsOfABalance) {
+  partitioner::Profile p;
+  for (int i = 0; i < 4; ++i) {
+    p.layers.push_back({"l" + std::to_string(i), 1.0 + i, 2.0 + i, 0, 10, 10});
+    p.backward_input_ms.push_back(1.0);
+    p.backward_weight_ms.push_back(1.0 + i);
+  }
+  const auto s = schedule::make_schedule("zb-h1", 2, 3);
+  const auto c = schedule_costs(p, {1, 3}, s, stages::Recompute::ExceptLast);
+  EXPECT_DOUBLE_EQ(c.forward[0], 1.0);
+  EXPECT_DOUBLE_EQ(c.forward[1], 2.0 + 3.0 + 4.0);
+  EXPECT_DOUBLE_EQ(c.backward_input[0], 0.0);  // the first stage's input needs no gradient
+  EXPECT_DOUBLE_EQ(c.backward_weight[0], 2.0);
+  EXPECT_DOUBLE_EQ(c.backward_input[1], 3.0);
+  EXPECT_DOUBLE_EQ(c.backward_weight[1], 2.0 + 3.0 + 4.0);
+  EXPECT_EQ(c.checkpointed, (std::vector<bool>{true, true, false}));
+  const auto g = schedule_costs(p, {1, 3}, schedule::make_gpipe(2, 3), stages::Recompute::Never);
+  EXPECT_DOUBLE_EQ(g.backward_input[1], 3.0 + 4.0 + 5.0);
+  EXPECT_DOUBLE_EQ(g.backward_weight[1], 0.0);
+  EXPECT_GT(schedule::simulate(s, c).makespan_ms, 0.0);
 }
