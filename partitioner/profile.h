@@ -25,6 +25,7 @@ struct ProfileOptions {
 struct Profile {
   std::vector<LayerCost> layers;
   std::vector<double> backward_input_ms, backward_weight_ms;  // B and W of each layer
+  std::vector<double> optimizer_ms;                           // optimizer step of each layer; empty: not measured
   int64_t input_bytes = 0;                                    // one micro-batch of model input
 };
 

@@ -92,6 +92,11 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed);
     BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
     m.samples_per_s = B / m.median_step_s;
+    if (threads == per_stage) {
+      partitioner::MemoryCounter counter;
+      plain.train_step(batches[0].input, batches[0].target);
+      r.prediction.baseline_peak_tensor_bytes = counter.peak();
+    }
     return m;
   };
   r.baseline = baseline("single-device", per_stage);
@@ -113,6 +118,11 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   r.pipeline.samples_per_s = B / r.pipeline.median_step_s;
   std::sort(wall_bubble.begin(), wall_bubble.end());
   r.pipeline.bubble = wall_bubble[wall_bubble.size() / 2].second;
+  {
+    partitioner::MemoryCounter counter;
+    pipe.train_step(batches[0].input, batches[0].target);
+    r.prediction.pipeline_peak_tensor_bytes = counter.peak();
+  }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
@@ -152,6 +162,8 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << std::noshowpos << "%); from profiled layer costs " << p.profiled_step_s * 1e3 << " ms (" << std::showpos
       << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%); peak in-flight micro-batches "
       << join(in_flight, "/") << "\n";
+  out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
+      << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages)\n";
 }
 
 }  // namespace pipetrain::pipeline

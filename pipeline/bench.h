@@ -29,6 +29,9 @@ struct BenchPrediction {
   double simulated_step_s = 0;  // median simulate() makespan of each step's own measured op costs
   double profiled_step_s = 0;   // simulate() on per-layer profiled costs, as `pipetrain plan` predicts
   std::vector<int> peak_in_flight;  // measured, per stage
+  // Largest total of live tensor bytes allocated during one extra, untimed step (a counting
+  // allocator: activations, gradients, optimizer temporaries; not the parameters).
+  int64_t pipeline_peak_tensor_bytes = 0, baseline_peak_tensor_bytes = 0;
 };
 
 struct BenchResult {

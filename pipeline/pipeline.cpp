@@ -84,6 +84,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
     p.workers.push_back(std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads));
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
+  p.trace.optimizer.assign(options.stages, {0.0, 0.0});
   p.trace.peak_awaiting_weight.assign(options.stages, 0);
 }
 
@@ -173,9 +174,11 @@ void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0
     const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
   }
+  const double opt_start = seconds_since(t0);
   if (apply_optimizer)
     for (int c = 0; c < sched.chunks; ++c)
       if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
+  trace.optimizer[r] = {opt_start, seconds_since(t0)};
 }
 
 double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer) {

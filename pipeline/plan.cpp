@@ -1,9 +1,11 @@
 #include "pipeline/plan.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "common/error.h"
@@ -70,7 +72,40 @@ partitioner::Profile profile_job(const Job& job, int repeat) {
   partitioner::ProfileOptions o;
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
-  return partitioner::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
+  partitioner::Profile p = partitioner::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
+  // The optimizer step of each layer, on a copy of its parameters' values (restored after), with
+  // zero gradients: its cost depends on the sizes, not the values.
+  const auto factory = make_optimizer_factory(c.optimizer);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(1, job.options.intra_op_threads));
+  for (const auto& layer : *job.model.layers) {
+    auto params = layer.ptr()->parameters();
+    if (params.empty()) {
+      p.optimizer_ms.push_back(0);
+      continue;
+    }
+    std::vector<at::Tensor> saved;
+    for (auto& t : params) {
+      saved.push_back(t.detach().clone());
+      t.mutable_grad() = torch::zeros_like(t);
+    }
+    auto opt = factory(params);
+    std::vector<double> times;
+    for (int i = 0; i < 1 + repeat; ++i) {
+      const auto t0 = Clock::now();
+      opt->step();
+      if (i) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    p.optimizer_ms.push_back(times[times.size() / 2]);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].copy_(saved[i]);
+      params[i].mutable_grad() = at::Tensor();
+    }
+  }
+  at::set_num_threads(threads);
+  return p;
 }
 
 partitioner::MemoryModel memory_model(const Config& c, const partitioner::Profile& p) {
@@ -148,6 +183,11 @@ schedule::Costs schedule_costs(const partitioner::Profile& p, const partitioner:
       c.backward_input[v] = 0;
     }
     c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
+  }
+  if (!p.optimizer_ms.empty()) {
+    c.finish_ms.assign(s.stages, 0.0);
+    for (int v = 0; v < V; ++v)
+      for (int i = off[v]; i < off[v + 1]; ++i) c.finish_ms[s.device_of(v)] += p.optimizer_ms[i];
   }
   c.checkpointed.assign(s.micro_batches, false);
   for (int m = 0; m < s.micro_batches; ++m)
@@ -260,7 +300,9 @@ schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r)
                             {}};
   for (const auto& stage : r.simulation.spans) {
     t.spans.emplace_back();
-    for (const auto& s : stage) t.spans.back().push_back({schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
+    for (const auto& s : stage)
+      t.spans.back().push_back(s.finish ? schedule::TraceSpan{"optimizer", -1, 0, 0, s.start, s.end}
+                                        : schedule::TraceSpan{schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
   }
   return t;
 }

@@ -1,6 +1,8 @@
 #include "pipeline/step_trace.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 namespace pipetrain::pipeline {
 
@@ -34,10 +36,16 @@ double median(std::vector<double> v) {
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();
   std::vector<std::vector<double>> fwd(V), bin(V), bw(V), rec(V);
+  std::vector<double> sends;
+  double gaps = 0;
+  size_t actions = 0;
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
   c.checkpointed.assign(s.micro_batches, false);
   for (size_t r = 0; r < t.spans.size(); ++r)
-    for (const Span& sp : t.spans[r]) {
+    for (size_t i = 0; i < t.spans[r].size(); ++i) {
+      const Span& sp = t.spans[r][i];
+      gaps += sp.start - (i ? t.spans[r][i - 1].end : 0.0);
+      ++actions;
       const int vs = s.virtual_stage(static_cast<int>(r), sp.chunk);
       const double ms = (sp.end - sp.start) * 1e3, rc = sp.recompute * 1e3;
       switch (sp.op) {
@@ -51,9 +59,35 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
           }
           break;
         case Op::BackwardWeight: bw[vs].push_back(ms); break;
+        case Op::SendActivation:
+        case Op::SendGrad: sends.push_back(ms); break;
         default: break;
       }
     }
+  c.send_ms = median(sends);
+  // Delivery latency: for each receive that had to wait, from the end of the matching send to
+  // the end of the receive (the wake-up of the waiting stage).
+  std::map<std::tuple<int, int, int, int>, double> sent;  // (destination, recv op, mb, chunk there) -> end
+  for (size_t r = 0; r < t.spans.size(); ++r)
+    for (const Span& sp : t.spans[r]) {
+      const int vs = s.virtual_stage(static_cast<int>(r), sp.chunk);
+      if (sp.op == Op::SendActivation)
+        sent[{s.device_of(vs + 1), static_cast<int>(Op::RecvActivation), sp.micro_batch, s.chunk_of(vs + 1)}] = sp.end;
+      else if (sp.op == Op::SendGrad)
+        sent[{s.device_of(vs - 1), static_cast<int>(Op::RecvGrad), sp.micro_batch, s.chunk_of(vs - 1)}] = sp.end;
+    }
+  std::vector<double> latency;
+  for (size_t r = 0; r < t.spans.size(); ++r)
+    for (const Span& sp : t.spans[r]) {
+      if (sp.op != Op::RecvActivation && sp.op != Op::RecvGrad) continue;
+      auto it = sent.find({static_cast<int>(r), static_cast<int>(sp.op), sp.micro_batch, sp.chunk});
+      if (it != sent.end() && it->second > sp.start) latency.push_back((sp.end - it->second) * 1e3);
+    }
+  c.latency_ms = median(latency);
+  c.finish_ms.assign(s.stages, 0.0);
+  for (size_t r = 0; r < t.optimizer.size() && r < c.finish_ms.size(); ++r)
+    c.finish_ms[r] = (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
+  c.action_ms = actions ? gaps * 1e3 / static_cast<double>(actions) : 0.0;
   for (int v = 0; v < V; ++v) {
     c.forward[v] = median(fwd[v]);
     c.backward_input[v] = median(bin[v]);

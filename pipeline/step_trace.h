@@ -25,6 +25,7 @@ struct StepTrace {
   double start = 0;                      // seconds from the pipeline's creation to the step's start
   double wall = 0;                       // seconds the step took
   std::vector<std::vector<Span>> spans;  // spans[stage]
+  std::vector<std::pair<double, double>> optimizer;  // per stage: the optimizer step after its last action
   // Per stage (device): the most micro-batches whose activations were held at once (forward
   // done, backward or backward_input not), and the most awaiting their weight gradients.
   std::vector<int> peak_in_flight, peak_awaiting_weight;
@@ -34,9 +35,12 @@ struct StepTrace {
 // StepTrace::start); a backward that recomputed becomes a "recompute" span and a "backward" one.
 std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, double origin_s);
 
-// Median measured cost of each op on each virtual stage, for simulate(). Transfers are taken as
-// free (the local transport passes tensors by reference); the micro-batches that recomputed are
-// marked checkpointed.
+// Median measured cost of each op on each virtual stage, for simulate(): the micro-batches that
+// recomputed are marked checkpointed; send_ms is the median send span; latency_ms the median
+// time from a send's end to the end of a receive that was waiting for it (bandwidth is left
+// unlimited: the local transport passes tensors by reference); action_ms the executor's own
+// time between actions (the gaps between spans, averaged over the actions); finish_ms each
+// stage's optimizer step.
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s);
 
 }  // namespace pipetrain::pipeline

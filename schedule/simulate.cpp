@@ -31,6 +31,9 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.backward_weight, "backward_weight", false);
   size_ok(c.recompute, "recompute", true);
   size_ok(c.activation_bytes, "activation_bytes", true);
+  if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
+    throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
+                                       s.stages, " stages"));
   if (!c.checkpointed.empty() && c.checkpointed.size() != static_cast<size_t>(s.micro_batches))
     throw ScheduleError(detail::concat("simulate: costs.checkpointed has ", c.checkpointed.size(),
                                        " entries for ", s.micro_batches, " micro-batches"));
@@ -66,7 +69,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
       while (pc[r] < s.actions[r].size()) {
         const Action& a = s.actions[r][pc[r]];
         const int vs = s.virtual_stage(r, a.chunk);
-        const double start = clock[r];
+        const double start = clock[r] + c.action_ms;
         double end = start;
         switch (a.op) {
           case Op::RecvActivation:
@@ -78,12 +81,14 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             break;
           }
           case Op::SendActivation:
+            end = start + c.send_ms;
             delivered[{s.device_of(vs + 1), static_cast<int>(Op::RecvActivation), a.micro_batch,
-                       s.chunk_of(vs + 1)}] = start + transfer(vs, vs + 1);
+                       s.chunk_of(vs + 1)}] = end + transfer(vs, vs + 1);
             break;
           case Op::SendGrad:
+            end = start + c.send_ms;
             delivered[{s.device_of(vs - 1), static_cast<int>(Op::RecvGrad), a.micro_batch,
-                       s.chunk_of(vs - 1)}] = start + transfer(vs, vs - 1);
+                       s.chunk_of(vs - 1)}] = end + transfer(vs, vs - 1);
             break;
           case Op::Forward:
             end = start + c.forward[vs];
@@ -119,6 +124,11 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   }
   double busy = 0;
   for (int r = 0; r < K; ++r) {
+    if (!c.finish_ms.empty()) {
+      out.spans[r].push_back({Op::Forward, -1, 0, clock[r], clock[r] + c.finish_ms[r], /*finish=*/true});
+      clock[r] += c.finish_ms[r];
+      out.busy_ms[r] += c.finish_ms[r];
+    }
     out.makespan_ms = std::max(out.makespan_ms, clock[r]);
     busy += out.busy_ms[r];
   }

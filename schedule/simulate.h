@@ -1,7 +1,8 @@
 // simulate: runs a schedule's action lists against a cost table, as a discrete-event model of
 // the executor. Each device runs its list in order; a compute takes its cost; a send costs the
 // sender nothing and delivers after latency + bytes / bandwidth (nothing between chunks of one
-// device); a receive waits for delivery. The result is the makespan, the bubble (idle share of
+// device); a receive waits for delivery. Optional per-send and per-action overheads model the
+// executor's own time. The result is the makespan, the bubble (idle share of
 // the devices' time), each device's peak number of micro-batches in flight and the timeline.
 // Nothing here depends on libtorch.
 #pragma once
@@ -23,6 +24,9 @@ struct Costs {
   std::vector<double> activation_bytes;  // the output of each virtual stage (its gradient is as large)
   double latency_ms = 0;
   double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
+  double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
+  double action_ms = 0;     // bookkeeping the executor spends around every action
+  std::vector<double> finish_ms;  // per device: work after its last action (the optimizer step); empty: none
 
   // Equal costs on every virtual stage, no recomputation, free transfers.
   static Costs uniform(int virtual_stages, double forward, double backward_input, double backward_weight);
@@ -33,6 +37,7 @@ struct SimSpan {
   Op op;
   int micro_batch, chunk;
   double start, end;
+  bool finish = false;  // the device's work after its last action (Costs::finish_ms), not `op`
 };
 
 struct Simulation {
