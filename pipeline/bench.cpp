@@ -116,6 +116,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     r.prediction.peak_in_flight = t.peak_in_flight;
   });
   r.pipeline.samples_per_s = B / r.pipeline.median_step_s;
+  r.balance = pipe.balance();
   std::sort(wall_bubble.begin(), wall_bubble.end());
   r.pipeline.bubble = wall_bubble[wall_bubble.size() / 2].second;
   {
@@ -135,7 +136,8 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
 
 void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, " << c.pipeline.micro_batches
-      << " micro-batches, schedule " << c.pipeline.schedule << ", checkpoint " << c.pipeline.checkpoint << "\n";
+      << " micro-batches, schedule " << c.pipeline.schedule << ", checkpoint " << c.pipeline.checkpoint
+      << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
       << "median step" << std::setw(14) << "samples/s" << std::setw(11) << "vs plain" << std::setw(14)
       << "peak RSS" << "\n";

@@ -39,6 +39,7 @@ struct BenchResult {
   BenchMeasure baseline_all_cores;  // plain loop, every core
   BenchMeasure pipeline;
   BenchPrediction prediction;
+  partitioner::Balance balance;  // layers per virtual stage, as chosen by pipeline.balance
 };
 
 BenchResult run_bench(const Config& config, const BenchOptions& options);
