@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "pipeline/bench.h"
 #include "pipeline/plan.h"
+#include "schedule/schedule.h"
 #include "schedule/trace.h"
 #include "pipeline/trainer.h"
 
@@ -75,6 +76,15 @@ int main(int argc, char** argv) {
   bench->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
   bench->add_option("--warmup", bench_options.warmup, "Untimed steps before measuring")->check(CLI::NonNegativeNumber);
   bench->add_option("--repeat", bench_options.repeat, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  pt::SweepOptions sweep;
+  std::string bench_json;
+  bench->add_option("--stages", sweep.stages, "Sweep these stage counts (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber);
+  bench->add_option("--micro-batches", sweep.micro_batches, "Sweep these micro-batch counts")->delimiter(',')->check(CLI::PositiveNumber);
+  bench->add_option("--checkpoint", sweep.checkpoints, "Sweep these recomputation modes")
+      ->delimiter(',')->check(CLI::IsMember({"always", "except_last", "never"}));
+  bench->add_option("--schedule", sweep.schedules, "Sweep these schedules")
+      ->delimiter(',')->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
+  bench->add_option("--json", bench_json, "Append one JSON object per combination to this file");
 
   pt::PlanOptions plan_options;
   bool plan_json = false;
@@ -137,8 +147,26 @@ int main(int argc, char** argv) {
       else
         pt::print_plan(std::cout, r);
     } else if (*bench) {
-      pt::BenchResult r = pt::run_bench(config, bench_options);
-      pt::print_bench(std::cout, config, r);
+      const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.checkpoints.empty() ||
+                            !sweep.schedules.empty() || !bench_json.empty();
+      if (!sweeping) {
+        pt::BenchResult r = pt::run_bench(config, bench_options);
+        pt::print_bench(std::cout, config, r);
+        return 0;
+      }
+      if (sweep.stages.empty()) sweep.stages = {config.pipeline.stages};
+      if (sweep.micro_batches.empty()) sweep.micro_batches = {config.pipeline.micro_batches};
+      if (sweep.checkpoints.empty()) sweep.checkpoints = {config.pipeline.checkpoint};
+      if (sweep.schedules.empty()) sweep.schedules = {config.pipeline.schedule};
+      sweep.bench = bench_options;
+      sweep.bench.profile = false;
+      std::ofstream json;
+      if (!bench_json.empty()) {
+        json.open(bench_json, std::ios::out | std::ios::app);
+        if (!json) throw pipetrain::ConfigError("--json " + bench_json + ": cannot open for writing");
+      }
+      pt::run_sweep(config_path, overrides, sweep, std::cout, json.is_open() ? &json : nullptr);
+      if (json.is_open() && !json.flush()) throw pipetrain::Error("--json " + bench_json + ": write failed");
     }
   } catch (const pipetrain::ConfigError& e) {
     std::fprintf(stderr, "pipetrain: error: %s\n", e.what());

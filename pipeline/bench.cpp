@@ -1,14 +1,21 @@
 #include "pipeline/bench.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <fstream>
 #include <iomanip>
 #include <ostream>
 #include <thread>
 
 #include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <torch/version.h>
 
+#include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
 #include "pipeline/plan.h"
@@ -59,6 +66,12 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   return m;
 }
 
+void set_rates(BenchMeasure& m, int64_t batch) {
+  m.samples_per_s = batch / m.median_step_s;
+  m.max_samples_per_s = batch / m.min_step_s;
+  m.min_samples_per_s = batch / m.max_step_s;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -91,7 +104,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     at::set_num_threads(threads);
     SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed);
     BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
-    m.samples_per_s = B / m.median_step_s;
+    set_rates(m, B);
     if (threads == per_stage) {
       partitioner::MemoryCounter counter;
       plain.train_step(batches[0].input, batches[0].target);
@@ -106,19 +119,24 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   pipe.set_optimizer(make_optimizer_factory(c.optimizer));
   std::vector<std::pair<double, double>> wall_bubble;
   std::vector<double> walls, simulated;
+  std::vector<std::pair<double, double>> sim_bubbles;  // (wall, simulated bubble)
   r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
     pipe.train_step(batches[i].input, batches[i].target);
     if (i < o.warmup) return;
     const StepTrace& t = pipe.last_trace();
     wall_bubble.push_back({t.wall, bubble(t)});
     walls.push_back(t.wall);
-    simulated.push_back(schedule::simulate(pipe.schedule(), measured_costs(t, pipe.schedule())).makespan_ms / 1e3);
+    const auto sim = schedule::simulate(pipe.schedule(), measured_costs(t, pipe.schedule()));
+    simulated.push_back(sim.makespan_ms / 1e3);
+    sim_bubbles.push_back({t.wall, sim.bubble});
     r.prediction.peak_in_flight = t.peak_in_flight;
   });
-  r.pipeline.samples_per_s = B / r.pipeline.median_step_s;
+  set_rates(r.pipeline, B);
   r.balance = pipe.balance();
   std::sort(wall_bubble.begin(), wall_bubble.end());
   r.pipeline.bubble = wall_bubble[wall_bubble.size() / 2].second;
+  std::sort(sim_bubbles.begin(), sim_bubbles.end());
+  r.prediction.simulated_bubble = sim_bubbles[sim_bubbles.size() / 2].second;
   {
     partitioner::MemoryCounter counter;
     pipe.train_step(batches[0].input, batches[0].target);
@@ -126,6 +144,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);
+  if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
   const partitioner::Profile profile = profile_job(job);
@@ -161,11 +180,125 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   for (int n : p.peak_in_flight) in_flight.push_back(std::to_string(n));
   out << std::setprecision(2) << "step " << p.measured_step_s * 1e3 << " ms measured; simulated from its measured op costs "
       << p.simulated_step_s * 1e3 << " ms (" << std::showpos << 100 * (p.simulated_step_s / p.measured_step_s - 1)
-      << std::noshowpos << "%); from profiled layer costs " << p.profiled_step_s * 1e3 << " ms (" << std::showpos
-      << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%); peak in-flight micro-batches "
-      << join(in_flight, "/") << "\n";
+      << std::noshowpos << "%)";
+  if (p.profiled_step_s > 0)
+    out << "; from profiled layer costs " << p.profiled_step_s * 1e3 << " ms (" << std::showpos
+        << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%)";
+  out << "; peak in-flight micro-batches " << join(in_flight, "/") << "\n";
   out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
       << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages)\n";
+}
+
+}  // namespace pipetrain::pipeline
+
+namespace pipetrain::pipeline {
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+std::string blas_library() {
+  char buf[4096];
+  for (const char* alt : {"/etc/alternatives/libblas.so.3-x86_64-linux-gnu", "/etc/alternatives/libblas.so.3-aarch64-linux-gnu"}) {
+    const ssize_t n = readlink(alt, buf, sizeof buf - 1);
+    if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  }
+  return "unknown";
+}
+
+nlohmann::json machine_json() {
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  return {{"cpu", cpu_model()},
+          {"cores", std::thread::hardware_concurrency()},
+          {"libtorch", TORCH_VERSION},
+          {"blas", blas_library()},
+          {"openblas_coretype", coretype ? coretype : ""},
+          {"pipetrain", PIPETRAIN_VERSION}};
+}
+
+}  // namespace
+
+void run_sweep(const std::string& path, const std::vector<std::string>& overrides, const SweepOptions& o,
+               std::ostream& progress, std::ostream* json_lines) {
+  const Config base = load_config(path, overrides);
+  nlohmann::json base_json;
+  {
+    std::ifstream in(path);
+    base_json = nlohmann::json::parse(in);
+    std::map<std::string, std::string> origins;
+    apply_overrides(base_json, overrides, origins);
+  }
+  const nlohmann::json machine = machine_json();
+  const size_t total = o.stages.size() * o.micro_batches.size() * o.checkpoints.size() * o.schedules.size();
+  size_t done = 0;
+  for (int k : o.stages)
+    for (int m : o.micro_batches)
+      for (const auto& ckpt : o.checkpoints)
+        for (const auto& sched : o.schedules) {
+          ++done;
+          std::vector<std::string> sets = overrides;
+          sets.push_back("pipeline.stages=" + std::to_string(k));
+          sets.push_back("pipeline.micro_batches=" + std::to_string(m));
+          sets.push_back("pipeline.checkpoint=" + ckpt);
+          sets.push_back("pipeline.schedule=" + sched);
+          const int chunks = schedule::uses_chunks(sched) ? std::max(2, base.pipeline.chunks) : 1;
+          sets.push_back("pipeline.chunks=" + std::to_string(chunks));
+          if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
+            sets.push_back("pipeline.balance=uniform");
+          nlohmann::json line{{"config_file", path}, {"stages", k}, {"micro_batches", m}, {"schedule", sched},
+                              {"chunks", chunks}, {"checkpoint", ckpt}};
+          char head[160];
+          std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s: ", done, total, k, m, sched.c_str(), ckpt.c_str());
+          try {
+            const Config c = load_config(path, sets);
+            BenchResult r = run_bench(c, o.bench);
+            const double K = k, M = m, v = chunks;
+            line["balance"] = r.balance;
+            line["batch_size"] = c.data.batch_size;
+            line["threads_per_stage"] = r.pipeline.threads;
+            line["baseline_threads"] = r.baseline.threads;
+            line["baseline_all_cores_threads"] = r.baseline_all_cores.threads;
+            line["baseline_samples_per_s"] = r.baseline.samples_per_s;
+            line["baseline_samples_per_s_range"] = {r.baseline.min_samples_per_s, r.baseline.max_samples_per_s};
+            line["baseline_all_cores_samples_per_s"] = r.baseline_all_cores.samples_per_s;
+            line["pipeline_samples_per_s"] = r.pipeline.samples_per_s;
+            line["pipeline_samples_per_s_range"] = {r.pipeline.min_samples_per_s, r.pipeline.max_samples_per_s};
+            line["speedup"] = r.pipeline.samples_per_s / r.baseline.samples_per_s;
+            line["speedup_all_cores"] = r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s;
+            line["ideal_speedup"] = K * M / (M + (K - 1) / v);
+            line["bubble_measured"] = r.pipeline.bubble;
+            line["bubble_predicted"] = r.prediction.simulated_bubble;
+            line["bubble_formula"] = (K - 1) / (v * M + K - 1);
+            line["step_ms"] = r.prediction.measured_step_s * 1e3;
+            line["simulated_step_ms"] = r.prediction.simulated_step_s * 1e3;
+            line["peak_in_flight"] = r.prediction.peak_in_flight;
+            line["peak_memory_bytes"] = r.pipeline.peak_rss_bytes;
+            line["baseline_peak_memory_bytes"] = r.baseline.peak_rss_bytes;
+            line["peak_tensor_bytes"] = r.prediction.pipeline_peak_tensor_bytes;
+            line["baseline_peak_tensor_bytes"] = r.prediction.baseline_peak_tensor_bytes;
+            progress << head << std::fixed << std::setprecision(2) << line["speedup"].get<double>() << "x (ideal "
+                     << line["ideal_speedup"].get<double>() << "x), bubble " << r.pipeline.bubble << " measured / "
+                     << r.prediction.simulated_bubble << " simulated, peak tensors "
+                     << r.prediction.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB" << std::endl;
+          } catch (const ConfigError& e) {
+            line["skipped"] = e.what();
+            progress << head << "skipped: " << e.what() << std::endl;
+          }
+          line["machine"] = machine;
+          line["config"] = base_json;
+          line["repeat"] = o.bench.repeat;
+          line["warmup"] = o.bench.warmup;
+          if (json_lines) *json_lines << line.dump() << "\n" << std::flush;
+        }
 }
 
 }  // namespace pipetrain::pipeline

@@ -11,6 +11,7 @@ namespace pipetrain::pipeline {
 struct BenchOptions {
   int warmup = 3;
   int repeat = 10;
+  bool profile = true;  // also predict the step from per-layer profiles (as `pipetrain plan`)
 };
 
 struct BenchMeasure {
@@ -19,6 +20,7 @@ struct BenchMeasure {
   double median_step_s = 0;
   double min_step_s = 0, max_step_s = 0;
   double samples_per_s = 0;      // batch / median step
+  double max_samples_per_s = 0, min_samples_per_s = 0;  // spread over the timed steps
   int64_t peak_rss_bytes = 0;    // resident-memory high-water mark during this measure
   double bubble = -1;            // pipeline only: idle share of stage time in the median step
 };
@@ -28,6 +30,7 @@ struct BenchPrediction {
   double measured_step_s = 0;   // median executor wall time (from the step trace)
   double simulated_step_s = 0;  // median simulate() makespan of each step's own measured op costs
   double profiled_step_s = 0;   // simulate() on per-layer profiled costs, as `pipetrain plan` predicts
+  double simulated_bubble = 0;  // the simulator's bubble for the median step's measured op costs
   std::vector<int> peak_in_flight;  // measured, per stage
   // Largest total of live tensor bytes allocated during one extra, untimed step (a counting
   // allocator: activations, gradients, optimizer temporaries; not the parameters).
@@ -44,6 +47,21 @@ struct BenchResult {
 
 BenchResult run_bench(const Config& config, const BenchOptions& options);
 void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
+
+// A sweep: run_bench for every combination of stage count, micro-batch count, recomputation
+// mode and schedule, applied as --set overrides on top of `overrides` to the config file.
+// Combinations the config cannot run (too few layers or samples, an interleaved schedule
+// whose micro-batch count is not a multiple of the stages) are reported as skipped. One line
+// of progress per combination on `progress`; one JSON object per combination on `json_lines`
+// (if not null), each with the machine, the library versions, the thread settings and the
+// config. A list balance whose length does not match a stage count is replaced by `uniform`.
+struct SweepOptions {
+  std::vector<int> stages, micro_batches;
+  std::vector<std::string> checkpoints, schedules;
+  BenchOptions bench;
+};
+void run_sweep(const std::string& config_path, const std::vector<std::string>& overrides,
+               const SweepOptions& options, std::ostream& progress, std::ostream* json_lines);
 
 // Resident-memory high-water mark of this process (VmHWM), and its reset (Linux >= 4.0).
 int64_t peak_rss_bytes();
