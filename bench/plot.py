@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 
 def load(path):
@@ -47,6 +48,9 @@ def write_data(path, points):
             f.write(f"{x} {y}\n")
 
 
+DATA = tempfile.mkdtemp(prefix="pipetrain_plot_")  # gnuplot's data files; only the PNGs are kept
+
+
 def speedup_plot(rows, model, out_dir):
     series = collections.defaultdict(list)
     for r in rows:
@@ -57,7 +61,7 @@ def speedup_plot(rows, model, out_dir):
         return None
     plots = []
     for (k, sched), pts in sorted(series.items()):
-        dat = os.path.join(out_dir, f"speedup_{model}_{k}_{sched}.dat")
+        dat = os.path.join(DATA, f"speedup_{model}_{k}_{sched}.dat")
         write_data(dat, sorted(pts))
         plots.append(f"'{dat}' using 1:2 with linespoints title 'K={k} {sched}'")
     for k in sorted({k for k, _ in series}):
@@ -90,10 +94,10 @@ def memory_plot(rows, model, out_dir):
         return None
     plots = []
     for (sched, ckpt), pts in sorted(series.items()):
-        dat = os.path.join(out_dir, f"memory_{model}_{sched}_{ckpt}.dat")
+        dat = os.path.join(DATA, f"memory_{model}_{sched}_{ckpt}.dat")
         write_data(dat, sorted(pts))
         plots.append(f"'{dat}' using 1:2 with linespoints title '{sched}, checkpoint {ckpt}'")
-    dat = os.path.join(out_dir, f"memory_{model}_plain.dat")
+    dat = os.path.join(DATA, f"memory_{model}_plain.dat")
     write_data(dat, sorted(base.items()))
     plots.append(f"'{dat}' using 1:2 with lines dashtype 2 lw 2 title 'plain loop'")
     png = os.path.join(out_dir, f"memory_{model}.png")

@@ -19,32 +19,49 @@ namespace pipetrain::partitioner {
 
 namespace {
 
-// Replaces the CPU allocator: memory comes from c10::alloc_cpu as before; while counting is on,
-// each allocation's size is recorded by address, added to `live` and subtracted when freed. The
-// context of every DataPtr is its data pointer, as raw_allocate() requires.
+// Replaces the CPU allocator: memory comes from c10::alloc_cpu as before. While counting is on,
+// each allocation's size is recorded by address (with the counter's generation), added to
+// `live` and subtracted when freed; allocations made while counting is off get c10's plain
+// deleter and cost nothing more. The context of every DataPtr is its data pointer, as
+// raw_allocate() requires.
 class CountingAllocator final : public c10::Allocator {
  public:
   std::atomic<bool> on{false};
-  std::atomic<int64_t> live{0}, peak{0};
 
   c10::DataPtr allocate(size_t n) const override {
     void* data = c10::alloc_cpu(n);
-    if (on.load(std::memory_order_relaxed)) self().count(data, n);
+    if (!on.load(std::memory_order_relaxed)) return {data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)};
+    self().count(data, n);
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
+  // raw_deallocate() frees everything through this one, counted or not.
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++generation_;  // allocations of earlier counters no longer count when freed
+    live_ = peak_ = 0;
+  }
+  int64_t live() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_;
+  }
+  int64_t peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_ = live_;
+  }
 
  private:
   static CountingAllocator& self();
   void count(void* data, size_t n) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sizes_[data] = n;
-    }
-    const int64_t now = live.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t p = peak.load();
-    while (now > p && !peak.compare_exchange_weak(p, now)) {
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_[data] = {n, generation_};
+    live_ += static_cast<int64_t>(n);
+    peak_ = std::max(peak_, live_);
   }
   static void release(void* data) {
     CountingAllocator& a = self();
@@ -52,14 +69,16 @@ class CountingAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(a.mu_);
       auto it = a.sizes_.find(data);
       if (it != a.sizes_.end()) {
-        a.live.fetch_sub(static_cast<int64_t>(it->second));
+        if (it->second.second == a.generation_) a.live_ -= static_cast<int64_t>(it->second.first);
         a.sizes_.erase(it);
       }
     }
     c10::free_cpu(data);
   }
   std::mutex mu_;
-  std::unordered_map<void*, size_t> sizes_;
+  std::unordered_map<void*, std::pair<size_t, uint64_t>> sizes_;  // address -> (bytes, generation)
+  uint64_t generation_ = 0;
+  int64_t live_ = 0, peak_ = 0;
 };
 
 CountingAllocator& counting() {
@@ -88,18 +107,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 MemoryCounter::MemoryCounter() {
   counter_mu.lock();
-  auto& c = counting();
-  c.live = 0;
-  c.peak = 0;
-  c.on = true;
+  counting().start();
+  counting().on = true;
 }
 MemoryCounter::~MemoryCounter() {
   counting().on = false;
   counter_mu.unlock();
 }
-int64_t MemoryCounter::live() const { return counting().live.load(); }
-int64_t MemoryCounter::peak() const { return counting().peak.load(); }
-void MemoryCounter::reset_peak() { counting().peak = counting().live.load(); }
+int64_t MemoryCounter::live() const { return counting().live(); }
+int64_t MemoryCounter::peak() const { return counting().peak(); }
+void MemoryCounter::reset_peak() { counting().reset_peak(); }
 
 Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
                        const stages::LossFn& loss, const ProfileOptions& o) {

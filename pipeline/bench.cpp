@@ -1,5 +1,6 @@
 #include "pipeline/bench.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +50,9 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   BenchMeasure m;
   m.name = name;
   m.threads = threads;
+  // Hand freed heap back first: the process keeps freed tensors resident (main.cpp's mallopt),
+  // so without this the high-water mark would start at what earlier phases left behind.
+  malloc_trim(0);
   reset_peak_rss();
   std::vector<double> times;
   for (int i = 0; i < o.warmup + o.repeat; ++i) {
@@ -78,12 +82,14 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Idle share of stage time: 1 - busy / (stages * wall), busy being time spent computing.
+// Idle share of stage time: 1 - busy / (stages * wall), busy being time spent computing
+// (forward, backward, B, W, recompute, the optimizer step), as the simulator counts it.
 double bubble(const StepTrace& t) {
   double busy = 0;
   for (const auto& spans : t.spans)
     for (const auto& s : spans)
       if (schedule::is_compute(s.op)) busy += s.end - s.start;
+  for (const auto& o : t.optimizer) busy += o.second - o.first;
   return t.wall > 0 ? 1.0 - busy / (t.spans.size() * t.wall) : 0;
 }
 
@@ -106,6 +112,8 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
     set_rates(m, B);
     if (threads == per_stage) {
+      // Gradients are allocated inside the counted step, as the pipeline's are.
+      for (auto& p : plain.parameters()) p.mutable_grad() = at::Tensor();
       partitioner::MemoryCounter counter;
       plain.train_step(batches[0].input, batches[0].target);
       r.prediction.baseline_peak_tensor_bytes = counter.peak();
@@ -117,20 +125,22 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
 
   Pipeline pipe(fresh_model(), job.options, mean_cross_entropy);
   pipe.set_optimizer(make_optimizer_factory(c.optimizer));
+  std::vector<StepTrace> traces;  // simulated after the timing, not inside it
+  r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
+    pipe.train_step(batches[i].input, batches[i].target);
+    if (i >= o.warmup) traces.push_back(pipe.last_trace());
+  });
   std::vector<std::pair<double, double>> wall_bubble;
   std::vector<double> walls, simulated;
   std::vector<std::pair<double, double>> sim_bubbles;  // (wall, simulated bubble)
-  r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
-    pipe.train_step(batches[i].input, batches[i].target);
-    if (i < o.warmup) return;
-    const StepTrace& t = pipe.last_trace();
+  for (const StepTrace& t : traces) {
     wall_bubble.push_back({t.wall, bubble(t)});
     walls.push_back(t.wall);
     const auto sim = schedule::simulate(pipe.schedule(), measured_costs(t, pipe.schedule()));
     simulated.push_back(sim.makespan_ms / 1e3);
     sim_bubbles.push_back({t.wall, sim.bubble});
     r.prediction.peak_in_flight = t.peak_in_flight;
-  });
+  }
   set_rates(r.pipeline, B);
   r.balance = pipe.balance();
   std::sort(wall_bubble.begin(), wall_bubble.end());
@@ -292,6 +302,9 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
           } catch (const ConfigError& e) {
             line["skipped"] = e.what();
             progress << head << "skipped: " << e.what() << std::endl;
+          } catch (const std::exception& e) {  // a run that fails is reported, and the sweep goes on
+            line["skipped"] = std::string("failed: ") + e.what();
+            progress << head << "failed: " << e.what() << std::endl;
           }
           line["machine"] = machine;
           line["config"] = base_json;

@@ -40,7 +40,8 @@ struct Pipeline::Impl {
   std::vector<int64_t> offsets;
   std::vector<double> weights, losses;
 
-  void run_stage(int r, bool apply_optimizer, Clock::time_point t0);
+  void run_stage(int r, Clock::time_point t0);
+  void step_optimizers(int r, Clock::time_point t0);
   double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer);
 };
 
@@ -97,7 +98,7 @@ void Pipeline::set_optimizer(OptimizerFactory factory) {
   }
 }
 
-void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0) {
+void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   comm::Transport& t = *transports[r];
   const int M = options.micro_batches;
   std::vector<stages::Stage*> mine;  // this device's virtual stages, by chunk
@@ -174,11 +175,13 @@ void Pipeline::Impl::run_stage(int r, bool apply_optimizer, Clock::time_point t0
     const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
   }
-  const double opt_start = seconds_since(t0);
-  if (apply_optimizer)
-    for (int c = 0; c < sched.chunks; ++c)
-      if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
-  trace.optimizer[r] = {opt_start, seconds_since(t0)};
+}
+
+void Pipeline::Impl::step_optimizers(int r, Clock::time_point t0) {
+  const double start = seconds_since(t0);
+  for (int c = 0; c < sched.chunks; ++c)
+    if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
+  trace.optimizer[r] = {start, seconds_since(t0)};
 }
 
 double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer) {
@@ -206,9 +209,9 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   // A failing stage aborts the transport at once so its peers stop waiting; the earliest
   // failure is the cause and is what the caller sees.
   for (int r = 0; r < options.stages; ++r)
-    workers[r]->submit([this, r, apply_optimizer, t0] {
+    workers[r]->submit([this, r, t0] {
       try {
-        run_stage(r, apply_optimizer, t0);
+        run_stage(r, t0);
       } catch (const std::exception& e) {
         int none = -1;
         first_failure.compare_exchange_strong(none, r);  // before the abort wakes the peers
@@ -217,15 +220,30 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
       }
     });
   for (int r = 0; r < options.stages; ++r) errors.push_back(workers[r]->wait());
-  trace.wall = seconds_since(t0);
   inputs.clear();
   targets.clear();
   const int failed = first_failure.exchange(-1);
+  for (auto& o : trace.optimizer) o = {0.0, 0.0};
   if (failed >= 0) {
+    trace.wall = seconds_since(t0);
     transports = comm::make_local_group(options.stages, options.transport);  // fresh mailboxes
     ++step;
     std::rethrow_exception(errors[failed]);
   }
+  // The optimizers step only once every stage has finished its list, so a failed step leaves
+  // every parameter as it was. Each steps in its own worker (its intra-op thread setting).
+  if (apply_optimizer) {
+    for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, t0] { step_optimizers(r, t0); });
+    std::exception_ptr opt_error;
+    for (int r = 0; r < options.stages; ++r)
+      if (auto e = workers[r]->wait(); e && !opt_error) opt_error = e;
+    if (opt_error) {
+      trace.wall = seconds_since(t0);
+      ++step;
+      std::rethrow_exception(opt_error);
+    }
+  }
+  trace.wall = seconds_since(t0);
   ++step;
   double loss = 0;
   for (double l : losses) loss += l;

@@ -73,8 +73,9 @@ partitioner::Profile profile_job(const Job& job, int repeat) {
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
   partitioner::Profile p = partitioner::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
-  // The optimizer step of each layer, on a copy of its parameters' values (restored after), with
-  // zero gradients: its cost depends on the sizes, not the values.
+  // The optimizer step of each layer, on the layer's own parameters with zero gradients (its
+  // cost depends on the sizes, not the values); the values are saved first and restored after,
+  // also when the step throws, so profiling leaves the model as it was.
   const auto factory = make_optimizer_factory(c.optimizer);
   const int threads = at::get_num_threads();
   at::set_num_threads(std::max(1, job.options.intra_op_threads));
@@ -89,20 +90,29 @@ partitioner::Profile profile_job(const Job& job, int repeat) {
       saved.push_back(t.detach().clone());
       t.mutable_grad() = torch::zeros_like(t);
     }
-    auto opt = factory(params);
+    auto restore = [&] {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].copy_(saved[i]);
+        params[i].mutable_grad() = at::Tensor();
+      }
+    };
     std::vector<double> times;
-    for (int i = 0; i < 1 + repeat; ++i) {
-      const auto t0 = Clock::now();
-      opt->step();
-      if (i) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    try {
+      auto opt = factory(params);
+      for (int i = 0; i < 1 + repeat; ++i) {
+        const auto t0 = Clock::now();
+        opt->step();
+        if (i) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+    } catch (...) {
+      restore();
+      at::set_num_threads(threads);
+      throw;
     }
+    restore();
     std::sort(times.begin(), times.end());
     p.optimizer_ms.push_back(times[times.size() / 2]);
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].copy_(saved[i]);
-      params[i].mutable_grad() = at::Tensor();
-    }
   }
   at::set_num_threads(threads);
   return p;
@@ -114,6 +124,11 @@ partitioner::MemoryModel memory_model(const Config& c, const partitioner::Profil
   m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
   m.in_flight = in_flight(c);
   m.recompute = model_recompute(stages::parse_recompute(c.pipeline.checkpoint));
+  // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the
+  // peak; the other schedules may peak with checkpointed micro-batches only, plus one rebuilt
+  // graph, which is what `always` predicts.
+  if (m.recompute == partitioner::MemoryModel::Recompute::ExceptLast && c.pipeline.schedule != "gpipe")
+    m.recompute = partitioner::MemoryModel::Recompute::Always;
   m.input_bytes = p.input_bytes;
   return m;
 }

@@ -21,6 +21,10 @@ std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, doubl
         out[r].push_back({schedule::op_name(s.op), s.micro_batch, s.chunk, t.step, start, end});
       }
     }
+  for (size_t r = 0; r < t.optimizer.size() && r < out.size(); ++r)
+    if (t.optimizer[r].second > t.optimizer[r].first)
+      out[r].push_back({"optimizer", -1, 0, t.step, base_ms + t.optimizer[r].first * 1e3,
+                        base_ms + t.optimizer[r].second * 1e3});
   return out;
 }
 

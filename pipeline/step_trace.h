@@ -25,7 +25,7 @@ struct StepTrace {
   double start = 0;                      // seconds from the pipeline's creation to the step's start
   double wall = 0;                       // seconds the step took
   std::vector<std::vector<Span>> spans;  // spans[stage]
-  std::vector<std::pair<double, double>> optimizer;  // per stage: the optimizer step after its last action
+  std::vector<std::pair<double, double>> optimizer;  // per stage: its optimizer step, once every stage has run its list
   // Per stage (device): the most micro-batches whose activations were held at once (forward
   // done, backward or backward_input not), and the most awaiting their weight gradients.
   std::vector<int> peak_in_flight, peak_awaiting_weight;

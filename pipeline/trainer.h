@@ -54,6 +54,7 @@ class SingleDevice {
  public:
   SingleDevice(torch::nn::Sequential model, stages::LossFn loss, OptimizerFactory optimizer, uint64_t seed);
   double train_step(const at::Tensor& input, const at::Tensor& target);
+  std::vector<at::Tensor> parameters() const { return model_->parameters(); }
 
  private:
   torch::nn::Sequential model_;

@@ -123,8 +123,12 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     if (!moved) throw ScheduleError("simulate: the schedule deadlocks (run validate() for details)");
   }
   double busy = 0;
+  // The finishing work (optimizer steps) starts when every device has run its list, as in the
+  // executor, which steps no optimizer before the whole step has succeeded.
+  const double all_done = *std::max_element(clock.begin(), clock.end());
   for (int r = 0; r < K; ++r) {
     if (!c.finish_ms.empty()) {
+      clock[r] = all_done;
       out.spans[r].push_back({Op::Forward, -1, 0, clock[r], clock[r] + c.finish_ms[r], /*finish=*/true});
       clock[r] += c.finish_ms[r];
       out.busy_ms[r] += c.finish_ms[r];

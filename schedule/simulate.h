@@ -26,7 +26,7 @@ struct Costs {
   double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
   double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
   double action_ms = 0;     // bookkeeping the executor spends around every action
-  std::vector<double> finish_ms;  // per device: work after its last action (the optimizer step); empty: none
+  std::vector<double> finish_ms;  // per device: work once every device has run its list (the optimizer step); empty: none
 
   // Equal costs on every virtual stage, no recomputation, free transfers.
   static Costs uniform(int virtual_stages, double forward, double backward_input, double backward_weight);
@@ -43,7 +43,7 @@ struct SimSpan {
 struct Simulation {
   double makespan_ms = 0;
   double bubble = 0;                    // 1 - (sum of compute time) / (stages · makespan)
-  std::vector<double> busy_ms;          // per device: compute time
+  std::vector<double> busy_ms;          // per device: compute time, including finish_ms
   std::vector<int> peak_in_flight;      // per device: most micro-batches between forward and backward(_input)
   std::vector<int> peak_awaiting_weight;  // per device: most micro-batches between forward and their last backward part
   std::vector<std::vector<SimSpan>> spans;  // spans[device], in list order

@@ -37,6 +37,7 @@ void Stage::begin_step(uint64_t seed, int64_t step, int micro_batches) {
   step_ = step;
   micro_batches_ = micro_batches;
   saved_.clear();
+  weight_work_.clear();  // a failed step may have left Bs without their W
 }
 
 bool Stage::checkpointed(int m) const {
@@ -150,6 +151,7 @@ Stage::~Stage() = default;
 
 at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output) {
   PIPETRAIN_CHECK(is_last() || grad_output.defined(), "stage ", index_, " needs an output gradient");
+  PIPETRAIN_CHECK(!weight_work_.count(m), "stage ", index_, " ran backward_input twice for micro-batch ", m);
   Saved s = take(m);
   auto work = std::make_unique<WeightWork>();
   const bool need_input = !is_first() && s.input.requires_grad();
@@ -191,6 +193,14 @@ at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output) {
         if (e.function && !reach.count(e.function.get())) stack.push_back({e.function.get(), false});
     }
 
+    if (!reach[root.function.get()].first) {
+      // The output does not depend on the input through differentiable ops: the input gradient
+      // is zero and the whole backward is weight work.
+      work->output = s.output;
+      work->grad_output = is_last() ? torch::ones_like(s.output) : grad_output;
+      weight_work_.emplace(m, std::move(work));
+      return torch::zeros_like(s.input);
+    }
     std::vector<std::pair<Node*, Capture*>> hooks;
     for (Node* n : order) {
       if (!reach[n].first) continue;

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 struct Result {
@@ -164,4 +166,42 @@ TEST(Cli, PlanAndPartition) {
   const std::string bad = write_config("bad_costs.json", R"([{"name": "a", "forward_ms": -1, "backward_ms": 1, "param_bytes": 0, "activation_bytes": 0}])");
   expect_one_line_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a finite number >= 0");
   expect_one_line_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
+}
+
+// `bench` with lists sweeps every combination and writes one JSON object per combination with
+// the fields the plots and tables need; a combination the config cannot run is reported as
+// skipped with the reason, not dropped.
+TEST(Cli, BenchSweepWritesJsonLines) {
+  const std::string cfg = write_config("sweep.json", kSmall);
+  const std::string out = ::testing::TempDir() + "/pipetrain_cli_sweep_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(out.c_str());
+  Result r = run("bench " + cfg + " --stages 1,2 --micro-batches 2,3 --schedule gpipe,interleaved-1f1b --checkpoint never "
+                 "--warmup 0 --repeat 1 --json " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[8/8] K=2 M=3 interleaved-1f1b never: skipped"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  std::string line;
+  int lines = 0, skipped = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("skipped")) {
+      ++skipped;
+      EXPECT_NE(j["skipped"].get<std::string>().find("multiple of 2"), std::string::npos) << line;
+      continue;
+    }
+    for (const char* key : {"stages", "micro_batches", "schedule", "checkpoint", "baseline_samples_per_s",
+                            "baseline_all_cores_samples_per_s", "pipeline_samples_per_s", "speedup", "bubble_measured",
+                            "bubble_predicted", "peak_memory_bytes", "peak_tensor_bytes", "machine", "config"})
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+    EXPECT_GT(j["pipeline_samples_per_s"].get<double>(), 0.0);
+    EXPECT_NEAR(j["speedup"].get<double>(),
+                j["pipeline_samples_per_s"].get<double>() / j["baseline_samples_per_s"].get<double>(), 1e-9);
+    EXPECT_EQ(j["config"]["model"]["family"], "mlp");
+  }
+  EXPECT_EQ(lines, 8);
+  EXPECT_EQ(skipped, 1);
+  r = run("bench " + cfg + " --schedule pipedream");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("pipedream"), std::string::npos) << r.out;
 }

@@ -367,3 +367,67 @@ TEST(Profile, ScheduleCostsOfABalance) {
   EXPECT_DOUBLE_EQ(g.backward_weight[1], 0.0);
   EXPECT_GT(schedule::simulate(s, c).makespan_ms, 0.0);
 }
+
+namespace {
+// Three linear layers and a layer that fails on its `fail_at`-th forward call, first or last.
+torch::nn::Sequential failing_model(int fail_at, bool bad_first) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model;
+  if (bad_first) model->push_back("bad", Failing(fail_at));
+  model->push_back("fc0", torch::nn::Linear(4, 4));
+  model->push_back("fc1", torch::nn::Linear(4, 4));
+  model->push_back("fc2", torch::nn::Linear(4, 4));
+  if (!bad_first) model->push_back("bad", Failing(fail_at));
+  return model;
+}
+}  // namespace
+
+// Optimizers step only after every stage has finished: a step that fails anywhere leaves every
+// parameter as it was, and the next step trains normally. Here the first stage fails in its
+// very last action (the recomputation of micro-batch 0, its 8th forward call), when the other
+// stages have already finished their lists.
+TEST(Executor, FailedStepChangesNoParameter) {
+  auto model = failing_model(/*fail_at=*/8, /*bad_first=*/true);
+  PipelineOptions o;
+  o.stages = 4;
+  o.micro_batches = 4;
+  o.recompute = stages::Recompute::Always;
+  Pipeline pipe(model, o, mean_ce);
+  pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
+  std::vector<at::Tensor> before;
+  for (auto& p : model->parameters()) before.push_back(p.detach().clone());
+  auto x = torch::randn({8, 4});
+  auto y = torch::randint(0, 4, {8}, torch::kLong);
+  try {
+    pipe.train_step(x, y);
+    FAIL() << "the injected failure was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0: backward(mb 0)"), std::string::npos) << e.what();
+  }
+  auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[i])) << i;
+  pipe.train_step(x, y);
+  EXPECT_FALSE(torch::equal(params[0], before[0]));
+}
+
+// A zb-h1 step that fails after some backward_input passes but before their backward_weight
+// leaves nothing behind: the next step's gradients equal those of a pipeline that never failed.
+TEST(Executor, ZeroBubbleStartsCleanAfterAFailedStep) {
+  PipelineOptions o;
+  o.stages = 4;
+  o.micro_batches = 4;
+  o.schedule = "zb-h1";
+  o.recompute = stages::Recompute::Never;
+  auto failed_model = failing_model(/*fail_at=*/2, false), clean_model = failing_model(/*fail_at=*/0, false);
+  Pipeline failed(failed_model, o, mean_ce), clean(clean_model, o, mean_ce);
+  auto x1 = torch::randn({8, 4}), x2 = torch::randn({8, 4});
+  auto y = torch::randint(0, 4, {8}, torch::kLong);
+  EXPECT_THROW(failed.forward_backward(x1, y), Error);
+  failed.forward_backward(x2, y);
+  clean.forward_backward(x2, y);
+  auto a = failed_model->parameters(), b = clean_model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].grad().defined()) << i;
+    EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), 1e-6, 1e-7)) << i;
+  }
+}
