@@ -67,7 +67,7 @@ def speedup_plot(rows, model, out_dir):
     for k in sorted({k for k, _ in series}):
         plots.append(f"{k}*x/(x+{k}-1) with lines dashtype 2 lw 2 title 'ideal K={k}'")
     png = os.path.join(out_dir, f"speedup_{model}.png")
-    gnuplot(f"""set terminal png size 900,560
+    gnuplot(f"""set terminal png size 900,560 noenhanced
 set output '{png}'
 set title 'pipetrain {model}: pipeline samples/s over the one-thread loop (no recomputation)'
 set xlabel 'micro-batches M'
@@ -101,7 +101,7 @@ def memory_plot(rows, model, out_dir):
     write_data(dat, sorted(base.items()))
     plots.append(f"'{dat}' using 1:2 with lines dashtype 2 lw 2 title 'plain loop'")
     png = os.path.join(out_dir, f"memory_{model}.png")
-    gnuplot(f"""set terminal png size 900,560
+    gnuplot(f"""set terminal png size 900,560 noenhanced
 set output '{png}'
 set title 'pipetrain {model}: peak tensor memory of a step, 2 stages'
 set xlabel 'micro-batches M'
@@ -144,7 +144,7 @@ def timeline_plot(trace_path, out_dir):
         for i, (name, c) in enumerate([("forward", colors["forward"]), ("backward", colors["backward"]),
                                        ("W", colors["backward_weight"]), ("recompute", colors["recompute"]),
                                        ("optimizer", colors["optimizer"]), ("idle", "#aaaaaa")]))
-    gnuplot(f"""set terminal png size 1100,{160 + 70 * len(stages)}
+    gnuplot(f"""set terminal png size 1100,{160 + 70 * len(stages)} noenhanced
 set output '{png}'
 set title 'measured step: {os.path.basename(trace_path)}' offset 0,1
 set xlabel 'ms'
