@@ -168,6 +168,10 @@ Config parse_config(const json& input, const std::string& source,
   c.optimizer.beta1 = betas[0];
   c.optimizer.beta2 = betas[1];
   c.optimizer.eps = opt.get_number("eps", c.optimizer.eps, 0.0, 1.0);
+  c.optimizer.lr_schedule = opt.get_choice("lr_schedule", c.optimizer.lr_schedule, {"constant", "cosine"});
+  c.optimizer.warmup_steps = opt.get_int("warmup_steps", c.optimizer.warmup_steps, 0, int64_t(1) << 40);
+  c.optimizer.min_lr = opt.get_number("min_lr", c.optimizer.min_lr, 0.0, 1e6);
+  c.optimizer.grad_clip = opt.get_number("grad_clip", c.optimizer.grad_clip, 0.0, 1e12);
   opt.finish();
 
   JsonReader train = top.child("train");
@@ -175,6 +179,7 @@ Config parse_config(const json& input, const std::string& source,
   c.train.seed = static_cast<uint64_t>(train.get_int("seed", 0, 0, INT64_MAX));
   c.train.log_every = train.get_int("log_every", c.train.log_every, 1, int64_t(1) << 40);
   c.train.eval_batches = train.get_int("eval_batches", c.train.eval_batches, 0, int64_t(1) << 40);
+  c.train.accumulate = train.get_int("accumulate", c.train.accumulate, 1, 1 << 20);
   train.finish();
 
   JsonReader rt = top.child("runtime");
@@ -197,6 +202,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(parse_json(ss.str(), path), path, overrides);
+}
+
+double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {
+  if (c.warmup_steps > 0 && step < c.warmup_steps)
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  if (c.lr_schedule != "cosine") return c.lr;
+  const double span = static_cast<double>(std::max<int64_t>(1, total - c.warmup_steps));
+  const double t = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
+  return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * t));
 }
 
 }  // namespace pipetrain::pipeline

@@ -43,13 +43,22 @@ struct OptimizerConfig {
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string lr_schedule = "constant";  // "constant" | "cosine": from lr towards min_lr, progress (s - warmup) / (steps - warmup)
+  int64_t warmup_steps = 0;              // linear warm-up from lr/warmup_steps to lr
+  double min_lr = 0.0;                   // the end of the cosine decay
+  double grad_clip = 0.0;                // largest global gradient norm (all stages together); 0: off
 };
+
+// The learning rate of optimizer step `step` (0-based) of `total` under the config's warm-up
+// and schedule.
+double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total);
 
 struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 0;
   int64_t log_every = 10;
   int64_t eval_batches = 0;  // 0: the whole test split
+  int64_t accumulate = 1;    // pipeline steps (batches) whose gradients make one optimizer step
 };
 
 struct RuntimeConfig {

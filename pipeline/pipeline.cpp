@@ -1,6 +1,7 @@
 #include "pipeline/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <map>
 
@@ -41,8 +42,15 @@ struct Pipeline::Impl {
   std::vector<double> weights, losses;
 
   void run_stage(int r, Clock::time_point t0);
-  void step_optimizers(int r, Clock::time_point t0);
-  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer);
+  void step_optimizers(int r, Clock::time_point t0, double grad_scale);
+  double stage_grad_sq_norm(int r) const;
+  double step_all(Clock::time_point t0);
+  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
+                  bool accumulate = false, double scale = 1.0);
+  double grad_clip = 0, grad_norm = 0;
+  bool track_norm = false;
+  Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
+  bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
 };
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss)
@@ -105,7 +113,8 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   for (int c = 0; c < sched.chunks; ++c) mine.push_back(stages[sched.virtual_stage(r, c)].get());
   for (stages::Stage* st : mine) {
     st->begin_step(options.seed, step, M);
-    for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
+    if (!accumulate_grads)
+      for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
   }
   // received: inputs and output gradients waiting for their compute; outbox: results
   // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
@@ -177,14 +186,53 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   }
 }
 
-void Pipeline::Impl::step_optimizers(int r, Clock::time_point t0) {
+void Pipeline::Impl::step_optimizers(int r, Clock::time_point t0, double grad_scale) {
   const double start = seconds_since(t0);
-  for (int c = 0; c < sched.chunks; ++c)
+  for (int c = 0; c < sched.chunks; ++c) {
+    stages::Stage& st = *stages[sched.virtual_stage(r, c)];
+    if (grad_scale != 1.0) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : st.layers()->parameters())
+        if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
+    }
     if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
+  }
   trace.optimizer[r] = {start, seconds_since(t0)};
 }
 
-double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer) {
+double Pipeline::Impl::stage_grad_sq_norm(int r) const {
+  double sum = 0;
+  for (int c = 0; c < sched.chunks; ++c)
+    for (const auto& p : stages[sched.virtual_stage(r, c)]->layers()->parameters())
+      if (p.grad().defined()) sum += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  return sum;
+}
+
+// Clips the global gradient norm (every stage's gradients together) and steps every stage's
+// optimizer, each in its own worker. Returns the norm before clipping (0 when clipping is off).
+double Pipeline::Impl::step_all(Clock::time_point t0) {
+  double scale = 1.0, norm = 0;
+  if (grad_clip > 0 || track_norm) {
+    std::vector<double> sq(options.stages, 0.0);
+    for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
+    std::exception_ptr error;
+    for (int r = 0; r < options.stages; ++r)
+      if (auto e = workers[r]->wait(); e && !error) error = e;
+    if (error) std::rethrow_exception(error);
+    for (double v : sq) norm += v;
+    norm = std::sqrt(norm);
+    if (grad_clip > 0 && norm > grad_clip) scale = grad_clip / (norm + 1e-6);
+  }
+  for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, t0, scale] { step_optimizers(r, t0, scale); });
+  std::exception_ptr error;
+  for (int r = 0; r < options.stages; ++r)
+    if (auto e = workers[r]->wait(); e && !error) error = e;
+  if (error) std::rethrow_exception(error);
+  return norm;
+}
+
+double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
+                                bool accumulate, double scale) {
   const int M = options.micro_batches;
   const int64_t N = input.size(0);
   if (N < M)
@@ -199,10 +247,12 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   losses.assign(M, 0);
   for (int m = 0; m < M; ++m) {
     offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : 0;
-    weights[m] = static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
+    weights[m] = scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
   }
+  accumulate_grads = accumulate;
 
   const auto t0 = Clock::now();
+  step_t0 = t0;
   trace.step = step;
   trace.start = std::chrono::duration<double>(t0 - created).count();
   std::vector<std::exception_ptr> errors;
@@ -233,14 +283,12 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   // The optimizers step only once every stage has finished its list, so a failed step leaves
   // every parameter as it was. Each steps in its own worker (its intra-op thread setting).
   if (apply_optimizer) {
-    for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, t0] { step_optimizers(r, t0); });
-    std::exception_ptr opt_error;
-    for (int r = 0; r < options.stages; ++r)
-      if (auto e = workers[r]->wait(); e && !opt_error) opt_error = e;
-    if (opt_error) {
+    try {
+      grad_norm = step_all(t0);
+    } catch (...) {
       trace.wall = seconds_since(t0);
       ++step;
-      std::rethrow_exception(opt_error);
+      throw;
     }
   }
   trace.wall = seconds_since(t0);
@@ -254,9 +302,30 @@ double Pipeline::train_step(const at::Tensor& input, const at::Tensor& target) {
   return impl_->run_step(input, target, /*apply_optimizer=*/true);
 }
 
-double Pipeline::forward_backward(const at::Tensor& input, const at::Tensor& target) {
-  return impl_->run_step(input, target, /*apply_optimizer=*/false);
+double Pipeline::forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate, double scale) {
+  return impl_->run_step(input, target, /*apply_optimizer=*/false, accumulate, scale);
 }
+
+double Pipeline::step_optimizer() {
+  impl_->grad_norm = impl_->step_all(impl_->step_t0);
+  impl_->trace.wall = seconds_since(impl_->step_t0);
+  return impl_->grad_norm;
+}
+
+void Pipeline::set_grad_clip(double max_norm) {
+  if (!(max_norm >= 0) || !std::isfinite(max_norm))
+    throw ConfigError(detail::concat("pipeline: gradient clip must be a finite number >= 0, got ", max_norm));
+  impl_->grad_clip = max_norm;
+}
+
+void Pipeline::set_learning_rate(double lr) {
+  for (auto& opt : impl_->optimizers)
+    if (opt)
+      for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+}
+
+double Pipeline::last_grad_norm() const { return impl_->grad_norm; }
+void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
 
 at::Tensor Pipeline::predict(const at::Tensor& input) {
   torch::NoGradGuard no_grad;

@@ -59,8 +59,20 @@ class Pipeline {
   // is set) steps it. Returns the batch's mean loss.
   double train_step(const at::Tensor& input, const at::Tensor& target);
 
-  // Forward and backward only: gradients accumulate into the parameters' .grad (zeroed first).
-  double forward_backward(const at::Tensor& input, const at::Tensor& target);
+  // Forward and backward only: gradients go into the parameters' .grad, cleared first unless
+  // `accumulate` (several batches for one optimizer step). `scale` multiplies every micro-batch's
+  // loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
+  // Returns the (scaled) loss.
+  double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
+                          double scale = 1.0);
+
+  // Clips the global gradient norm (all stages together) to set_grad_clip's bound and steps every
+  // stage's optimizer; returns the norm before clipping (0 unless clipping or tracking is on).
+  double step_optimizer();
+  void track_grad_norm(bool on);        // compute the global norm even without clipping
+  void set_grad_clip(double max_norm);  // 0: off (the default)
+  void set_learning_rate(double lr);    // every stage's optimizer, every parameter group
+  double last_grad_norm() const;        // of the last optimizer step
 
   // Forward of the whole batch in evaluation mode, without gradients.
   at::Tensor predict(const at::Tensor& input);

@@ -119,7 +119,9 @@ TrainResult train(Job& job, const TrainOptions& options) {
                                  std::vector<std::vector<schedule::TraceSpan>>(pipe.stages())};
   double trace_origin = -1;
   const bool tty = isatty(STDERR_FILENO);
-  const int64_t steps = c.train.steps, B = c.data.batch_size;
+  const int64_t steps = c.train.steps, B = c.data.batch_size, A = c.train.accumulate;
+  pipe.set_grad_clip(c.optimizer.grad_clip);
+  pipe.track_grad_norm(!options.metrics_path.empty());
   std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage\n",
                c.model.value("family", "?").c_str(), job.data.name.c_str(), pipe.stages(),
                partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
@@ -131,9 +133,18 @@ TrainResult train(Job& job, const TrainOptions& options) {
   int64_t window_samples = 0;
   double rate = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    Batch b = to_model(job, job.data.train_batch(s, B, c.train.seed));
+    // One optimizer step over `accumulate` batches; each batch's loss weighs 1/accumulate.
     const auto t0 = Clock::now();
-    const double loss = pipe.train_step(b.input, b.target);
+    double loss = 0;
+    for (int64_t a = 0; a < A; ++a) {
+      Batch b = to_model(job, job.data.train_batch(s * A + a, B, c.train.seed));
+      loss += pipe.forward_backward(b.input, b.target, /*accumulate=*/a > 0, 1.0 / static_cast<double>(A));
+    }
+    const double lr = learning_rate(c.optimizer, s, steps);
+    if (std::isfinite(loss)) {  // a non-finite loss stops the run below, before any update
+      pipe.set_learning_rate(lr);
+      pipe.step_optimizer();
+    }
     const auto t1 = Clock::now();
     const double step_s = std::chrono::duration<double>(t1 - t0).count();
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
@@ -151,7 +162,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
     }
     if (!std::isfinite(loss))
       throw Error(detail::concat("step ", s + 1, ": the loss is ", loss, "; stopping (lower optimizer.lr?)"));
-    window_samples += B;
+    window_samples += A * B;
     const double window_s = std::chrono::duration<double>(t1 - window_start).count();
     if (window_s >= 1.0 || rate == 0) {
       rate = window_samples / window_s;
@@ -159,13 +170,16 @@ TrainResult train(Job& job, const TrainOptions& options) {
       window_samples = 0;
     }
     if (metrics.is_open()) {
-      metrics << nlohmann::json{{"step", s + 1}, {"loss", loss}, {"samples_per_s", B / step_s},
-                                {"step_time_s", step_s}, {"time_s", elapsed}}.dump()
+      metrics << nlohmann::json{{"step", s + 1},          {"loss", loss},
+                                {"samples_per_s", A * B / step_s}, {"step_time_s", step_s},
+                                {"time_s", elapsed},       {"lr", lr},
+                                {"grad_norm", pipe.last_grad_norm()}}
+                     .dump()
               << "\n";
     }
     const bool last = s + 1 == steps;
     if (options.progress && (tty || (s + 1) % c.train.log_every == 0 || last)) {
-      const double eta = rate > 0 ? (steps - s - 1) * B / rate : 0;
+      const double eta = rate > 0 ? (steps - s - 1) * A * B / rate : 0;
       std::fprintf(stderr, "%sstep %lld/%lld | loss %.4f | %.0f samples/s | %s elapsed | %s left%s",
                    tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(steps), loss,
                    rate, clock_text(elapsed).c_str(), clock_text(eta).c_str(), tty ? "   " : "\n");

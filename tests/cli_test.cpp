@@ -71,9 +71,35 @@ TEST(Cli, TrainsAndWritesMetrics) {
   int steps = 0;
   while (std::getline(in, line))
     if (line.find("\"step\"") != std::string::npos && line.find("\"samples_per_s\"") != std::string::npos &&
-        line.find("\"loss\"") != std::string::npos)
+        line.find("\"loss\"") != std::string::npos && line.find("\"lr\"") != std::string::npos &&
+        line.find("\"grad_norm\"") != std::string::npos)
       ++steps;
   EXPECT_EQ(steps, 3);
+}
+
+// Accumulation, warm-up with cosine decay and clipping from the config: the metrics show the
+// learning rate of each step and a clipped run still trains.
+TEST(Cli, TrainingControls) {
+  const std::string cfg = write_config("controls.json", kSmall);
+  const std::string metrics = cfg + ".controls.jsonl";
+  Result r = run("train " + cfg + " --quiet --steps 5 --metrics " + metrics +
+                 " --set train.accumulate=2 --set optimizer.warmup_steps=2 --set optimizer.lr_schedule=cosine"
+                 " --set optimizer.grad_clip=0.5 --set optimizer.lr=0.1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> lrs;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("lr")) {
+      lrs.push_back(j["lr"].get<double>());
+      EXPECT_GT(j["grad_norm"].get<double>(), 0.0) << line;
+    }
+  }
+  // Warm-up over 2 steps, then cosine from lr to 0 over the remaining 3: progress 0, 1/3, 2/3.
+  const std::vector<double> want{0.05, 0.1, 0.1, 0.075, 0.025};
+  ASSERT_EQ(lrs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(lrs[i], want[i], 1e-12) << i;
 }
 
 TEST(Cli, StepsFlagOverridesConfig) {

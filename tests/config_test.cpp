@@ -216,3 +216,27 @@ TEST(Config, BalanceMethods) {
   auto b = prepare(parse_config(c, "cfg.json")).options.balance;
   EXPECT_GT(b[1], b[0]) << b[0] << "," << b[1];
 }
+
+TEST(Config, LearningRateSchedules) {
+  OptimizerConfig o;
+  o.lr = 1.0;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 0, 100), 1.0);
+  o.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 0, 100), 0.25);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 3, 100), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 50, 100), 1.0);
+  o.lr_schedule = "cosine";
+  o.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 4, 104), 1.0);                     // the decay starts at lr
+  EXPECT_NEAR(learning_rate(o, 54, 104), 0.1 + 0.45, 1e-12);          // halfway: the mean of lr and min_lr
+  EXPECT_NEAR(learning_rate(o, 104, 104), 0.1, 1e-12);                // the end: min_lr
+  EXPECT_NEAR(learning_rate(o, 500, 104), 0.1, 1e-12);                // and stays there
+  json c = base();
+  c["optimizer"] = {{"lr_schedule", "linear"}};
+  EXPECT_ERROR(error_of(c), "optimizer.lr_schedule: unknown value \"linear\"");
+  c["optimizer"] = {{"grad_clip", -1}};
+  EXPECT_ERROR(error_of(c), "optimizer.grad_clip: must be between 0");
+  c["optimizer"] = json::object();
+  c["train"] = {{"accumulate", 0}};
+  EXPECT_ERROR(error_of(c), "train.accumulate: must be between 1");
+}
