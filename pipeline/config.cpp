@@ -180,6 +180,7 @@ Config parse_config(const json& input, const std::string& source,
   c.train.log_every = train.get_int("log_every", c.train.log_every, 1, int64_t(1) << 40);
   c.train.eval_batches = train.get_int("eval_batches", c.train.eval_batches, 0, int64_t(1) << 40);
   c.train.accumulate = train.get_int("accumulate", c.train.accumulate, 1, 1 << 20);
+  c.train.on_nonfinite = train.get_choice("on_nonfinite", c.train.on_nonfinite, {"stop", "skip"});
   train.finish();
 
   JsonReader rt = top.child("runtime");

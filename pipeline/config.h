@@ -59,6 +59,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t accumulate = 1;    // pipeline steps (batches) whose gradients make one optimizer step
+  std::string on_nonfinite = "stop";  // a NaN/inf loss or gradient: "stop" the run or "skip" the update
 };
 
 struct RuntimeConfig {

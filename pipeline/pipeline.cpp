@@ -48,7 +48,7 @@ struct Pipeline::Impl {
   double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
                   bool accumulate = false, double scale = 1.0);
   double grad_clip = 0, grad_norm = 0;
-  bool track_norm = false;
+  bool track_norm = false, check_finite = false;
   Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
   bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
 };
@@ -212,13 +212,17 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
 // optimizer, each in its own worker. Returns the norm before clipping (0 when clipping is off).
 double Pipeline::Impl::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
-  if (grad_clip > 0 || track_norm) {
+  if (grad_clip > 0 || track_norm || check_finite) {
     std::vector<double> sq(options.stages, 0.0);
     for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
     std::exception_ptr error;
     for (int r = 0; r < options.stages; ++r)
       if (auto e = workers[r]->wait(); e && !error) error = e;
     if (error) std::rethrow_exception(error);
+    for (int r = 0; r < options.stages; ++r)
+      if (check_finite && !std::isfinite(sq[r]))
+        throw NonFiniteGradient(r, detail::concat("stage ", r, ": the gradient is not finite (squared norm ", sq[r],
+                                                  "); no parameter was changed"));
     for (double v : sq) norm += v;
     norm = std::sqrt(norm);
     if (grad_clip > 0 && norm > grad_clip) scale = grad_clip / (norm + 1e-6);
@@ -326,6 +330,7 @@ void Pipeline::set_learning_rate(double lr) {
 
 double Pipeline::last_grad_norm() const { return impl_->grad_norm; }
 void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
+void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
 
 at::Tensor Pipeline::predict(const at::Tensor& input) {
   torch::NoGradGuard no_grad;

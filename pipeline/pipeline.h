@@ -19,6 +19,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "comm/transport.h"
+#include "common/error.h"
 #include "partitioner/partition.h"
 #include "pipeline/step_trace.h"
 #include "schedule/schedule.h"
@@ -41,6 +42,16 @@ struct PipelineOptions {
 
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
+
+// A gradient with a NaN or an infinity, found by step_optimizer() before any parameter changed.
+class NonFiniteGradient : public Error {
+ public:
+  NonFiniteGradient(int stage, const std::string& what) : Error(what), stage_(stage) {}
+  int stage() const { return stage_; }
+
+ private:
+  int stage_;
+};
 
 class Pipeline {
  public:
@@ -70,6 +81,9 @@ class Pipeline {
   // stage's optimizer; returns the norm before clipping (0 unless clipping or tracking is on).
   double step_optimizer();
   void track_grad_norm(bool on);        // compute the global norm even without clipping
+  // Check every stage's gradients before stepping: a NaN or infinity throws NonFiniteGradient
+  // naming the stage, and no parameter changes.
+  void check_finite_grads(bool on);
   void set_grad_clip(double max_norm);  // 0: off (the default)
   void set_learning_rate(double lr);    // every stage's optimizer, every parameter group
   double last_grad_norm() const;        // of the last optimizer step

@@ -74,6 +74,17 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
+// Per stage: milliseconds of compute (forward, backward, B, W) and optimizer step in a step.
+std::vector<double> stage_busy_ms(const StepTrace& t) {
+  std::vector<double> out(t.spans.size(), 0.0);
+  for (size_t r = 0; r < t.spans.size(); ++r) {
+    for (const Span& s : t.spans[r])
+      if (schedule::is_compute(s.op)) out[r] += (s.end - s.start) * 1e3;
+    if (r < t.optimizer.size()) out[r] += (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
+  }
+  return out;
+}
+
 }  // namespace
 
 void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
@@ -122,6 +133,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
   const int64_t steps = c.train.steps, B = c.data.batch_size, A = c.train.accumulate;
   pipe.set_grad_clip(c.optimizer.grad_clip);
   pipe.track_grad_norm(!options.metrics_path.empty());
+  pipe.check_finite_grads(true);
   std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage\n",
                c.model.value("family", "?").c_str(), job.data.name.c_str(), pipe.stages(),
                partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
@@ -141,9 +153,25 @@ TrainResult train(Job& job, const TrainOptions& options) {
       loss += pipe.forward_backward(b.input, b.target, /*accumulate=*/a > 0, 1.0 / static_cast<double>(A));
     }
     const double lr = learning_rate(c.optimizer, s, steps);
-    if (std::isfinite(loss)) {  // a non-finite loss stops the run below, before any update
+    // A non-finite loss or gradient stops the run or skips the update (train.on_nonfinite);
+    // either way no parameter changes.
+    std::string nonfinite;
+    if (!std::isfinite(loss)) {
+      nonfinite = detail::concat("the loss is ", loss, " (computed by stage ", pipe.stages() - 1, ", the last)");
+    } else {
       pipe.set_learning_rate(lr);
-      pipe.step_optimizer();
+      try {
+        pipe.step_optimizer();
+      } catch (const NonFiniteGradient& e) {
+        nonfinite = e.what();
+      }
+    }
+    if (!nonfinite.empty()) {
+      if (c.train.on_nonfinite == "stop")
+        throw Error(detail::concat("step ", s + 1, ": ", nonfinite, "; stopping (lower optimizer.lr, set optimizer.grad_clip, or train.on_nonfinite=skip)"));
+      ++result.skipped_steps;
+      std::fprintf(stderr, "%spipetrain: step %lld: %s; update skipped\n", tty ? "\n" : "",
+                   static_cast<long long>(s + 1), nonfinite.c_str());
     }
     const auto t1 = Clock::now();
     const double step_s = std::chrono::duration<double>(t1 - t0).count();
@@ -160,8 +188,6 @@ TrainResult train(Job& job, const TrainOptions& options) {
         if (!trace_file) throw Error("--trace " + options.trace_path + ": write failed");
       }
     }
-    if (!std::isfinite(loss))
-      throw Error(detail::concat("step ", s + 1, ": the loss is ", loss, "; stopping (lower optimizer.lr?)"));
     window_samples += A * B;
     const double window_s = std::chrono::duration<double>(t1 - window_start).count();
     if (window_s >= 1.0 || rate == 0) {
@@ -173,7 +199,9 @@ TrainResult train(Job& job, const TrainOptions& options) {
       metrics << nlohmann::json{{"step", s + 1},          {"loss", loss},
                                 {"samples_per_s", A * B / step_s}, {"step_time_s", step_s},
                                 {"time_s", elapsed},       {"lr", lr},
-                                {"grad_norm", pipe.last_grad_norm()}}
+                                {"grad_norm", pipe.last_grad_norm()},
+                                {"stage_busy_ms", stage_busy_ms(pipe.last_trace())},
+                                {"skipped", !nonfinite.empty()}}
                      .dump()
               << "\n";
     }
@@ -187,7 +215,12 @@ TrainResult train(Job& job, const TrainOptions& options) {
     }
   }
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
-  result.samples_per_s = total > 0 ? steps * B / total : 0;
+  result.samples_per_s = total > 0 ? steps * A * B / total : 0;
+  if (options.progress)
+    std::fprintf(stderr, "pipetrain: %lld steps in %s, %.1f samples/s, final loss %.4f%s\n",
+                 static_cast<long long>(steps), clock_text(total).c_str(), result.samples_per_s,
+                 result.losses.empty() ? 0.0 : result.losses.back(),
+                 result.skipped_steps ? detail::concat(", ", result.skipped_steps, " updates skipped").c_str() : "");
   evaluate(job, pipe, result);
   if (metrics && result.test_samples > 0)
     metrics << nlohmann::json{{"event", "test"}, {"test_loss", result.test_loss},

@@ -39,6 +39,7 @@ struct TrainOptions {
 
 struct TrainResult {
   std::vector<double> losses;
+  int64_t skipped_steps = 0;  // updates skipped for a non-finite loss or gradient (train.on_nonfinite=skip)
   double samples_per_s = 0;  // over the whole run
   int64_t test_samples = 0;  // 0: no test split
   double test_loss = 0, test_accuracy = 0;

@@ -492,3 +492,31 @@ TEST(Controls, GlobalGradientClipping) {
   pipe.step_optimizer();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[params.size() + i])) << i;
 }
+
+// A NaN in one stage's gradient is caught before any optimizer steps, naming that stage.
+TEST(Controls, NonFiniteGradientNamesTheStageAndChangesNothing) {
+  auto model = mlp64(8, 4);
+  PipelineOptions o;
+  o.stages = 4;
+  o.micro_batches = 2;
+  Pipeline pipe(model, o, mean_ce);
+  pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); });
+  pipe.check_finite_grads(true);
+  auto x = torch::randn({8, 8}, torch::kDouble);
+  auto y = torch::randint(0, 8, {8}, torch::kLong);
+  pipe.forward_backward(x, y);
+  std::vector<at::Tensor> before;
+  for (auto& p : model->parameters()) before.push_back(p.detach().clone());
+  auto stage2 = pipe.stage_layers(2)->parameters();
+  ASSERT_FALSE(stage2.empty());
+  stage2[0].mutable_grad()[0][0] = std::numeric_limits<double>::quiet_NaN();
+  try {
+    pipe.step_optimizer();
+    FAIL() << "the NaN gradient was not reported";
+  } catch (const NonFiniteGradient& e) {
+    EXPECT_EQ(e.stage(), 2);
+    EXPECT_NE(std::string(e.what()).find("stage 2: the gradient is not finite"), std::string::npos) << e.what();
+  }
+  auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[i])) << i;
+}
