@@ -279,7 +279,9 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   for (const auto& stage : tl)
     for (size_t i = 0; i < stage.size(); ++i) {
       EXPECT_LE(stage[i].start_ms, stage[i].end_ms);
-      if (i) EXPECT_LE(stage[i - 1].end_ms, stage[i].start_ms + 1e-9);
+      if (i) {
+        EXPECT_LE(stage[i - 1].end_ms, stage[i].start_ms + 1e-9);
+      }
       if (stage[i].name == "recompute") {
         ++recomputes;
         ASSERT_LT(i + 1, stage.size());
