@@ -51,27 +51,20 @@ def write_data(path, points):
 DATA = tempfile.mkdtemp(prefix="pipetrain_plot_")  # gnuplot's data files; only the PNGs are kept
 
 
-def speedup_plot(rows, model, out_dir):
-    series = collections.defaultdict(list)
-    for r in rows:
-        if r["checkpoint"] != "never" or r["stages"] == 1:
-            continue
-        series[(r["stages"], r["schedule"])].append((r["micro_batches"], r["speedup"]))
-    if not series:
-        return None
+def plot_against_micro_batches(png, title, ylabel, lines, extra=()):
+    """Draws `lines` ({title: [(M, y)]}, with points) and `extra` gnuplot plot terms (dashed
+    references) against the micro-batch count on a log2 axis."""
     plots = []
-    for (k, sched), pts in sorted(series.items()):
-        dat = os.path.join(DATA, f"speedup_{model}_{k}_{sched}.dat")
+    for i, (name, pts) in enumerate(lines.items()):
+        dat = os.path.join(DATA, f"{os.path.basename(png)}.{i}.dat")
         write_data(dat, sorted(pts))
-        plots.append(f"'{dat}' using 1:2 with linespoints title 'K={k} {sched}'")
-    for k in sorted({k for k, _ in series}):
-        plots.append(f"{k}*x/(x+{k}-1) with lines dashtype 2 lw 2 title 'ideal K={k}'")
-    png = os.path.join(out_dir, f"speedup_{model}.png")
+        plots.append(f"'{dat}' using 1:2 with linespoints title '{name}'")
+    plots.extend(extra)
     gnuplot(f"""set terminal png size 900,560 noenhanced
 set output '{png}'
-set title 'pipetrain {model}: pipeline samples/s over the one-thread loop (no recomputation)'
+set title '{title}'
 set xlabel 'micro-batches M'
-set ylabel 'speedup'
+set ylabel '{ylabel}'
 set logscale x 2
 set xrange [0.8:40]
 set yrange [0:*]
@@ -80,6 +73,21 @@ set grid
 plot {', '.join(plots)}
 """)
     return png
+
+
+def speedup_plot(rows, model, out_dir):
+    series = collections.defaultdict(list)
+    for r in rows:
+        if r["checkpoint"] != "never" or r["stages"] == 1:
+            continue
+        series[(r["stages"], r["schedule"])].append((r["micro_batches"], r["speedup"]))
+    if not series:
+        return None
+    lines = {f"K={k} {sched}": pts for (k, sched), pts in sorted(series.items())}
+    ideal = [f"{k}*x/(x+{k}-1) with lines dashtype 2 lw 2 title 'ideal K={k}'" for k in sorted({k for k, _ in series})]
+    return plot_against_micro_batches(os.path.join(out_dir, f"speedup_{model}.png"),
+                                      f"pipetrain {model}: pipeline samples/s over the one-thread loop (no recomputation)",
+                                      "speedup", lines, ideal)
 
 
 def memory_plot(rows, model, out_dir):
@@ -92,28 +100,11 @@ def memory_plot(rows, model, out_dir):
         base[r["micro_batches"]] = r["baseline_peak_tensor_bytes"] / 2**20
     if not series:
         return None
-    plots = []
-    for (sched, ckpt), pts in sorted(series.items()):
-        dat = os.path.join(DATA, f"memory_{model}_{sched}_{ckpt}.dat")
-        write_data(dat, sorted(pts))
-        plots.append(f"'{dat}' using 1:2 with linespoints title '{sched}, checkpoint {ckpt}'")
-    dat = os.path.join(DATA, f"memory_{model}_plain.dat")
-    write_data(dat, sorted(base.items()))
-    plots.append(f"'{dat}' using 1:2 with lines dashtype 2 lw 2 title 'plain loop'")
-    png = os.path.join(out_dir, f"memory_{model}.png")
-    gnuplot(f"""set terminal png size 900,560 noenhanced
-set output '{png}'
-set title 'pipetrain {model}: peak tensor memory of a step, 2 stages'
-set xlabel 'micro-batches M'
-set ylabel 'MiB (all stages)'
-set logscale x 2
-set xrange [0.8:40]
-set yrange [0:*]
-set key outside right
-set grid
-plot {', '.join(plots)}
-""")
-    return png
+    lines = {f"{sched}, checkpoint {ckpt}": pts for (sched, ckpt), pts in sorted(series.items())}
+    lines["plain loop"] = list(base.items())
+    return plot_against_micro_batches(os.path.join(out_dir, f"memory_{model}.png"),
+                                      f"pipetrain {model}: peak tensor memory of a step, 2 stages",
+                                      "MiB (all stages)", lines)
 
 
 def timeline_plot(trace_path, out_dir):

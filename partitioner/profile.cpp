@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/stats.h"
 
 namespace pipetrain::partitioner {
 
@@ -92,12 +93,6 @@ CountingAllocator& counting() {
 CountingAllocator& CountingAllocator::self() { return counting(); }
 
 std::mutex counter_mu;  // one MemoryCounter at a time
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
+#include "common/stats.h"
 #include "common/strings.h"
 #include "pipeline/plan.h"
 #include "pipeline/step_trace.h"
@@ -63,8 +64,7 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   }
   m.peak_rss_bytes = peak_rss_bytes();
   std::sort(times.begin(), times.end());
-  m.median_step_s = times[times.size() / 2];
-  if (times.size() % 2 == 0) m.median_step_s = (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
+  m.median_step_s = median(times);
   m.min_step_s = times.front();
   m.max_step_s = times.back();
   return m;
@@ -74,23 +74,6 @@ void set_rates(BenchMeasure& m, int64_t batch) {
   m.samples_per_s = batch / m.median_step_s;
   m.max_samples_per_s = batch / m.min_step_s;
   m.min_samples_per_s = batch / m.max_step_s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Idle share of stage time: 1 - busy / (stages * wall), busy being time spent computing
-// (forward, backward, B, W, recompute, the optimizer step), as the simulator counts it.
-double bubble(const StepTrace& t) {
-  double busy = 0;
-  for (const auto& spans : t.spans)
-    for (const auto& s : spans)
-      if (schedule::is_compute(s.op)) busy += s.end - s.start;
-  for (const auto& o : t.optimizer) busy += o.second - o.first;
-  return t.wall > 0 ? 1.0 - busy / (t.spans.size() * t.wall) : 0;
 }
 
 }  // namespace

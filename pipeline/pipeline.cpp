@@ -204,7 +204,10 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
   double sum = 0;
   for (int c = 0; c < sched.chunks; ++c)
     for (const auto& p : stages[sched.virtual_stage(r, c)]->layers()->parameters())
-      if (p.grad().defined()) sum += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      if (p.grad().defined()) {
+        const double n = p.grad().norm().item<double>();  // no copy; NaN and inf carry through
+        sum += n * n;
+      }
   return sum;
 }
 

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/stats.h"
 #include "common/strings.h"
 
 namespace pipetrain::pipeline {
@@ -111,8 +112,7 @@ partitioner::Profile profile_job(const Job& job, int repeat) {
       throw;
     }
     restore();
-    std::sort(times.begin(), times.end());
-    p.optimizer_ms.push_back(times[times.size() / 2]);
+    p.optimizer_ms.push_back(median(times));
   }
   at::set_num_threads(threads);
   return p;

@@ -4,6 +4,8 @@
 #include <map>
 #include <tuple>
 
+#include "common/stats.h"
+
 namespace pipetrain::pipeline {
 
 using schedule::Op;
@@ -29,13 +31,23 @@ std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, doubl
 }
 
 namespace {
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 }  // namespace
+
+std::vector<double> stage_busy_ms(const StepTrace& t) {
+  std::vector<double> out(t.spans.size(), 0.0);
+  for (size_t r = 0; r < t.spans.size(); ++r) {
+    for (const Span& s : t.spans[r])
+      if (schedule::is_compute(s.op)) out[r] += (s.end - s.start) * 1e3;
+    if (r < t.optimizer.size()) out[r] += (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
+  }
+  return out;
+}
+
+double bubble(const StepTrace& t) {
+  double busy_ms = 0;
+  for (double b : stage_busy_ms(t)) busy_ms += b;
+  return t.wall > 0 ? 1.0 - busy_ms / 1e3 / (static_cast<double>(t.spans.size()) * t.wall) : 0.0;
+}
 
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();

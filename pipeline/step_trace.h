@@ -35,6 +35,13 @@ struct StepTrace {
 // StepTrace::start); a backward that recomputed becomes a "recompute" span and a "backward" one.
 std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, double origin_s);
 
+// Per stage: milliseconds of compute (forward, backward, B, W, recompute) and optimizer step.
+std::vector<double> stage_busy_ms(const StepTrace& t);
+
+// Idle share of stage time: 1 - busy / (stages · wall), busy as stage_busy_ms counts it (and as
+// the simulator counts it).
+double bubble(const StepTrace& t);
+
 // Median measured cost of each op on each virtual stage, for simulate(): the micro-batches that
 // recomputed are marked checkpointed; send_ms is the median send span; latency_ms the median
 // time from a send's end to the end of a receive that was waiting for it (bandwidth is left

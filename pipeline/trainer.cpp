@@ -74,17 +74,6 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
-// Per stage: milliseconds of compute (forward, backward, B, W) and optimizer step in a step.
-std::vector<double> stage_busy_ms(const StepTrace& t) {
-  std::vector<double> out(t.spans.size(), 0.0);
-  for (size_t r = 0; r < t.spans.size(); ++r) {
-    for (const Span& s : t.spans[r])
-      if (schedule::is_compute(s.op)) out[r] += (s.end - s.start) * 1e3;
-    if (r < t.optimizer.size()) out[r] += (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
-  }
-  return out;
-}
-
 }  // namespace
 
 void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
