@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "common/recompute.h"
 #include "common/rng.h"
 
 namespace pipetrain::models {
@@ -40,16 +41,108 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   return h;
 }
 
-ConvBlockImpl::ConvBlockImpl(int64_t in, int64_t out, bool pool) : in_(in), out_(out), pool_(pool) {
+BatchNormImpl::BatchNormImpl(int64_t features, double momentum, double eps)
+    : features_(features), momentum_(momentum), eps_(eps) {
+  TORCH_CHECK(features > 0, "BatchNorm: features must be positive, got ", features);
+  TORCH_CHECK(momentum >= 0 && momentum <= 1, "BatchNorm: momentum must lie in [0, 1], got ", momentum);
+  TORCH_CHECK(eps > 0, "BatchNorm: eps must be positive, got ", eps);
+  reset();
+}
+
+void BatchNormImpl::reset() {
+  weight = register_parameter("weight", torch::ones({features_}));
+  bias = register_parameter("bias", torch::zeros({features_}));
+  running_mean = register_buffer("running_mean", torch::zeros({features_}));
+  running_var = register_buffer("running_var", torch::ones({features_}));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  reset_accumulators();  // a clone starts with none
+}
+
+torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 2 && x.size(1) == features_, "BatchNorm(", features_, ") expects [N, ", features_,
+              ", ...] input, got ", x.sizes());
+  const bool cudnn = at::globalContext().userEnabledCuDNN();
+  if (!is_training())
+    return torch::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false, momentum_, eps_, cudnn);
+  // One value per channel normalises to the bias whatever the input, and its variance is undefined.
+  TORCH_CHECK(x.numel() / features_ > 1, "BatchNorm: expected more than 1 value per channel when training, got input ",
+              x.sizes(), " (a batch or micro-batch of one sample; use fewer micro-batches)");
+  if (!recomputing()) accumulate(x);
+  return torch::batch_norm(x, weight, bias, /*running_mean=*/{}, /*running_var=*/{}, /*training=*/true, momentum_,
+                           eps_, cudnn);
+}
+
+void BatchNormImpl::accumulate(const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  const int64_t n = x.numel() / features_;
+  auto [var, mean] = torch::var_mean(x.detach(), dims, /*unbiased=*/false);
+  mean = mean.to(torch::kDouble);
+  at::Tensor m2 = var.to(torch::kDouble) * static_cast<double>(n);
+  if (count_ == 0) {
+    acc_mean_ = mean;
+    acc_m2_ = m2;
+    count_ = n;
+    return;
+  }
+  // Merging two groups' means and squared deviations (Chan, Golub, LeVeque) stays exact where
+  // a sum of squares minus the squared sum would cancel.
+  const double a = static_cast<double>(count_), b = static_cast<double>(n);
+  at::Tensor delta = mean - acc_mean_;
+  acc_mean_ = acc_mean_ + delta * (b / (a + b));
+  acc_m2_ = acc_m2_ + m2 + delta * delta * (a * b / (a + b));
+  count_ += n;
+}
+
+void BatchNormImpl::commit() {
+  if (count_ == 0) return;
+  torch::NoGradGuard no_grad;
+  const auto options = running_mean.options();
+  running_mean.mul_(1 - momentum_).add_(acc_mean_.to(options), momentum_);
+  running_var.mul_(1 - momentum_).add_((acc_m2_ / static_cast<double>(count_ - 1)).to(options), momentum_);
+  num_batches_tracked.add_(1);
+  reset_accumulators();
+}
+
+void BatchNormImpl::reset_accumulators() {
+  count_ = 0;
+  acc_mean_ = at::Tensor();
+  acc_m2_ = at::Tensor();
+}
+
+namespace {
+template <typename F>
+void for_each_batch_norm(torch::nn::Module& module, F f) {
+  if (auto* bn = dynamic_cast<BatchNormImpl*>(&module)) f(*bn);
+  for (const auto& m : module.modules(/*include_self=*/false))
+    if (auto* bn = dynamic_cast<BatchNormImpl*>(m.get())) f(*bn);
+}
+}  // namespace
+
+void commit_batch_norm(torch::nn::Module& module) {
+  for_each_batch_norm(module, [](BatchNormImpl& bn) { bn.commit(); });
+}
+
+void reset_batch_norm(torch::nn::Module& module) {
+  for_each_batch_norm(module, [](BatchNormImpl& bn) { bn.reset_accumulators(); });
+}
+
+ConvBlockImpl::ConvBlockImpl(int64_t in, int64_t out, bool pool, bool batch_norm)
+    : in_(in), out_(out), pool_(pool), batch_norm_(batch_norm) {
   reset();
 }
 
 void ConvBlockImpl::reset() {
-  conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_, out_, 3).padding(1)));
+  // BatchNorm subtracts the channel mean, which cancels a conv bias.
+  conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_, out_, 3).padding(1).bias(!batch_norm_)));
+  if (batch_norm_) bn_ = register_module("bn", BatchNorm(out_));
 }
 
 torch::Tensor ConvBlockImpl::forward(const torch::Tensor& x) {
-  auto h = torch::relu(conv_(x));
+  auto h = conv_(x);
+  if (bn_) h = bn_(h);
+  h = torch::relu(h);
   return pool_ ? torch::max_pool2d(h, 2) : h;
 }
 

@@ -46,17 +46,61 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl> {
 };
 TORCH_MODULE(Dense);
 
-// Conv2d 3x3 (same padding) + ReLU, then an optional 2x2 max-pool.
+// Batch normalisation over dim 1 of [N, C] or [N, C, ...] input whose running statistics are
+// deferred to the end of the step. A training forward normalises with the statistics of the
+// batch it is given (in a pipeline, the micro-batch), as torch's BatchNorm does, but leaves the
+// running statistics alone: it adds the batch's per-channel count, mean and sum of squared
+// deviations to an accumulator (not while recomputing, common/recompute.h). commit() folds all
+// of it into running_mean and running_var as one torch BatchNorm forward over the union would
+// (momentum, unbiased variance) and counts one batch, so committing once per step makes the
+// update independent of how the step's batch was split. (What a BatchNorm behind another one
+// sees still depends on the split: the first normalises each micro-batch by its own
+// statistics.) An evaluation forward uses the running statistics.
+// Parameters and buffers have torch's names (weight, bias, running_mean, running_var,
+// num_batches_tracked).
+class BatchNormImpl : public torch::nn::Cloneable<BatchNormImpl> {
+ public:
+  explicit BatchNormImpl(int64_t features, double momentum = 0.1, double eps = 1e-5);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // Folds the accumulated statistics into the running ones; nothing happens if none were
+  // accumulated since the last commit or reset.
+  void commit();
+  // Discards the accumulated statistics (a step that failed).
+  void reset_accumulators();
+  // Values per channel accumulated since the last commit (samples times spatial positions).
+  int64_t pending_count() const { return count_; }
+
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  void accumulate(const torch::Tensor& x);
+
+  int64_t features_;
+  double momentum_, eps_;
+  int64_t count_ = 0;
+  torch::Tensor acc_mean_, acc_m2_;  // per channel, float64: mean and sum of squared deviations
+};
+TORCH_MODULE(BatchNorm);
+
+// Every BatchNorm in `module` (itself included) commits, or discards, its accumulated statistics.
+void commit_batch_norm(torch::nn::Module& module);
+void reset_batch_norm(torch::nn::Module& module);
+
+// Conv2d 3x3 (same padding), optional BatchNorm (then the conv has no bias), ReLU, then an
+// optional 2x2 max-pool.
 class ConvBlockImpl : public torch::nn::Cloneable<ConvBlockImpl> {
  public:
-  ConvBlockImpl(int64_t in, int64_t out, bool pool);
+  ConvBlockImpl(int64_t in, int64_t out, bool pool, bool batch_norm = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   int64_t in_, out_;
-  bool pool_;
+  bool pool_, batch_norm_;
   torch::nn::Conv2d conv_{nullptr};
+  BatchNorm bn_{nullptr};
 };
 TORCH_MODULE(ConvBlock);
 

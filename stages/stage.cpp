@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "common/recompute.h"
 
 namespace pipetrain::stages {
 
@@ -94,6 +95,7 @@ Stage::Saved Stage::take(int m) {
   last_recompute_s_ = 0;
   if (!s.output.defined()) {  // checkpointed: rebuild the graph with the same random masks
     const auto t0 = std::chrono::steady_clock::now();
+    RecomputeGuard replay;  // the forward already counted this micro-batch (BatchNorm statistics)
     s.input = as_leaf(s.input);
     s.output = run(s);
     last_recompute_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

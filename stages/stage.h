@@ -1,7 +1,8 @@
 // stages: one contiguous slice of a model's layers on one device. A stage runs forward and
 // backward per micro-batch and decides, per micro-batch, whether to keep the activations
 // (autograd graph) or only the input and recompute in backward. Recomputation restores the
-// RNG context saved at forward time, so random layers draw the same masks again.
+// RNG context saved at forward time, so random layers draw the same masks again, and marks the
+// thread as recomputing (common/recompute.h), so BatchNorm does not count the micro-batch twice.
 #pragma once
 
 #include <functional>
