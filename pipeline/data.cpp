@@ -3,6 +3,10 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include <torch/torch.h>
@@ -28,6 +32,12 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
   throw DataError("data.kind fashion-mnist: " + dir + "/" + stem +
                   ".gz not found (install the Debian package dataset-fashion-mnist, or point "
                   "data.path at a folder holding the IDX files)");
+}
+
+// errno is read before anything else can change it.
+[[noreturn]] void throw_io_error(const std::string& file, const char* what) {
+  const std::string reason = std::strerror(errno);
+  throw DataError(file + ": " + what + " (" + reason + ")");
 }
 
 uint32_t be32(const unsigned char* p) {
@@ -77,6 +87,10 @@ at::Tensor read_idx(const std::string& file) {
 Batch Dataset::make(const Split& s, const at::Tensor& index) const {
   Batch b{s.inputs.index_select(0, index), s.targets.index_select(0, index)};
   if (images_u8) b.input = (b.input.to(torch::kFloat) / 255.0 - kFashionMean) / kFashionStd;
+  if (tokens && b.input.scalar_type() == torch::kByte) {
+    b.input = b.input.to(torch::kLong);
+    b.target = b.target.to(torch::kLong);
+  }
   return b;
 }
 
@@ -100,7 +114,74 @@ Batch Dataset::test_batch(int64_t index, int64_t batch_size) const {
   return make(test, torch::arange(start, start + n, torch::kLong));
 }
 
+at::Tensor read_bytes(const std::string& file) {
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0) throw_io_error(file, "cannot open");
+  if (!S_ISREG(st.st_mode)) throw DataError(file + ": not a regular file");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
+  if (!f) throw_io_error(file, "cannot open");
+  auto t = torch::empty({static_cast<int64_t>(st.st_size)}, torch::kUInt8);
+  const size_t got = std::fread(t.data_ptr<uint8_t>(), 1, static_cast<size_t>(st.st_size), f.get());
+  if (std::ferror(f.get())) throw_io_error(file, "read failed");
+  return t.narrow(0, 0, static_cast<int64_t>(got));  // a file that shrank while being read
+}
+
+double unigram_loss(const at::Tensor& train_bytes, const at::Tensor& targets) {
+  constexpr int64_t kBytes = 256;
+  auto count = [](const at::Tensor& t) {
+    return torch::bincount(t.reshape({-1}).to(torch::kLong), {}, kBytes).to(torch::kDouble);
+  };
+  const double n = static_cast<double>(train_bytes.numel());
+  const auto log_p = ((count(train_bytes) + 1.0) / (n + kBytes)).log();
+  if (targets.numel() == 0) return 0;
+  return -(count(targets) * log_p).sum().item<double>() / static_cast<double>(targets.numel());
+}
+
+Dataset make_text(const at::Tensor& all, int64_t seq_len, double test_fraction, int64_t stride,
+                  const std::string& file) {
+  PIPETRAIN_CHECK(all.dim() == 1 && all.scalar_type() == torch::kByte, "bytes of ", file);
+  PIPETRAIN_CHECK(seq_len >= 1 && stride >= 1 && test_fraction > 0 && test_fraction < 1);
+  const at::Tensor bytes = all.contiguous();
+  const int64_t n = bytes.numel(), window = seq_len + 1;
+  const int64_t test_len = std::llround(static_cast<double>(n) * test_fraction), train_len = n - test_len;
+  if (train_len < window || test_len < window)
+    throw DataError(detail::concat(file, ": too short: its ", n, " bytes give ", train_len,
+                                   " for training and ", test_len, " for testing (data.test_fraction ",
+                                   test_fraction, ") but a window needs model.seq_len + 1 = ", window,
+                                   " bytes in each"));
+  // Windows are overlapping views of the file's bytes: row i starts at i * step.
+  auto windows = [&](int64_t begin, int64_t len, int64_t step) {
+    const int64_t rows = (len - window) / step + 1, offset = bytes.storage_offset() + begin;
+    return Split{bytes.as_strided({rows, seq_len}, {step, 1}, offset),
+                 bytes.as_strided({rows, seq_len}, {step, 1}, offset + 1)};
+  };
+  Dataset d;
+  d.name = "text";
+  d.sample_shape = {seq_len};
+  d.classes = 256;
+  d.tokens = true;
+  d.train = windows(0, train_len, stride);
+  d.test = windows(train_len, test_len, seq_len);
+  d.baseline_name = "unigram";
+  d.baseline_loss = unigram_loss(bytes.narrow(0, 0, train_len), d.test.targets);
+  return d;
+}
+
 namespace {
+
+Dataset load_text(const Config& c, const models::Model& model) {
+  const std::string family = c.model.value("family", "");
+  if (family != "gpt")
+    throw ConfigError(c.where("model.family") +
+                      ": data.kind text needs the gpt family (byte tokens), got \"" + family + "\"");
+  if (model.classes != 256)
+    throw ConfigError(c.where("model.vocab_size") +
+                      ": data.kind text predicts bytes, so it must be 256, got " +
+                      std::to_string(model.classes));
+  const int64_t seq_len = model.sample_shape.at(0);
+  return make_text(read_bytes(c.data.path), seq_len, c.data.test_fraction,
+                   c.data.stride > 0 ? c.data.stride : seq_len, c.data.path);
+}
 
 Dataset load_fashion(const Config& c) {
   Dataset d;
@@ -176,7 +257,9 @@ int64_t numel(const std::vector<int64_t>& s) {
 }  // namespace
 
 Dataset load_dataset(const Config& c, const models::Model& model) {
-  Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c) : make_synthetic(c, model);
+  Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c)
+              : c.data.kind == "text"        ? load_text(c, model)
+                                             : make_synthetic(c, model);
   if (d.tokens != model.token_input || numel(d.sample_shape) != numel(model.sample_shape))
     throw ConfigError(c.where("data.kind") + ": data set " + d.name + " gives samples of shape " +
                       c10::str(c10::IntArrayRef(d.sample_shape)) + (d.tokens ? " (tokens)" : "") +

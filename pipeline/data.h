@@ -1,6 +1,7 @@
 // Data sets held in memory, and the batch order of training. `fashion-mnist` reads the gzipped
 // IDX files of Debian's dataset-fashion-mnist package; `synthetic` generates a learnable task
-// for any model family from the seed, so every config runs without files.
+// for any model family from the seed, so every config runs without files; `text` reads any
+// file as bytes for next-byte prediction with the `gpt` family (vocab_size 256).
 #pragma once
 
 #include <string>
@@ -13,7 +14,9 @@
 namespace pipetrain::pipeline {
 
 struct Split {
-  at::Tensor inputs;   // [N, ...]: uint8 images, float features or int64 tokens
+  // [N, ...]: uint8 images, float features, int64 tokens, or uint8 bytes (text: overlapping
+  // strided views of the file, widened to int64 per batch, so no window is copied at load).
+  at::Tensor inputs;
   at::Tensor targets;  // [N] class ids or [N, T] next tokens
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 };
@@ -31,6 +34,11 @@ class Dataset {
   int64_t classes = 0;
   bool tokens = false;
   bool images_u8 = false;  // inputs stored as uint8 pixels, normalised per batch
+  // The loss of a model-free predictor on the test targets, to judge a trained model by:
+  // text: "unigram", each target byte predicted by the training bytes' frequencies (add-one
+  // smoothing), in nats per byte. Other kinds: 0 and empty.
+  double baseline_loss = 0;
+  std::string baseline_name;
 
   // Training batch `step` (0-based): epochs are shuffled by (seed, epoch); a last partial batch
   // of an epoch is skipped so every step has batch_size samples.
@@ -50,5 +58,19 @@ Dataset load_dataset(const Config& config, const models::Model& model);
 
 // Reads one gzipped (or plain) IDX file; throws DataError naming the file and the problem.
 at::Tensor read_idx(const std::string& file);
+
+// Reads a whole file as uint8 bytes; throws DataError naming the file and the problem.
+at::Tensor read_bytes(const std::string& file);
+
+// The `text` data set over `bytes`: the first (1 - test_fraction) of the bytes train, the rest
+// test. A sample is a window of seq_len + 1 bytes (input: the first seq_len, target: the last
+// seq_len); training windows start every `stride` bytes, test windows every seq_len bytes (each
+// test byte is predicted once). `file` names the source in errors.
+Dataset make_text(const at::Tensor& bytes, int64_t seq_len, double test_fraction, int64_t stride,
+                  const std::string& file);
+
+// Cross-entropy in nats of predicting each byte of `targets` by the byte frequencies of
+// `train_bytes` with add-one smoothing.
+double unigram_loss(const at::Tensor& train_bytes, const at::Tensor& targets);
 
 }  // namespace pipetrain::pipeline
