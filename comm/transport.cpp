@@ -1,8 +1,13 @@
 #include "comm/transport.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 
+#include "common/config.h"
 #include "common/error.h"
+#if PIPETRAIN_HAVE_UCX
+#include "comm/ucx/ucx_transport.h"
+#endif
 
 namespace pipetrain::comm {
 
@@ -27,6 +32,22 @@ WireDType to_wire(c10::ScalarType t) {
     default: throw Error(std::string("comm: dtype ") + c10::toString(t) + " cannot be sent");
   }
 }
+
+c10::ScalarType from_wire_dtype(WireDType t) {
+  switch (t) {
+    case WireDType::Float32: return c10::kFloat;
+    case WireDType::Float64: return c10::kDouble;
+    case WireDType::Float16: return c10::kHalf;
+    case WireDType::BFloat16: return c10::kBFloat16;
+    case WireDType::Int64: return c10::kLong;
+    case WireDType::Int32: return c10::kInt;
+    case WireDType::Int16: return c10::kShort;
+    case WireDType::Int8: return c10::kChar;
+    case WireDType::UInt8: return c10::kByte;
+    case WireDType::Bool: return c10::kBool;
+  }
+  throw InternalError(detail::concat("comm: unchecked dtype code ", int(t)));
+}
 }  // namespace
 
 WireHeader make_header(const at::Tensor& tensor, const MessageId& id) {
@@ -48,6 +69,40 @@ void check_received(const WireHeader& h, const MessageId& id, int self, int src)
     throw TransportError(src, detail::concat("rank ", self, ": expected ", id.describe(),
                                              " from rank ", src, ", got micro-batch ",
                                              h.micro_batch, " of step ", h.step, " (tag ", h.tag, ")"));
+}
+
+c10::ScalarType scalar_type_of(WireDType dtype) { return from_wire_dtype(dtype); }
+
+at::Tensor empty_for(const WireHeader& h) {
+  return at::empty(h.dims, at::TensorOptions().dtype(from_wire_dtype(h.dtype)));
+}
+
+std::vector<std::string> transport_backends() {
+  std::vector<std::string> names{"local"};
+#if PIPETRAIN_HAVE_UCX
+  names.push_back("ucx");
+#endif
+  return names;
+}
+
+bool has_transport_backend(const std::string& name) {
+  for (const auto& n : transport_backends())
+    if (n == name) return true;
+  return false;
+}
+
+std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size) {
+  if (options.backend == "local") return make_local_group(world_size, options);
+#if PIPETRAIN_HAVE_UCX
+  if (options.backend == "ucx") return make_ucx_group(world_size, options);
+#else
+  if (options.backend == "ucx")
+    throw ConfigError("comm: transport \"ucx\" is not compiled into this build "
+                      "(configure with UCX installed, or -DPIPETRAIN_WITH_UCX=ON to require it)");
+#endif
+  std::string known;
+  for (const auto& n : transport_backends()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("comm: unknown transport \"" + options.backend + "\" (this build has: " + known + ")");
 }
 
 }  // namespace pipetrain::comm

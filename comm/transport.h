@@ -2,9 +2,11 @@
 // send() returns without waiting for the receiver; recv() waits until the matching message
 // arrives, its deadline passes (TimeoutError) or the transport is aborted (TransportError).
 // Every message carries the validated wire header (comm/wire.h). Backends live in their own
-// folder (local/, later ucx/, nccl/) and are created through make_transport_group().
+// folder (local/, ucx/, later nccl/) and are created through make_transport_group(); code
+// outside comm/ never includes a backend header.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +37,11 @@ struct MessageId {
 
 struct TransportOptions {
   uint64_t max_message_bytes = uint64_t(1) << 32;  // 4 GiB
+  std::string backend = "local";  // "local" (threads sharing mailboxes) or "ucx" (when compiled in)
+  // Operations on a peer that failed fail at once instead of at their deadline. UCX: endpoints
+  // in UCP_ERR_HANDLING_MODE_PEER, which UCX 1.13's shared-memory transports do not support,
+  // so ranks on one host then talk over tcp (and cma); turn it off for shared memory.
+  bool detect_peer_failure = true;
 };
 
 class Transport {
@@ -57,7 +64,24 @@ WireHeader make_header(const at::Tensor& tensor, const MessageId& id);
 // Checks that a received header is the message that was asked for and describes `tensor`.
 void check_received(const WireHeader& h, const MessageId& id, int self, int src);
 
+// Publishes this rank's transport address and returns every rank's address, indexed by rank.
+// Every rank of the world calls it once; it returns when all have published (rendezvous.h
+// makes one from a store, tests from memory).
+using AddressExchange = std::function<std::vector<std::string>(const std::string& my_address)>;
+
+// A tensor with the dtype and shape of a validated header, for a backend to receive into.
+at::Tensor empty_for(const WireHeader& h);
+c10::ScalarType scalar_type_of(WireDType dtype);
+
 // The endpoints of all ranks of one in-process group, one per rank.
 std::vector<std::unique_ptr<Transport>> make_local_group(int world_size, TransportOptions options = {});
+
+// The backends compiled into this build, "local" first.
+std::vector<std::string> transport_backends();
+bool has_transport_backend(const std::string& name);
+
+// The endpoints of an in-process group (one per rank, ranks as threads of this process) of
+// `options.backend`. Throws ConfigError for a backend that is unknown or not compiled in.
+std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size);
 
 }  // namespace pipetrain::comm

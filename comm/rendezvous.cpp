@@ -1,0 +1,184 @@
+#include "comm/rendezvous.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "common/error.h"
+
+namespace pipetrain::comm {
+
+namespace {
+
+std::chrono::milliseconds left(Deadline deadline) {
+  // c10d reads a zero timeout as "wait forever": never pass less than a millisecond.
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline.at - Clock::now());
+  return std::max(ms, std::chrono::milliseconds(1));
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+// Whether something accepts connections at host:port now (a plain connect, no retries).
+bool listening(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool ok = false;
+  for (addrinfo* a = found; a && !ok; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return ok;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(info.master_port);
+  o.isServer = server;
+  o.numWorkers = static_cast<size_t>(info.world_size);
+  o.waitWorkers = false;  // our own waits name the ranks that are missing
+  o.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
+}
+
+class Rendezvous {
+ public:
+  Rendezvous(const RankInfo& info, Deadline deadline, const std::string& prefix)
+      : info_(info), deadline_(deadline), prefix_(prefix + "/"),
+        where_(detail::concat(info.master_addr, ":", info.master_port)) {
+    if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size)
+      throw ConfigError(detail::concat("rendezvous: rank ", info.rank, " outside world of size ", info.world_size));
+    try {
+      if (info.rank != 0) wait_for_server();
+      // c10d's client counts its connect timeout in whole seconds and gives up a second early;
+      // the server is known to listen by now, so the first attempt connects.
+      store_ = connect(info, info.rank == 0, std::max(left(deadline), std::chrono::milliseconds(3000)));
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (info.rank == 0)
+        throw TransportError(0, detail::concat("rank 0: cannot serve the rendezvous store at ", where_, ": ", e.what()));
+      throw TimeoutError(0, detail::concat("rank ", info.rank, ": cannot reach rank 0's rendezvous store at ", where_,
+                                           " before the deadline: ", e.what()));
+    }
+  }
+
+  // c10d's client retries a refused connection once a second; polling the port in small steps
+  // keeps both the deadline and a late rank 0 precise.
+  void wait_for_server() const {
+    auto pause = std::chrono::milliseconds(2);
+    while (!listening(info_.master_addr, info_.master_port)) {  // ends by the deadline
+      if (deadline_.passed())
+        throw TimeoutError(0, detail::concat("rank ", info_.rank, ": cannot reach rank 0's rendezvous store at ",
+                                             where_, " before the deadline"));
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline_.at - Clock::now()));
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    }
+  }
+
+  std::string key(const char* what, int rank) const { return prefix_ + what + "/" + std::to_string(rank); }
+  void set(const char* what, const std::string& value) { store_->set(key(what, info_.rank), bytes(value)); }
+  std::string get(const char* what, int rank) { return text(store_->get(key(what, rank))); }
+
+  // Waits until every rank has set `what`; on timeout names those that did not.
+  void wait_all(const char* what, const char* doing) {
+    for (int r = 0; r < info_.world_size; ++r) {
+      try {
+        store_->wait({key(what, r)}, left(deadline_));
+      } catch (const std::exception& e) {
+        const std::vector<int> missing = missing_ranks(what, r);
+        const bool timed_out = deadline_.passed();
+        throw TimeoutError(missing.front(),
+                           detail::concat("rank ", info_.rank, ": rendezvous at ", where_, ": rank",
+                                          missing.size() > 1 ? "s " : " ", list(missing), " did not ", doing,
+                                          timed_out ? " before the deadline" : detail::concat(" (", e.what(), ")")));
+      }
+    }
+  }
+
+ private:
+  // After a timed-out wait the connection may still receive that wait's late answer, so the
+  // ranks are counted over a fresh one; `known` (the rank that was waited for) is the fallback.
+  std::vector<int> missing_ranks(const char* what, int known) {
+    std::vector<int> missing;
+    try {
+      auto fresh = connect(info_, false, std::chrono::milliseconds(1000));
+      for (int r = 0; r < info_.world_size; ++r)
+        if (!fresh->check({key(what, r)})) missing.push_back(r);
+    } catch (const std::exception&) {
+    }
+    if (missing.empty()) missing.push_back(known);
+    return missing;
+  }
+
+  RankInfo info_;
+  Deadline deadline_;
+  std::string prefix_, where_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
+
+}  // namespace
+
+std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address, const std::string& config_hash,
+                                    Deadline deadline, const std::string& prefix) {
+  Rendezvous rv(info, deadline, prefix);
+  rv.set("address", address);
+  rv.set("config", config_hash);
+  rv.wait_all("config", "join");
+
+  std::vector<std::string> hashes;
+  for (int r = 0; r < info.world_size; ++r) hashes.push_back(rv.get("config", r));
+  std::vector<int> differ;
+  for (int r = 1; r < info.world_size; ++r)
+    if (hashes[r] != hashes[0]) differ.push_back(r);
+  std::vector<std::string> addresses;
+  for (int r = 0; r < info.world_size; ++r) addresses.push_back(rv.get("address", r));
+
+  // Rank 0 serves the store: it stays until every rank has read what it needed, also when the
+  // configurations differ, so that every rank reports the difference rather than a lost store.
+  rv.set("done", "1");
+  if (info.rank == 0) rv.wait_all("done", "finish reading the rendezvous");
+  if (!differ.empty())
+    throw ConfigError(detail::concat("rendezvous: the configuration of rank", differ.size() > 1 ? "s " : " ",
+                                     list(differ), " differs from rank 0's (hash ",
+                                     hashes[differ.front()], " against ", hashes[0],
+                                     "): every rank must run the same configuration"));
+  return addresses;
+}
+
+AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline, std::string prefix) {
+  return [info = std::move(info), hash = std::move(config_hash), deadline, prefix = std::move(prefix)](
+             const std::string& mine) { return rendezvous(info, mine, hash, deadline, prefix); };
+}
+
+std::string config_fingerprint(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+}  // namespace pipetrain::comm

@@ -1,0 +1,33 @@
+// comm: the ranks of a multi-process job find each other through libtorch's c10d::TCPStore,
+// served by rank 0 at RankInfo::master_addr:master_port (launcher_env.h reads both from the
+// environment). Every rank publishes its transport address and a hash of its configuration;
+// each returns every rank's address once all hashes are known to be equal.
+//
+// c10d's store server listens on every interface of rank 0's host; ranks connect to
+// master_addr, 127.0.0.1 unless the launcher's environment says otherwise.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/launcher_env.h"
+#include "comm/transport.h"
+#include "common/deadline.h"
+
+namespace pipetrain::comm {
+
+// Blocks until every rank has published (or the deadline passes). Throws TimeoutError naming
+// the ranks that did not show up (peer(): the first of them), ConfigError naming the ranks
+// whose `config_hash` differs from rank 0's, TransportError when the store cannot be served.
+// `prefix` keeps the keys of separate rendezvous (e.g. after a restart) apart.
+std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address, const std::string& config_hash,
+                                    Deadline deadline, const std::string& prefix = "pipetrain");
+
+// rendezvous() as the address exchange of a transport factory (e.g. make_ucx_transport).
+AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline,
+                               std::string prefix = "pipetrain");
+
+// A short hash of a configuration's text (64-bit FNV-1a, hex) to pass as `config_hash`.
+std::string config_fingerprint(const std::string& text);
+
+}  // namespace pipetrain::comm

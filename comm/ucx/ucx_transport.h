@@ -1,0 +1,33 @@
+// ucx: the UCX backend (UCP tag API). Each rank owns a UCP context and worker and reaches every
+// rank, itself included, through an endpoint made from that rank's worker address. A message
+// is the 104-byte wire header, followed in the same UCP message by the data when it is small,
+// or by a second UCP message carrying the data straight from and into the tensor's memory. The
+// sender's rank is part of the UCP tag, so recv(src, id) only ever matches what src sent.
+//
+// Code outside comm/ creates transports through make_transport_group(); a multi-process runtime
+// calls make_ucx_transport() with its rendezvous as the address exchange.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+
+namespace pipetrain::comm {
+
+// One rank of a world of `world_size` ranks (processes or threads); `exchange` gets this rank's
+// worker address (transport.h).
+std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
+                                              TransportOptions options = {});
+
+// Every rank of an in-process group, each with its own context and worker; the addresses are
+// exchanged in memory.
+std::vector<std::unique_ptr<Transport>> make_ucx_group(int world_size, TransportOptions options = {});
+
+// For tests only: sends `bytes` to `dst` where the header of message `id` belongs, bypassing
+// encode(), to check how a receiver treats a malformed header. `transport` must be a UCX one.
+void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);
+
+}  // namespace pipetrain::comm

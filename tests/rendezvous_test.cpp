@@ -1,0 +1,313 @@
+// Rank identity from launcher environments (pure functions of an environment map) and the
+// rendezvous through c10d::TCPStore, with ranks as threads on a free loopback port.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "comm/launcher_env.h"
+#include "comm/rendezvous.h"
+#include "common/config.h"
+#include "common/error.h"
+#if PIPETRAIN_HAVE_UCX
+#include "comm/ucx/ucx_transport.h"
+#endif
+
+using namespace pipetrain;
+using namespace pipetrain::comm;
+
+namespace {
+
+std::string config_error(const Environment& env) {
+  try {
+    rank_from_env(env);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LauncherEnv, NoLauncherIsOneProcess) {
+  const RankInfo i = rank_from_env({});
+  EXPECT_EQ(i.launcher, "none");
+  EXPECT_EQ(i.rank, 0);
+  EXPECT_EQ(i.world_size, 1);
+  EXPECT_EQ(i.local_rank, 0);
+  EXPECT_EQ(i.master_addr, "127.0.0.1");
+  EXPECT_EQ(i.master_port, 29500);
+}
+
+TEST(LauncherEnv, Torchrun) {
+  const RankInfo i = rank_from_env(
+      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(i.launcher, "torchrun");
+  EXPECT_EQ(i.rank, 2);
+  EXPECT_EQ(i.world_size, 4);
+  EXPECT_EQ(i.local_rank, 0);
+  EXPECT_EQ(i.master_addr, "n1");
+  EXPECT_EQ(i.master_port, 1234);
+  // LOCAL_RANK is optional; a single process needs no master address.
+  EXPECT_EQ(rank_from_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).master_addr, "127.0.0.1");
+}
+
+TEST(LauncherEnv, TorchrunErrorsNameTheVariable) {
+  EXPECT_NE(config_error({{"RANK", "1"}}).find("WORLD_SIZE is not set but RANK is"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}).find("RANK=4 but WORLD_SIZE=4"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "one"}, {"WORLD_SIZE", "4"}}).find("RANK=one is not an integer"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1x"}, {"WORLD_SIZE", "4"}}).find("not an integer"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}).find("RANK=-1 is outside"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("WORLD_SIZE=0 is outside"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}).find("WORLD_SIZE=99999999999"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}).find("MASTER_ADDR is set but empty"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+                .find("MASTER_PORT=70000 is outside [1, 65535]"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"LOCAL_RANK", "2"}})
+                .find("LOCAL_RANK=2 but WORLD_SIZE=2"),
+            std::string::npos);
+}
+
+TEST(LauncherEnv, OpenMpi) {
+  Environment env{{"OMPI_COMM_WORLD_RANK", "3"},
+                  {"OMPI_COMM_WORLD_SIZE", "4"},
+                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  RankInfo i = rank_from_env(env);
+  EXPECT_EQ(i.launcher, "openmpi");
+  EXPECT_EQ(i.rank, 3);
+  EXPECT_EQ(i.world_size, 4);
+  EXPECT_EQ(i.local_rank, 3);
+  EXPECT_EQ(i.master_addr, "127.0.0.1");  // every rank on this host
+  env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts: rank 0's host must be given
+  EXPECT_NE(config_error(env).find("mpirun -x MASTER_ADDR"), std::string::npos);
+  env["MASTER_ADDR"] = "head";
+  EXPECT_EQ(rank_from_env(env).master_addr, "head");
+  EXPECT_NE(config_error({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"), std::string::npos);
+}
+
+TEST(LauncherEnv, Slurm) {
+  Environment env{{"SLURM_PROCID", "5"},
+                  {"SLURM_NTASKS", "8"},
+                  {"SLURM_LOCALID", "1"},
+                  {"SLURM_JOB_NODELIST", "node[01-04]"},
+                  {"SLURM_NODELIST", "other"}};
+  RankInfo i = rank_from_env(env);
+  EXPECT_EQ(i.launcher, "slurm");
+  EXPECT_EQ(i.rank, 5);
+  EXPECT_EQ(i.world_size, 8);
+  EXPECT_EQ(i.local_rank, 1);
+  EXPECT_EQ(i.master_addr, "node01");
+  EXPECT_EQ(i.master_port, 29500);
+  env.erase("SLURM_JOB_NODELIST");
+  env["SLURM_NODELIST"] = "a,b";
+  EXPECT_EQ(rank_from_env(env).master_addr, "a");
+  env["MASTER_ADDR"] = "10.0.0.7";  // an explicit address wins over the node list
+  env["MASTER_PORT"] = "4000";
+  EXPECT_EQ(rank_from_env(env).master_addr, "10.0.0.7");
+  EXPECT_EQ(rank_from_env(env).master_port, 4000);
+  // SLURM_NPROCS stands in for SLURM_NTASKS; without any node list the host is unknown.
+  EXPECT_EQ(rank_from_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "x"}}).world_size, 2);
+  EXPECT_NE(config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("SLURM_JOB_NODELIST"), std::string::npos);
+  EXPECT_NE(config_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "x"}})
+                .find("SLURM_PROCID=2 but SLURM_NTASKS=2"),
+            std::string::npos);
+}
+
+TEST(LauncherEnv, PrecedenceTorchrunThenOpenMpiThenSlurm) {
+  Environment env{{"RANK", "1"},
+                  {"WORLD_SIZE", "2"},
+                  {"MASTER_ADDR", "h"},
+                  {"OMPI_COMM_WORLD_RANK", "0"},
+                  {"OMPI_COMM_WORLD_SIZE", "2"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                  {"SLURM_PROCID", "0"},
+                  {"SLURM_NTASKS", "1"}};
+  EXPECT_EQ(rank_from_env(env).launcher, "torchrun");
+  EXPECT_EQ(rank_from_env(env).rank, 1);
+  env.erase("RANK");
+  EXPECT_EQ(rank_from_env(env).launcher, "openmpi");  // mpirun inside a Slurm batch step
+  EXPECT_EQ(rank_from_env(env).rank, 0);
+  env.erase("OMPI_COMM_WORLD_RANK");
+  EXPECT_EQ(rank_from_env(env).launcher, "slurm");
+}
+
+TEST(LauncherEnv, FirstSlurmHost) {
+  EXPECT_EQ(first_slurm_host("node01"), "node01");
+  EXPECT_EQ(first_slurm_host("a,b,c"), "a");
+  EXPECT_EQ(first_slurm_host("node[01-04]"), "node01");
+  EXPECT_EQ(first_slurm_host("node[07,01-04]"), "node07");
+  EXPECT_EQ(first_slurm_host("gpu-[3,5],cpu[1-2]"), "gpu-3");
+  EXPECT_EQ(first_slurm_host("rack[2-3]-n[05-06]"), "rack2-n05");
+  EXPECT_THROW(first_slurm_host(""), ConfigError);
+  EXPECT_THROW(first_slurm_host("node[01-"), ConfigError);
+  EXPECT_THROW(first_slurm_host("node[]"), ConfigError);
+}
+
+TEST(LauncherEnv, ReadsTheProcessEnvironment) {
+  ::setenv("PIPETRAIN_RENDEZVOUS_TEST", "a=b", 1);
+  const Environment env = process_environment();
+  ASSERT_TRUE(env.count("PIPETRAIN_RENDEZVOUS_TEST"));
+  EXPECT_EQ(env.at("PIPETRAIN_RENDEZVOUS_TEST"), "a=b");
+  ::unsetenv("PIPETRAIN_RENDEZVOUS_TEST");
+}
+
+// A loopback port that was free a moment ago (the store binds it right after).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("no free port");
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+RankInfo rank_info(int rank, int world, int port) {
+  RankInfo i;
+  i.rank = rank;
+  i.world_size = world;
+  i.master_port = port;
+  i.launcher = "test";
+  return i;
+}
+
+// Runs fn(rank) for the given ranks on threads; returns each rank's exception (or null).
+std::vector<std::exception_ptr> run(const std::vector<int>& ranks, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        fn(ranks[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+template <typename E>
+std::string what_of(const std::exception_ptr& e, int* peer = nullptr) {
+  if (!e) return "";
+  try {
+    std::rethrow_exception(e);
+  } catch (const E& x) {
+    if constexpr (std::is_base_of_v<TransportError, E>) {
+      if (peer) *peer = x.peer();
+    }
+    return x.what();
+  } catch (...) {
+    return "an exception of another type";
+  }
+}
+
+TEST(Rendezvous, EveryRankGetsEveryAddress) {
+  constexpr int W = 4;
+  const int port = free_port();
+  std::vector<std::vector<std::string>> got(W);
+  auto errors = run({0, 1, 2, 3}, [&](int r) {
+    got[r] = rendezvous(rank_info(r, W, port), "address of " + std::to_string(r), config_fingerprint("same"),
+                        Deadline::after(30));
+  });
+  for (int r = 0; r < W; ++r) {
+    ASSERT_FALSE(errors[r]) << what_of<std::exception>(errors[r]);
+    EXPECT_EQ(got[r], (std::vector<std::string>{"address of 0", "address of 1", "address of 2", "address of 3"}));
+  }
+}
+
+TEST(Rendezvous, BinaryAddressesSurvive) {
+  const int port = free_port();
+  std::string binary("\0\x01\xff\x7f", 4);
+  std::vector<std::vector<std::string>> got(2);
+  auto errors = run({0, 1}, [&](int r) {
+    got[r] = rendezvous(rank_info(r, 2, port), binary + char('a' + r), "h", Deadline::after(30));
+  });
+  ASSERT_FALSE(errors[0] || errors[1]);
+  EXPECT_EQ(got[1][0], binary + 'a');
+  EXPECT_EQ(got[0][1], binary + 'b');
+}
+
+TEST(Rendezvous, DifferentConfigNamesTheRank) {
+  constexpr int W = 3;
+  const int port = free_port();
+  auto errors = run({0, 1, 2}, [&](int r) {
+    rendezvous(rank_info(r, W, port), "a", config_fingerprint(r == 2 ? "lr=0.2" : "lr=0.1"), Deadline::after(30));
+  });
+  for (int r = 0; r < W; ++r) {
+    const std::string msg = what_of<ConfigError>(errors[r]);
+    EXPECT_NE(msg.find("the configuration of rank 2 differs from rank 0's"), std::string::npos) << "rank " << r << ": " << msg;
+  }
+}
+
+TEST(Rendezvous, MissingRankTimesOutNamingIt) {
+  constexpr int W = 3;
+  const int port = free_port();
+  const auto t0 = Clock::now();
+  auto errors = run({0, 1}, [&](int r) {  // rank 2 never comes
+    rendezvous(rank_info(r, W, port), "a", "h", Deadline::after(1.5));
+  });
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(took, 6.0);
+  for (int r = 0; r < 2; ++r) {
+    int peer = -1;
+    const std::string msg = what_of<TimeoutError>(errors[r], &peer);
+    EXPECT_EQ(peer, 2) << msg;
+    EXPECT_NE(msg.find("rank 2 did not join"), std::string::npos) << msg;
+  }
+}
+
+TEST(Rendezvous, MissingRankZeroTimesOutNamingIt) {
+  const int port = free_port();
+  const auto t0 = Clock::now();
+  auto errors = run({1}, [&](int r) { rendezvous(rank_info(r, 2, port), "a", "h", Deadline::after(1.5)); });
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 6.0);
+  int peer = -1;
+  const std::string msg = what_of<TimeoutError>(errors[0], &peer);
+  EXPECT_EQ(peer, 0) << msg;
+  EXPECT_NE(msg.find("cannot reach rank 0's rendezvous store"), std::string::npos) << msg;
+}
+
+TEST(Rendezvous, FingerprintIsStableAndSensitive) {
+  EXPECT_EQ(config_fingerprint("abc"), config_fingerprint("abc"));
+  EXPECT_NE(config_fingerprint("abc"), config_fingerprint("abd"));
+  EXPECT_EQ(config_fingerprint("").size(), 16u);
+}
+
+#if PIPETRAIN_HAVE_UCX
+// The store as the address exchange of the UCX transport: what a multi-process runtime does,
+// here with threads.
+TEST(Rendezvous, ConnectsUcxTransports) {
+  constexpr int W = 3;
+  const int port = free_port();
+  std::vector<std::unique_ptr<Transport>> g(W);
+  auto errors = run({0, 1, 2}, [&](int r) {
+    TransportOptions o;
+    o.backend = "ucx";
+    g[r] = make_ucx_transport(r, W, store_exchange(rank_info(r, W, port), "h", Deadline::after(30)), o);
+    const MessageId id{Kind::Activation, 0};
+    g[r]->send((r + 1) % W, id, torch::full({3}, r));
+    EXPECT_EQ(g[r]->recv((r + W - 1) % W, id, Deadline::after(30))[0].item<int>(), (r + W - 1) % W);
+  });
+  for (int r = 0; r < W; ++r) EXPECT_FALSE(errors[r]) << what_of<std::exception>(errors[r]);
+}
+#endif
+
+}  // namespace
