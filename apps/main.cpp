@@ -1,6 +1,8 @@
-// The pipetrain command: train, plan, partition, bench.
+// The pipetrain command: train, eval, generate, export, plan, partition, bench.
 #include <malloc.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -9,9 +11,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "apps/launch.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "pipeline/bench.h"
+#include "pipeline/checkpoint.h"
+#include "pipeline/generate.h"
 #include "pipeline/plan.h"
 #include "schedule/schedule.h"
 #include "schedule/trace.h"
@@ -69,6 +74,52 @@ int main(int argc, char** argv) {
   train->add_option("--trace", trace_path,
                     "Write the measured timeline of the second step (Chrome trace JSON, for Perfetto)");
   train->add_option("--trace-steps", trace_steps, "Steps to put in the --trace timeline")->check(CLI::PositiveNumber);
+  pt::TrainOptions train_options;
+  train->add_option("--checkpoint-dir", train_options.checkpoint_dir,
+                    "Save checkpoints here (every train.checkpoint_every steps, at the end, and on SIGINT/SIGTERM)");
+  train->add_flag("--resume", train_options.resume, "Continue from the latest complete checkpoint in the checkpoint directory");
+  train->add_option("--until-step", train_options.until_step,
+                    "Stop after this step with a checkpoint, as if interrupted (the schedule still spans train.steps)")
+      ->check(CLI::PositiveNumber);
+
+  std::string checkpoint_path;
+  int64_t eval_batches = -1;
+  bool eval_json = false;
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the config's test split (forward only)");
+  eval->add_option("config", config_path, "JSON config file")->required();
+  eval->add_option("--checkpoint", checkpoint_path, "A checkpoint directory, or a checkpoint root (its latest)")->required();
+  eval->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
+  eval->add_option("--batches", eval_batches, "Test batches to use (0: all; default train.eval_batches)")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_flag("--json", eval_json, "Print the results as one JSON object");
+
+  pt::GenerateOptions gen_options;
+  std::string prompt;
+  auto* generate = app.add_subcommand("generate", "Sample text from a byte-level language model checkpoint");
+  generate->add_option("config", config_path, "JSON config file of the model")->required();
+  generate->add_option("--checkpoint", checkpoint_path, "A checkpoint directory, or a checkpoint root (its latest)")->required();
+  generate->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
+  generate->add_option("--prompt", prompt, "Text to continue (default: a newline)");
+  generate->add_option("--bytes", gen_options.new_bytes, "Bytes to generate")->check(CLI::PositiveNumber);
+  generate->add_option("--temperature", gen_options.temperature, "Sampling temperature; 0: greedy")->check(CLI::NonNegativeNumber);
+  generate->add_option("--top-k", gen_options.top_k, "Sample among the k most likely bytes; 0: all")->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen_options.seed, "Seed of the sampling");
+
+  pipetrain::launch::LaunchOptions launch_options;
+  auto* launcher = app.add_subcommand("launch", "Start N local ranks of a command, like torchrun");
+  launcher->add_option("--nproc", launch_options.nproc, "Ranks to start")->required()->check(CLI::Range(1, 4096));
+  launcher->add_option("--master-addr", launch_options.master_addr, "MASTER_ADDR given to the ranks");
+  launcher->add_option("--master-port", launch_options.master_port, "MASTER_PORT given to the ranks (default: a free port)")
+      ->check(CLI::Range(0, 65535));
+  launcher->add_option("--grace", launch_options.grace_s, "Seconds the other ranks get to exit after one fails")
+      ->check(CLI::NonNegativeNumber);
+  launcher->add_option("command", launch_options.command, "After --: a pipetrain subcommand (train CONFIG ...) or a program")
+      ->required();
+
+  std::string export_out;
+  auto* exporter = app.add_subcommand("export", "Write a checkpoint's merged weights as one torch.load-readable file");
+  exporter->add_option("checkpoint", checkpoint_path, "A checkpoint directory, or a checkpoint root (its latest)")->required();
+  exporter->add_option("out", export_out, "Output file (a dict of named tensors)")->required();
 
   pt::BenchOptions bench_options;
   auto* bench = app.add_subcommand("bench", "Time the plain single-device loop and the pipeline side by side");
@@ -114,7 +165,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "pipetrain: error: %s (see --help)\n", e.what());
+    return 2;
   }
 
   try {
@@ -122,17 +175,59 @@ int main(int argc, char** argv) {
       run_partition(costs_path, partition_stages, memory_limit, speeds);
       return 0;
     }
+    if (*launcher) {
+      char self[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+      launch_options.self = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
+      return pipetrain::launch::run(launch_options);
+    }
+    if (*exporter) {
+      const std::string dir = pt::find_checkpoint(checkpoint_path);
+      const size_t n = pt::export_checkpoint(dir, export_out);
+      std::printf("exported %zu tensors of %s to %s\n", n, dir.c_str(), export_out.c_str());
+      return 0;
+    }
     if (steps >= 0) overrides.push_back("train.steps=" + std::to_string(steps));
     pt::Config config = pt::load_config(config_path, overrides);
     if (*train) {
       pt::Job job = pt::prepare(config);
-      pt::TrainResult r = pt::train(job, {metrics_path, !quiet, trace_path, trace_steps});
-      if (r.test_samples > 0)
-        std::printf("test accuracy %.4f, test loss %.4f on %lld samples; %.1f samples/s in training\n",
-                    r.test_accuracy, r.test_loss, static_cast<long long>(r.test_samples), r.samples_per_s);
+      train_options.metrics_path = metrics_path;
+      train_options.progress = !quiet;
+      train_options.trace_path = trace_path;
+      train_options.trace_steps = trace_steps;
+      pt::TrainResult r = pt::train(job, train_options);
+      if (r.signal) return 128 + r.signal;
+      if (r.stopped_at > 0)
+        std::printf("stopped at step %lld; checkpoint %s\n", static_cast<long long>(r.stopped_at), r.checkpoint.c_str());
+      else if (r.test_samples > 0)
+        std::printf("%s; %.1f samples/s in training\n", pt::describe_test(r).c_str(), r.samples_per_s);
       else
         std::printf("final loss %.4f; %.1f samples/s in training\n", r.losses.empty() ? 0.0 : r.losses.back(),
                     r.samples_per_s);
+    } else if (*eval) {
+      if (eval_batches >= 0) config.train.eval_batches = eval_batches;
+      pt::Job job = pt::prepare(config);
+      pt::Pipeline pipe(job.model.layers, job.options, pt::mean_cross_entropy);
+      const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
+      pt::TrainResult r;
+      pt::evaluate(job, pipe, r);
+      if (eval_json) {
+        nlohmann::json j = pt::test_results_json(r);
+        j["checkpoint"] = st.dir;
+        j["step"] = st.step;
+        std::cout << j.dump() << "\n";
+      } else {
+        std::printf("%s (checkpoint %s, step %lld)\n", pt::describe_test(r).c_str(), st.dir.c_str(),
+                    static_cast<long long>(st.step));
+      }
+    } else if (*generate) {
+      pt::Job job = pt::prepare(config, /*resolve_balance=*/false);
+      pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
+      gen_options.seq_len = job.model.sample_shape.empty() ? 0 : job.model.sample_shape.back();
+      const std::string text = pt::generate(job.model.layers, prompt, gen_options);
+      std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::printf("\n");
     } else if (*plan) {
       pt::PlanReport r = pt::make_plan(config, plan_options);
       if (!save_costs.empty()) pipetrain::partitioner::save_costs(save_costs, r.profile);

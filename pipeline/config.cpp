@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/transport.h"
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "common/strings.h"
@@ -74,6 +75,7 @@ Config parse_config(const json& input, const std::string& source,
   Config c;
   c.source = source;
   c.origins = origins;
+  c.root = root;
   JsonReader top(root, "", source, origins);
 
   if (const json* m = top.get_raw("model")) {
@@ -84,11 +86,17 @@ Config parse_config(const json& input, const std::string& source,
   }
 
   JsonReader data = top.child("data");
-  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist"});
+  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text"});
   c.data.batch_size = data.get_int("batch_size", c.data.batch_size, 1, 1 << 24);
-  c.data.path = data.get_string("path", c.data.path);
+  const bool text = c.data.kind == "text";
+  c.data.path = data.get_string("path", text ? "" : c.data.path);
+  if (text && c.data.path.empty()) data.fail("path", "is required for data.kind text (the text file to train on)");
   c.data.samples = data.get_int("samples", c.data.samples, 1, int64_t(1) << 32);
   c.data.test_samples = data.get_int("test_samples", c.data.test_samples, 0, int64_t(1) << 32);
+  c.data.test_fraction = data.get_number("test_fraction", c.data.test_fraction, 0.0, 1.0);
+  if (c.data.test_fraction <= 0.0 || c.data.test_fraction >= 1.0)
+    data.fail("test_fraction", detail::concat("must be between 0 and 1 (exclusive), got ", c.data.test_fraction));
+  c.data.stride = data.get_int("stride", c.data.stride, 0, int64_t(1) << 40);
   data.finish();
 
   JsonReader pipe = top.child("pipeline");
@@ -181,11 +189,17 @@ Config parse_config(const json& input, const std::string& source,
   c.train.eval_batches = train.get_int("eval_batches", c.train.eval_batches, 0, int64_t(1) << 40);
   c.train.accumulate = train.get_int("accumulate", c.train.accumulate, 1, 1 << 20);
   c.train.on_nonfinite = train.get_choice("on_nonfinite", c.train.on_nonfinite, {"stop", "skip"});
+  c.train.eval_every = train.get_int("eval_every", c.train.eval_every, 0, int64_t(1) << 40);
+  c.train.checkpoint_every = train.get_int("checkpoint_every", c.train.checkpoint_every, 0, int64_t(1) << 40);
+  c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
+  c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
   train.finish();
 
   JsonReader rt = top.child("runtime");
   c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads"});
-  c.runtime.transport = rt.get_choice("transport", c.runtime.transport, {"local"});
+  c.runtime.transport = rt.get_choice("transport", c.runtime.transport, {"local", "ucx"});
+  if (!comm::has_transport_backend(c.runtime.transport))
+    rt.fail("transport", "\"" + c.runtime.transport + "\" is not compiled into this build (needs UCX at configure time)");
   c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
   c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);
   c.runtime.max_message_bytes = static_cast<uint64_t>(

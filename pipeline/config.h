@@ -14,11 +14,13 @@
 namespace pipetrain::pipeline {
 
 struct DataConfig {
-  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist"
+  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text"
   int64_t batch_size = 64;
-  std::string path = "/usr/share/datasets/fashion-mnist";
+  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder; for text the file (required)
   int64_t samples = 8192;       // synthetic train split size
   int64_t test_samples = 1024;  // synthetic test split size
+  double test_fraction = 0.1;   // text: the last share of the file's bytes held out for testing
+  int64_t stride = 0;           // text: bytes between training windows; 0: model.seq_len
 };
 
 struct PipelineConfig {
@@ -60,6 +62,10 @@ struct TrainConfig {
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t accumulate = 1;    // pipeline steps (batches) whose gradients make one optimizer step
   std::string on_nonfinite = "stop";  // a NaN/inf loss or gradient: "stop" the run or "skip" the update
+  int64_t eval_every = 0;             // evaluate on the test split every this many steps; 0: at the end only
+  int64_t checkpoint_every = 0;       // save a checkpoint every this many steps (and at the end); 0: at the end only
+  std::string checkpoint_dir;         // where checkpoints go (--checkpoint-dir overrides); empty: none
+  int64_t keep_checkpoints = 3;       // newest complete checkpoints kept
 };
 
 struct RuntimeConfig {
@@ -75,6 +81,7 @@ struct Config {
   std::string source;                   // file name, for messages
   nlohmann::json model;                 // the `model` object, read by models::build
   std::shared_ptr<const std::map<std::string, std::string>> origins;  // key path -> --set text
+  nlohmann::json root;                  // the whole config after --set overrides (checkpoint identity)
   DataConfig data;
   PipelineConfig pipeline;
   OptimizerConfig optimizer;

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "models/layers.h"
 #include "pipeline/config.h"
 #include "pipeline/worker.h"
 
@@ -34,6 +35,7 @@ struct Pipeline::Impl {
   StepTrace trace;
   Clock::time_point created = Clock::now();
   int64_t step = 0;
+  int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
   std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
 
   // Inputs of the step being run, shared read-only with the stage threads.
@@ -88,7 +90,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   }
   p.stages.back()->set_loss(std::move(loss));
   p.optimizers.resize(V);
-  p.transports = comm::make_local_group(options.stages, options.transport);
+  p.transports = comm::make_transport_group(options.transport, options.stages);
   for (int r = 0; r < options.stages; ++r)
     p.workers.push_back(std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads));
   p.trace.spans.resize(options.stages);
@@ -113,6 +115,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   for (int c = 0; c < sched.chunks; ++c) mine.push_back(stages[sched.virtual_stage(r, c)].get());
   for (stages::Stage* st : mine) {
     st->begin_step(options.seed, step, M);
+    models::reset_batch_norm(*st->layers());  // e.g. forwards run outside a step (profiling)
     if (!accumulate_grads)
       for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
   }
@@ -281,9 +284,17 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   targets.clear();
   const int failed = first_failure.exchange(-1);
   for (auto& o : trace.optimizer) o = {0.0, 0.0};
+  // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
+  // once (before any optimizer step); a failed step changes none.
+  for (auto& st : stages) {
+    if (failed >= 0)
+      models::reset_batch_norm(*st->layers());
+    else
+      models::commit_batch_norm(*st->layers());
+  }
   if (failed >= 0) {
     trace.wall = seconds_since(t0);
-    transports = comm::make_local_group(options.stages, options.transport);  // fresh mailboxes
+    transports = comm::make_transport_group(options.transport, options.stages);  // fresh mailboxes
     ++step;
     std::rethrow_exception(errors[failed]);
   }
@@ -335,18 +346,55 @@ double Pipeline::last_grad_norm() const { return impl_->grad_norm; }
 void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
 void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
 
+// A forward-only pipeline: the batch is split into the configured micro-batches, which flow
+// through the stages as in training (each device takes them in order, so no device waits on a
+// later one), with no gradients, no recomputation and the layers in evaluation mode.
 at::Tensor Pipeline::predict(const at::Tensor& input) {
-  torch::NoGradGuard no_grad;
-  impl_->model->eval();
-  at::Tensor x = input;
-  try {
-    for (auto& s : impl_->stages) x = s->layers()->forward(x);
-  } catch (...) {
-    impl_->model->train();
-    throw;
+  Impl& p = *impl_;
+  const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
+  const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
+  std::vector<at::Tensor> outputs(M);
+  const int V = static_cast<int>(p.stages.size());
+  const int64_t tag_step = -(++p.predictions);  // never a training step
+  p.model->eval();
+  std::vector<std::exception_ptr> errors;
+  for (int r = 0; r < p.options.stages; ++r)
+    p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
+      torch::NoGradGuard no_grad;
+      comm::Transport& t = *p.transports[r];
+      try {
+        for (int m = 0; m < M; ++m)
+          for (int c = 0; c < p.sched.chunks; ++c) {
+            const int vs = p.sched.virtual_stage(r, c);
+            at::Tensor x = vs == 0 ? parts[m]
+                                   : t.recv(p.sched.device_of(vs - 1), {comm::Kind::Activation, m, c, tag_step},
+                                            Deadline::after(p.options.timeout_s));
+            try {
+              x = p.stages[vs]->layers()->forward(x);
+            } catch (const c10::Error& e) {
+              throw Error(detail::concat("stage ", r, ": forward (evaluation) of micro-batch ", m, ": ",
+                                         e.what_without_backtrace()));
+            }
+            if (vs == V - 1)
+              outputs[m] = x;
+            else
+              t.send(p.sched.device_of(vs + 1), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
+          }
+      } catch (const std::exception& e) {
+        int none = -1;
+        p.first_failure.compare_exchange_strong(none, r);
+        t.abort(detail::concat("stage ", r, " failed: ", e.what()));
+        throw;
+      }
+    });
+  for (int r = 0; r < p.options.stages; ++r) errors.push_back(p.workers[r]->wait());
+  p.model->train();
+  const int failed = p.first_failure.exchange(-1);
+  if (failed >= 0) {
+    p.transports = comm::make_transport_group(p.options.transport, p.options.stages);  // fresh mailboxes
+    std::rethrow_exception(errors[failed]);
   }
-  impl_->model->train();
-  return x;
+  return M == 1 ? outputs[0] : torch::cat(outputs, 0);
 }
 
 int Pipeline::stages() const { return impl_->options.stages; }
@@ -354,6 +402,10 @@ const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
 const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
 const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
 int64_t Pipeline::step() const { return impl_->step; }
+void Pipeline::set_step(int64_t step) { impl_->step = step; }
+torch::optim::Optimizer* Pipeline::optimizer(int virtual_stage) {
+  return impl_->optimizers.at(virtual_stage).get();
+}
 torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) {
   return impl_->stages.at(virtual_stage)->layers();
 }

@@ -73,7 +73,9 @@ class Pipeline {
   // Forward and backward only: gradients go into the parameters' .grad, cleared first unless
   // `accumulate` (several batches for one optimizer step). `scale` multiplies every micro-batch's
   // loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
-  // Returns the (scaled) loss.
+  // Returns the (scaled) loss. A call that succeeds updates each models::BatchNorm's running
+  // statistics once, from all the micro-batches it saw, as one forward over their union would;
+  // a call that fails changes none.
   double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
                           double scale = 1.0);
 
@@ -88,14 +90,18 @@ class Pipeline {
   void set_learning_rate(double lr);    // every stage's optimizer, every parameter group
   double last_grad_norm() const;        // of the last optimizer step
 
-  // Forward of the whole batch in evaluation mode, without gradients.
+  // Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
+  // the batch flows through the stages as the configured micro-batches.
   at::Tensor predict(const at::Tensor& input);
 
   int stages() const;  // devices; each runs `chunks` virtual stages
   const partitioner::Balance& balance() const;  // layers per virtual stage
   const schedule::Schedule& schedule() const;
   const StepTrace& last_trace() const;
-  int64_t step() const;  // steps run so far
+  int64_t step() const;  // forward-backward passes run so far: the step of the dropout streams
+  void set_step(int64_t step);  // continues the streams of a resumed run
+  // The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
+  torch::optim::Optimizer* optimizer(int virtual_stage);
   torch::nn::Sequential& stage_layers(int virtual_stage);
 
  private:

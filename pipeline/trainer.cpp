@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <optional>
 #include <fstream>
 
 #include <torch/torch.h>
@@ -10,9 +14,13 @@
 #include "common/error.h"
 #include "common/rng.h"
 #include "common/strings.h"
+#include "models/layers.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/plan.h"
 
 namespace pipetrain::pipeline {
+
+using json = nlohmann::json;
 
 models::Model build_model(const Config& c) {
   JsonReader model_reader(c.model, "model", c.source, c.origins);
@@ -45,6 +53,7 @@ Job prepare(const Config& c, bool resolve_balance) {
   o.timeout_s = c.runtime.timeout_s;
   o.seed = c.train.seed;
   o.transport.max_message_bytes = c.runtime.max_message_bytes;
+  o.transport.backend = c.runtime.transport;
   if (resolve_balance) {
     const std::string& method = c.pipeline.balance_method;
     const bool needs_profile = method == "time" || method == "memory";
@@ -92,10 +101,64 @@ void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
     samples += b.input.size(0);
   }
   result.test_samples = samples;
+  result.language_model = job.data.tokens;
+  result.baseline_name = job.data.baseline_name;
+  result.baseline_loss = job.data.baseline_loss;
   if (targets > 0) {
     result.test_loss = loss_sum / static_cast<double>(targets);
     result.test_accuracy = correct / static_cast<double>(targets);
   }
+}
+
+std::string describe_test(const TrainResult& r) {
+  char ppl[48] = "";
+  if (r.language_model) std::snprintf(ppl, sizeof ppl, ", perplexity %.2f", std::exp(r.test_loss));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "test accuracy %.4f, test loss %.4f%s on %lld samples", r.test_accuracy, r.test_loss,
+                ppl, static_cast<long long>(r.test_samples));
+  std::string line = buf;
+  if (!r.baseline_name.empty()) {
+    std::snprintf(buf, sizeof buf, "; %s baseline %.4f (perplexity %.2f)", r.baseline_name.c_str(), r.baseline_loss,
+                  std::exp(r.baseline_loss));
+    line += buf;
+  }
+  return line;
+}
+
+namespace {
+
+// SIGINT/SIGTERM while checkpointing: finish the step, save, and stop. A second signal acts at once.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+
+struct StopSignals {
+  void (*old_int)(int), (*old_term)(int);
+  StopSignals() {
+    g_stop_signal.store(0);
+    old_int = std::signal(SIGINT, on_stop_signal);
+    old_term = std::signal(SIGTERM, on_stop_signal);
+    if (old_int == SIG_IGN) std::signal(SIGINT, SIG_IGN);  // a background job keeps ignoring ^C
+    if (old_term == SIG_IGN) std::signal(SIGTERM, SIG_IGN);
+  }
+  ~StopSignals() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+};
+
+}  // namespace
+
+json test_results_json(const TrainResult& r) {
+  json j{{"test_loss", r.test_loss}, {"test_accuracy", r.test_accuracy}, {"test_samples", r.test_samples}};
+  if (r.language_model) j["test_perplexity"] = std::exp(r.test_loss);
+  if (!r.baseline_name.empty()) {
+    j["baseline"] = r.baseline_name;
+    j["baseline_loss"] = r.baseline_loss;
+  }
+  return j;
 }
 
 TrainResult train(Job& job, const TrainOptions& options) {
@@ -103,9 +166,45 @@ TrainResult train(Job& job, const TrainOptions& options) {
   Pipeline pipe(job.model.layers, job.options, mean_cross_entropy);
   pipe.set_optimizer(make_optimizer_factory(c.optimizer));
 
+  // Checkpoints: a directory with checkpoints in it is only ever continued (--resume), never
+  // overwritten by a fresh run.
+  const std::string ckpt_dir = options.checkpoint_dir.empty() ? c.train.checkpoint_dir : options.checkpoint_dir;
+  const std::string ckpt_where = options.checkpoint_dir.empty() ? c.where("train.checkpoint_dir") : "--checkpoint-dir";
+  if (options.resume && ckpt_dir.empty())
+    throw ConfigError("--resume: no checkpoint directory (give --checkpoint-dir or train.checkpoint_dir)");
+  if (c.train.checkpoint_every > 0 && ckpt_dir.empty())
+    throw ConfigError(c.where("train.checkpoint_every") + ": checkpoints every " +
+                      std::to_string(c.train.checkpoint_every) + " steps need a directory (--checkpoint-dir or train.checkpoint_dir)");
+  TrainResult result;
+  const int64_t steps = c.train.steps;
+  if (!ckpt_dir.empty()) {
+    const std::string latest = latest_checkpoint(ckpt_dir);
+    if (options.resume) {
+      if (latest.empty()) throw ConfigError("--resume: " + ckpt_dir + " holds no complete checkpoint");
+      const CheckpointState st = load_checkpoint(latest, c, pipe);
+      if (st.step > steps)
+        throw ConfigError(detail::concat("--resume: the checkpoint ", latest, " is at step ", st.step,
+                                         " but train.steps is ", steps));
+      result.first_step = st.step;
+      result.checkpoint = latest;
+      if (options.progress)
+        std::fprintf(stderr, "pipetrain: resuming from %s (step %lld of %lld, written with %d stages)\n", latest.c_str(),
+                     static_cast<long long>(st.step), static_cast<long long>(steps), st.stages);
+    } else if (!latest.empty()) {
+      throw ConfigError(ckpt_where + ": " + ckpt_dir + " already holds checkpoints (latest " + latest +
+                        "); pass --resume to continue that run, or choose another directory");
+    }
+  }
+  if (options.until_step < 0 || (options.until_step > 0 && options.until_step <= result.first_step))
+    throw ConfigError(detail::concat("--until-step: ", options.until_step, " is not after the first step to run (",
+                                     result.first_step + 1, ")"));
+  std::optional<StopSignals> signals;
+  if (!ckpt_dir.empty()) signals.emplace();
+
   std::ofstream metrics;
   if (!options.metrics_path.empty()) {
-    metrics.open(options.metrics_path, std::ios::out | std::ios::trunc);
+    // A resumed run appends to the metrics of the run it continues.
+    metrics.open(options.metrics_path, std::ios::out | (options.resume ? std::ios::app : std::ios::trunc));
     if (!metrics) throw ConfigError("--metrics " + options.metrics_path + ": cannot open for writing");
   }
   std::ofstream trace_file;
@@ -119,7 +218,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
                                  std::vector<std::vector<schedule::TraceSpan>>(pipe.stages())};
   double trace_origin = -1;
   const bool tty = isatty(STDERR_FILENO);
-  const int64_t steps = c.train.steps, B = c.data.batch_size, A = c.train.accumulate;
+  const int64_t B = c.data.batch_size, A = c.train.accumulate;
   pipe.set_grad_clip(c.optimizer.grad_clip);
   pipe.track_grad_norm(!options.metrics_path.empty());
   pipe.check_finite_grads(true);
@@ -128,12 +227,18 @@ TrainResult train(Job& job, const TrainOptions& options) {
                partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
                c.pipeline.checkpoint.c_str(), job.options.intra_op_threads);
 
-  TrainResult result;
   const auto start = Clock::now();
   auto window_start = start;
   int64_t window_samples = 0;
   double rate = 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  const int64_t first = result.first_step;
+  const int64_t last_step = options.until_step > 0 ? std::min(steps, options.until_step) : steps;
+  auto save = [&](int64_t done) {
+    result.checkpoint = save_checkpoint(ckpt_dir, c, pipe, done, done * A, static_cast<int>(c.train.keep_checkpoints));
+    if (options.progress)
+      std::fprintf(stderr, "%spipetrain: checkpoint %s\n", tty ? "\n" : "", result.checkpoint.c_str());
+  };
+  for (int64_t s = first; s < last_step; ++s) {
     // One optimizer step over `accumulate` batches; each batch's loss weighs 1/accumulate.
     const auto t0 = Clock::now();
     double loss = 0;
@@ -178,6 +283,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
       }
     }
     window_samples += A * B;
+    const bool stopping = g_stop_signal.load() != 0 && signals;
     const double window_s = std::chrono::duration<double>(t1 - window_start).count();
     if (window_s >= 1.0 || rate == 0) {
       rate = window_samples / window_s;
@@ -192,29 +298,61 @@ TrainResult train(Job& job, const TrainOptions& options) {
                                 {"stage_busy_ms", stage_busy_ms(pipe.last_trace())},
                                 {"skipped", !nonfinite.empty()}}
                      .dump()
-              << "\n";
+              << "\n" << std::flush;
     }
-    const bool last = s + 1 == steps;
+    const bool last = s + 1 == last_step || stopping;
     if (options.progress && (tty || (s + 1) % c.train.log_every == 0 || last)) {
-      const double eta = rate > 0 ? (steps - s - 1) * A * B / rate : 0;
+      const double eta = rate > 0 ? (last_step - s - 1) * A * B / rate : 0;
       std::fprintf(stderr, "%sstep %lld/%lld | loss %.4f | %.0f samples/s | %s elapsed | %s left%s",
                    tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(steps), loss,
                    rate, clock_text(elapsed).c_str(), clock_text(eta).c_str(), tty ? "   " : "\n");
       if (tty && last) std::fprintf(stderr, "\n");
     }
+    if (c.train.eval_every > 0 && (s + 1) % c.train.eval_every == 0 && s + 1 < steps) {
+      TrainResult e;
+      evaluate(job, pipe, e);
+      if (options.progress)
+        std::fprintf(stderr, "%sstep %lld: %s\n", tty ? "\n" : "", static_cast<long long>(s + 1), describe_test(e).c_str());
+      if (metrics.is_open()) {
+        json j = test_results_json(e);
+        j["event"] = "eval";
+        j["step"] = s + 1;
+        metrics << j.dump() << "\n" << std::flush;
+      }
+    }
+    if (!ckpt_dir.empty() && (stopping || s + 1 == last_step ||
+                              (c.train.checkpoint_every > 0 && (s + 1) % c.train.checkpoint_every == 0)))
+      save(s + 1);
+    if (stopping) {
+      result.signal = g_stop_signal.load();
+      result.stopped_at = s + 1;
+      break;
+    }
   }
+  if (result.stopped_at == 0 && last_step < steps) result.stopped_at = last_step;
+  const int64_t ran = static_cast<int64_t>(result.losses.size());
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
-  result.samples_per_s = total > 0 ? steps * A * B / total : 0;
+  result.samples_per_s = total > 0 ? ran * A * B / total : 0;
+  if (result.stopped_at > 0) {
+    if (metrics.is_open()) metrics.flush();
+    if (options.progress)
+      std::fprintf(stderr, "pipetrain: stopped at step %lld of %lld%s; continue with --resume\n",
+                   static_cast<long long>(result.stopped_at), static_cast<long long>(steps),
+                   result.signal ? (result.signal == SIGINT ? " (SIGINT)" : " (SIGTERM)") : "");
+    return result;
+  }
   if (options.progress)
     std::fprintf(stderr, "pipetrain: %lld steps in %s, %.1f samples/s, final loss %.4f%s\n",
-                 static_cast<long long>(steps), clock_text(total).c_str(), result.samples_per_s,
+                 static_cast<long long>(ran), clock_text(total).c_str(), result.samples_per_s,
                  result.losses.empty() ? 0.0 : result.losses.back(),
                  result.skipped_steps ? detail::concat(", ", result.skipped_steps, " updates skipped").c_str() : "");
   evaluate(job, pipe, result);
-  if (metrics && result.test_samples > 0)
-    metrics << nlohmann::json{{"event", "test"}, {"test_loss", result.test_loss},
-                              {"test_accuracy", result.test_accuracy}, {"test_samples", result.test_samples}}.dump()
-            << "\n";
+  if (metrics && result.test_samples > 0) {
+    json j = test_results_json(result);
+    j["event"] = "test";
+    j["step"] = steps;
+    metrics << j.dump() << "\n";
+  }
   return result;
 }
 
@@ -226,6 +364,7 @@ double SingleDevice::train_step(const at::Tensor& input, const at::Tensor& targe
   optimizer_->zero_grad();
   RngContextGuard rng(RngContext{seed_, step_++, 0});
   at::Tensor loss = loss_(model_->forward(input), target);
+  models::commit_batch_norm(*model_);  // the whole batch in one forward, as torch's BatchNorm
   loss.backward();
   optimizer_->step();
   return loss.item<double>();

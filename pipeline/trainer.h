@@ -35,6 +35,9 @@ struct TrainOptions {
   bool progress = true;      // live progress line on stderr
   std::string trace_path;    // Chrome trace of the measured spans of `trace_steps` steps; empty: none
   int trace_steps = 1;       // traced steps start at the second step (the first warms up), if there is one
+  std::string checkpoint_dir;  // overrides train.checkpoint_dir
+  bool resume = false;         // continue from the latest complete checkpoint in the checkpoint directory
+  int64_t until_step = 0;      // stop after this step (saving a checkpoint), as if interrupted; 0: run to the end
 };
 
 struct TrainResult {
@@ -43,12 +46,25 @@ struct TrainResult {
   double samples_per_s = 0;  // over the whole run
   int64_t test_samples = 0;  // 0: no test split
   double test_loss = 0, test_accuracy = 0;
+  bool language_model = false;  // token targets: report perplexity exp(test_loss)
+  std::string baseline_name;    // e.g. "unigram" (text data); empty: none
+  double baseline_loss = 0;     // the baseline's loss on the whole test split
+  int64_t first_step = 0;       // steps already done when this run started (resumed runs)
+  int64_t stopped_at = 0;       // the step the run stopped at before train.steps (--until-step, a signal); 0: none
+  int signal = 0;               // SIGINT or SIGTERM that stopped the run; 0: none
+  std::string checkpoint;       // the last checkpoint saved; empty: none
 };
 
 TrainResult train(Job& job, const TrainOptions& options);
 
 // Mean loss and accuracy of `predict` over the test split (up to train.eval_batches batches).
 void evaluate(Job& job, Pipeline& pipe, TrainResult& result);
+
+// One line of test results: "test accuracy A, test loss L[, perplexity P] on N samples".
+std::string describe_test(const TrainResult& result);
+// The same as JSON: test_loss, test_accuracy, test_samples, test_perplexity (language models),
+// baseline and baseline_loss (where the data set has one).
+nlohmann::json test_results_json(const TrainResult& result);
 
 // The plain single-device training loop the pipeline is compared against.
 class SingleDevice {

@@ -3,12 +3,18 @@
 # calls. Idempotent: when everything is present it only checks (well under a second).
 set -euo pipefail
 
+# ucx-utils: ucx_perftest for the transport benchmark; openmpi: mpirun launches; fortunes: the
+# text the byte-level language model config trains on; python3-torch: the tests read exports
+# with torch.load.
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   libtorch-dev nlohmann-json3-dev libcli11-dev googletest libgtest-dev
-  libucx-dev
+  libucx-dev ucx-utils
+  openmpi-bin libopenmpi-dev
   libopenblas0-openmp
   dataset-fashion-mnist
+  fortunes
+  python3-torch
 )
 
 sudo_cmd=()

@@ -1,0 +1,239 @@
+#include "apps/launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "common/error.h"
+
+namespace pipetrain::launch {
+
+namespace {
+
+const std::set<std::string> kSubcommands{"train", "eval", "generate", "export", "plan", "partition", "bench"};
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const int saved = errno;
+  (void)!::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+struct Rank {
+  pid_t pid = -1;
+  int out = -1, err = -1;  // read ends of the rank's stdout and stderr
+  std::string out_buf, err_buf;
+  bool running = false;
+  int status = 0;  // exit status, 128 + signal when killed
+};
+
+// Writes complete lines of `buf` with the rank's prefix; `flush` writes a trailing partial line too.
+void emit(std::string& buf, FILE* to, int rank, bool flush) {
+  size_t start = 0, nl;
+  while ((nl = buf.find('\n', start)) != std::string::npos) {
+    std::fprintf(to, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), buf.data() + start);
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush && !buf.empty()) {
+    std::fprintf(to, "[rank %d] %s\n", rank, buf.c_str());
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+// Reads what is there; returns false at end of file.
+bool drain(int fd, std::string& buf) {
+  char chunk[4096];
+  const ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n > 0) {
+    buf.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+  return n < 0 && (errno == EINTR || errno == EAGAIN);
+}
+
+void start(Rank& r, int rank, const LaunchOptions& o, int port) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw Error(std::string("launch: cannot create pipes: ") + std::strerror(errno));
+  std::vector<std::string> args;
+  const bool sub = kSubcommands.count(o.command[0]) > 0;
+  if (sub) args.push_back(o.self);
+  args.insert(args.end(), o.command.begin(), o.command.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::vector<std::pair<std::string, std::string>> env{
+      {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
+      {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+      {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)}};
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("launch: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::setpgid(0, 0);  // ^C at the terminal reaches the launcher only; it forwards the signal
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  r.pid = pid;
+  r.out = out[0];
+  r.err = err[0];
+  r.running = true;
+}
+
+void signal_all(std::vector<Rank>& ranks, int sig) {
+  for (Rank& r : ranks)
+    if (r.running) ::kill(r.pid, sig);
+}
+
+}  // namespace
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("launch: socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const std::string msg = std::strerror(errno);
+    ::close(fd);
+    throw Error("launch: cannot find a free port: " + msg);
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int run(const LaunchOptions& o) {
+  if (o.nproc < 1) throw ConfigError("--nproc: must be at least 1");
+  if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
+  if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
+  const int port = o.master_port ? o.master_port : free_port();
+
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Rank> ranks(o.nproc);
+  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, port);
+
+  int result = 0, failed_rank = -1;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point stop_by{};  // set when the ranks are being stopped: then SIGKILL at this time
+  bool killed = false;
+  int running = o.nproc;
+  while (running > 0) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<int, bool>> who;  // (rank, is stderr)
+    for (int i = 0; i < o.nproc; ++i) {
+      if (ranks[i].out >= 0) fds.push_back({ranks[i].out, POLLIN, 0}), who.emplace_back(i, false);
+      if (ranks[i].err >= 0) fds.push_back({ranks[i].err, POLLIN, 0}), who.emplace_back(i, true);
+    }
+    ::poll(fds.data(), fds.size(), 100);  // the timeout only paces the reaping of exited ranks
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+        std::fprintf(stderr, "pipetrain launch: %s; forwarding it to every rank\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        signal_all(ranks, sig);
+        if (stop_by == Clock::time_point{}) stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                                           std::chrono::duration<double>(o.grace_s));
+      }
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& r = ranks[who[k - 1].first];
+      const bool is_err = who[k - 1].second;
+      int& fd = is_err ? r.err : r.out;
+      std::string& buf = is_err ? r.err_buf : r.out_buf;
+      const bool open = drain(fd, buf);
+      emit(buf, is_err ? stderr : stdout, who[k - 1].first, !open);
+      if (!open) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    // Reap exited ranks; the first failure stops the others.
+    for (int i = 0; i < o.nproc; ++i) {
+      Rank& r = ranks[i];
+      if (!r.running) continue;
+      int st = 0;
+      if (::waitpid(r.pid, &st, WNOHANG) != r.pid) continue;
+      r.running = false;
+      --running;
+      r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (r.status != 0 && failed_rank < 0 && stop_by == Clock::time_point{}) {
+        failed_rank = i;
+        result = r.status;
+        if (running > 0)
+          std::fprintf(stderr, "pipetrain launch: rank %d %s %d; stopping the other ranks\n", i,
+                       WIFEXITED(st) ? "exited with status" : "was killed by signal",
+                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        signal_all(ranks, SIGTERM);
+        stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+      } else if (r.status != 0 && result == 0) {
+        result = r.status;
+        failed_rank = i;
+      }
+    }
+    if (!killed && stop_by != Clock::time_point{} && Clock::now() >= stop_by && running > 0) {
+      std::fprintf(stderr, "pipetrain launch: %d rank(s) still running after %.0f s; killing them\n", running, o.grace_s);
+      signal_all(ranks, SIGKILL);
+      killed = true;
+    }
+  }
+  // Output still buffered in the pipes of exited ranks.
+  for (int i = 0; i < o.nproc; ++i) {
+    for (bool is_err : {false, true}) {
+      int& fd = is_err ? ranks[i].err : ranks[i].out;
+      std::string& buf = is_err ? ranks[i].err_buf : ranks[i].out_buf;
+      if (fd >= 0) {
+        ::fcntl(fd, F_SETFL, O_NONBLOCK);
+        char chunk[4096];
+        ssize_t n;
+        for (int guard = 0; guard < 4096 && (n = ::read(fd, chunk, sizeof chunk)) > 0; ++guard)
+          buf.append(chunk, static_cast<size_t>(n));
+        ::close(fd);
+        fd = -1;
+      }
+      emit(buf, is_err ? stderr : stdout, i, true);
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::close(g_signal_pipe[0]);
+  ::close(g_signal_pipe[1]);
+  if (failed_rank >= 0 && result != 0)
+    std::fprintf(stderr, "pipetrain launch: rank %d failed (status %d)\n", failed_rank, result);
+  return result;
+}
+
+}  // namespace pipetrain::launch

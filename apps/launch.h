@@ -1,0 +1,29 @@
+// `pipetrain launch`: starts N local ranks the way torchrun does. Each rank gets RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in its environment; its
+// output lines are prefixed with "[rank i] "; SIGINT and SIGTERM are forwarded to every rank;
+// when a rank fails, the others get SIGTERM (then SIGKILL after a grace period) and the launcher
+// exits with the failed rank's status. No libtorch here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pipetrain::launch {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;       // 0: a free loopback port, chosen here
+  double grace_s = 10;       // after a failure, how long the other ranks get to exit on SIGTERM
+  std::vector<std::string> command;  // a pipetrain subcommand and its arguments, or a program
+  std::string self;          // the pipetrain binary (for subcommands)
+};
+
+// Runs the ranks to the end; returns the exit status for the launcher: 0 when every rank
+// succeeded, else the first failed rank's status (128 + signal for a rank killed by a signal).
+int run(const LaunchOptions& options);
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
+}  // namespace pipetrain::launch

@@ -1,0 +1,519 @@
+#include "pipeline/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "models/model.h"
+#include "pipeline/pipeline.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain::pipeline {
+
+namespace {
+
+constexpr const char* kFormat = "pipetrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kOptimizerPrefix = "optimizer/";
+constexpr const char* kGeneratorKey = "rng/torch_cpu";
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// The step of a directory name "step-<digits>", or -1.
+int64_t step_of(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (int64_t(1) << 50)) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+std::string sys_error(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Writes `size` bytes to `path`, flushed to the disk before it returns.
+void write_synced(const std::string& path, const char* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(sys_error("cannot create", path));
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string msg = sys_error("cannot write", path);
+      ::close(fd);
+      throw CheckpointError(msg);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string msg = sys_error("cannot flush", path);
+    ::close(fd);
+    throw CheckpointError(msg);
+  }
+  if (::close(fd) != 0) throw CheckpointError(sys_error("cannot close", path));
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(sys_error("cannot open directory", dir.string()));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw CheckpointError(sys_error("cannot flush directory", dir.string()));
+}
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+uint32_t crc_of(const std::vector<char>& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t done = 0;
+  while (done < bytes.size()) {  // zlib takes uInt lengths
+    const uInt n = static_cast<uInt>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), n);
+    done += n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// The first place where two JSON values differ, as "key.path: checkpoint X, config Y".
+std::string first_difference(const json& saved, const json& now, const std::string& path) {
+  if (saved.is_object() && now.is_object()) {
+    for (auto it = saved.begin(); it != saved.end(); ++it) {
+      const std::string p = path.empty() ? it.key() : path + "." + it.key();
+      if (!now.contains(it.key())) return p + ": set in the checkpoint (" + it.value().dump() + "), absent from the config";
+      std::string d = first_difference(it.value(), now.at(it.key()), p);
+      if (!d.empty()) return d;
+    }
+    for (auto it = now.begin(); it != now.end(); ++it)
+      if (!saved.contains(it.key()))
+        return (path.empty() ? it.key() : path + "." + it.key()) + ": absent from the checkpoint, " +
+               it.value().dump() + " in the config";
+    return "";
+  }
+  if (saved != now) return path + ": " + saved.dump() + " in the checkpoint, " + now.dump() + " in the config";
+  return "";
+}
+
+std::string shape_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+json read_manifest(const std::string& dir) {
+  const fs::path file = fs::path(dir) / "manifest.json";
+  if (!fs::exists(file))
+    throw CheckpointError("checkpoint " + dir + ": no manifest.json (not a checkpoint, or a save that did not finish)");
+  std::ifstream in(file);
+  json m;
+  try {
+    m = json::parse(in);
+  } catch (const json::exception& e) {
+    throw CheckpointError("checkpoint " + file.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  auto need = [&](const char* key, json::value_t type) {
+    const bool ok = m.is_object() && m.contains(key) &&
+                    (m.at(key).type() == type ||
+                     (type == json::value_t::number_integer && m.at(key).is_number_unsigned()));
+    if (!ok) throw CheckpointError("checkpoint " + file.string() + ": \"" + key + "\" is missing or of the wrong type");
+  };
+  need("format", json::value_t::string);
+  if (m.at("format") != kFormat)
+    throw CheckpointError("checkpoint " + file.string() + ": format is " + m.at("format").dump() + ", not \"" + kFormat + "\"");
+  need("version", json::value_t::number_integer);
+  if (m.at("version") != kVersion)
+    throw CheckpointError("checkpoint " + file.string() + ": version " + m.at("version").dump() +
+                          " is not one this build reads (" + std::to_string(kVersion) + ")");
+  for (const char* k : {"step", "batches", "pipeline_step", "stages"}) need(k, json::value_t::number_integer);
+  need("identity", json::value_t::object);
+  need("identity_hash", json::value_t::string);
+  need("shards", json::value_t::array);
+  if (identity_hash(m.at("identity")) != m.at("identity_hash"))
+    throw CheckpointError("checkpoint " + file.string() + ": the identity does not match its hash (the manifest was altered)");
+  for (const json& s : m.at("shards"))
+    if (!s.is_object() || !s.contains("file") || !s.at("file").is_string() || !s.contains("bytes") ||
+        !s.at("bytes").is_number_unsigned() || !s.contains("crc32") || !s.at("crc32").is_number_unsigned() ||
+        s.at("file").get<std::string>().find('/') != std::string::npos)
+      throw CheckpointError("checkpoint " + file.string() + ": a shard entry lacks file, bytes or crc32: " + s.dump());
+  return m;
+}
+
+// Every tensor of every shard, by name, after checking sizes and checksums.
+// `order`, when given, receives the names in the order the shards hold them (the model's).
+std::map<std::string, at::Tensor> read_shards(const std::string& dir, const json& manifest,
+                                              std::vector<std::string>* order = nullptr) {
+  std::map<std::string, at::Tensor> all;
+  for (const json& s : manifest.at("shards")) {
+    const std::string path = (fs::path(dir) / s.at("file").get<std::string>()).string();
+    if (!fs::exists(path)) throw CheckpointError("checkpoint " + dir + ": shard " + path + " is missing");
+    const std::vector<char> bytes = read_file(path);
+    if (bytes.size() != s.at("bytes").get<uint64_t>())
+      throw CheckpointError("checkpoint shard " + path + ": " + std::to_string(bytes.size()) + " bytes, the manifest says " +
+                            s.at("bytes").dump() + " (truncated or replaced)");
+    if (crc_of(bytes) != s.at("crc32").get<uint32_t>())
+      throw CheckpointError("checkpoint shard " + path + ": CRC-32 mismatch (the file is damaged)");
+    c10::IValue v;
+    try {
+      v = torch::pickle_load(bytes);
+    } catch (const c10::Error& e) {
+      throw CheckpointError("checkpoint shard " + path + ": cannot be read (" + e.what_without_backtrace() + ")");
+    }
+    if (!v.isGenericDict()) throw CheckpointError("checkpoint shard " + path + ": not a dict of named tensors");
+    for (const auto& item : v.toGenericDict()) {
+      if (!item.key().isString() || !item.value().isTensor())
+        throw CheckpointError("checkpoint shard " + path + ": holds an entry that is not a named tensor");
+      const std::string name = item.key().toStringRef();
+      if (!all.emplace(name, item.value().toTensor()).second)
+        throw CheckpointError("checkpoint " + dir + ": tensor " + name + " is in two shards");
+      if (order) order->push_back(name);
+    }
+  }
+  return all;
+}
+
+// Copies the named tensors `into` (parameters or buffers) from `saved`, checking every name,
+// shape and dtype; names found are removed from `saved`.
+void copy_named(const std::vector<std::pair<std::string, at::Tensor>>& into, std::map<std::string, at::Tensor>& saved,
+                const std::string& dir) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : into) {
+    auto it = saved.find(name);
+    if (it == saved.end())
+      throw CheckpointError("checkpoint " + dir + ": has no tensor " + name + " (the model has it, shape " + shape_text(t) + ")");
+    const at::Tensor& v = it->second;
+    if (v.sizes() != t.sizes())
+      throw CheckpointError("checkpoint " + dir + ": " + name + " has shape " + shape_text(v) + ", the model " + shape_text(t));
+    if (v.scalar_type() != t.scalar_type())
+      throw CheckpointError("checkpoint " + dir + ": " + name + " is " + c10::toString(v.scalar_type()) + ", the model " +
+                            c10::toString(t.scalar_type()));
+    t.copy_(v);
+    saved.erase(it);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_state(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
+  for (const auto& b : m.named_buffers()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+void refuse_leftovers(const std::map<std::string, at::Tensor>& saved, const std::string& dir) {
+  for (const auto& [name, t] : saved)
+    if (name.rfind(kOptimizerPrefix, 0) != 0 && name != kGeneratorKey)
+      throw CheckpointError("checkpoint " + dir + ": holds tensor " + name + " that the model does not have");
+}
+
+std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10::Dict<std::string, at::Tensor>& d) {
+  for (const auto& p : layers.named_parameters()) {
+    auto it = opt.state().find(state_key(p.value()));
+    if (it == opt.state().end()) continue;
+    const std::string base = kOptimizerPrefix + p.key() + "/";
+    auto put = [&](const char* field, const at::Tensor& t) {
+      if (t.defined()) d.insert(base + field, t.detach().contiguous());
+    };
+    torch::optim::OptimizerParamState* s = it->second.get();
+    if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+      put("momentum_buffer", sgd->momentum_buffer());
+    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+      put("step", torch::tensor(a->step(), torch::kLong));
+      put("exp_avg", a->exp_avg());
+      put("exp_avg_sq", a->exp_avg_sq());
+      put("max_exp_avg_sq", a->max_exp_avg_sq());
+    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+      put("step", torch::tensor(w->step(), torch::kLong));
+      put("exp_avg", w->exp_avg());
+      put("exp_avg_sq", w->exp_avg_sq());
+      put("max_exp_avg_sq", w->max_exp_avg_sq());
+    } else {
+      throw CheckpointError("checkpoints cover the state of sgd, adam and adamw; this optimizer's is another kind");
+    }
+  }
+}
+
+void load_optimizer(torch::optim::Optimizer& opt, const std::string& kind, torch::nn::Module& layers,
+                    std::map<std::string, at::Tensor>& saved, const std::string& dir) {
+  opt.state().clear();
+  for (const auto& p : layers.named_parameters()) {
+    const std::string base = kOptimizerPrefix + p.key() + "/";
+    auto take = [&](const char* field) -> at::Tensor {
+      auto it = saved.find(base + field);
+      if (it == saved.end()) return {};
+      at::Tensor t = it->second.clone();
+      saved.erase(it);
+      return t;
+    };
+    auto check = [&](const char* field, const at::Tensor& t) {
+      if (t.defined() && t.sizes() != p.value().sizes())
+        throw CheckpointError("checkpoint " + dir + ": " + base + field + " has shape " + shape_text(t) +
+                              ", the parameter " + shape_text(p.value()));
+      return t;
+    };
+    std::unique_ptr<torch::optim::OptimizerParamState> state;
+    if (kind == "sgd") {
+      at::Tensor buf = check("momentum_buffer", take("momentum_buffer"));
+      if (!buf.defined()) continue;
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(buf);
+      state = std::move(s);
+    } else {
+      at::Tensor step = take("step");
+      at::Tensor avg = check("exp_avg", take("exp_avg")), sq = check("exp_avg_sq", take("exp_avg_sq"));
+      at::Tensor mx = check("max_exp_avg_sq", take("max_exp_avg_sq"));
+      if (!step.defined() && !avg.defined()) continue;
+      if (!step.defined() || !avg.defined() || !sq.defined() || step.numel() != 1)
+        throw CheckpointError("checkpoint " + dir + ": incomplete " + kind + " state for " + p.key());
+      auto fill = [&](auto s) {
+        s->step(step.item<int64_t>());
+        s->exp_avg(avg);
+        s->exp_avg_sq(sq);
+        if (mx.defined()) s->max_exp_avg_sq(mx);
+        return s;
+      };
+      if (kind == "adam")
+        state = fill(std::make_unique<torch::optim::AdamParamState>());
+      else
+        state = fill(std::make_unique<torch::optim::AdamWParamState>());
+    }
+    opt.state()[state_key(p.value())] = std::move(state);
+  }
+}
+
+}  // namespace
+
+json training_identity(const Config& c) {
+  const json& root = c.root;
+  auto section = [&](const char* key) { return root.contains(key) ? root.at(key) : json::object(); };
+  return json{{"model", c.model},
+              {"data", section("data")},
+              {"optimizer", section("optimizer")},
+              {"seed", c.train.seed},
+              {"accumulate", c.train.accumulate},
+              {"dtype", c.runtime.dtype}};
+}
+
+std::string identity_hash(const json& identity) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : identity.dump()) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string save_checkpoint(const std::string& root_dir, const Config& config, Pipeline& pipe, int64_t step,
+                            int64_t batches, int keep) {
+  const fs::path root(root_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw CheckpointError("cannot create checkpoint directory " + root_dir + ": " + ec.message());
+  const std::string name = step_name(step);
+  const fs::path partial = root / ("." + name + ".partial");
+  fs::remove_all(partial, ec);
+  if (!fs::create_directory(partial, ec) || ec)
+    throw CheckpointError("cannot create " + partial.string() + ": " + ec.message());
+
+  // Fault injection for the tests: a kill after the first shard of this step's checkpoint.
+  const char* kill_at = std::getenv("PIPETRAIN_TEST_KILL_DURING_SAVE");
+  const bool kill_here = kill_at && std::to_string(step) == kill_at;
+
+  const int V = static_cast<int>(pipe.balance().size());
+  json shards = json::array();
+  for (int vs = 0; vs < V; ++vs) {
+    torch::nn::Sequential& layers = pipe.stage_layers(vs);
+    c10::Dict<std::string, at::Tensor> d;
+    for (auto& [n, t] : named_state(*layers)) d.insert(n, t.detach().contiguous());
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) save_optimizer(*opt, *layers, d);
+    if (vs == 0) {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      d.insert(kGeneratorKey, gen.get_state());
+    }
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+    const std::string file = "stage-" + std::to_string(vs) + ".pt";
+    write_synced((partial / file).string(), bytes.data(), bytes.size());
+    shards.push_back({{"file", file},
+                      {"bytes", static_cast<uint64_t>(bytes.size())},
+                      {"crc32", crc_of(bytes)},
+                      {"layers", models::layer_names(layers)}});
+    if (kill_here) std::raise(SIGKILL);
+  }
+  const json identity = training_identity(config);
+  const json manifest{{"format", kFormat},
+                      {"version", kVersion},
+                      {"step", step},
+                      {"batches", batches},
+                      {"pipeline_step", pipe.step()},
+                      {"seed", config.train.seed},
+                      {"stages", pipe.stages()},
+                      {"chunks", V / pipe.stages()},
+                      {"schedule", config.pipeline.schedule},
+                      {"balance", pipe.balance()},
+                      {"optimizer", config.optimizer.kind},
+                      {"identity", identity},
+                      {"identity_hash", identity_hash(identity)},
+                      {"shards", shards}};
+  const std::string text = manifest.dump(2) + "\n";
+  write_synced((partial / "manifest.json").string(), text.data(), text.size());
+  fsync_dir(partial);
+
+  // Into place: a checkpoint of the same step (a run resumed from an older one) is replaced.
+  const fs::path final_dir = root / name;
+  const fs::path replaced = root / ("." + name + ".replaced");
+  if (fs::exists(final_dir)) {
+    fs::remove_all(replaced, ec);
+    fs::rename(final_dir, replaced, ec);
+    if (ec) throw CheckpointError("cannot move " + final_dir.string() + " aside: " + ec.message());
+  }
+  fs::rename(partial, final_dir, ec);
+  if (ec) throw CheckpointError("cannot rename " + partial.string() + " to " + final_dir.string() + ": " + ec.message());
+  fsync_dir(root);
+  fs::remove_all(replaced, ec);
+
+  // Only complete checkpoints beyond the newest `keep`, and partial saves of crashed runs, go.
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (step_of(n) >= 0 && fs::exists(e.path() / "manifest.json")) complete.emplace_back(step_of(n), e.path());
+    if (n.size() > 9 && n[0] == '.' && n.rfind(".partial") == n.size() - 8 && e.path() != partial)
+      fs::remove_all(e.path(), ec);
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < complete.size(); ++i)
+    if (complete[i].second != final_dir) fs::remove_all(complete[i].second, ec);
+  return final_dir.string();
+}
+
+std::string latest_checkpoint(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return "";
+  int64_t best = -1;
+  std::string found;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t s = step_of(e.path().filename().string());
+    if (s > best && fs::exists(e.path() / "manifest.json")) {
+      best = s;
+      found = e.path().string();
+    }
+  }
+  return found;
+}
+
+std::string find_checkpoint(const std::string& path) {
+  if (fs::exists(fs::path(path) / "manifest.json")) return path;
+  if (!fs::exists(path)) throw CheckpointError("checkpoint " + path + ": no such file or directory");
+  std::string latest = latest_checkpoint(path);
+  if (latest.empty())
+    throw CheckpointError("checkpoint " + path + ": holds no complete checkpoint (no step-N directory with a manifest.json)");
+  return latest;
+}
+
+namespace {
+CheckpointState state_of(const std::string& dir, const json& m) {
+  CheckpointState s;
+  s.dir = dir;
+  s.step = m.at("step").get<int64_t>();
+  s.batches = m.at("batches").get<int64_t>();
+  s.pipeline_step = m.at("pipeline_step").get<int64_t>();
+  s.stages = m.at("stages").get<int>();
+  s.manifest = m;
+  return s;
+}
+}  // namespace
+
+CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pipeline& pipe) {
+  const json m = read_manifest(dir);
+  const std::string diff = first_difference(m.at("identity"), training_identity(config), "");
+  if (!diff.empty())
+    throw CheckpointError("checkpoint " + dir + " was written by a different run: " + diff);
+  std::map<std::string, at::Tensor> saved = read_shards(dir, m);
+  const int V = static_cast<int>(pipe.balance().size());
+  for (int vs = 0; vs < V; ++vs) copy_named(named_state(*pipe.stage_layers(vs)), saved, dir);
+  refuse_leftovers(saved, dir);
+  const std::string kind = m.value("optimizer", config.optimizer.kind);
+  for (int vs = 0; vs < V; ++vs)
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
+  for (const auto& [name, t] : saved)
+    if (name.rfind(kOptimizerPrefix, 0) == 0 && pipe.optimizer(0) != nullptr)
+      throw CheckpointError("checkpoint " + dir + ": optimizer state " + name + " belongs to no parameter of the model");
+  if (auto it = saved.find(kGeneratorKey); it != saved.end()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(it->second);
+    } catch (const c10::Error& e) {
+      throw CheckpointError("checkpoint " + dir + ": the generator state cannot be restored (" + e.what_without_backtrace() + ")");
+    }
+  }
+  pipe.set_step(m.at("pipeline_step").get<int64_t>());
+  return state_of(dir, m);
+}
+
+CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model) {
+  const json m = read_manifest(dir);
+  const json& identity = m.at("identity");
+  if (!identity.contains("model"))
+    throw CheckpointError("checkpoint " + dir + ": the manifest's identity has no model");
+  json saved_model{{"model", identity.at("model")}}, now{{"model", config.model}};
+  const std::string diff = first_difference(saved_model, now, "");
+  if (!diff.empty()) throw CheckpointError("checkpoint " + dir + " holds a different model: " + diff);
+  std::map<std::string, at::Tensor> saved = read_shards(dir, m);
+  copy_named(named_state(*model), saved, dir);
+  refuse_leftovers(saved, dir);
+  return state_of(dir, m);
+}
+
+size_t export_checkpoint(const std::string& dir, const std::string& out) {
+  const json m = read_manifest(dir);
+  c10::Dict<std::string, at::Tensor> d;
+  size_t count = 0;
+  // Shards in stage order hold the layers in model order.
+  std::vector<std::string> order;
+  std::map<std::string, at::Tensor> saved = read_shards(dir, m, &order);
+  for (const std::string& name : order)
+    if (name.rfind(kOptimizerPrefix, 0) != 0 && name != kGeneratorKey) {
+      d.insert(name, saved.at(name));
+      ++count;
+    }
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  const std::string tmp = out + ".partial";
+  write_synced(tmp, bytes.data(), bytes.size());
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    const std::string msg = sys_error("cannot rename " + tmp + " to", out);
+    std::remove(tmp.c_str());
+    throw CheckpointError(msg);
+  }
+  return count;
+}
+
+}  // namespace pipetrain::pipeline
