@@ -39,10 +39,10 @@ perftest() {
 
 # Of several runs: "median best" (best: lowest latency, highest bandwidth).
 summary() {  # <lat|bw>
-  sort -g | awk -v kind="$1" '{ v[NR] = $1 } END {
-    if (NR == 0) { print "n/a n/a"; exit }
-    med = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    best = kind == "lat" ? v[1] : v[NR]
+  { grep -E '^[0-9.]+$' || true; } | sort -g | awk -v kind="$1" '{ v[++n] = $1 } END {  # failed runs print nothing
+    if (n == 0) { print "n/a n/a"; exit }
+    med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    best = kind == "lat" ? v[1] : v[n]
     printf "%.1f %.1f\n", med, best }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }

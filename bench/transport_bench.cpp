@@ -84,10 +84,12 @@ at::Tensor payload(int64_t bytes, int64_t seed) {
   return at::arange(seed, seed + bytes, at::kLong).to(at::kByte);
 }
 void check(const at::Tensor& t, int64_t bytes, int64_t seed) {
-  if (t.numel() != bytes) throw std::runtime_error(pipetrain::detail::concat("received ", t.numel(), " bytes, expected ", bytes));
+  if (t.numel() != bytes)
+    throw std::runtime_error(pipetrain::detail::concat("received ", t.numel(), " bytes, expected ", bytes));
   const uint8_t* p = t.data_ptr<uint8_t>();
   for (int64_t i : {int64_t(0), bytes / 2, bytes - 1})
-    if (p[i] != static_cast<uint8_t>(seed + i)) throw std::runtime_error(pipetrain::detail::concat("wrong byte at ", i));
+    if (p[i] != static_cast<uint8_t>(seed + i))
+      throw std::runtime_error(pipetrain::detail::concat("wrong byte at ", i));
 }
 
 // Round trips of an 8-byte message: one-way latency = round trip / 2.
@@ -127,7 +129,8 @@ std::pair<double, double> bandwidth_mib_s(Transport& t, int64_t bytes, int windo
       for (int m = 0; m < window; ++m) t.send(peer, {Kind::Activation, m, 0, w}, msg);
       t.recv(peer, {Kind::Grad, 0, 0, w}, Deadline::after(kWait));
     } else {
-      for (int m = 0; m < window; ++m) check(t.recv(peer, {Kind::Activation, m, 0, w}, Deadline::after(kWait)), bytes, 1);
+      for (int m = 0; m < window; ++m)
+        check(t.recv(peer, {Kind::Activation, m, 0, w}, Deadline::after(kWait)), bytes, 1);
       t.send(peer, {Kind::Grad, 0, 0, w}, ack);
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -182,7 +185,9 @@ int main(int argc, char** argv) {
     } else if (a == "--no-peer-failure-detection") {
       detect_peer_failure = false;
     } else {
-      std::fprintf(stderr, "usage: transport_bench [--iters N] [--sizes 8,65536,4194304] [--no-peer-failure-detection]\n");
+      std::fprintf(
+          stderr,
+          "usage: transport_bench [--iters N] [--sizes 8,65536,4194304] [--no-peer-failure-detection]\n");
       return 2;
     }
   }

@@ -30,7 +30,8 @@ int parse_int(const std::string& key, const std::string& text, long min, long ma
   return static_cast<int>(v);
 }
 
-int require_int(const Environment& env, const std::string& key, const std::string& because, long min, long max) {
+int require_int(const Environment& env, const std::string& key, const std::string& because, long min,
+                long max) {
   const std::string* v = find(env, key);
   if (!v) throw ConfigError(key + " is not set but " + because);
   return parse_int(key, *v, min, max);
@@ -124,20 +125,23 @@ RankInfo rank_from_env(const Environment& env) {
     if (addr->empty()) throw ConfigError("MASTER_ADDR is set but empty");
     info.master_addr = *addr;
   } else if (info.launcher == "torchrun" && info.world_size > 1) {
-    throw ConfigError("MASTER_ADDR is not set but RANK and WORLD_SIZE are (torchrun sets all of them; "
-                      "set MASTER_ADDR to the host of rank 0)");
+    throw ConfigError(
+        "MASTER_ADDR is not set but RANK and WORLD_SIZE are (torchrun sets all of them; "
+        "set MASTER_ADDR to the host of rank 0)");
   } else if (info.launcher == "slurm") {
     const std::string* list = find(env, "SLURM_JOB_NODELIST");
     if (!list) list = find(env, "SLURM_NODELIST");
     if (!list && info.world_size > 1)
-      throw ConfigError("neither MASTER_ADDR nor SLURM_JOB_NODELIST (SLURM_NODELIST) is set: "
-                        "cannot tell where rank 0 runs");
+      throw ConfigError(
+          "neither MASTER_ADDR nor SLURM_JOB_NODELIST (SLURM_NODELIST) is set: "
+          "cannot tell where rank 0 runs");
     if (list) info.master_addr = first_slurm_host(*list);
   } else if (info.launcher == "openmpi" && info.world_size > 1) {
     const int local_size = optional_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 0, 0, INT_MAX);
     if (local_size != info.world_size)
-      throw ConfigError("MASTER_ADDR is not set and the OpenMPI ranks span several hosts: "
-                        "pass the host of rank 0 (mpirun -x MASTER_ADDR=<host>)");
+      throw ConfigError(
+          "MASTER_ADDR is not set and the OpenMPI ranks span several hosts: "
+          "pass the host of rank 0 (mpirun -x MASTER_ADDR=<host>)");
   }
   return info;
 }

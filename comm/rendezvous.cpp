@@ -50,7 +50,8 @@ bool listening(const std::string& host, int port) {
   return ok;
 }
 
-c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
+                                           std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(info.master_port);
   o.isServer = server;
@@ -63,10 +64,13 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server, st
 class Rendezvous {
  public:
   Rendezvous(const RankInfo& info, Deadline deadline, const std::string& prefix)
-      : info_(info), deadline_(deadline), prefix_(prefix + "/"),
+      : info_(info),
+        deadline_(deadline),
+        prefix_(prefix + "/"),
         where_(detail::concat(info.master_addr, ":", info.master_port)) {
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size)
-      throw ConfigError(detail::concat("rendezvous: rank ", info.rank, " outside world of size ", info.world_size));
+      throw ConfigError(
+          detail::concat("rendezvous: rank ", info.rank, " outside world of size ", info.world_size));
     try {
       if (info.rank != 0) wait_for_server();
       // c10d's client counts its connect timeout in whole seconds and gives up a second early;
@@ -76,9 +80,10 @@ class Rendezvous {
       throw;
     } catch (const std::exception& e) {
       if (info.rank == 0)
-        throw TransportError(0, detail::concat("rank 0: cannot serve the rendezvous store at ", where_, ": ", e.what()));
-      throw TimeoutError(0, detail::concat("rank ", info.rank, ": cannot reach rank 0's rendezvous store at ", where_,
-                                           " before the deadline: ", e.what()));
+        throw TransportError(
+            0, detail::concat("rank 0: cannot serve the rendezvous store at ", where_, ": ", e.what()));
+      throw TimeoutError(0, detail::concat("rank ", info.rank, ": cannot reach rank 0's rendezvous store at ",
+                                           where_, " before the deadline: ", e.what()));
     }
   }
 
@@ -88,8 +93,9 @@ class Rendezvous {
     auto pause = std::chrono::milliseconds(2);
     while (!listening(info_.master_addr, info_.master_port)) {  // ends by the deadline
       if (deadline_.passed())
-        throw TimeoutError(0, detail::concat("rank ", info_.rank, ": cannot reach rank 0's rendezvous store at ",
-                                             where_, " before the deadline"));
+        throw TimeoutError(
+            0, detail::concat("rank ", info_.rank, ": cannot reach rank 0's rendezvous store at ", where_,
+                              " before the deadline"));
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline_.at - Clock::now()));
       pause = std::min(pause * 2, std::chrono::milliseconds(100));
     }
@@ -107,10 +113,11 @@ class Rendezvous {
       } catch (const std::exception& e) {
         const std::vector<int> missing = missing_ranks(what, r);
         const bool timed_out = deadline_.passed();
-        throw TimeoutError(missing.front(),
-                           detail::concat("rank ", info_.rank, ": rendezvous at ", where_, ": rank",
-                                          missing.size() > 1 ? "s " : " ", list(missing), " did not ", doing,
-                                          timed_out ? " before the deadline" : detail::concat(" (", e.what(), ")")));
+        throw TimeoutError(
+            missing.front(),
+            detail::concat("rank ", info_.rank, ": rendezvous at ", where_, ": rank",
+                           missing.size() > 1 ? "s " : " ", list(missing), " did not ", doing,
+                           timed_out ? " before the deadline" : detail::concat(" (", e.what(), ")")));
       }
     }
   }
@@ -138,8 +145,9 @@ class Rendezvous {
 
 }  // namespace
 
-std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address, const std::string& config_hash,
-                                    Deadline deadline, const std::string& prefix) {
+std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address,
+                                    const std::string& config_hash, Deadline deadline,
+                                    const std::string& prefix) {
   Rendezvous rv(info, deadline, prefix);
   rv.set("address", address);
   rv.set("config", config_hash);
@@ -159,13 +167,14 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
   if (info.rank == 0) rv.wait_all("done", "finish reading the rendezvous");
   if (!differ.empty())
     throw ConfigError(detail::concat("rendezvous: the configuration of rank", differ.size() > 1 ? "s " : " ",
-                                     list(differ), " differs from rank 0's (hash ",
-                                     hashes[differ.front()], " against ", hashes[0],
+                                     list(differ), " differs from rank 0's (hash ", hashes[differ.front()],
+                                     " against ", hashes[0],
                                      "): every rank must run the same configuration"));
   return addresses;
 }
 
-AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline, std::string prefix) {
+AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline,
+                               std::string prefix) {
   return [info = std::move(info), hash = std::move(config_hash), deadline, prefix = std::move(prefix)](
              const std::string& mine) { return rendezvous(info, mine, hash, deadline, prefix); };
 }

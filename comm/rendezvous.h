@@ -20,8 +20,9 @@ namespace pipetrain::comm {
 // the ranks that did not show up (peer(): the first of them), ConfigError naming the ranks
 // whose `config_hash` differs from rank 0's, TransportError when the store cannot be served.
 // `prefix` keeps the keys of separate rendezvous (e.g. after a restart) apart.
-std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address, const std::string& config_hash,
-                                    Deadline deadline, const std::string& prefix = "pipetrain");
+std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address,
+                                    const std::string& config_hash, Deadline deadline,
+                                    const std::string& prefix = "pipetrain");
 
 // rendezvous() as the address exchange of a transport factory (e.g. make_ucx_transport).
 AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline,

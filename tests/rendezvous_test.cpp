@@ -47,8 +47,11 @@ TEST(LauncherEnv, NoLauncherIsOneProcess) {
 }
 
 TEST(LauncherEnv, Torchrun) {
-  const RankInfo i = rank_from_env(
-      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}});
+  const RankInfo i = rank_from_env({{"RANK", "2"},
+                                    {"WORLD_SIZE", "4"},
+                                    {"LOCAL_RANK", "0"},
+                                    {"MASTER_ADDR", "n1"},
+                                    {"MASTER_PORT", "1234"}});
   EXPECT_EQ(i.launcher, "torchrun");
   EXPECT_EQ(i.rank, 2);
   EXPECT_EQ(i.world_size, 4);
@@ -61,16 +64,22 @@ TEST(LauncherEnv, Torchrun) {
 
 TEST(LauncherEnv, TorchrunErrorsNameTheVariable) {
   EXPECT_NE(config_error({{"RANK", "1"}}).find("WORLD_SIZE is not set but RANK is"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}).find("RANK=4 but WORLD_SIZE=4"),
+  EXPECT_NE(config_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
+                .find("RANK=4 but WORLD_SIZE=4"),
             std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "one"}, {"WORLD_SIZE", "4"}}).find("RANK=one is not an integer"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "one"}, {"WORLD_SIZE", "4"}}).find("RANK=one is not an integer"),
+            std::string::npos);
   EXPECT_NE(config_error({{"RANK", "1x"}, {"WORLD_SIZE", "4"}}).find("not an integer"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}).find("RANK=-1 is outside"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("WORLD_SIZE=0 is outside"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}).find("RANK=-1 is outside"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("WORLD_SIZE=0 is outside"),
+            std::string::npos);
   EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}).find("WORLD_SIZE=99999999999"),
             std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}).find("MASTER_ADDR is set but empty"),
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"),
+            std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}})
+                .find("MASTER_ADDR is set but empty"),
             std::string::npos);
   EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
                 .find("MASTER_PORT=70000 is outside [1, 65535]"),
@@ -90,12 +99,13 @@ TEST(LauncherEnv, OpenMpi) {
   EXPECT_EQ(i.rank, 3);
   EXPECT_EQ(i.world_size, 4);
   EXPECT_EQ(i.local_rank, 3);
-  EXPECT_EQ(i.master_addr, "127.0.0.1");  // every rank on this host
+  EXPECT_EQ(i.master_addr, "127.0.0.1");    // every rank on this host
   env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts: rank 0's host must be given
   EXPECT_NE(config_error(env).find("mpirun -x MASTER_ADDR"), std::string::npos);
   env["MASTER_ADDR"] = "head";
   EXPECT_EQ(rank_from_env(env).master_addr, "head");
-  EXPECT_NE(config_error({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(config_error({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"),
+            std::string::npos);
 }
 
 TEST(LauncherEnv, Slurm) {
@@ -119,8 +129,10 @@ TEST(LauncherEnv, Slurm) {
   EXPECT_EQ(rank_from_env(env).master_addr, "10.0.0.7");
   EXPECT_EQ(rank_from_env(env).master_port, 4000);
   // SLURM_NPROCS stands in for SLURM_NTASKS; without any node list the host is unknown.
-  EXPECT_EQ(rank_from_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "x"}}).world_size, 2);
-  EXPECT_NE(config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("SLURM_JOB_NODELIST"), std::string::npos);
+  EXPECT_EQ(rank_from_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "x"}}).world_size,
+            2);
+  EXPECT_NE(config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("SLURM_JOB_NODELIST"),
+            std::string::npos);
   EXPECT_NE(config_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "x"}})
                 .find("SLURM_PROCID=2 but SLURM_NTASKS=2"),
             std::string::npos);
@@ -229,7 +241,8 @@ TEST(Rendezvous, EveryRankGetsEveryAddress) {
   });
   for (int r = 0; r < W; ++r) {
     ASSERT_FALSE(errors[r]) << what_of<std::exception>(errors[r]);
-    EXPECT_EQ(got[r], (std::vector<std::string>{"address of 0", "address of 1", "address of 2", "address of 3"}));
+    EXPECT_EQ(got[r],
+              (std::vector<std::string>{"address of 0", "address of 1", "address of 2", "address of 3"}));
   }
 }
 
@@ -249,11 +262,13 @@ TEST(Rendezvous, DifferentConfigNamesTheRank) {
   constexpr int W = 3;
   const int port = free_port();
   auto errors = run({0, 1, 2}, [&](int r) {
-    rendezvous(rank_info(r, W, port), "a", config_fingerprint(r == 2 ? "lr=0.2" : "lr=0.1"), Deadline::after(30));
+    rendezvous(rank_info(r, W, port), "a", config_fingerprint(r == 2 ? "lr=0.2" : "lr=0.1"),
+               Deadline::after(30));
   });
   for (int r = 0; r < W; ++r) {
     const std::string msg = what_of<ConfigError>(errors[r]);
-    EXPECT_NE(msg.find("the configuration of rank 2 differs from rank 0's"), std::string::npos) << "rank " << r << ": " << msg;
+    EXPECT_NE(msg.find("the configuration of rank 2 differs from rank 0's"), std::string::npos)
+        << "rank " << r << ": " << msg;
   }
 }
 

@@ -39,7 +39,9 @@ constexpr double kWait = 20;  // seconds; far longer than any healthy wait here
 MessageId act(int m, int64_t step = 0, int chunk = 0) { return {Kind::Activation, m, chunk, step}; }
 MessageId grad(int m, int64_t step = 0) { return {Kind::Grad, m, 0, step}; }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 using Group = std::vector<std::unique_ptr<Transport>>;
 
@@ -117,7 +119,8 @@ TEST_P(TransportConformance, KeepsOrderPerPeerAndTag) {
   constexpr int kPerTag = 25, kTags = 4;
   run_ranks(g, [&](int r) {
     for (int i = 0; i < kPerTag * kTags; ++i)
-      for (int dst = 0; dst < W; ++dst) g[r]->send(dst, act(i % kTags, 0, i % 2), torch::full({3}, 1000 * r + i));
+      for (int dst = 0; dst < W; ++dst)
+        g[r]->send(dst, act(i % kTags, 0, i % 2), torch::full({3}, 1000 * r + i));
     for (int src = W - 1; src >= 0; --src)
       for (int tag = kTags - 1; tag >= 0; --tag)
         for (int i = tag; i < kPerTag * kTags; i += kTags) {
@@ -180,9 +183,9 @@ TEST_P(TransportConformance, EmptyAndZeroDimTensors) {
 TEST_P(TransportConformance, NonContiguousTensors) {
   const at::Tensor base = torch::arange(40000, torch::kDouble).view({200, 200});
   const std::vector<at::Tensor> views{
-      base.t(),                                         // transposed, large
-      base.slice(0, 0, 200, 7).slice(1, 1, 200, 3),     // strided, large
-      base.narrow(1, 5, 3),                             // small slice
+      base.t(),                                                     // transposed, large
+      base.slice(0, 0, 200, 7).slice(1, 1, 200, 3),                 // strided, large
+      base.narrow(1, 5, 3),                                         // small slice
       torch::arange(4, torch::kFloat).view({4, 1}).expand({4, 6}),  // zero stride
   };
   for (size_t i = 0; i < views.size(); ++i) {
@@ -236,7 +239,8 @@ TEST_P(TransportConformance, AbortWakesWaitersOnEveryRank) {
   const auto t0 = Clock::now();
   std::vector<std::thread> waiters;
   for (int r = 1; r < W; ++r)
-    waiters.emplace_back([&, r] { errors[r] = error_of([&] { g[r]->recv(0, act(0), Deadline::after(60)); }); });
+    waiters.emplace_back(
+        [&, r] { errors[r] = error_of([&] { g[r]->recv(0, act(0), Deadline::after(60)); }); });
   g[0]->abort("stage 0 failed");
   for (auto& t : waiters) t.join();
   EXPECT_LT(seconds_since(t0), 10.0) << "waiters were not woken";
@@ -266,8 +270,9 @@ TEST_P(TransportConformance, WrongStepIsRefused) {
   int peer = -1;
   const std::string err = error_of([&] { g[1]->recv(0, act(0, 2), Deadline::after(kWait)); }, &peer);
   EXPECT_EQ(peer, 0);
-  EXPECT_NE(err.find("expected activation of micro-batch 0 (step 2) from rank 0, got micro-batch 0 of step 1"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find("expected activation of micro-batch 0 (step 2) from rank 0, got micro-batch 0 of step 1"),
+      std::string::npos)
       << err;
 }
 
@@ -460,7 +465,9 @@ TEST_P(UcxDeadPeer, WaitEndsNamingTheRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FailureDetection, UcxDeadPeer, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "on" : "off"; });
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "on" : "off";
+                         });
 #endif
 
 // The pipeline trains the same over every backend: per-step losses and final parameters are
@@ -489,18 +496,21 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     o.timeout_s = 30;
     o.transport.backend = backend;
     pipeline::Pipeline pipe(model, o, pipeline::mean_cross_entropy);
-    pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
+    pipe.set_optimizer(
+        [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
     std::vector<double> losses;
     for (int step = 0; step < 5; ++step) losses.push_back(pipe.train_step(x, y));
     return std::make_pair(losses, model);
   };
   for (const std::string& backend : transport_backends()) {
-    for (const auto& [stages, schedule] : std::vector<std::pair<int, std::string>>{{2, "gpipe"}, {3, "1f1b"}}) {
+    for (const auto& [stages, schedule] :
+         std::vector<std::pair<int, std::string>>{{2, "gpipe"}, {3, "1f1b"}}) {
       auto [want, want_model] = train("local", stages, schedule);
       auto [got, got_model] = train(backend, stages, schedule);
       EXPECT_EQ(got, want) << backend << ", " << stages << " stages, " << schedule;
       auto pw = want_model->named_parameters(), pg = got_model->named_parameters();
-      for (const auto& p : pw) EXPECT_TRUE(torch::equal(p.value(), pg[p.key()])) << backend << ": " << p.key();
+      for (const auto& p : pw)
+        EXPECT_TRUE(torch::equal(p.value(), pg[p.key()])) << backend << ": " << p.key();
     }
   }
 }

@@ -1,11 +1,14 @@
 // ucx: the UCX backend (UCP tag API). Each rank owns a UCP context and worker and reaches every
 // rank, itself included, through an endpoint made from that rank's worker address. A message
-// is the 104-byte wire header, followed in the same UCP message by the data when it is small,
-// or by a second UCP message carrying the data straight from and into the tensor's memory. The
-// sender's rank is part of the UCP tag, so recv(src, id) only ever matches what src sent.
+// is the 104-byte wire header, followed in the same UCP message by the data when it is small
+// (up to 8 KiB), or by a second UCP message carrying the data straight from the tensor's memory
+// into the received tensor's, which recv() allocates only once the header has been validated.
+// The sender's rank is part of the UCP tag, so recv(src, id) only ever matches what src sent.
+// abort() also tells every peer, so their waits end too.
 //
 // Code outside comm/ creates transports through make_transport_group(); a multi-process runtime
-// calls make_ucx_transport() with its rendezvous as the address exchange.
+// calls make_ucx_transport() with its rendezvous as the address exchange (rendezvous.h:
+// store_exchange). UCX's own environment (UCX_TLS, ...) picks the transports.
 #pragma once
 
 #include <functional>
