@@ -19,8 +19,8 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1";
+// Runs a shell command line; its exit status and stdout.
+Result shell(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {-1, "popen failed"};
   std::string out;
@@ -30,6 +30,8 @@ Result run(const std::string& args) {
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
+
+Result run(const std::string& args) { return shell(std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1"); }
 
 std::string write_config(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/pipetrain_cli_" + std::to_string(::getpid()) + "_" + name;
@@ -363,12 +365,8 @@ TEST(Cli, KillDuringSaveKeepsThePreviousCheckpoint) {
   const Reference& ref = reference();
   const std::string cfg = write_config("lm.json", kLm);
   const std::string dir2 = fresh_dir("kill");
-  {
-    const std::string cmd = "PIPETRAIN_TEST_KILL_DURING_SAVE=4 " + std::string(PIPETRAIN_BINARY) + " train " + cfg +
-                            " --quiet --checkpoint-dir " + dir2 + " 2>&1";
-    const int st = std::system(cmd.c_str());
-    EXPECT_NE(st, 0);
-  }
+  EXPECT_NE(shell("PIPETRAIN_TEST_KILL_DURING_SAVE=4 " + std::string(PIPETRAIN_BINARY) + " train " + cfg +
+                  " --quiet --checkpoint-dir " + dir2 + " 2>&1").status, 0);
   EXPECT_TRUE(exists(dir2 + "/step-00000002/manifest.json"));
   EXPECT_TRUE(exists(dir2 + "/.step-00000004.partial/stage-0.pt"));
   EXPECT_FALSE(exists(dir2 + "/.step-00000004.partial/manifest.json"));
@@ -410,13 +408,7 @@ TEST(Cli, SigtermSavesACheckpointAndStops) {
                           " --metrics " + metrics + " --steps 100000 --set train.checkpoint_every=0 & pid=$!; "
                           "for i in $(seq 600); do [ -s " + metrics + " ] && break; sleep 0.1; done; "
                           "kill -TERM $pid; wait $pid; echo \"status=$?\"";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  pclose(p);
+  const std::string out = shell(cmd).out;
   EXPECT_NE(out.find("status=143"), std::string::npos) << out;
   const auto losses = step_losses(metrics);
   ASSERT_FALSE(losses.empty());
@@ -476,13 +468,7 @@ TEST(Cli, LaunchForwardsSigtermToEveryRank) {
                           "for i in $(seq 600); do sleep 0.1; done' > " + out + " 2>&1 & pid=$!; "
                           "for i in $(seq 600); do [ \"$(grep -c ready " + out + ")\" = 2 ] && break; sleep 0.1; done; "
                           "kill -TERM $pid; wait $pid; echo \"status=$?\"; cat " + out;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), n);
-  pclose(p);
+  const std::string text = shell(cmd).out;
   EXPECT_NE(text.find("status=7"), std::string::npos) << text;
   EXPECT_NE(text.find("[rank 0] got-term"), std::string::npos) << text;
   EXPECT_NE(text.find("[rank 1] got-term"), std::string::npos) << text;
