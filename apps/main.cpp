@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
       train_options.trace_steps = trace_steps;
       pt::TrainResult r = pt::train(job, train_options);
       if (r.signal) return 128 + r.signal;
+      if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports
       if (r.stopped_at > 0)
         std::printf("stopped at step %lld; checkpoint %s\n", static_cast<long long>(r.stopped_at), r.checkpoint.c_str());
       else if (r.test_samples > 0)
@@ -207,11 +208,19 @@ int main(int argc, char** argv) {
     } else if (*eval) {
       if (eval_batches >= 0) config.train.eval_batches = eval_batches;
       pt::Job job = pt::prepare(config);
-      pt::Pipeline pipe(job.model.layers, job.options, pt::mean_cross_entropy);
       const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
+      std::unique_ptr<pt::Pipeline> pipe = pt::make_pipeline(job);
       pt::TrainResult r;
-      pt::evaluate(job, pipe, r);
-      if (eval_json) {
+      try {
+        pt::evaluate(job, *pipe, r);
+        pipe->barrier();
+      } catch (const std::exception& e) {
+        pipe->abort(e.what());
+        throw;
+      }
+      if (pipe->rank() > 0) {
+        // runtime.kind processes: rank 0 reports
+      } else if (eval_json) {
         nlohmann::json j = pt::test_results_json(r);
         j["checkpoint"] = st.dir;
         j["step"] = st.step;

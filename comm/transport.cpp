@@ -11,7 +11,22 @@
 
 namespace pipetrain::comm {
 
+const char* exchange_name(Exchange e) {
+  switch (e) {
+    case Exchange::StepResult: return "the step's losses";
+    case Exchange::GradNorm: return "the gradient norms";
+    case Exchange::Broadcast: return "a broadcast";
+    case Exchange::Barrier: return "a barrier";
+    case Exchange::Layout: return "the stage layout";
+    case Exchange::Checkpoint: return "the checkpoint shards";
+    case Exchange::Stop: return "the stop flags";
+  }
+  return "an unknown exchange";
+}
+
 std::string MessageId::describe() const {
+  if (kind == Kind::Control)
+    return detail::concat(exchange_name(static_cast<Exchange>(chunk)), " (control message ", micro_batch, ")");
   return detail::concat(kind == Kind::Activation ? "activation" : "gradient", " of micro-batch ",
                         micro_batch, chunk ? detail::concat(" chunk ", chunk) : "", " (step ", step, ")");
 }
@@ -103,6 +118,17 @@ std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOpti
   std::string known;
   for (const auto& n : transport_backends()) known += (known.empty() ? "" : ", ") + n;
   throw ConfigError("comm: unknown transport \"" + options.backend + "\" (this build has: " + known + ")");
+}
+
+std::unique_ptr<Transport> make_process_transport(const TransportOptions& options, int rank, int world_size,
+                                                  const AddressExchange& exchange) {
+#if PIPETRAIN_HAVE_UCX
+  if (options.backend == "ucx") return make_ucx_transport(rank, world_size, exchange, options);
+#endif
+  if (options.backend == "local")
+    throw ConfigError("comm: transport \"local\" connects the threads of one process, not processes; use \"ucx\"");
+  throw ConfigError("comm: transport \"" + options.backend + "\" cannot connect processes in this build (it has: " +
+                    [] { std::string k; for (const auto& n : transport_backends()) k += (k.empty() ? "" : ", ") + n; return k; }() + ")");
 }
 
 }  // namespace pipetrain::comm

@@ -18,7 +18,14 @@
 
 namespace pipetrain::comm {
 
-enum class Kind : uint8_t { Activation = 1, Grad = 2 };
+// Control messages are the small exchanges by which the ranks of a multi-process pipeline agree
+// (step results, gradient norms, checkpoint shards, barriers); `chunk` says which, `micro_batch`
+// and `step` carry the exchange's sequence number.
+enum class Kind : uint8_t { Activation = 1, Grad = 2, Control = 3 };
+
+// What a control message is for (its MessageId::chunk).
+enum class Exchange : int { StepResult = 1, GradNorm = 2, Broadcast = 3, Barrier = 4, Layout = 5, Checkpoint = 6, Stop = 7 };
+const char* exchange_name(Exchange e);  // "step results", ...
 
 // What a message is: its tag is derived from kind, chunk and micro-batch; the step is checked
 // by the receiver against the header.
@@ -83,5 +90,11 @@ bool has_transport_backend(const std::string& name);
 // The endpoints of an in-process group (one per rank, ranks as threads of this process) of
 // `options.backend`. Throws ConfigError for a backend that is unknown or not compiled in.
 std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size);
+
+// This process's endpoint of a world whose ranks are processes (possibly on other hosts);
+// `exchange` publishes and collects the transport addresses (rendezvous.h: store_exchange).
+// Throws ConfigError for a backend that cannot connect processes ("local") or is not compiled in.
+std::unique_ptr<Transport> make_process_transport(const TransportOptions& options, int rank, int world_size,
+                                                  const AddressExchange& exchange);
 
 }  // namespace pipetrain::comm

@@ -333,23 +333,34 @@ std::string identity_hash(const json& identity) {
 
 std::string save_checkpoint(const std::string& root_dir, const Config& config, Pipeline& pipe, int64_t step,
                             int64_t batches, int keep) {
+  // Multi-process: every rank writes the shards of its own stages into the partial directory
+  // that rank 0 made; rank 0 writes the manifest from every rank's sizes and checksums and
+  // renames the directory into place. The directory must be shared by all ranks.
+  const bool writer = pipe.rank() <= 0;
   const fs::path root(root_dir);
   std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw CheckpointError("cannot create checkpoint directory " + root_dir + ": " + ec.message());
   const std::string name = step_name(step);
   const fs::path partial = root / ("." + name + ".partial");
-  fs::remove_all(partial, ec);
-  if (!fs::create_directory(partial, ec) || ec)
-    throw CheckpointError("cannot create " + partial.string() + ": " + ec.message());
+  if (writer) {
+    fs::create_directories(root, ec);
+    if (ec) throw CheckpointError("cannot create checkpoint directory " + root_dir + ": " + ec.message());
+    fs::remove_all(partial, ec);
+    if (!fs::create_directory(partial, ec) || ec)
+      throw CheckpointError("cannot create " + partial.string() + ": " + ec.message());
+  }
+  pipe.barrier();
+  if (!fs::is_directory(partial))
+    throw CheckpointError(detail::concat("rank ", pipe.rank(), ": cannot see ", partial.string(),
+                                         ", made by rank 0 (checkpoint directories must be shared by all ranks)"));
 
   // Fault injection for the tests: a kill after the first shard of this step's checkpoint.
   const char* kill_at = std::getenv("PIPETRAIN_TEST_KILL_DURING_SAVE");
   const bool kill_here = kill_at && std::to_string(step) == kill_at;
 
   const int V = static_cast<int>(pipe.balance().size());
-  json shards = json::array();
+  std::vector<double> written;  // (virtual stage, bytes, crc32) of each shard this rank wrote
   for (int vs = 0; vs < V; ++vs) {
+    if (!pipe.is_local_stage(vs)) continue;
     torch::nn::Sequential& layers = pipe.stage_layers(vs);
     c10::Dict<std::string, at::Tensor> d;
     for (auto& [n, t] : named_state(*layers)) d.insert(n, t.detach().contiguous());
@@ -362,12 +373,25 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
     const std::string file = "stage-" + std::to_string(vs) + ".pt";
     write_synced((partial / file).string(), bytes.data(), bytes.size());
-    shards.push_back({{"file", file},
-                      {"bytes", static_cast<uint64_t>(bytes.size())},
-                      {"crc32", crc_of(bytes)},
-                      {"layers", models::layer_names(layers)}});
+    written.insert(written.end(), {double(vs), double(bytes.size()), double(crc_of(bytes))});
     if (kill_here) std::raise(SIGKILL);
   }
+  std::map<int, std::pair<uint64_t, uint32_t>> entries;
+  for (const auto& part : pipe.all_gather(written))
+    for (size_t i = 0; i + 2 < part.size(); i += 3)
+      entries[static_cast<int>(part[i])] = {static_cast<uint64_t>(part[i + 1]), static_cast<uint32_t>(part[i + 2])};
+  if (static_cast<int>(entries.size()) != V)
+    throw CheckpointError(detail::concat("checkpoint ", partial.string(), ": ", entries.size(), " of ", V, " shards were written"));
+  if (!writer) {
+    pipe.barrier();  // rank 0 has renamed the checkpoint into place
+    return (root / name).string();
+  }
+  json shards = json::array();
+  for (const auto& [vs, e] : entries)
+    shards.push_back({{"file", "stage-" + std::to_string(vs) + ".pt"},
+                      {"bytes", e.first},
+                      {"crc32", e.second},
+                      {"layers", models::layer_names(pipe.stage_layers(vs))}});
   const json identity = training_identity(config);
   const json manifest{{"format", kFormat},
                       {"version", kVersion},
@@ -411,6 +435,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < complete.size(); ++i)
     if (complete[i].second != final_dir) fs::remove_all(complete[i].second, ec);
+  pipe.barrier();
   return final_dir.string();
 }
 
@@ -461,10 +486,20 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   for (int vs = 0; vs < V; ++vs) copy_named(named_state(*pipe.stage_layers(vs)), saved, dir);
   refuse_leftovers(saved, dir);
   const std::string kind = m.value("optimizer", config.optimizer.kind);
-  for (int vs = 0; vs < V; ++vs)
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
+  bool optimizers = false;
+  for (int vs = 0; vs < V; ++vs) {
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+      load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
+      optimizers = true;
+    } else if (!pipe.is_local_stage(vs)) {  // another rank's stage: its state is loaded there
+      for (const auto& p : pipe.stage_layers(vs)->named_parameters())
+        for (auto it = saved.lower_bound(kOptimizerPrefix + p.key() + "/");
+             it != saved.end() && it->first.rfind(kOptimizerPrefix + p.key() + "/", 0) == 0;)
+          it = saved.erase(it);
+    }
+  }
   for (const auto& [name, t] : saved)
-    if (name.rfind(kOptimizerPrefix, 0) == 0 && pipe.optimizer(0) != nullptr)
+    if (name.rfind(kOptimizerPrefix, 0) == 0 && optimizers)
       throw CheckpointError("checkpoint " + dir + ": optimizer state " + name + " belongs to no parameter of the model");
   if (auto it = saved.find(kGeneratorKey); it != saved.end()) {
     auto gen = at::detail::getDefaultCPUGenerator();

@@ -196,10 +196,16 @@ Config parse_config(const json& input, const std::string& source,
   train.finish();
 
   JsonReader rt = top.child("runtime");
-  c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads"});
-  c.runtime.transport = rt.get_choice("transport", c.runtime.transport, {"local", "ucx"});
+  c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads", "processes"});
+  const bool processes = c.runtime.kind == "processes";
+  const bool transport_given = rt.has("transport");
+  c.runtime.transport = rt.get_choice("transport", processes ? "ucx" : c.runtime.transport, {"local", "ucx"});
   if (!comm::has_transport_backend(c.runtime.transport))
-    rt.fail("transport", "\"" + c.runtime.transport + "\" is not compiled into this build (needs UCX at configure time)");
+    rt.fail(transport_given ? "transport" : "kind",
+            "\"" + c.runtime.transport + "\" is not compiled into this build (needs UCX at configure time)" +
+                (transport_given ? "" : "; runtime.kind processes talks over it"));
+  if (processes && c.runtime.transport == "local")
+    rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\"");
   c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
   c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);
   c.runtime.max_message_bytes = static_cast<uint64_t>(

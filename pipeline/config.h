@@ -69,8 +69,10 @@ struct TrainConfig {
 };
 
 struct RuntimeConfig {
+  // "threads": one process, a thread per stage; "processes": one process (rank) per stage,
+  // started by a launcher (pipetrain launch, torchrun-style, mpirun, srun), over `transport`.
   std::string kind = "threads";
-  std::string transport = "local";
+  std::string transport = "local";  // "local" | "ucx"; processes: "ucx" (the default there)
   int intra_op_threads = 0;  // 0: cores / stages
   double timeout_s = 300;
   uint64_t max_message_bytes = uint64_t(1) << 32;

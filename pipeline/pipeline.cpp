@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include <ATen/Parallel.h>
@@ -21,6 +24,19 @@ namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Fault injection for the tests of the multi-process runtime: PIPETRAIN_TEST_FAULT=D:S:kill|stop
+// makes device D send itself SIGKILL or SIGSTOP in pipeline step S (0-based), after its first
+// action. Returns the signal for (device, step), or 0.
+int injected_fault(int device, int64_t step) {
+  const char* spec = std::getenv("PIPETRAIN_TEST_FAULT");
+  if (!spec) return 0;
+  int d = -1;
+  long long s = -1;
+  char what[8] = "";
+  if (std::sscanf(spec, "%d:%lld:%7s", &d, &s, what) != 3 || d != device || s != step) return 0;
+  return std::string(what) == "kill" ? SIGKILL : std::string(what) == "stop" ? SIGSTOP : 0;
+}
 }  // namespace
 
 struct Pipeline::Impl {
@@ -37,6 +53,19 @@ struct Pipeline::Impl {
   int64_t step = 0;
   int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
   std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
+  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, the
+  // sequence number of the next control exchange, and why the pipeline can no longer be used.
+  int self = -1;
+  std::vector<int> local;
+  int64_t exchanges = 0;
+  std::string broken;
+
+  void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
+            std::unique_ptr<comm::Transport> endpoint);
+  void check_usable() const;
+  [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
+  std::vector<at::Tensor> all_gather(const at::Tensor& mine, comm::Exchange what);
+  bool last_is_local() const { return self < 0 || sched.device_of(static_cast<int>(stages.size()) - 1) == self; }
 
   // Inputs of the step being run, shared read-only with the stage threads.
   std::vector<at::Tensor> inputs, targets;
@@ -57,7 +86,21 @@ struct Pipeline::Impl {
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss)
     : impl_(std::make_unique<Impl>()) {
-  Impl& p = *impl_;
+  impl_->init(std::move(model), std::move(options), std::move(loss), nullptr);
+}
+
+Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
+                   std::unique_ptr<comm::Transport> endpoint)
+    : impl_(std::make_unique<Impl>()) {
+  if (!endpoint) throw ConfigError("pipeline: a multi-process pipeline needs a transport endpoint");
+  impl_->init(std::move(model), std::move(options), std::move(loss), std::move(endpoint));
+}
+
+void Pipeline::Impl::init(torch::nn::Sequential model_in, PipelineOptions options_in, stages::LossFn loss,
+                          std::unique_ptr<comm::Transport> endpoint) {
+  Impl& p = *this;
+  PipelineOptions& options = options_in;
+  torch::nn::Sequential& model = model_in;
   p.options = options;
   p.model = model;
   const int layers = static_cast<int>(model->size());
@@ -79,6 +122,25 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   partitioner::check(p.balance, layers, V, "pipeline");
   p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches, options.chunks);
   schedule::validate(p.sched);
+  if (endpoint) {
+    if (endpoint->world_size() != options.stages)
+      throw ConfigError(detail::concat("pipeline: ", options.stages, " stages need ", options.stages,
+                                       " ranks, one per stage, but this rank's world has ", endpoint->world_size()));
+    p.self = endpoint->rank();
+    p.local = {p.self};
+    p.transports.resize(options.stages);
+    p.transports[p.self] = std::move(endpoint);
+    // Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
+    const auto all = p.all_gather(torch::tensor(std::vector<int64_t>(p.balance.begin(), p.balance.end())),
+                                  comm::Exchange::Layout);
+    const at::Tensor& first = all[0];
+    if (first.numel() != V) throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel(), " stages, not ", V));
+    partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
+    partitioner::check(chosen, layers, V, "pipeline: rank 0's balance");
+    p.balance = chosen;
+  } else {
+    for (int r = 0; r < options.stages; ++r) p.local.push_back(r);
+  }
 
   auto off = partitioner::offsets(p.balance);
   auto children = model->named_children();
@@ -90,9 +152,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   }
   p.stages.back()->set_loss(std::move(loss));
   p.optimizers.resize(V);
-  p.transports = comm::make_transport_group(options.transport, options.stages);
-  for (int r = 0; r < options.stages; ++r)
-    p.workers.push_back(std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads));
+  if (p.self < 0) p.transports = comm::make_transport_group(options.transport, options.stages);
+  p.workers.resize(options.stages);
+  for (int r : p.local) p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads);
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
@@ -102,10 +164,42 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
 Pipeline::~Pipeline() = default;
 
 void Pipeline::set_optimizer(OptimizerFactory factory) {
-  for (size_t r = 0; r < impl_->stages.size(); ++r) {
-    auto params = impl_->stages[r]->layers()->parameters();
-    impl_->optimizers[r] = params.empty() ? nullptr : factory(params);
+  for (size_t vs = 0; vs < impl_->stages.size(); ++vs) {
+    auto params = impl_->stages[vs]->layers()->parameters();
+    impl_->optimizers[vs] = params.empty() || !is_local_stage(static_cast<int>(vs)) ? nullptr : factory(params);
   }
+}
+
+void Pipeline::Impl::check_usable() const {
+  if (!broken.empty())
+    throw Error(detail::concat("pipeline: rank ", self, " cannot continue after an earlier failure: ", broken));
+}
+
+// Multi-process: a failure on this rank or a peer's ends the pipeline. Aborting the endpoint
+// tells every peer at once, so none waits for its deadline.
+void Pipeline::Impl::fail(const std::string& what, std::exception_ptr error) {
+  broken = what;
+  if (self >= 0 && transports[self]) transports[self]->abort(detail::concat("rank ", self, " failed: ", what));
+  std::rethrow_exception(error);
+}
+
+// Every rank sends `mine` to every other and receives theirs; the result is indexed by rank.
+std::vector<at::Tensor> Pipeline::Impl::all_gather(const at::Tensor& mine, comm::Exchange what) {
+  comm::Transport& t = *transports.at(self);
+  const int64_t seq = exchanges++;
+  const comm::MessageId id{comm::Kind::Control, static_cast<int>(seq & 0x7fffffff), static_cast<int>(what), seq};
+  const int world = options.stages;
+  std::vector<at::Tensor> all(world);
+  all[self] = mine;
+  try {
+    for (int d = 0; d < world; ++d)
+      if (d != self) t.send(d, id, mine);
+    for (int d = 0; d < world; ++d)
+      if (d != self) all[d] = t.recv(d, id, Deadline::after(options.timeout_s));
+  } catch (const std::exception& e) {
+    fail(e.what(), std::current_exception());
+  }
+  return all;
 }
 
 void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
@@ -128,6 +222,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   int& peak = trace.peak_in_flight[r];
   int& peak_w = trace.peak_awaiting_weight[r];
   peak = peak_w = 0;
+  const int fault = injected_fault(r, step);
   for (const schedule::Action& a : sched.actions[r]) {
     const int m = a.micro_batch;
     const Key key{m, a.chunk};
@@ -186,6 +281,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
     peak_w = std::max(peak_w, awaiting);
     const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
+    if (fault) std::raise(fault);  // once, after the step's first action (tests only)
   }
 }
 
@@ -218,13 +314,18 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
 // optimizer, each in its own worker. Returns the norm before clipping (0 when clipping is off).
 double Pipeline::Impl::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
+  check_usable();
   if (grad_clip > 0 || track_norm || check_finite) {
     std::vector<double> sq(options.stages, 0.0);
-    for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
+    for (int r : local) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
     std::exception_ptr error;
-    for (int r = 0; r < options.stages; ++r)
+    for (int r : local)
       if (auto e = workers[r]->wait(); e && !error) error = e;
     if (error) std::rethrow_exception(error);
+    if (self >= 0) {  // every rank sums every rank's squares in the same order
+      const auto all = all_gather(torch::tensor({sq[self]}, torch::kDouble), comm::Exchange::GradNorm);
+      for (int r = 0; r < options.stages; ++r) sq[r] = all[r].item<double>();
+    }
     for (int r = 0; r < options.stages; ++r)
       if (check_finite && !std::isfinite(sq[r]))
         throw NonFiniteGradient(r, detail::concat("stage ", r, ": the gradient is not finite (squared norm ", sq[r],
@@ -233,16 +334,20 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
     norm = std::sqrt(norm);
     if (grad_clip > 0 && norm > grad_clip) scale = grad_clip / (norm + 1e-6);
   }
-  for (int r = 0; r < options.stages; ++r) workers[r]->submit([this, r, t0, scale] { step_optimizers(r, t0, scale); });
+  for (int r : local) workers[r]->submit([this, r, t0, scale] { step_optimizers(r, t0, scale); });
   std::exception_ptr error;
-  for (int r = 0; r < options.stages; ++r)
+  for (int r : local)
     if (auto e = workers[r]->wait(); e && !error) error = e;
-  if (error) std::rethrow_exception(error);
+  if (error) {
+    if (self >= 0) fail("optimizer step failed", error);
+    std::rethrow_exception(error);
+  }
   return norm;
 }
 
 double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
                                 bool accumulate, double scale) {
+  check_usable();
   const int M = options.micro_batches;
   const int64_t N = input.size(0);
   if (N < M)
@@ -268,7 +373,8 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   std::vector<std::exception_ptr> errors;
   // A failing stage aborts the transport at once so its peers stop waiting; the earliest
   // failure is the cause and is what the caller sees.
-  for (int r = 0; r < options.stages; ++r)
+  errors.assign(options.stages, nullptr);
+  for (int r : local)
     workers[r]->submit([this, r, t0] {
       try {
         run_stage(r, t0);
@@ -279,11 +385,20 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
         throw;
       }
     });
-  for (int r = 0; r < options.stages; ++r) errors.push_back(workers[r]->wait());
+  for (int r : local) errors[r] = workers[r]->wait();
   inputs.clear();
   targets.clear();
   const int failed = first_failure.exchange(-1);
   for (auto& o : trace.optimizer) o = {0.0, 0.0};
+  if (self >= 0) {
+    // Multi-process: the exchange of the last stage's losses also tells every rank that every
+    // other finished its list; a failure anywhere ends the pipeline on every rank.
+    if (failed >= 0) fail(detail::concat("step ", step, " failed"), errors[failed]);
+    const auto all = all_gather(torch::tensor(losses, torch::kDouble), comm::Exchange::StepResult);
+    const at::Tensor& last = all[sched.device_of(static_cast<int>(stages.size()) - 1)];
+    if (last.numel() != M) fail("malformed step result", std::make_exception_ptr(Error("rank sent a malformed step result")));
+    for (int m = 0; m < M; ++m) losses[m] = last[m].item<double>();
+  }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.
   for (auto& st : stages) {
@@ -351,14 +466,15 @@ void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
 // later one), with no gradients, no recomputation and the layers in evaluation mode.
 at::Tensor Pipeline::predict(const at::Tensor& input) {
   Impl& p = *impl_;
+  p.check_usable();
   const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
   const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
   std::vector<at::Tensor> outputs(M);
   const int V = static_cast<int>(p.stages.size());
   const int64_t tag_step = -(++p.predictions);  // never a training step
   p.model->eval();
-  std::vector<std::exception_ptr> errors;
-  for (int r = 0; r < p.options.stages; ++r)
+  std::vector<std::exception_ptr> errors(p.options.stages);
+  for (int r : p.local)
     p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
       torch::NoGradGuard no_grad;
       comm::Transport& t = *p.transports[r];
@@ -387,14 +503,65 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
         throw;
       }
     });
-  for (int r = 0; r < p.options.stages; ++r) errors.push_back(p.workers[r]->wait());
+  for (int r : p.local) errors[r] = p.workers[r]->wait();
   p.model->train();
   const int failed = p.first_failure.exchange(-1);
   if (failed >= 0) {
+    if (p.self >= 0) p.fail("evaluation failed", errors[failed]);
     p.transports = comm::make_transport_group(p.options.transport, p.options.stages);  // fresh mailboxes
     std::rethrow_exception(errors[failed]);
   }
+  if (!p.last_is_local()) return at::Tensor();
   return M == 1 ? outputs[0] : torch::cat(outputs, 0);
+}
+
+int Pipeline::rank() const { return impl_->self; }
+bool Pipeline::is_local(int device) const { return impl_->self < 0 || impl_->self == device; }
+bool Pipeline::is_local_stage(int virtual_stage) const {
+  return is_local(impl_->sched.device_of(virtual_stage));
+}
+
+std::vector<double> Pipeline::from_device(int device, const std::vector<double>& values) {
+  Impl& p = *impl_;
+  if (p.self < 0) return values;
+  p.check_usable();
+  const auto all = p.all_gather(p.self == device ? torch::tensor(values, torch::kDouble) : torch::zeros({0}, torch::kDouble),
+                                comm::Exchange::Broadcast);
+  const at::Tensor& t = all.at(device);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+void Pipeline::abort(const std::string& reason) {
+  Impl& p = *impl_;
+  if (p.self < 0 || !p.broken.empty()) return;
+  p.broken = reason;
+  p.transports[p.self]->abort(detail::concat("rank ", p.self, " stopped: ", reason));
+}
+
+bool Pipeline::any_rank(bool flag) {
+  Impl& p = *impl_;
+  if (p.self < 0) return flag;
+  p.check_usable();
+  for (const at::Tensor& t : p.all_gather(torch::tensor({flag ? 1 : 0}, torch::kInt), comm::Exchange::Stop))
+    if (t.item<int>() != 0) return true;
+  return false;
+}
+
+void Pipeline::barrier() {
+  Impl& p = *impl_;
+  if (p.self < 0) return;
+  p.check_usable();
+  p.all_gather(torch::zeros({0}, torch::kInt), comm::Exchange::Barrier);
+}
+
+std::vector<std::vector<double>> Pipeline::all_gather(const std::vector<double>& mine) {
+  Impl& p = *impl_;
+  if (p.self < 0) return {mine};
+  p.check_usable();
+  std::vector<std::vector<double>> out;
+  for (const at::Tensor& t : p.all_gather(torch::tensor(mine, torch::kDouble), comm::Exchange::Checkpoint))
+    out.emplace_back(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  return out;
 }
 
 int Pipeline::stages() const { return impl_->options.stages; }

@@ -59,6 +59,16 @@ class Pipeline {
   // the pipeline weights it by the micro-batch's share of the batch, so the step's loss is the
   // mean over the whole batch even when the batch does not divide evenly.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss);
+  // One rank of a multi-process pipeline (runtime.kind processes): this process runs device
+  // endpoint->rank() of endpoint->world_size() == options.stages, and its peers run the others
+  // with the same model, options and seed. Every call below is then collective: each rank makes
+  // the same calls in the same order, and the results that one rank computes (the loss, the
+  // gradient norm) are exchanged so that every rank returns the same value. The stage layout is
+  // rank 0's (e.g. a profiled balance). Any rank's failure fails the call on every rank (a peer
+  // that dies at once, one that stops answering after options.timeout_s), naming the rank; after
+  // a failed step the pipeline cannot be used again.
+  Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
+           std::unique_ptr<comm::Transport> endpoint);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -91,8 +101,23 @@ class Pipeline {
   double last_grad_norm() const;        // of the last optimizer step
 
   // Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
-  // the batch flows through the stages as the configured micro-batches.
+  // the batch flows through the stages as the configured micro-batches. Multi-process: only the
+  // rank that runs the last stage returns the output; the others return an undefined tensor.
   at::Tensor predict(const at::Tensor& input);
+
+  // Multi-process runtime (in-process, every device is local and these are trivial):
+  int rank() const;                  // this process's device; -1 in-process
+  bool is_local(int device) const;   // whether this process runs `device`
+  bool is_local_stage(int virtual_stage) const;
+  // `values` as the rank that runs `device` holds them, on every rank.
+  std::vector<double> from_device(int device, const std::vector<double>& values);
+  bool any_rank(bool flag);          // true on every rank when it is true on any
+  void barrier();                    // returns when every rank has called it
+  // Multi-process: ends the pipeline on every rank (peers fail at once with `reason`, naming
+  // this rank). In-process: nothing.
+  void abort(const std::string& reason);
+  // Every rank's `mine`, by rank (in-process: just {mine}); used to gather checkpoint shards.
+  std::vector<std::vector<double>> all_gather(const std::vector<double>& mine);
 
   int stages() const;  // devices; each runs `chunks` virtual stages
   const partitioner::Balance& balance() const;  // layers per virtual stage

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include "comm/launcher_env.h"
+#include "comm/rendezvous.h"
 #include "common/error.h"
 #include "common/rng.h"
 #include "common/strings.h"
@@ -71,6 +73,21 @@ Batch to_model(const Job& job, Batch b) {
   return b;
 }
 
+std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options) {
+  const Config& c = job.config;
+  if (c.runtime.kind != "processes") return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
+  const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
+  if (info.world_size != c.pipeline.stages)
+    throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage, but pipeline.stages is ",
+                                     c.pipeline.stages, " and the launcher (", info.launcher, ") started ", info.world_size,
+                                     " rank", info.world_size == 1 ? "" : "s",
+                                     info.launcher == "none" ? " (start the ranks with pipetrain launch, torchrun-style variables, mpirun or srun)" : ""));
+  const Deadline deadline = Deadline::after(c.runtime.timeout_s);
+  auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
+                                               comm::store_exchange(info, comm::config_fingerprint(c.root.dump() + run_options), deadline));
+  return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint));
+}
+
 namespace {
 
 std::string clock_text(double seconds) {
@@ -95,11 +112,16 @@ void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
     Batch b = to_model(job, job.data.test_batch(i, B));
     at::Tensor out = pipe.predict(b.input);
     const int64_t n = b.target.numel();
-    loss_sum += mean_cross_entropy(out, b.target).item<double>() * static_cast<double>(n);
-    correct += out.argmax(-1).eq(b.target).sum().item<double>();
     targets += n;
     samples += b.input.size(0);
+    if (!out.defined()) continue;  // multi-process: the rank with the last stage scores
+    loss_sum += mean_cross_entropy(out, b.target).item<double>() * static_cast<double>(n);
+    correct += out.argmax(-1).eq(b.target).sum().item<double>();
   }
+  const int last = pipe.schedule().device_of(static_cast<int>(pipe.balance().size()) - 1);
+  const auto scored = pipe.from_device(last, {loss_sum, correct});
+  loss_sum = scored.at(0);
+  correct = scored.at(1);
   result.test_samples = samples;
   result.language_model = job.data.tokens;
   result.baseline_name = job.data.baseline_name;
@@ -161,9 +183,36 @@ json test_results_json(const TrainResult& r) {
   return j;
 }
 
+namespace {
+TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options_in);
+}  // namespace
+
 TrainResult train(Job& job, const TrainOptions& options) {
+  // Ranks of a multi-process run must also agree on the options that are not in the config.
+  const std::string run_options = detail::concat(options.checkpoint_dir, "|", options.resume, "|", options.until_step);
+  std::unique_ptr<Pipeline> pipe = make_pipeline(job, run_options);
+  try {
+    TrainResult result = run_training(job, *pipe, options);
+    pipe->barrier();  // no rank leaves while another may still need it
+    return result;
+  } catch (const std::exception& e) {
+    pipe->abort(e.what());  // multi-process: the other ranks stop at once, naming this one
+    throw;
+  }
+}
+
+namespace {
+
+TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options_in) {
   const Config& c = job.config;
-  Pipeline pipe(job.model.layers, job.options, mean_cross_entropy);
+  // Multi-process: rank 0 reports progress and writes the metrics and trace files.
+  const bool primary = pipe.rank() <= 0;
+  TrainOptions options = options_in;
+  if (!primary) {
+    options.progress = false;
+    options.metrics_path.clear();
+    options.trace_path.clear();
+  }
   pipe.set_optimizer(make_optimizer_factory(c.optimizer));
 
   // Checkpoints: a directory with checkpoints in it is only ever continued (--resume), never
@@ -176,6 +225,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
     throw ConfigError(c.where("train.checkpoint_every") + ": checkpoints every " +
                       std::to_string(c.train.checkpoint_every) + " steps need a directory (--checkpoint-dir or train.checkpoint_dir)");
   TrainResult result;
+  result.rank = pipe.rank();
   const int64_t steps = c.train.steps;
   if (!ckpt_dir.empty()) {
     const std::string latest = latest_checkpoint(ckpt_dir);
@@ -222,10 +272,12 @@ TrainResult train(Job& job, const TrainOptions& options) {
   pipe.set_grad_clip(c.optimizer.grad_clip);
   pipe.track_grad_norm(!options.metrics_path.empty());
   pipe.check_finite_grads(true);
-  std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage\n",
-               c.model.value("family", "?").c_str(), job.data.name.c_str(), pipe.stages(),
-               partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
-               c.pipeline.checkpoint.c_str(), job.options.intra_op_threads);
+  if (primary)
+    std::fprintf(stderr, "pipetrain: %s on %s, %d stages %s, %d micro-batches, checkpoint %s, %d intra-op threads per stage%s\n",
+                 c.model.value("family", "?").c_str(), job.data.name.c_str(), pipe.stages(),
+                 partitioner::to_string(pipe.balance()).c_str(), job.options.micro_batches,
+                 c.pipeline.checkpoint.c_str(), job.options.intra_op_threads,
+                 pipe.rank() >= 0 ? detail::concat(", one process per stage over ", c.runtime.transport).c_str() : "");
 
   const auto start = Clock::now();
   auto window_start = start;
@@ -283,7 +335,8 @@ TrainResult train(Job& job, const TrainOptions& options) {
       }
     }
     window_samples += A * B;
-    const bool stopping = g_stop_signal.load() != 0 && signals;
+    // Every rank stops after the same step, whichever of them saw the signal.
+    const bool stopping = signals && pipe.any_rank(g_stop_signal.load() != 0);
     const double window_s = std::chrono::duration<double>(t1 - window_start).count();
     if (window_s >= 1.0 || rate == 0) {
       rate = window_samples / window_s;
@@ -324,7 +377,7 @@ TrainResult train(Job& job, const TrainOptions& options) {
                               (c.train.checkpoint_every > 0 && (s + 1) % c.train.checkpoint_every == 0)))
       save(s + 1);
     if (stopping) {
-      result.signal = g_stop_signal.load();
+      result.signal = g_stop_signal.load() ? g_stop_signal.load() : SIGTERM;  // a peer's signal
       result.stopped_at = s + 1;
       break;
     }
@@ -355,6 +408,8 @@ TrainResult train(Job& job, const TrainOptions& options) {
   }
   return result;
 }
+
+}  // namespace
 
 SingleDevice::SingleDevice(torch::nn::Sequential model, stages::LossFn loss, OptimizerFactory optimizer,
                            uint64_t seed)

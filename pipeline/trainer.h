@@ -30,6 +30,13 @@ Job prepare(const Config& config, bool resolve_balance = true);
 // Turns a data batch into model inputs of the job's dtype.
 Batch to_model(const Job& job, Batch b);
 
+// The job's pipeline. runtime.kind threads: every stage in this process. processes: this
+// process is one rank (rank and world from the launcher's environment, comm/launcher_env.h);
+// the ranks meet through the store at the master address, check that they run the same
+// configuration (and `run_options`, what else they must agree on), and connect their transport
+// endpoints, all within runtime.timeout_s.
+std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options = "");
+
 struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step; empty: none
   bool progress = true;      // live progress line on stderr
@@ -53,6 +60,7 @@ struct TrainResult {
   int64_t stopped_at = 0;       // the step the run stopped at before train.steps (--until-step, a signal); 0: none
   int signal = 0;               // SIGINT or SIGTERM that stopped the run; 0: none
   std::string checkpoint;       // the last checkpoint saved; empty: none
+  int rank = -1;                // runtime.kind processes: this process's rank; -1: in-process
 };
 
 TrainResult train(Job& job, const TrainOptions& options);
