@@ -73,6 +73,10 @@ Batch to_model(const Job& job, Batch b) {
   return b;
 }
 
+std::string run_fingerprint(const Config& c, const std::string& run_options) {
+  return comm::config_fingerprint(c.root.dump() + run_options);
+}
+
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options) {
   const Config& c = job.config;
   if (c.runtime.kind != "processes") return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
@@ -84,7 +88,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
                                      info.launcher == "none" ? " (start the ranks with pipetrain launch, torchrun-style variables, mpirun or srun)" : ""));
   const Deadline deadline = Deadline::after(c.runtime.timeout_s);
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
-                                               comm::store_exchange(info, comm::config_fingerprint(c.root.dump() + run_options), deadline));
+                                               comm::store_exchange(info, run_fingerprint(c, run_options), deadline));
   return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint));
 }
 
@@ -187,10 +191,13 @@ namespace {
 TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options_in);
 }  // namespace
 
+std::string train_run_options(const TrainOptions& o) {
+  return detail::concat("checkpoint_dir=", o.checkpoint_dir, " resume=", o.resume, " until_step=", o.until_step);
+}
+
 TrainResult train(Job& job, const TrainOptions& options) {
   // Ranks of a multi-process run must also agree on the options that are not in the config.
-  const std::string run_options = detail::concat(options.checkpoint_dir, "|", options.resume, "|", options.until_step);
-  std::unique_ptr<Pipeline> pipe = make_pipeline(job, run_options);
+  std::unique_ptr<Pipeline> pipe = make_pipeline(job, train_run_options(options));
   try {
     TrainResult result = run_training(job, *pipe, options);
     pipe->barrier();  // no rank leaves while another may still need it

@@ -36,6 +36,8 @@ Batch to_model(const Job& job, Batch b);
 // configuration (and `run_options`, what else they must agree on), and connect their transport
 // endpoints, all within runtime.timeout_s.
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options = "");
+// The hash the ranks of a multi-process run compare at the rendezvous.
+std::string run_fingerprint(const Config& config, const std::string& run_options = "");
 
 struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step; empty: none
@@ -64,6 +66,9 @@ struct TrainResult {
 };
 
 TrainResult train(Job& job, const TrainOptions& options);
+// What the ranks of a multi-process train() must agree on beyond the config (train() passes it
+// to make_pipeline).
+std::string train_run_options(const TrainOptions& options);
 
 // Mean loss and accuracy of `predict` over the test split (up to train.eval_batches batches).
 void evaluate(Job& job, Pipeline& pipe, TrainResult& result);

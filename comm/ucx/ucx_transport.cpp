@@ -45,7 +45,7 @@ namespace pipetrain::comm {
 namespace {
 
 // UCP tag: bit 63 a data message (apart from its header), bits 63 and 62 an abort notice,
-// bits 48-61 the sender's rank, bits 46-47 the kind, bits 32-45 the chunk, bits 0-31 the
+// bit 62 alone a liveness probe (ping or pong), bits 48-61 the sender's rank, bits 46-47 the kind, bits 32-45 the chunk, bits 0-31 the
 // micro-batch. Whether data follows its header inside the same message is decided by the
 // header's byte count alone (UCX 1.13 does not report the sender's tag reliably for a
 // receive that matches at once, so nothing relies on it).
@@ -55,6 +55,7 @@ constexpr int kChunkBits = 14;
 constexpr int kMaxWorld = 1 << kRankBits;
 constexpr uint64_t kDataBit = uint64_t(1) << 63;
 constexpr uint64_t kAbortTag = kDataBit | (uint64_t(1) << 62);
+constexpr uint64_t kProbeTag = uint64_t(1) << 62;
 constexpr uint64_t kTypeMask = kAbortTag;
 constexpr uint64_t kRankMask = uint64_t(kMaxWorld - 1) << kRankShift;
 constexpr uint64_t kAllBits = ~uint64_t(0);
@@ -64,6 +65,7 @@ constexpr uint64_t kAllBits = ~uint64_t(0);
 constexpr size_t kInlineBytes = 8192;
 constexpr size_t kHeaderBufferBytes = kWireHeaderBytes + kInlineBytes;
 constexpr size_t kAbortReasonBytes = 1024;
+constexpr size_t kProbeBytes = 8;  // sender rank and ping (0) or pong (1), two little-endian uint32
 constexpr double kCloseSeconds = 5;           // bound on flushing and closing endpoints at destruction
 constexpr double kAbortedCloseSeconds = 0.5;  // the same after an abort: peers stopped receiving
 constexpr int kPollCapMs = 100;               // a sleeping driver looks at the worker at least this often
@@ -185,7 +187,7 @@ class UcxTransport final : public Transport {
   void send_raw_header(int dst, const MessageId& id, const std::string& bytes);
 
  private:
-  enum class OpKind { Send, Recv, AbortNotice, Close };
+  enum class OpKind { Send, Recv, AbortNotice, Probe, Close };
   // One UCP operation in flight. Sends and closes belong to `pending_` until their callback;
   // a receive belongs to the thread waiting on it, or to `pending_` once that thread gave up
   // (its buffer must outlive UCP's last write into it).
@@ -208,6 +210,7 @@ class UcxTransport final : public Transport {
     int rank = -1;
     ucp_ep_h ep = nullptr;
     std::string failure;  // set by the endpoint's error callback
+    uint64_t pongs = 0;   // answers to this rank's liveness probes
   };
 
   static void on_send(void* request, ucs_status_t status, void* user);
@@ -226,6 +229,10 @@ class UcxTransport final : public Transport {
   template <typename Doing>
   void check_usable(int peer, const Doing& doing) const;
   void post_abort_notice_recv();
+  // Liveness probes: a wait whose deadline passes pings its peer. A live peer (waiting or
+  // computing: its progress is driven either way) answers; a stopped or hung one does not.
+  void send_probe(int dst, uint32_t type);
+  void service_probes();  // handles received probes, answers pings, reposts the receive
 
   void check_peer(int peer) const;
   std::unique_ptr<Op> new_op(OpKind kind, int peer, const MessageId& id, const char* label = nullptr);
@@ -257,6 +264,8 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::map<Op*, std::unique_ptr<Op>> pending_;
   std::unique_ptr<Op> abort_notice_;  // the posted receive of a peer's abort notice
+  std::unique_ptr<Op> probe_;         // the posted receive of a peer's ping or pong
+  bool probes_off_ = false;           // the probe receive failed: no more reposts
   int sends_in_flight_ = 0, closes_in_flight_ = 0;
   int data_waits_ = 0;  // receives of large data in progress
   bool stopping_ = false, closing_ = false;
@@ -335,6 +344,9 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
     peers_.push_back(std::move(peer));
   }
   post_abort_notice_recv();
+  probe_ = new_op(OpKind::Probe, -1, MessageId{Kind::Activation, 0}, "liveness probe");
+  probe_->bytes.reset(new uint8_t[kProbeBytes]);
+  post_recv(*probe_, probe_->bytes.get(), kProbeBytes, kProbeTag, kTypeMask);
   wake();
 }
 
@@ -380,12 +392,13 @@ void UcxTransport::release() {
     std::lock_guard<std::mutex> lock(mu_);
     // Receives still posted are cancelled; their callbacks drop them from pending_.
     std::vector<void*> posted;
-    if (abort_notice_ && abort_notice_->request) {
-      abort_notice_->orphaned = true;
-      posted.push_back(abort_notice_->request);
-      Op* raw = abort_notice_.get();
-      pending_.emplace(raw, std::move(abort_notice_));
-    }
+    for (std::unique_ptr<Op>* standing : {&abort_notice_, &probe_})
+      if (*standing && (*standing)->request) {
+        (*standing)->orphaned = true;
+        posted.push_back((*standing)->request);
+        Op* raw = standing->get();
+        pending_.emplace(raw, std::move(*standing));
+      }
     for (auto& [raw, op] : pending_)
       if (op->kind == OpKind::Recv && op->request) posted.push_back(op->request);
     for (void* request : posted) ucp_request_cancel(worker_, request);
@@ -437,6 +450,7 @@ void UcxTransport::wake() {
 }
 
 void UcxTransport::drive(std::unique_lock<std::mutex>& lock, Clock::time_point until, bool abortable) {
+  service_probes();
   const bool streaming = sends_in_flight_ > 0 || data_waits_ > 0;
   const auto spin_until = std::min(until, Clock::now() + (streaming ? kStreamingSpin : kSpin));
   for (;;) {  // until events, or the spin ends
@@ -446,7 +460,10 @@ void UcxTransport::drive(std::unique_lock<std::mutex>& lock, Clock::time_point u
       if (n == 0) break;
       events += n;
     }
-    if (events > 0) return;  // the caller looks at what changed before sleeping
+    if (events > 0) {
+      service_probes();
+      return;  // the caller looks at what changed before sleeping
+    }
     if (aborted_ || stopping_ || Clock::now() >= spin_until) break;
     std::this_thread::yield();
   }
@@ -612,6 +629,51 @@ void UcxTransport::post_abort_notice_recv() {
   post_recv(*abort_notice_, abort_notice_->bytes.get(), kAbortReasonBytes, kAbortTag, kTypeMask);
 }
 
+void UcxTransport::send_probe(int dst, uint32_t type) {
+  auto op = new_op(OpKind::Send, dst, MessageId{Kind::Activation, 0}, type == 0 ? "liveness ping" : "liveness pong");
+  op->bytes.reset(new uint8_t[kProbeBytes]);
+  for (int i = 0; i < 4; ++i) {
+    op->bytes[i] = static_cast<uint8_t>(static_cast<uint32_t>(rank_) >> (8 * i));
+    op->bytes[4 + i] = static_cast<uint8_t>(type >> (8 * i));
+  }
+  const uint8_t* buffer = op->bytes.get();
+  post_send(std::move(op), dst, buffer, kProbeBytes, kProbeTag | (static_cast<uint64_t>(rank_) << kRankShift));
+}
+
+void UcxTransport::service_probes() {
+  std::vector<int> pings;
+  for (int round = 0; probe_ && probe_->done && !probes_off_ && round < kProgressBatch; ++round) {
+    if (probe_->status != UCS_OK) {  // cancelled at shutdown, or the receive failed
+      probes_off_ = true;
+      break;
+    }
+    if (probe_->info.length == kProbeBytes) {
+      uint32_t sender = 0, type = 0;
+      for (int i = 0; i < 4; ++i) {
+        sender |= static_cast<uint32_t>(probe_->bytes[i]) << (8 * i);
+        type |= static_cast<uint32_t>(probe_->bytes[4 + i]) << (8 * i);
+      }
+      if (sender < peers_.size()) {
+        if (type == 0)
+          pings.push_back(static_cast<int>(sender));
+        else
+          ++peers_[sender]->pongs;
+      }
+    }
+    probe_->done = false;
+    probe_->request = nullptr;
+    probe_->status = UCS_INPROGRESS;
+    post_recv(*probe_, probe_->bytes.get(), kProbeBytes, kProbeTag, kTypeMask);
+  }
+  if (aborted_ || closing_) return;
+  for (int dst : pings) {
+    try {
+      send_probe(dst, 1);
+    } catch (const TransportError&) {  // a peer that failed needs no answer
+    }
+  }
+}
+
 void UcxTransport::give_up(std::unique_ptr<Op> op) {
   if (!op->request) return;
   void* request = op->request;
@@ -625,6 +687,16 @@ void UcxTransport::wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>&
                         const MessageId& id, Deadline deadline, const char* part) {
   ++waiters_;
   bool driving = false;
+  // When the deadline passes, the peer is probed for up to a quarter of the wait (at most a
+  // second). No answer: it stopped answering, and the error says so. An answer: it is alive
+  // and itself waiting (e.g. on a rank that stopped), so this wait goes on once more for as
+  // long, and the abort notice of the rank that times out first, naming the rank at fault,
+  // ends it; or it times out again.
+  const Clock::duration length = deadline.at - Clock::now();
+  const Clock::duration probe_window =
+      std::clamp<Clock::duration>(length / 4, Clock::duration::zero(), std::chrono::seconds(1));
+  enum class Phase { Waiting, Probing, Extended } phase = Phase::Waiting;
+  uint64_t pongs_before = 0;
   auto leave = [&] {
     --waiters_;
     if (driving) driver_ = Driver::None;
@@ -641,10 +713,26 @@ void UcxTransport::wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>&
     } else if (!peers_[src]->failure.empty()) {
       error = detail::concat("rank ", rank_, ": connection to rank ", src, " failed while waiting for ", part,
                              id.describe(), ": ", peers_[src]->failure);
+    } else if (phase == Phase::Probing && peers_[src]->pongs > pongs_before) {
+      phase = Phase::Extended;
+      deadline.at = Clock::now() + length;
+      continue;
+    } else if (deadline.passed() && phase == Phase::Waiting && src != rank_ && probe_window > Clock::duration::zero()) {
+      phase = Phase::Probing;
+      pongs_before = peers_[src]->pongs;
+      deadline.at = Clock::now() + probe_window;
+      try {
+        send_probe(src, 0);
+      } catch (const TransportError&) {  // the next round reports the failed connection
+      }
+      wake();
+      continue;
     } else if (deadline.passed()) {
       timeout = true;
-      error =
-          detail::concat("rank ", rank_, ": timed out waiting for ", part, id.describe(), " from rank ", src);
+      error = detail::concat("rank ", rank_, ": timed out waiting for ", part, id.describe(), " from rank ", src,
+                             phase == Phase::Probing    ? ", which does not answer (stopped, hung or unreachable)"
+                             : phase == Phase::Extended ? " (it is alive but did not send it)"
+                                                        : "");
     }
     if (!error.empty()) {
       leave();

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The MLP pipeline (configs/mlp_bench.json: 2 stages, 8 micro-batches, 1024 wide, gpipe) as one
+# process with a thread per stage (runtime.kind threads) against one process per stage
+# (runtime.kind processes over UCX, started by pipetrain launch), run alternately on the same
+# machine. Step time: the median of each run's steps after the first (warm-up), then the median
+# over runs. Also checks that both runtimes logged the same losses.
+#
+#   bench/processes.sh [build-dir]             (default: build)
+#   REPEAT=5 STEPS=40 bench/processes.sh build
+set -euo pipefail
+
+build=${1:-build}
+bin=$build/apps/pipetrain
+repeat=${REPEAT:-3}
+steps=${STEPS:-30}
+config=${CONFIG:-configs/mlp_bench.json}
+[[ -x $bin ]] || { echo "no $bin: build the pipetrain target" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+for i in $(seq "$repeat"); do
+  "$bin" train "$config" --quiet --steps "$steps" --metrics "$work/threads_$i.jsonl" > /dev/null
+  "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes_$i.jsonl" \
+    --set runtime.kind=processes > /dev/null
+done
+
+python3 - "$work" "$repeat" "$config" <<'EOF'
+import json, statistics, sys
+work, repeat, config = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cfg = json.load(open(config))
+batch = cfg["data"]["batch_size"]
+def run(kind, i):
+    lines = [json.loads(l) for l in open(f"{work}/{kind}_{i}.jsonl") if l.strip()]
+    steps = [l for l in lines if "event" not in l]
+    return [s["loss"] for s in steps], statistics.median(s["step_time_s"] for s in steps[1:])
+res = {k: [run(k, i) for i in range(1, repeat + 1)] for k in ("threads", "processes")}
+same = all(t[0] == p[0] for t, p in zip(res["threads"], res["processes"]))
+med = {k: statistics.median(r[1] for r in v) for k, v in res.items()}
+print(f"{config}: {cfg['pipeline']['stages']} stages, {cfg['pipeline']['micro_batches']} micro-batches, "
+      f"batch {batch}; median of {repeat} runs (each the median of its steps after the first)")
+print("| runtime | step (ms) | samples/s | per run (ms) |")
+print("|---|---|---|---|")
+for k in ("threads", "processes"):
+    runs = ", ".join(f"{r[1] * 1e3:.1f}" for r in res[k])
+    print(f"| {k} | {med[k] * 1e3:.1f} | {batch / med[k]:.0f} | {runs} |")
+print(f"processes / threads step time: {med['processes'] / med['threads']:.3f}; "
+      f"losses {'bit-identical' if same else 'DIFFER'} in every run")
+EOF
