@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MLP pipeline (configs/mlp_bench.json: 2 stages, 8 micro-batches, 1024 wide, gpipe) as one
 # process with a thread per stage (runtime.kind threads) against one process per stage
-# (runtime.kind processes over UCX, started by pipetrain launch), run alternately on the same
+# (runtime.kind processes over UCX, started by pipetrain launch; with peer-failure detection on,
+# which means tcp, and off, which allows shared memory), run alternately on the same
 # machine. Step time: the median of each run's steps after the first (warm-up), then the median
 # over runs. Also checks that both runtimes logged the same losses.
 #
@@ -18,10 +19,14 @@ config=${CONFIG:-configs/mlp_bench.json}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+log=$work/log
 for i in $(seq "$repeat"); do
-  "$bin" train "$config" --quiet --steps "$steps" --metrics "$work/threads_$i.jsonl" > /dev/null
+  "$bin" train "$config" --quiet --steps "$steps" --metrics "$work/threads_$i.jsonl" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  # Peer-failure detection on (the default: UCX uses tcp between the processes) and off (shared memory).
   "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes_$i.jsonl" \
-    --set runtime.kind=processes > /dev/null
+    --set runtime.kind=processes > "$log" 2>&1 || { cat "$log"; exit 1; }
+  "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-sm_$i.jsonl" \
+    --set runtime.kind=processes --set runtime.detect_peer_failure=false > "$log" 2>&1 || { cat "$log"; exit 1; }
 done
 
 python3 - "$work" "$repeat" "$config" <<'EOF'
@@ -33,16 +38,18 @@ def run(kind, i):
     lines = [json.loads(l) for l in open(f"{work}/{kind}_{i}.jsonl") if l.strip()]
     steps = [l for l in lines if "event" not in l]
     return [s["loss"] for s in steps], statistics.median(s["step_time_s"] for s in steps[1:])
-res = {k: [run(k, i) for i in range(1, repeat + 1)] for k in ("threads", "processes")}
-same = all(t[0] == p[0] for t, p in zip(res["threads"], res["processes"]))
+kinds = ("threads", "processes", "processes-sm")
+names = {"threads": "threads (local)", "processes": "processes (ucx, tcp: failure detection on)",
+         "processes-sm": "processes (ucx, shared memory: detection off)"}
+res = {k: [run(k, i) for i in range(1, repeat + 1)] for k in kinds}
+same = all(t[0] == p[0] == q[0] for t, p, q in zip(res["threads"], res["processes"], res["processes-sm"]))
 med = {k: statistics.median(r[1] for r in v) for k, v in res.items()}
 print(f"{config}: {cfg['pipeline']['stages']} stages, {cfg['pipeline']['micro_batches']} micro-batches, "
       f"batch {batch}; median of {repeat} runs (each the median of its steps after the first)")
-print("| runtime | step (ms) | samples/s | per run (ms) |")
-print("|---|---|---|---|")
-for k in ("threads", "processes"):
+print("| runtime | step (ms) | samples/s | vs threads | per run (ms) |")
+print("|---|---|---|---|---|")
+for k in kinds:
     runs = ", ".join(f"{r[1] * 1e3:.1f}" for r in res[k])
-    print(f"| {k} | {med[k] * 1e3:.1f} | {batch / med[k]:.0f} | {runs} |")
-print(f"processes / threads step time: {med['processes'] / med['threads']:.3f}; "
-      f"losses {'bit-identical' if same else 'DIFFER'} in every run")
+    print(f"| {names[k]} | {med[k] * 1e3:.1f} | {batch / med[k]:.0f} | {med[k] / med['threads']:.3f} | {runs} |")
+print(f"losses {'bit-identical' if same else 'DIFFER'} across the three in every run")
 EOF

@@ -80,6 +80,9 @@ void set_rates(BenchMeasure& m, int64_t batch) {
 
 BenchResult run_bench(const Config& c, const BenchOptions& o) {
   if (o.repeat < 1) throw ConfigError("--repeat must be >= 1");
+  if (c.runtime.kind == "processes")
+    throw ConfigError(c.where("runtime.kind") + ": pipetrain bench measures stages as threads of one process; "
+                      "bench/processes.sh compares runtime.kind processes with threads");
   BenchResult r;
   Job job = prepare(c);
   const int64_t B = c.data.batch_size;

@@ -206,6 +206,7 @@ Config parse_config(const json& input, const std::string& source,
                 (transport_given ? "" : "; runtime.kind processes talks over it"));
   if (processes && c.runtime.transport == "local")
     rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\"");
+  c.runtime.detect_peer_failure = rt.get_bool("detect_peer_failure", c.runtime.detect_peer_failure);
   c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
   c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);
   c.runtime.max_message_bytes = static_cast<uint64_t>(

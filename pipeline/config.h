@@ -73,6 +73,10 @@ struct RuntimeConfig {
   // started by a launcher (pipetrain launch, torchrun-style, mpirun, srun), over `transport`.
   std::string kind = "threads";
   std::string transport = "local";  // "local" | "ucx"; processes: "ucx" (the default there)
+  // UCX: a peer that dies fails waits at once (UCX 1.13 then cannot use shared memory between
+  // processes, so ranks on one host talk over tcp); off: shared memory, and a dead peer is
+  // noticed at the timeout.
+  bool detect_peer_failure = true;
   int intra_op_threads = 0;  // 0: cores / stages
   double timeout_s = 300;
   uint64_t max_message_bytes = uint64_t(1) << 32;

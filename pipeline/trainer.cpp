@@ -56,6 +56,7 @@ Job prepare(const Config& c, bool resolve_balance) {
   o.seed = c.train.seed;
   o.transport.max_message_bytes = c.runtime.max_message_bytes;
   o.transport.backend = c.runtime.transport;
+  o.transport.detect_peer_failure = c.runtime.detect_peer_failure;
   if (resolve_balance) {
     const std::string& method = c.pipeline.balance_method;
     const bool needs_profile = method == "time" || method == "memory";

@@ -5,12 +5,12 @@ set -euo pipefail
 
 # ucx-utils: ucx_perftest for the transport benchmark; openmpi: mpirun launches; fortunes: the
 # text the byte-level language model config trains on; python3-torch: the tests read exports
-# with torch.load.
+# with torch.load; iproute2: the two-namespace test makes its network with `ip`.
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   libtorch-dev nlohmann-json3-dev libcli11-dev googletest libgtest-dev
   libucx-dev ucx-utils
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev iproute2
   libopenblas0-openmp
   dataset-fashion-mnist
   fortunes

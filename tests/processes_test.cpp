@@ -252,6 +252,10 @@ TEST(Processes, SameLossesAsThreads) {
     auto [t, p] = threads_and_processes("mlp", kMlp, 2);
     expect_same_training(t, p, "mlp, gpipe, 2 stages");
   }
+  {  // without peer-failure detection UCX may use shared memory between the processes
+    auto [t, p] = threads_and_processes("mlp_sm", kMlp, 2, "--set runtime.detect_peer_failure=false");
+    expect_same_training(t, p, "mlp, gpipe, 2 stages, shared memory");
+  }
   {
     auto [t, p] = threads_and_processes("gpt", kGpt, 3);
     expect_same_training(t, p, "gpt with dropout, 1f1b, 3 stages");
@@ -486,6 +490,27 @@ TEST(Processes, ConfigurationErrors) {
   r = run("train " + cfg + " --set runtime.kind=processes --set runtime.transport=local");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("runtime.transport"), std::string::npos) << r.out;
+  r = run("bench " + cfg + " --set runtime.kind=processes");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("bench/processes.sh"), std::string::npos) << r.out;
+  r = run("train " + cfg + " --set runtime.kind=processes --set runtime.detect_peer_failure=maybe");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("runtime.detect_peer_failure"), std::string::npos) << r.out;
+  // A rank that never comes: rank 0 names it once runtime.timeout_s has passed.
+  {
+    const int port = free_port();
+    std::vector<Rank> alone;
+    const auto t0 = Clock::now();
+    alone.push_back(spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes", "--set",
+                           "runtime.timeout_s=2"},
+                          rank_env(0, 2, port), temp("alone.txt")));
+    EXPECT_TRUE(wait_ranks(alone, {}, t0, 60));
+    EXPECT_EQ(alone[0].status, 1) << alone[0].out();
+    EXPECT_NE(alone[0].out().find("rank 0: rendezvous at 127.0.0.1:" + std::to_string(port) +
+                                  ": rank 1 did not join before the deadline"),
+              std::string::npos)
+        << alone[0].out();
+  }
   // Ranks with different configurations: both say which rank differs.
   const int port = free_port();
   std::vector<Rank> ranks;
