@@ -465,7 +465,9 @@ TEST(Processes, CheckpointResumeSigtermAndEval) {
   // rank 0 writes the checkpoint with every rank's shards, and all exit with 143.
   const std::string dir2 = temp("ckpt_sigterm"), m2 = temp("ckpt_sigterm.jsonl");
   shell("rm -rf " + dir2 + " " + m2);
-  const std::string cmd = "timeout -s KILL 150 " + pipetrain_binary() + " launch --nproc 3 -- train " + cfg +
+  // (--foreground: timeout passes SIGTERM to the launcher only, not again to its process group;
+  // a second SIGTERM would stop the ranks at once.)
+  const std::string cmd = "timeout --foreground -s KILL 150 " + pipetrain_binary() + " launch --nproc 3 -- train " + cfg +
                           " --quiet --steps 100000 --metrics " + m2 + " --set runtime.kind=processes --checkpoint-dir " +
                           dir2 + " > " + temp("sigterm_out.txt") + " 2>&1 & pid=$!; "
                           "for i in $(seq 600); do [ -s " + m2 + " ] && break; sleep 0.1; done; "
