@@ -229,7 +229,7 @@ TEST_P(TransportConformance, DeadlineFiresNamingRankAndMessage) {
   EXPECT_EQ(err.rfind("rank 1: timed out waiting for activation of micro-batch 3 (step 9) from rank 0", 0), 0u) << err;
   if (backend() == "ucx") {
     EXPECT_NE(err.find("(it is alive but did not send it)"), std::string::npos) << err;
-    EXPECT_GE(waited, 0.39);
+    EXPECT_GE(waited, 0.35);  // the deadline, then about as long again
   }
   EXPECT_GE(waited, 0.19);
   EXPECT_LT(waited, 2.0);
