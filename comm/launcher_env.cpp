@@ -48,13 +48,15 @@ struct Launcher {
   const char* rank;
   std::vector<const char*> size;  // the first one that is set counts
   const char* local_rank;
+  const char* local_size;  // ranks on this host
 };
 
 const std::vector<Launcher>& launchers() {
   static const std::vector<Launcher> all{
-      {"torchrun", "RANK", {"WORLD_SIZE"}, "LOCAL_RANK"},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_SIZE"}, "OMPI_COMM_WORLD_LOCAL_RANK"},
-      {"slurm", "SLURM_PROCID", {"SLURM_NTASKS", "SLURM_NPROCS"}, "SLURM_LOCALID"},
+      {"torchrun", "RANK", {"WORLD_SIZE"}, "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_SIZE"}, "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", {"SLURM_NTASKS", "SLURM_NPROCS"}, "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
   };
   return all;
 }
@@ -118,6 +120,10 @@ RankInfo rank_from_env(const Environment& env) {
     if (info.local_rank >= info.world_size)
       throw ConfigError(detail::concat(chosen->local_rank, "=", info.local_rank, " but ", size_key, "=",
                                        info.world_size, ": the local rank must be below the world size"));
+    // Slurm writes SLURM_NTASKS_PER_NODE as "2(x3)" on uneven layouts: then unknown.
+    const std::string* local = find(env, chosen->local_size);
+    if (local && local->find_first_not_of("0123456789") == std::string::npos)
+      info.local_world_size = parse_int(chosen->local_size, *local, 1, info.world_size);
   }
 
   info.master_port = optional_int(env, "MASTER_PORT", info.master_port, 1, 65535);

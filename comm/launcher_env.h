@@ -26,6 +26,8 @@ struct RankInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 0;  // ranks on this host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
+                             // SLURM_NTASKS_PER_NODE); 0: not known
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  // "torchrun", "openmpi", "slurm" or "none" (a single process)

@@ -87,6 +87,9 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
                                      c.pipeline.stages, " and the launcher (", info.launcher, ") started ", info.world_size,
                                      " rank", info.world_size == 1 ? "" : "s",
                                      info.launcher == "none" ? " (start the ranks with pipetrain launch, torchrun-style variables, mpirun or srun)" : ""));
+  // Each host's cores are shared by the ranks on it, not by all stages.
+  if (c.runtime.intra_op_threads == 0 && info.local_world_size > 0)
+    job.options.intra_op_threads = intra_op_threads(c.runtime, info.local_world_size);
   const Deadline deadline = Deadline::after(c.runtime.timeout_s);
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
                                                comm::store_exchange(info, run_fingerprint(c, run_options), deadline));

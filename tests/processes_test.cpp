@@ -405,6 +405,9 @@ TEST(Processes, HostilePeerIsRefused) {
       {"bad magic", 0, {0xde, 0xad, 0xbe, 0xef}, "bad magic"},
       {"unknown dtype", 6, {0x77}, "unknown dtype"},
       {"huge dim", 8, {0, 0, 0, 0, 0, 1, 0, 0}, "exceeds the message limit"},
+      {"negative dim", 8, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "negative dim 0: -1"},
+      // The byte count (after magic, version, dtype, ndim and 8 dims) over runtime.max_message_bytes.
+      {"byte count over the limit", 8 + 8 * 8, {0, 0, 0, 0, 0, 1, 0, 0}, "exceed the message limit"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

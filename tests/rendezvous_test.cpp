@@ -56,8 +56,15 @@ TEST(LauncherEnv, Torchrun) {
   EXPECT_EQ(i.rank, 2);
   EXPECT_EQ(i.world_size, 4);
   EXPECT_EQ(i.local_rank, 0);
+  EXPECT_EQ(i.local_world_size, 0);  // not given
   EXPECT_EQ(i.master_addr, "n1");
   EXPECT_EQ(i.master_port, 1234);
+  EXPECT_EQ(rank_from_env({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "n1"}, {"LOCAL_WORLD_SIZE", "2"}})
+                .local_world_size,
+            2);
+  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "n1"}, {"LOCAL_WORLD_SIZE", "5"}})
+                .find("LOCAL_WORLD_SIZE=5 is outside [1, 4]"),
+            std::string::npos);
   // LOCAL_RANK is optional; a single process needs no master address.
   EXPECT_EQ(rank_from_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).master_addr, "127.0.0.1");
 }
@@ -99,6 +106,7 @@ TEST(LauncherEnv, OpenMpi) {
   EXPECT_EQ(i.rank, 3);
   EXPECT_EQ(i.world_size, 4);
   EXPECT_EQ(i.local_rank, 3);
+  EXPECT_EQ(i.local_world_size, 4);
   EXPECT_EQ(i.master_addr, "127.0.0.1");    // every rank on this host
   env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts: rank 0's host must be given
   EXPECT_NE(config_error(env).find("mpirun -x MASTER_ADDR"), std::string::npos);
@@ -119,6 +127,7 @@ TEST(LauncherEnv, Slurm) {
   EXPECT_EQ(i.rank, 5);
   EXPECT_EQ(i.world_size, 8);
   EXPECT_EQ(i.local_rank, 1);
+  EXPECT_EQ(i.local_world_size, 0);
   EXPECT_EQ(i.master_addr, "node01");
   EXPECT_EQ(i.master_port, 29500);
   env.erase("SLURM_JOB_NODELIST");
@@ -128,6 +137,10 @@ TEST(LauncherEnv, Slurm) {
   env["MASTER_PORT"] = "4000";
   EXPECT_EQ(rank_from_env(env).master_addr, "10.0.0.7");
   EXPECT_EQ(rank_from_env(env).master_port, 4000);
+  env["SLURM_NTASKS_PER_NODE"] = "2";
+  EXPECT_EQ(rank_from_env(env).local_world_size, 2);
+  env["SLURM_NTASKS_PER_NODE"] = "2(x4)";  // an uneven layout's notation: not known
+  EXPECT_EQ(rank_from_env(env).local_world_size, 0);
   // SLURM_NPROCS stands in for SLURM_NTASKS; without any node list the host is unknown.
   EXPECT_EQ(rank_from_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "x"}}).world_size,
             2);
