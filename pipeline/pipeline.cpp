@@ -315,7 +315,8 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
 double Pipeline::Impl::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
   check_usable();
-  if (grad_clip > 0 || track_norm || check_finite) {
+  // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
+  if (self >= 0 || grad_clip > 0 || track_norm || check_finite) {
     std::vector<double> sq(options.stages, 0.0);
     for (int r : local) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
     std::exception_ptr error;

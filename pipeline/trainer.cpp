@@ -80,7 +80,20 @@ std::string run_fingerprint(const Config& c, const std::string& run_options) {
 
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options) {
   const Config& c = job.config;
-  if (c.runtime.kind != "processes") return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
+  if (c.runtime.kind != "processes") {
+    // Started by a launcher but in-process: each rank runs the whole pipeline on its own.
+    comm::RankInfo info;
+    try {
+      info = comm::rank_from_env(comm::process_environment());
+    } catch (const ConfigError&) {  // not meant for us
+    }
+    if (info.world_size > 1 && info.rank == 0)
+      std::fprintf(stderr,
+                   "pipetrain: note: started as one of %d ranks (%s) with runtime.kind threads: every rank runs "
+                   "all %d stages on its own; runtime.kind=processes runs one stage per rank\n",
+                   info.world_size, info.launcher.c_str(), c.pipeline.stages);
+    return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
+  }
   const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
   if (info.world_size != c.pipeline.stages)
     throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage, but pipeline.stages is ",

@@ -12,24 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/process_helpers.h"
+
 namespace {
 
-struct Result {
-  int status;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs a shell command line; its exit status and stdout.
-Result shell(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using pipetrain::test::Result;
+using pipetrain::test::shell;
 
 Result run(const std::string& args) { return shell(std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1"); }
 
@@ -443,6 +431,9 @@ TEST(Cli, LaunchSetsTheEnvironmentAndPrefixesOutput) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[rank 0] test accuracy"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 1] test accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] pipetrain: note: started as one of 2 ranks (torchrun) with runtime.kind threads"),
+            std::string::npos)
+      << r.out;
   expect_one_line_error(run("launch --nproc 0 -- train " + cfg), "--nproc");
   expect_one_line_error(run("train " + cfg + " --until-step -1"), "--until-step");
 }

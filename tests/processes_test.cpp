@@ -4,9 +4,7 @@
 // peer that sends a malformed header; checkpoints, resume, SIGTERM and evaluation across ranks.
 // Every wait is bounded: each rank runs under a deadline and is killed when it passes.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,11 +32,15 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/config.h"
 #include "pipeline/trainer.h"
+#include "tests/process_helpers.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+using pipetrain::test::free_port;
+using pipetrain::test::Result;
+using pipetrain::test::shell;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -59,42 +61,9 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-struct Result {
-  int status;
-  std::string out;
-};
-
-Result shell(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
 // Every command line runs under `timeout`, so a hang fails the test instead of the suite.
 Result run(const std::string& args) {
   return shell("timeout -s KILL 150 " + std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1");
-}
-
-// A TCP port that was free a moment ago, for a rendezvous.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29500 + static_cast<int>(::getpid() % 20000);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // One rank started by hand, as a launcher would: its own environment, output to a file.

@@ -2,8 +2,6 @@
 // rendezvous through c10d::TCPStore, with ranks as threads on a free loopback port.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,12 +16,14 @@
 #include "comm/rendezvous.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "tests/process_helpers.h"
 #if PIPETRAIN_HAVE_UCX
 #include "comm/ucx/ucx_transport.h"
 #endif
 
 using namespace pipetrain;
 using namespace pipetrain::comm;
+using pipetrain::test::free_port;
 
 namespace {
 
@@ -187,21 +187,6 @@ TEST(LauncherEnv, ReadsTheProcessEnvironment) {
   ASSERT_TRUE(env.count("PIPETRAIN_RENDEZVOUS_TEST"));
   EXPECT_EQ(env.at("PIPETRAIN_RENDEZVOUS_TEST"), "a=b");
   ::unsetenv("PIPETRAIN_RENDEZVOUS_TEST");
-}
-
-// A loopback port that was free a moment ago (the store binds it right after).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 RankInfo rank_info(int rank, int world, int port) {
