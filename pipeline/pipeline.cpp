@@ -394,11 +394,35 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   if (self >= 0) {
     // Multi-process: the exchange of the last stage's losses also tells every rank that every
     // other finished its list; a failure anywhere ends the pipeline on every rank.
+    // Each rank also sends what it measured (peaks and spans), so that rank 0's trace and
+    // metrics cover every stage, as in one process. Times are from each rank's own step start.
     if (failed >= 0) fail(detail::concat("step ", step, " failed"), errors[failed]);
-    const auto all = all_gather(torch::tensor(losses, torch::kDouble), comm::Exchange::StepResult);
-    const at::Tensor& last = all[sched.device_of(static_cast<int>(stages.size()) - 1)];
-    if (last.numel() != M) fail("malformed step result", std::make_exception_ptr(Error("rank sent a malformed step result")));
-    for (int m = 0; m < M; ++m) losses[m] = last[m].item<double>();
+    std::vector<double> result = losses;
+    result.push_back(trace.peak_in_flight[self]);
+    result.push_back(trace.peak_awaiting_weight[self]);
+    for (const Span& sp : trace.spans[self])
+      result.insert(result.end(), {double(static_cast<int>(sp.op)), double(sp.micro_batch), double(sp.chunk), sp.start,
+                                   sp.end, sp.recompute});
+    const auto all = all_gather(torch::tensor(result, torch::kDouble), comm::Exchange::StepResult);
+    for (int d = 0; d < options.stages; ++d) {
+      const at::Tensor& t = all[d];
+      if (t.numel() < M + 2 || (t.numel() - M - 2) % 6 != 0)
+        fail(detail::concat("rank ", d, " sent a malformed step result"),
+             std::make_exception_ptr(Error(detail::concat("rank ", d, " sent a step result of ", t.numel(), " values"))));
+      const double* v = t.data_ptr<double>();
+      if (d == sched.device_of(static_cast<int>(stages.size()) - 1)) losses.assign(v, v + M);
+      if (d == self) continue;
+      trace.peak_in_flight[d] = static_cast<int>(v[M]);
+      trace.peak_awaiting_weight[d] = static_cast<int>(v[M + 1]);
+      trace.spans[d].clear();
+      for (int64_t i = M + 2; i + 5 < t.numel(); i += 6) {
+        if (!(v[i] >= 0 && v[i] <= static_cast<int>(schedule::Op::SendGrad)))
+          fail(detail::concat("rank ", d, " sent a malformed step result"),
+               std::make_exception_ptr(Error(detail::concat("rank ", d, " sent an unknown action code ", v[i]))));
+        trace.spans[d].push_back({static_cast<schedule::Op>(static_cast<int>(v[i])), static_cast<int>(v[i + 1]),
+                                  static_cast<int>(v[i + 2]), v[i + 3], v[i + 4], v[i + 5]});
+      }
+    }
   }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.

@@ -208,6 +208,9 @@ std::pair<Metrics, Metrics> threads_and_processes(const std::string& name, const
   EXPECT_EQ(t.status, 0) << t.out;
   Result p = run("launch --nproc " + std::to_string(nproc) + " -- train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes " + extra);
   EXPECT_EQ(p.status, 0) << p.out;
+  // Rank 0's metrics cover every stage: each rank sends what it measured.
+  for (const auto& [step, j] : read_metrics(mp).steps)
+    for (double busy : j.at("stage_busy_ms").get<std::vector<double>>()) EXPECT_GT(busy, 0.0) << name << " step " << step;
   // Rank 0 reports; the other ranks print nothing but errors.
   EXPECT_NE(p.out.find("[rank 0] test accuracy"), std::string::npos) << p.out;
   EXPECT_EQ(p.out.find("[rank 1] test accuracy"), std::string::npos) << p.out;
@@ -220,6 +223,17 @@ TEST(Processes, SameLossesAsThreads) {
   {
     auto [t, p] = threads_and_processes("mlp", kMlp, 2);
     expect_same_training(t, p, "mlp, gpipe, 2 stages");
+  }
+  {  // --trace on rank 0 shows every stage's spans
+    const std::string cfg = write_file("trace.json", kMlp), trace = temp("trace.json.out");
+    Result r = run("launch --nproc 2 -- train " + cfg + " --quiet --trace " + trace + " --set runtime.kind=processes");
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::map<int, int> forwards;  // per stage (tid)
+    const json events = json::parse(read_text(trace));
+    for (const json& e : events.at("traceEvents"))
+      if (e.at("ph") == "X" && e.at("cat") == "forward") ++forwards[e.at("tid").get<int>()];
+    EXPECT_EQ(forwards.size(), 2u) << read_text(trace);
+    for (const auto& [tid, n] : forwards) EXPECT_EQ(n, 4) << "stage " << tid;  // one step, 4 micro-batches
   }
   {  // without peer-failure detection UCX may use shared memory between the processes
     auto [t, p] = threads_and_processes("mlp_sm", kMlp, 2, "--set runtime.detect_peer_failure=false");
