@@ -483,7 +483,13 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
     throw CheckpointError("checkpoint " + dir + " was written by a different run: " + diff);
   std::map<std::string, at::Tensor> saved = read_shards(dir, m);
   const int V = static_cast<int>(pipe.balance().size());
-  for (int vs = 0; vs < V; ++vs) copy_named(named_state(*pipe.stage_layers(vs)), saved, dir);
+  for (int vs = 0; vs < V; ++vs) {
+    if (pipe.is_local_stage(vs)) {
+      copy_named(named_state(*pipe.stage_layers(vs)), saved, dir);
+    } else {  // another rank's stage (its tensors are released here): that rank loads and checks them
+      for (const auto& [name, t] : named_state(*pipe.stage_layers(vs))) saved.erase(name);
+    }
+  }
   refuse_leftovers(saved, dir);
   const std::string kind = m.value("optimizer", config.optimizer.kind);
   bool optimizers = false;

@@ -151,6 +151,16 @@ void Pipeline::Impl::init(torch::nn::Sequential model_in, PipelineOptions option
     p.stages.push_back(std::make_unique<stages::Stage>(vs, V, slice, options.recompute));
   }
   p.stages.back()->set_loss(std::move(loss));
+  if (p.self >= 0) {
+    // Another rank trains those layers: their tensors are released here, so that a rank holds
+    // only its own stages' parameters and buffers (the model was built whole, for the seed).
+    torch::NoGradGuard no_grad;
+    for (int vs = 0; vs < V; ++vs) {
+      if (p.sched.device_of(vs) == p.self) continue;
+      for (auto& t : p.stages[vs]->layers()->parameters()) t.set_data(at::empty({0}, t.options()));
+      for (auto& t : p.stages[vs]->layers()->buffers()) t.set_data(at::empty({0}, t.options()));
+    }
+  }
   p.optimizers.resize(V);
   if (p.self < 0) p.transports = comm::make_transport_group(options.transport, options.stages);
   p.workers.resize(options.stages);
@@ -426,11 +436,12 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.
-  for (auto& st : stages) {
+  for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs) {
+    if (self >= 0 && sched.device_of(vs) != self) continue;  // another rank's
     if (failed >= 0)
-      models::reset_batch_norm(*st->layers());
+      models::reset_batch_norm(*stages[vs]->layers());
     else
-      models::commit_batch_norm(*st->layers());
+      models::commit_batch_norm(*stages[vs]->layers());
   }
   if (failed >= 0) {
     trace.wall = seconds_since(t0);

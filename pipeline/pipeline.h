@@ -64,7 +64,8 @@ class Pipeline {
   // with the same model, options and seed. Every call below is then collective: each rank makes
   // the same calls in the same order, and the results that one rank computes (the loss, the
   // gradient norm) are exchanged so that every rank returns the same value. The stage layout is
-  // rank 0's (e.g. a profiled balance). Any rank's failure fails the call on every rank (a peer
+  // rank 0's (e.g. a profiled balance). The layers of other ranks' stages are released (their
+  // parameters and buffers become empty tensors). Any rank's failure fails the call on every rank (a peer
   // that dies at once, one that stops answering after options.timeout_s), naming the rank; after
   // a failed step the pipeline cannot be used again.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
@@ -127,7 +128,7 @@ class Pipeline {
   void set_step(int64_t step);  // continues the streams of a resumed run
   // The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
   torch::optim::Optimizer* optimizer(int virtual_stage);
-  torch::nn::Sequential& stage_layers(int virtual_stage);
+  torch::nn::Sequential& stage_layers(int virtual_stage);  // multi-process: another rank's are released
 
  private:
   struct Impl;
