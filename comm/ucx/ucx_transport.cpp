@@ -687,14 +687,15 @@ void UcxTransport::wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>&
                         const MessageId& id, Deadline deadline, const char* part) {
   ++waiters_;
   bool driving = false;
-  // When the deadline passes, the peer is probed for up to a quarter of the wait (at most a
-  // second). No answer: it stopped answering, and the error says so. An answer: it is alive
-  // and itself waiting (e.g. on a rank that stopped), so this wait goes on once more for as
-  // long, and the abort notice of the rank that times out first, naming the rank at fault,
-  // ends it; or it times out again.
+  // The last quarter of the wait (at most a second) probes the peer. No answer by the deadline:
+  // it stopped answering, and the error says so. An answer: it is alive and itself waiting
+  // (e.g. on a rank that stopped), so this wait goes on once more for as long, and the abort
+  // notice of the rank that times out first, naming the rank at fault, ends it; or it times
+  // out again.
   const Clock::duration length = deadline.at - Clock::now();
   const Clock::duration probe_window =
       std::clamp<Clock::duration>(length / 4, Clock::duration::zero(), std::chrono::seconds(1));
+  const Clock::time_point probe_at = deadline.at - probe_window;
   enum class Phase { Waiting, Probing, Extended } phase = Phase::Waiting;
   uint64_t pongs_before = 0;
   auto leave = [&] {
@@ -715,12 +716,12 @@ void UcxTransport::wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>&
                              id.describe(), ": ", peers_[src]->failure);
     } else if (phase == Phase::Probing && peers_[src]->pongs > pongs_before) {
       phase = Phase::Extended;
-      deadline.at = Clock::now() + length;
+      deadline.at += length;
       continue;
-    } else if (deadline.passed() && phase == Phase::Waiting && src != rank_ && probe_window > Clock::duration::zero()) {
+    } else if (phase == Phase::Waiting && Clock::now() >= probe_at && src != rank_ &&
+               probe_window > Clock::duration::zero()) {
       phase = Phase::Probing;
       pongs_before = peers_[src]->pongs;
-      deadline.at = Clock::now() + probe_window;
       try {
         send_probe(src, 0);
       } catch (const TransportError&) {  // the next round reports the failed connection
@@ -744,11 +745,12 @@ void UcxTransport::wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>&
       driver_ = Driver::Waiter;
       driving = true;
     }
+    const Clock::time_point next = phase == Phase::Waiting ? std::min(deadline.at, probe_at) : deadline.at;
     if (driving) {
-      drive(lock, deadline.at, true);
+      drive(lock, next, true);
     } else {
       if (driver_ == Driver::ProgressThread) wake();  // asks it to hand over
-      cv_.wait_until(lock, std::min(deadline.at, Clock::now() + std::chrono::milliseconds(kPollCapMs)));
+      cv_.wait_until(lock, std::min(next, Clock::now() + std::chrono::milliseconds(kPollCapMs)));
     }
   }
 }
