@@ -225,7 +225,7 @@ TEST_P(TransportConformance, DeadlineFiresNamingRankAndMessage) {
   }
   const double waited = seconds_since(t0);
   EXPECT_EQ(peer, 0);
-  // UCX probes the peer once the deadline passes: this one is alive, so it waits once more.
+  // UCX probes the peer before the deadline: this one is alive, so the wait goes on once more.
   EXPECT_EQ(err.rfind("rank 1: timed out waiting for activation of micro-batch 3 (step 9) from rank 0", 0), 0u) << err;
   if (backend() == "ucx") {
     EXPECT_NE(err.find("(it is alive but did not send it)"), std::string::npos) << err;
