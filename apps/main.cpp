@@ -209,16 +209,8 @@ int main(int argc, char** argv) {
       if (eval_batches >= 0) config.train.eval_batches = eval_batches;
       pt::Job job = pt::prepare(config);
       const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
-      std::unique_ptr<pt::Pipeline> pipe = pt::make_pipeline(job);
-      pt::TrainResult r;
-      try {
-        pt::evaluate(job, *pipe, r);
-        pipe->barrier();
-      } catch (const std::exception& e) {
-        pipe->abort(e.what());
-        throw;
-      }
-      if (pipe->rank() > 0) {
+      const pt::TrainResult r = pt::evaluate_model(job);
+      if (r.rank > 0) {
         // runtime.kind processes: rank 0 reports
       } else if (eval_json) {
         nlohmann::json j = pt::test_results_json(r);

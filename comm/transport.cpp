@@ -100,6 +100,14 @@ std::vector<std::string> transport_backends() {
   return names;
 }
 
+namespace {
+std::string backend_list() {
+  std::string known;
+  for (const auto& n : transport_backends()) known += (known.empty() ? "" : ", ") + n;
+  return known;
+}
+}  // namespace
+
 bool has_transport_backend(const std::string& name) {
   for (const auto& n : transport_backends())
     if (n == name) return true;
@@ -115,9 +123,7 @@ std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOpti
     throw ConfigError("comm: transport \"ucx\" is not compiled into this build "
                       "(configure with UCX installed, or -DPIPETRAIN_WITH_UCX=ON to require it)");
 #endif
-  std::string known;
-  for (const auto& n : transport_backends()) known += (known.empty() ? "" : ", ") + n;
-  throw ConfigError("comm: unknown transport \"" + options.backend + "\" (this build has: " + known + ")");
+  throw ConfigError("comm: unknown transport \"" + options.backend + "\" (this build has: " + backend_list() + ")");
 }
 
 std::unique_ptr<Transport> make_process_transport(const TransportOptions& options, int rank, int world_size,
@@ -128,7 +134,7 @@ std::unique_ptr<Transport> make_process_transport(const TransportOptions& option
   if (options.backend == "local")
     throw ConfigError("comm: transport \"local\" connects the threads of one process, not processes; use \"ucx\"");
   throw ConfigError("comm: transport \"" + options.backend + "\" cannot connect processes in this build (it has: " +
-                    [] { std::string k; for (const auto& n : transport_backends()) k += (k.empty() ? "" : ", ") + n; return k; }() + ")");
+                    backend_list() + ")");
 }
 
 }  // namespace pipetrain::comm

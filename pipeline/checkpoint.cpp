@@ -486,24 +486,24 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   for (int vs = 0; vs < V; ++vs) {
     if (pipe.is_local_stage(vs)) {
       copy_named(named_state(*pipe.stage_layers(vs)), saved, dir);
-    } else {  // another rank's stage (its tensors are released here): that rank loads and checks them
-      for (const auto& [name, t] : named_state(*pipe.stage_layers(vs))) saved.erase(name);
+      continue;
+    }
+    // Another rank's stage (its tensors are released here): that rank loads and checks its
+    // tensors and optimizer state.
+    for (const auto& [name, t] : named_state(*pipe.stage_layers(vs))) {
+      saved.erase(name);
+      const std::string state = kOptimizerPrefix + name + "/";
+      for (auto it = saved.lower_bound(state); it != saved.end() && it->first.rfind(state, 0) == 0;) it = saved.erase(it);
     }
   }
   refuse_leftovers(saved, dir);
   const std::string kind = m.value("optimizer", config.optimizer.kind);
   bool optimizers = false;
-  for (int vs = 0; vs < V; ++vs) {
+  for (int vs = 0; vs < V; ++vs)
     if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
       load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
       optimizers = true;
-    } else if (!pipe.is_local_stage(vs)) {  // another rank's stage: its state is loaded there
-      for (const auto& p : pipe.stage_layers(vs)->named_parameters())
-        for (auto it = saved.lower_bound(kOptimizerPrefix + p.key() + "/");
-             it != saved.end() && it->first.rfind(kOptimizerPrefix + p.key() + "/", 0) == 0;)
-          it = saved.erase(it);
     }
-  }
   for (const auto& [name, t] : saved)
     if (name.rfind(kOptimizerPrefix, 0) == 0 && optimizers)
       throw CheckpointError("checkpoint " + dir + ": optimizer state " + name + " belongs to no parameter of the model");

@@ -62,10 +62,13 @@ struct Pipeline::Impl {
 
   void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
             std::unique_ptr<comm::Transport> endpoint);
+  bool is_local_device(int device) const { return self < 0 || device == self; }
+  bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
+  int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
   void check_usable() const;
+  void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
   [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
   std::vector<at::Tensor> all_gather(const at::Tensor& mine, comm::Exchange what);
-  bool last_is_local() const { return self < 0 || sched.device_of(static_cast<int>(stages.size()) - 1) == self; }
 
   // Inputs of the step being run, shared read-only with the stage threads.
   std::vector<at::Tensor> inputs, targets;
@@ -96,11 +99,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   impl_->init(std::move(model), std::move(options), std::move(loss), std::move(endpoint));
 }
 
-void Pipeline::Impl::init(torch::nn::Sequential model_in, PipelineOptions options_in, stages::LossFn loss,
+void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
                           std::unique_ptr<comm::Transport> endpoint) {
   Impl& p = *this;
-  PipelineOptions& options = options_in;
-  torch::nn::Sequential& model = model_in;
   p.options = options;
   p.model = model;
   const int layers = static_cast<int>(model->size());
@@ -156,7 +157,7 @@ void Pipeline::Impl::init(torch::nn::Sequential model_in, PipelineOptions option
     // only its own stages' parameters and buffers (the model was built whole, for the seed).
     torch::NoGradGuard no_grad;
     for (int vs = 0; vs < V; ++vs) {
-      if (p.sched.device_of(vs) == p.self) continue;
+      if (p.runs(vs)) continue;
       for (auto& t : p.stages[vs]->layers()->parameters()) t.set_data(at::empty({0}, t.options()));
       for (auto& t : p.stages[vs]->layers()->buffers()) t.set_data(at::empty({0}, t.options()));
     }
@@ -187,14 +188,20 @@ void Pipeline::Impl::check_usable() const {
 
 // Multi-process: a failure on this rank or a peer's ends the pipeline. Aborting the endpoint
 // tells every peer at once, so none waits for its deadline.
-void Pipeline::Impl::fail(const std::string& what, std::exception_ptr error) {
+void Pipeline::Impl::stop(const std::string& what) {
+  if (self < 0 || !broken.empty()) return;
   broken = what;
-  if (self >= 0 && transports[self]) transports[self]->abort(detail::concat("rank ", self, " failed: ", what));
+  transports[self]->abort(detail::concat("rank ", self, " failed: ", what));
+}
+
+void Pipeline::Impl::fail(const std::string& what, std::exception_ptr error) {
+  stop(what);
   std::rethrow_exception(error);
 }
 
 // Every rank sends `mine` to every other and receives theirs; the result is indexed by rank.
 std::vector<at::Tensor> Pipeline::Impl::all_gather(const at::Tensor& mine, comm::Exchange what) {
+  check_usable();
   comm::Transport& t = *transports.at(self);
   const int64_t seq = exchanges++;
   const comm::MessageId id{comm::Kind::Control, static_cast<int>(seq & 0x7fffffff), static_cast<int>(what), seq};
@@ -420,7 +427,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
         fail(detail::concat("rank ", d, " sent a malformed step result"),
              std::make_exception_ptr(Error(detail::concat("rank ", d, " sent a step result of ", t.numel(), " values"))));
       const double* v = t.data_ptr<double>();
-      if (d == sched.device_of(static_cast<int>(stages.size()) - 1)) losses.assign(v, v + M);
+      if (d == last_device()) losses.assign(v, v + M);
       if (d == self) continue;
       trace.peak_in_flight[d] = static_cast<int>(v[M]);
       trace.peak_awaiting_weight[d] = static_cast<int>(v[M + 1]);
@@ -437,7 +444,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.
   for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs) {
-    if (self >= 0 && sched.device_of(vs) != self) continue;  // another rank's
+    if (!runs(vs)) continue;  // another rank's
     if (failed >= 0)
       models::reset_batch_norm(*stages[vs]->layers());
     else
@@ -547,37 +554,28 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
     p.transports = comm::make_transport_group(p.options.transport, p.options.stages);  // fresh mailboxes
     std::rethrow_exception(errors[failed]);
   }
-  if (!p.last_is_local()) return at::Tensor();
+  if (!p.is_local_device(p.last_device())) return at::Tensor();
   return M == 1 ? outputs[0] : torch::cat(outputs, 0);
 }
 
 int Pipeline::rank() const { return impl_->self; }
-bool Pipeline::is_local(int device) const { return impl_->self < 0 || impl_->self == device; }
-bool Pipeline::is_local_stage(int virtual_stage) const {
-  return is_local(impl_->sched.device_of(virtual_stage));
-}
+bool Pipeline::is_local(int device) const { return impl_->is_local_device(device); }
+bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
 
 std::vector<double> Pipeline::from_device(int device, const std::vector<double>& values) {
   Impl& p = *impl_;
   if (p.self < 0) return values;
-  p.check_usable();
   const auto all = p.all_gather(p.self == device ? torch::tensor(values, torch::kDouble) : torch::zeros({0}, torch::kDouble),
                                 comm::Exchange::Broadcast);
   const at::Tensor& t = all.at(device);
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
-void Pipeline::abort(const std::string& reason) {
-  Impl& p = *impl_;
-  if (p.self < 0 || !p.broken.empty()) return;
-  p.broken = reason;
-  p.transports[p.self]->abort(detail::concat("rank ", p.self, " stopped: ", reason));
-}
+void Pipeline::abort(const std::string& reason) { impl_->stop(reason); }
 
 bool Pipeline::any_rank(bool flag) {
   Impl& p = *impl_;
   if (p.self < 0) return flag;
-  p.check_usable();
   for (const at::Tensor& t : p.all_gather(torch::tensor({flag ? 1 : 0}, torch::kInt), comm::Exchange::Stop))
     if (t.item<int>() != 0) return true;
   return false;
@@ -586,14 +584,12 @@ bool Pipeline::any_rank(bool flag) {
 void Pipeline::barrier() {
   Impl& p = *impl_;
   if (p.self < 0) return;
-  p.check_usable();
   p.all_gather(torch::zeros({0}, torch::kInt), comm::Exchange::Barrier);
 }
 
 std::vector<std::vector<double>> Pipeline::all_gather(const std::vector<double>& mine) {
   Impl& p = *impl_;
   if (p.self < 0) return {mine};
-  p.check_usable();
   std::vector<std::vector<double>> out;
   for (const at::Tensor& t : p.all_gather(torch::tensor(mine, torch::kDouble), comm::Exchange::Checkpoint))
     out.emplace_back(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());

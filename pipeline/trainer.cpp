@@ -206,6 +206,21 @@ json test_results_json(const TrainResult& r) {
 
 namespace {
 TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options_in);
+
+// Runs `work` on every rank, then waits for the others (no rank leaves while another may still
+// need it). Multi-process: an exception ends the pipeline, so the other ranks stop at once,
+// naming this one.
+template <typename Work>
+TrainResult collectively(Pipeline& pipe, Work&& work) {
+  try {
+    TrainResult result = work();
+    pipe.barrier();
+    return result;
+  } catch (const std::exception& e) {
+    pipe.abort(e.what());
+    throw;
+  }
+}
 }  // namespace
 
 std::string train_run_options(const TrainOptions& o) {
@@ -215,14 +230,17 @@ std::string train_run_options(const TrainOptions& o) {
 TrainResult train(Job& job, const TrainOptions& options) {
   // Ranks of a multi-process run must also agree on the options that are not in the config.
   std::unique_ptr<Pipeline> pipe = make_pipeline(job, train_run_options(options));
-  try {
-    TrainResult result = run_training(job, *pipe, options);
-    pipe->barrier();  // no rank leaves while another may still need it
+  return collectively(*pipe, [&] { return run_training(job, *pipe, options); });
+}
+
+TrainResult evaluate_model(Job& job) {
+  std::unique_ptr<Pipeline> pipe = make_pipeline(job);
+  return collectively(*pipe, [&] {
+    TrainResult result;
+    result.rank = pipe->rank();
+    evaluate(job, *pipe, result);
     return result;
-  } catch (const std::exception& e) {
-    pipe->abort(e.what());  // multi-process: the other ranks stop at once, naming this one
-    throw;
-  }
+  });
 }
 
 namespace {

@@ -72,6 +72,9 @@ std::string train_run_options(const TrainOptions& options);
 
 // Mean loss and accuracy of `predict` over the test split (up to train.eval_batches batches).
 void evaluate(Job& job, Pipeline& pipe, TrainResult& result);
+// evaluate() of the job's model as it is (e.g. loaded from a checkpoint) through the job's
+// pipeline (make_pipeline: with runtime.kind processes every rank calls it; `rank` says which).
+TrainResult evaluate_model(Job& job);
 
 // One line of test results: "test accuracy A, test loss L[, perplexity P] on N samples".
 std::string describe_test(const TrainResult& result);

@@ -20,4 +20,15 @@ inline ::testing::AssertionResult same_parameters(const torch::nn::Module& a, co
   return ::testing::AssertionSuccess();
 }
 
+// A layer that fails on its `fail_at`-th call, to test error propagation.
+struct FailingImpl : torch::nn::Module {
+  int calls = 0, fail_at;
+  explicit FailingImpl(int fail_at) : fail_at(fail_at) {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (++calls == fail_at) TORCH_CHECK(false, "injected failure");
+    return x;
+  }
+};
+TORCH_MODULE(Failing);
+
 }  // namespace pipetrain::test

@@ -11,12 +11,14 @@
 #include "pipeline/plan.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
+#include "tests/helpers.h"
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using pipetrain::test::Failing;
 
 namespace {
 
@@ -34,16 +36,6 @@ torch::nn::Sequential mlp(int width, int layers) {
   return s;
 }
 
-// A layer that fails on its `fail_at`-th call, to test error propagation.
-struct FailingImpl : torch::nn::Module {
-  int calls = 0, fail_at;
-  explicit FailingImpl(int fail_at) : fail_at(fail_at) {}
-  at::Tensor forward(const at::Tensor& x) {
-    if (++calls == fail_at) TORCH_CHECK(false, "injected failure");
-    return x;
-  }
-};
-TORCH_MODULE(Failing);
 
 bool overlaps(const Span& a, const Span& b) { return a.start < b.end && b.start < a.end; }
 

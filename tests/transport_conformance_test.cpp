@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include "comm/transport.h"
+#include "tests/helpers.h"
 #include "comm/wire.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -31,6 +32,7 @@
 
 using namespace pipetrain;
 using namespace pipetrain::comm;
+using pipetrain::test::Failing;
 
 namespace {
 
@@ -520,16 +522,6 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
   }
 }
 
-// A layer that fails on its `fail_at`-th call.
-struct FailingImpl : torch::nn::Module {
-  int calls = 0, fail_at;
-  explicit FailingImpl(int fail_at) : fail_at(fail_at) {}
-  at::Tensor forward(const at::Tensor& x) {
-    if (++calls == fail_at) TORCH_CHECK(false, "injected failure");
-    return x;
-  }
-};
-TORCH_MODULE(Failing);
 
 // A stage that throws aborts its transport; over UCX the abort reaches the other ranks as a
 // message. Every stage stops long before the 60 s timeout, the first failure is what the caller
