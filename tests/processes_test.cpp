@@ -537,6 +537,31 @@ TEST(Processes, ConfigurationErrors) {
   }
 }
 
+// Intra-op threads: a rank shares its host's cores with the ranks on that host (LOCAL_WORLD_SIZE),
+// not with every stage.
+TEST(Processes, IntraOpThreadsFollowTheRanksOnTheHost) {
+  const std::string cfg = write_file("threads.json", kMlp);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const char* local : {"1", ""}) {
+    SCOPED_TRACE(std::string("LOCAL_WORLD_SIZE=") + local);
+    const int port = free_port();
+    std::vector<Rank> ranks;
+    const auto t0 = Clock::now();
+    for (int r = 0; r < 2; ++r) {
+      auto env = rank_env(r, 2, port);
+      if (*local) env["LOCAL_WORLD_SIZE"] = local;
+      ranks.push_back(spawn({pipetrain_binary(), "train", cfg, "--quiet", "--steps", "1", "--set",
+                             "runtime.kind=processes"},
+                            env, temp("threads_" + std::to_string(r) + ".txt")));
+    }
+    ASSERT_TRUE(wait_ranks(ranks, {}, t0, 60));
+    ASSERT_EQ(ranks[0].status, 0) << ranks[0].out();
+    const int want = *local ? cores : std::max(1, cores / 2);  // without it: cores / stages
+    EXPECT_NE(ranks[0].out().find(", " + std::to_string(want) + " intra-op threads per stage"), std::string::npos)
+        << ranks[0].out();
+  }
+}
+
 // Two hosts: two network namespaces joined by a veth pair, one rank in each, over UCX tcp.
 TEST(Processes, TwoNetworkNamespacesOverTcp) {
   const std::string tag = std::to_string(::getpid() % 100000);
