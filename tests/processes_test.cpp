@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -562,6 +563,21 @@ TEST(Processes, IntraOpThreadsFollowTheRanksOnTheHost) {
   }
 }
 
+// True once `dev` in namespace `ns` is operationally up (IFF_RUNNING), false at the deadline.
+// A veth end turns running about a second after `ip link set up` (the kernel's link watcher);
+// UCX lists TCP devices once at start and skips those not running, so a rank started earlier
+// advertises only lo and its peer finds it unreachable.
+bool wait_link_running(const std::string& ns, const std::string& dev, double limit_s) {
+  const auto t0 = Clock::now();
+  for (int polls = 0; polls < 10000 && since(t0) < limit_s; ++polls) {
+    if (shell("ip netns exec " + ns + " cat /sys/class/net/" + dev + "/operstate 2>/dev/null").out == "up\n") {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 // Two hosts: two network namespaces joined by a veth pair, one rank in each, over UCX tcp.
 TEST(Processes, TwoNetworkNamespacesOverTcp) {
   const std::string tag = std::to_string(::getpid() % 100000);
@@ -580,10 +596,14 @@ TEST(Processes, TwoNetworkNamespacesOverTcp) {
     cleanup();
     GTEST_SKIP() << "cannot create network namespaces here (needs root or CAP_NET_ADMIN and veth): " << made.out;
   }
+  for (const auto& [ns, dev] : {std::pair{a, "va" + tag}, std::pair{b, "vb" + tag}}) {
+    if (!wait_link_running(ns, dev, 10)) {
+      cleanup();
+      FAIL() << dev << " in namespace " << ns << " is not running 10 s after `ip link set up`";
+    }
+  }
   const std::string cfg = write_file("netns.json", kMlp);
   const std::string mt = temp("netns_threads.jsonl"), mp = temp("netns_processes.jsonl");
-  Result t = run("train " + cfg + " --quiet --metrics " + mt);
-  EXPECT_EQ(t.status, 0) << t.out;
   const int port = free_port();
   std::vector<Rank> ranks;
   const auto t0 = Clock::now();
@@ -597,6 +617,8 @@ TEST(Processes, TwoNetworkNamespacesOverTcp) {
   }
   const bool exited = wait_ranks(ranks, {}, t0, 90);
   cleanup();
+  Result t = run("train " + cfg + " --quiet --metrics " + mt);
+  EXPECT_EQ(t.status, 0) << t.out;
   ASSERT_TRUE(exited) << ranks[0].out() << ranks[1].out();
   ASSERT_EQ(ranks[0].status, 0) << ranks[0].out();
   ASSERT_EQ(ranks[1].status, 0) << ranks[1].out();
