@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "apps/launch.h"
+#include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "pipeline/bench.h"
@@ -20,9 +22,11 @@
 #include "pipeline/plan.h"
 #include "schedule/schedule.h"
 #include "schedule/trace.h"
+#include "stages/accelerator.h"
 #include "pipeline/trainer.h"
 
 namespace pt = pipetrain::pipeline;
+namespace comm = pipetrain::comm;
 
 namespace {
 
@@ -47,6 +51,27 @@ void run_partition(const std::string& path, int stages, int64_t memory_limit, co
   std::cout << j.dump() << "\n";
 }
 
+// `pipetrain --version`: this build, its libtorch, and what is compiled in and usable here.
+std::string version_text() {
+  const auto acc = pipetrain::stages::accelerator_info();
+  std::ostringstream o;
+  o << "pipetrain " << PIPETRAIN_VERSION << "\n";
+  o << "libtorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH
+    << (acc.cuda ? " (CUDA " + acc.cuda_runtime + ")" : " (CPU only)") << "\n";
+  if (acc.cuda) {
+    o << "CUDA: compiled in, runtime " << acc.cuda_runtime << "; GPUs seen: " << acc.gpus;
+    if (acc.gpus == 0) o << " (" << acc.no_gpu_reason << ")";
+    o << "\n";
+    o << "cuDNN: " << (acc.cudnn.empty() ? "not in this libtorch" : acc.cudnn) << "\n";
+  } else {
+    o << "CUDA: not compiled in; GPUs seen: 0\n";
+  }
+  o << "NCCL: " << (acc.nccl ? "compiled in, " + acc.nccl_version : std::string("not compiled in")) << "\n";
+  const bool ucx = comm::has_transport_backend("ucx");
+  o << "UCX: " << (ucx ? "compiled in, " + comm::transport_backend_version("ucx") : std::string("not compiled in"));
+  return o.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,7 +81,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   CLI::App app{"pipetrain: pipeline-parallel training (GPipe) on libtorch", "pipetrain"};
-  app.set_version_flag("--version", PIPETRAIN_VERSION);
+  app.set_version_flag("--version", version_text);
   app.require_subcommand(1);
 
   std::string config_path, metrics_path;

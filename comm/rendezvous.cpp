@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -50,11 +52,47 @@ bool listening(const std::string& host, int port) {
   return ok;
 }
 
+// A socket listening on host:port only (not on every interface), for the store's server to
+// take over. Throws TransportError with the system's reason.
+int listen_on(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0)
+    throw TransportError(0, detail::concat("rank 0: cannot resolve MASTER_ADDR ", host, ": ", ::gai_strerror(rc)));
+  std::string why = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0)
+    throw TransportError(0, detail::concat("rank 0: cannot listen on ", host, ":", port, ": ", why));
+  return fd;
+}
+
 c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
                                            std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(info.master_port);
   o.isServer = server;
+  // The server takes over a socket bound to MASTER_ADDR alone, so the store is not reachable
+  // on the host's other interfaces.
+  if (server) o.masterListenFd = listen_on(info.master_addr, info.master_port);
   o.numWorkers = static_cast<size_t>(info.world_size);
   o.waitWorkers = false;  // our own waits name the ranks that are missing
   o.timeout = timeout;

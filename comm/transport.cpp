@@ -100,6 +100,13 @@ std::vector<std::string> transport_backends() {
   return names;
 }
 
+std::string transport_backend_version(const std::string& name) {
+#if PIPETRAIN_HAVE_UCX
+  if (name == "ucx") return ucx_version();
+#endif
+  return "";
+}
+
 namespace {
 std::string backend_list() {
   std::string known;

@@ -85,6 +85,8 @@ std::vector<std::unique_ptr<Transport>> make_local_group(int world_size, Transpo
 
 // The backends compiled into this build, "local" first.
 std::vector<std::string> transport_backends();
+// The version of the library behind a compiled backend ("1.13.1" for ucx), "" for local.
+std::string transport_backend_version(const std::string& name);
 bool has_transport_backend(const std::string& name);
 
 // The endpoints of an in-process group (one per rank, ranks as threads of this process) of

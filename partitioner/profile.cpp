@@ -29,7 +29,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   std::atomic<bool> on{false};
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     void* data = c10::alloc_cpu(n);
     if (!on.load(std::memory_order_relaxed)) return {data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)};
     self().count(data, n);
@@ -37,6 +37,9 @@ class CountingAllocator final : public c10::Allocator {
   }
   // raw_deallocate() frees everything through this one, counted or not.
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   void start() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -15,6 +15,9 @@
 #include <map>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include "models/model.h"
@@ -31,6 +34,30 @@ constexpr const char* kFormat = "pipetrain-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kOptimizerPrefix = "optimizer/";
 constexpr const char* kGeneratorKey = "rng/torch_cpu";
+
+// A dict of tensors in torch.save's format that Python's torch.load reads with its default
+// weights_only loader: torch::pickle_save tags the dict's types with a global
+// (torch.jit._pickle.restore_type_tag) that weights_only refuses, so the pickle is written
+// untagged and packed into the archive as pickle_save does.
+std::vector<char> save_tensor_dict(const c10::Dict<std::string, at::Tensor>& d) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* buf, size_t n) { pickled.insert(pickled.end(), buf, buf + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(d));
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    const char* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -230,7 +257,8 @@ void refuse_leftovers(const std::map<std::string, at::Tensor>& saved, const std:
       throw CheckpointError("checkpoint " + dir + ": holds tensor " + name + " that the model does not have");
 }
 
-std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// The optimizer keys its per-parameter state by the parameter's TensorImpl.
+void* state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10::Dict<std::string, at::Tensor>& d) {
   for (const auto& p : layers.named_parameters()) {
@@ -370,7 +398,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
       std::lock_guard<std::mutex> lock(gen.mutex());
       d.insert(kGeneratorKey, gen.get_state());
     }
-    const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+    const std::vector<char> bytes = save_tensor_dict(d);
     const std::string file = "stage-" + std::to_string(vs) + ".pt";
     write_synced((partial / file).string(), bytes.data(), bytes.size());
     written.insert(written.end(), {double(vs), double(bytes.size()), double(crc_of(bytes))});
@@ -546,7 +574,7 @@ size_t export_checkpoint(const std::string& dir, const std::string& out) {
       d.insert(name, saved.at(name));
       ++count;
     }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  const std::vector<char> bytes = save_tensor_dict(d);
   const std::string tmp = out + ".partial";
   write_synced(tmp, bytes.data(), bytes.size());
   if (std::rename(tmp.c_str(), out.c_str()) != 0) {

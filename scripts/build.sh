@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# Configures (Release) and builds pipetrain into build/ (or $PIPETRAIN_BUILD_DIR).
+# Configures (Release) and builds pipetrain into build/ (or $PIPETRAIN_BUILD_DIR) against
+# PyTorch's libtorch (scripts/env.sh says which). Extra arguments go to the configure step.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
 build=${PIPETRAIN_BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+mkdir -p "$build"
+torch_cmake=$(pipetrain_torch_cmake)
+# PIPETRAIN_EXTRA_PREFIX: another prefix to search for the dependencies (scripts/gpu.sh).
+prefixes="$torch_cmake${PIPETRAIN_EXTRA_PREFIX:+;$PIPETRAIN_EXTRA_PREFIX}"
+# Torch_DIR is named explicitly so that a build folder configured against another libtorch
+# (its cache remembers the old one) follows the current one.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefixes" -DTorch_DIR="$torch_cmake/Torch" \
+  -DPIPETRAIN_PYTHON="$(pipetrain_python)" "$@" >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log" >&2; exit 1; }
+grep -E '^-- pipetrain' "$build/configure.log" || true
 cmake --build "$build" -j "$(nproc)"

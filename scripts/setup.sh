@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Installs what pipetrain needs from Debian packages and makes OpenBLAS the BLAS that libtorch
-# calls. Idempotent: when everything is present it only checks (well under a second).
+# Installs what pipetrain needs: Debian packages, and PyTorch's own libtorch (the torch wheel
+# from PyPI, pinned, in a virtual environment outside the clone; see scripts/env.sh).
+# Idempotent: when everything is present it only checks (well under a second).
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
 
 # ucx-utils: ucx_perftest for the transport benchmark; openmpi: mpirun launches; fortunes: the
-# text the byte-level language model config trains on; python3-torch: the tests read exports
-# with torch.load; iproute2: the two-namespace test makes its network with `ip`.
+# text the byte-level language model config trains on; iproute2: the two-namespace test makes
+# its network with `ip`.
 packages=(
   build-essential cmake pkg-config zlib1g-dev
-  libtorch-dev nlohmann-json3-dev libcli11-dev googletest libgtest-dev
+  nlohmann-json3-dev libcli11-dev googletest libgtest-dev
   libucx-dev ucx-utils
   openmpi-bin libopenmpi-dev iproute2
-  libopenblas0-openmp
   dataset-fashion-mnist
   fortunes
-  python3-torch
 )
+# A Python without ensurepip (Debian's, before python3-venv) cannot make the environment.
+if ! python3 -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
@@ -32,11 +36,27 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# libtorch calls BLAS through the libblas.so.3 alternative; the reference BLAS is 15-30x slower.
-arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
-alt="libblas.so.3-${arch}"
-openblas="/usr/lib/${arch}/openblas-openmp/libblas.so.3"
-if [ "$(readlink -f "/etc/alternatives/${alt}" 2>/dev/null)" != "$(readlink -f "$openblas")" ]; then
-  echo "setup: selecting OpenBLAS for ${alt}"
-  "${sudo_cmd[@]}" update-alternatives --set "$alt" "$openblas" >/dev/null
+# PyTorch's libtorch: the torch wheel and its CUDA libraries (about 3 GB), once per machine.
+if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV_READY" ]; then
+  mkdir -p "$PIPETRAIN_CACHE"
+  exec 9>"$PIPETRAIN_CACHE/.lock"
+  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
+  if [ ! -f "$PIPETRAIN_VENV_READY" ]; then  # not made meanwhile by the holder of the lock
+    echo "setup: installing torch $PIPETRAIN_TORCH_VERSION from PyPI into $PIPETRAIN_VENV"
+    start=$(date +%s)
+    rm -rf "$PIPETRAIN_VENV"  # a half-made environment from an interrupted set-up
+    python3 -m venv "$PIPETRAIN_VENV"
+    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input \
+      "torch==$PIPETRAIN_TORCH_VERSION" numpy
+    "$PIPETRAIN_VENV/bin/python3" - "$PIPETRAIN_TORCH_VERSION" <<'EOF' >"$PIPETRAIN_VENV_READY.tmp"
+import sys, torch
+want = sys.argv[1]
+if torch.__version__.split("+")[0] != want:
+    sys.exit(f"setup: torch {torch.__version__} installed, {want} wanted")
+print(torch.utils.cmake_prefix_path)
+EOF
+    mv "$PIPETRAIN_VENV_READY.tmp" "$PIPETRAIN_VENV_READY"
+    echo "setup: torch $PIPETRAIN_TORCH_VERSION ready in $(( $(date +%s) - start )) s"
+  fi
+  exec 9>&-
 fi

@@ -16,6 +16,7 @@
 #include "pipeline/checkpoint.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/trainer.h"
+#include "tests/process_helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
@@ -202,7 +203,8 @@ TEST(Checkpoint, PartialSavesAreIgnoredAndOldOnesPruned) {
   EXPECT_EQ(latest_checkpoint(dir), (fs::path(dir) / "step-00000005").string());
 }
 
-// The export is read by Python's torch.load (Debian's python3-torch) as a dict of the model's
+// The export is read by Python's torch.load (the torch the build uses; its default
+// weights_only loader) as a dict of the model's
 // named tensors with the model's values.
 TEST(Checkpoint, ExportIsReadByTorchLoad) {
   const std::string dir = temp_dir("export");
@@ -216,16 +218,11 @@ TEST(Checkpoint, ExportIsReadByTorchLoad) {
 
   const std::string script = dir + "/read.py";
   std::ofstream(script) << "import json, sys, torch\n"
-                           "d = torch.load(sys.argv[1])\n"
+                           "d = torch.load(sys.argv[1], weights_only=True)\n"
                            "print(json.dumps([[k, list(v.shape), str(v.dtype), float(v.double().sum())] for k, v in d.items()]))\n";
-  FILE* p = popen(("/usr/bin/python3 " + script + " " + out + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), got);
-  ASSERT_EQ(pclose(p), 0) << text;
-  const json read = json::parse(text);
+  const auto r = pipetrain::test::shell(std::string(PIPETRAIN_PYTHON) + " " + script + " " + out + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json read = json::parse(r.out);
   ASSERT_EQ(read.size(), n);
   std::map<std::string, json> by_name;
   for (const json& e : read) by_name[e[0].get<std::string>()] = e;

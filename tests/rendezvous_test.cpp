@@ -2,6 +2,9 @@
 // rendezvous through c10d::TCPStore, with ranks as threads on a free loopback port.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -296,6 +299,40 @@ TEST(Rendezvous, MissingRankZeroTimesOutNamingIt) {
   const std::string msg = what_of<TimeoutError>(errors[0], &peer);
   EXPECT_EQ(peer, 0) << msg;
   EXPECT_NE(msg.find("cannot reach rank 0's rendezvous store"), std::string::npos) << msg;
+}
+
+// Whether a TCP connection to host:port is accepted now.
+bool connects(const char* host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host, &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Rank 0's store listens on MASTER_ADDR only: 127.0.0.1 reaches it, 127.0.0.2 (the same host,
+// another address) does not.
+TEST(Rendezvous, StoreListensOnTheMasterAddressOnly) {
+  const int port = free_port();
+  std::thread rank0([&] {
+    try {
+      rendezvous(rank_info(0, 2, port), "a", "h", Deadline::after(3));  // rank 1 never comes
+    } catch (const TimeoutError&) {
+    }
+  });
+  const auto t0 = Clock::now();
+  bool up = false;
+  while (!up && Clock::now() - t0 < std::chrono::seconds(3)) {  // the store starts serving
+    up = connects("127.0.0.1", port);
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const bool elsewhere = connects("127.0.0.2", port);
+  rank0.join();
+  ASSERT_TRUE(up) << "the store never listened on 127.0.0.1:" << port;
+  EXPECT_FALSE(elsewhere) << "the store also accepts connections on 127.0.0.2";
 }
 
 TEST(Rendezvous, FingerprintIsStableAndSensitive) {

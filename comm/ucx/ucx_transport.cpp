@@ -878,6 +878,8 @@ void UcxTransport::send_raw_header(int dst, const MessageId& id, const std::stri
 
 }  // namespace
 
+std::string ucx_version() { return ucp_get_version_string(); }
+
 std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
                                               TransportOptions options) {
   auto t = std::make_unique<UcxTransport>(rank, world_size, std::move(options));

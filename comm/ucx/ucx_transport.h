@@ -29,6 +29,9 @@ std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const Ad
 // exchanged in memory.
 std::vector<std::unique_ptr<Transport>> make_ucx_group(int world_size, TransportOptions options = {});
 
+// The version of the UCX library loaded ("1.13.1").
+std::string ucx_version();
+
 // For tests only: sends `bytes` to `dst` where the header of message `id` belongs, bypassing
 // encode(), to check how a receiver treats a malformed header. `transport` must be a UCX one.
 void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);

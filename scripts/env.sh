@@ -1,0 +1,33 @@
+# Sourced by the other scripts: where PyTorch's libtorch lives.
+#
+# The torch wheel from PyPI (libtorch with CUDA, cuDNN and NCCL inside) is installed into a
+# virtual environment outside the clone, keyed by the torch and Python versions, so that every
+# clone and every CI run on a machine shares one download.
+#   PIPETRAIN_TORCH_VERSION  the pinned torch version (that of the GPU machines)
+#   PIPETRAIN_CACHE          the cache folder (default ~/.cache/pipetrain)
+#   PIPETRAIN_TORCH_PYTHON   a python3 whose torch to build against instead of the virtual
+#                            environment (scripts/gpu.sh sets it on a GPU machine)
+PIPETRAIN_TORCH_VERSION=${PIPETRAIN_TORCH_VERSION:-2.11.0}
+PIPETRAIN_CACHE=${PIPETRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipetrain}
+pipetrain_py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PIPETRAIN_VENV=${PIPETRAIN_VENV:-$PIPETRAIN_CACHE/torch-$PIPETRAIN_TORCH_VERSION-py$pipetrain_py}
+# Written last by scripts/setup.sh: the venv is complete once this file exists.
+PIPETRAIN_VENV_READY=$PIPETRAIN_VENV/.pipetrain-ready
+
+# The python3 whose torch the build and the Python-side tests use.
+pipetrain_python() {
+  if [ -n "${PIPETRAIN_TORCH_PYTHON:-}" ]; then
+    echo "$PIPETRAIN_TORCH_PYTHON"
+  else
+    echo "$PIPETRAIN_VENV/bin/python3"
+  fi
+}
+
+# torch's CMake package folder (what torch.utils.cmake_prefix_path names).
+pipetrain_torch_cmake() {
+  if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ -f "$PIPETRAIN_VENV_READY" ]; then
+    cat "$PIPETRAIN_VENV_READY"  # saved by setup: saves importing torch on every build
+  else
+    "$(pipetrain_python)" -c 'import torch; print(torch.utils.cmake_prefix_path)'
+  fi
+}

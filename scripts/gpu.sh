@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds pipetrain on a machine with a GPU and Python's PyTorch but no package registry, runs
+# the gpu tests (and with --all the whole suite) and the GPU benchmarks, and writes every log
+# and result to one folder.
+#
+#   here (Debian registry):  bash scripts/gpu_deps.sh       # fetches .gpu-deps/ (travels along)
+#   on the GPU machine:      bash scripts/gpu.sh [--all] [RESULTS_DIR]
+#
+# RESULTS_DIR defaults to $OUT when set, else gpu-results/. The build uses the machine's own
+# torch (python3's) and the Debian packages from .gpu-deps/, unpacked into .gpu-deps/root.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+all=0
+if [ "${1:-}" = "--all" ]; then all=1; shift; fi
+out=${1:-${OUT:-$root/gpu-results}}
+mkdir -p "$out"
+deps=$root/.gpu-deps
+prefix=$deps/root
+arch=x86_64-linux-gnu
+log() { echo "gpu.sh: $*" | tee -a "$out/summary.txt"; }
+: >"$out/summary.txt"
+
+if ! ls "$deps"/*.deb >/dev/null 2>&1; then
+  log "no packages in $deps: run scripts/gpu_deps.sh on a machine with Debian's registry first"
+  exit 1
+fi
+rm -rf "$prefix" && mkdir -p "$prefix"
+for f in "$deps"/*.deb; do
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$f" "$prefix"
+  else  # a .deb is an ar archive holding data.tar.*
+    (cd "$prefix" && ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -x --auto-compress -f - 2>/dev/null ||
+      ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -xJ)
+  fi
+done
+export LD_LIBRARY_PATH="$prefix/usr/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed (see nvidia-smi.txt)"
+export PIPETRAIN_TORCH_PYTHON=${PIPETRAIN_TORCH_PYTHON:-python3}
+export PIPETRAIN_BUILD_DIR=${PIPETRAIN_BUILD_DIR:-$root/build-gpu}
+export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+start=$(date +%s)
+if ! bash "$root/scripts/build.sh" "${generator[@]}" \
+    -DGTest_DIR="$prefix/usr/lib/$arch/cmake/GTest" \
+    -DCLI11_DIR="$(dirname "$(find "$prefix" -name 'CLI11Config.cmake' | head -1)")" \
+    -Dnlohmann_json_DIR="$(dirname "$(find "$prefix" -name 'nlohmann_jsonConfig.cmake' | head -1)")" \
+    -DPIPETRAIN_WITH_CUDA=ON -DPIPETRAIN_WITH_NCCL=ON >"$out/build.log" 2>&1; then
+  log "build failed after $(( $(date +%s) - start )) s (see build.log)"
+  tail -30 "$out/build.log"
+  exit 1
+fi
+log "built in $(( $(date +%s) - start )) s"
+bin=$PIPETRAIN_BUILD_DIR/apps/pipetrain
+"$bin" --version | tee "$out/version.txt"
+
+status=0
+ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
+log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1)"
+grep -E 'Skipped|\*\*\*' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
+if [ "$all" = 1 ]; then
+  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure --timeout 300 \
+    >"$out/tests.log" 2>&1 || status=1
+  log "whole suite: $(grep -E 'tests passed|tests failed' "$out/tests.log" | tail -1)"
+fi
+if [ -f "$root/bench/gpu.sh" ]; then
+  bash "$root/bench/gpu.sh" "$PIPETRAIN_BUILD_DIR" "$out" >"$out/bench.log" 2>&1 || status=1
+  log "benchmarks: see bench.log and the results beside it"
+fi
+exit $status
