@@ -3,8 +3,8 @@
 // environment). Every rank publishes its transport address and a hash of its configuration;
 // each returns every rank's address once all hashes are known to be equal.
 //
-// c10d's store server listens on every interface of rank 0's host; ranks connect to
-// master_addr, 127.0.0.1 unless the launcher's environment says otherwise.
+// Rank 0 binds the store's listening socket to master_addr alone (127.0.0.1 unless the
+// launcher's environment says otherwise) and hands it to c10d's server; ranks connect there.
 #pragma once
 
 #include <string>

@@ -9,9 +9,11 @@
 #include <fstream>
 #include <iomanip>
 #include <ostream>
+#include <sstream>
 #include <thread>
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -202,13 +204,21 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// The BLAS libtorch calls, from its build settings ("mkl: Intel(R) oneAPI Math Kernel Library
+// Version 2024.2 ...").
 std::string blas_library() {
-  char buf[4096];
-  for (const char* alt : {"/etc/alternatives/libblas.so.3-x86_64-linux-gnu", "/etc/alternatives/libblas.so.3-aarch64-linux-gnu"}) {
-    const ssize_t n = readlink(alt, buf, sizeof buf - 1);
-    if (n > 0) return std::string(buf, static_cast<size_t>(n));
-  }
-  return "unknown";
+  const std::string config = at::show_config();
+  const auto pos = config.find("BLAS_INFO=");
+  if (pos == std::string::npos) return "unknown";
+  std::string blas = config.substr(pos + 10, config.find_first_of(", \n", pos + 10) - pos - 10);
+  std::istringstream lines(config);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.find("Math Kernel Library") != std::string::npos || line.find("OpenBLAS") != std::string::npos) {
+      blas += ": " + line.substr(line.find_first_not_of(" -"));
+      break;
+    }
+  return blas;
 }
 
 nlohmann::json machine_json() {

@@ -6,4 +6,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
 build=${PIPETRAIN_BUILD_DIR:-$root/build}
+"$build/apps/pipetrain" --version  # what this build compiled in (CUDA, NCCL, UCX) and sees
 ctest --test-dir "$build" -j "$(nproc)" --output-on-failure --timeout 300 "$@"

@@ -239,4 +239,10 @@ TEST(Checkpoint, ExportIsReadByTorchLoad) {
   for (const auto& item : a.job.model.layers->named_parameters()) check(item.key(), item.value());
   for (const auto& item : a.job.model.layers->named_buffers()) check(item.key(), item.value());
   EXPECT_EQ(read[0][0], a.job.model.layers->named_parameters()[0].key());  // model order
+
+  // A shard, with optimizer and generator state, loads the same way.
+  const auto shard = pipetrain::test::shell(std::string(PIPETRAIN_PYTHON) + " " + script + " " + saved +
+                                            "/stage-0.pt 2>&1");
+  ASSERT_EQ(shard.status, 0) << shard.out;
+  EXPECT_NE(shard.out.find("rng/torch_cpu"), std::string::npos) << shard.out;
 }
