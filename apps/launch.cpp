@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,7 +38,8 @@ struct Rank {
   int out = -1, err = -1;  // read ends of the rank's stdout and stderr
   std::string out_buf, err_buf;
   bool running = false;
-  int status = 0;  // exit status, 128 + signal when killed
+  int status = 0;      // exit status, 128 + signal when killed
+  int stopped_by = 0;  // the signal that stopped the rank (SIGSTOP, SIGTSTP, ...) while it is stopped
 };
 
 // Writes complete lines of `buf` with the rank's prefix; `flush` writes a trailing partial line too.
@@ -82,9 +84,15 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port) {
       {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
       {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)}};
 
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw Error(std::string("launch: fork failed: ") + std::strerror(errno));
   if (pid == 0) {
+    // A rank dies with its launcher, even one killed by SIGKILL: SIGTERM when the launcher goes
+    // (it then stops after its step, as when the launcher forwards a signal). A launcher that
+    // died before this line is seen as a new parent.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(128 + SIGTERM);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     ::signal(SIGINT, SIG_DFL);
@@ -105,7 +113,19 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port) {
 
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (Rank& r : ranks)
-    if (r.running) ::kill(r.pid, sig);
+    if (r.running) {
+      ::kill(r.pid, sig);
+      if (r.stopped_by) ::kill(r.pid, SIGCONT);  // a stopped rank acts on the signal only when continued
+    }
+}
+
+// "; rank 2 is stopped (SIGSTOP), which is likely why" for every stopped rank but `except`.
+std::string stopped_ranks(const std::vector<Rank>& ranks, int except) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (static_cast<int>(i) != except && ranks[i].running && ranks[i].stopped_by)
+      s += "; rank " + std::to_string(i) + " is stopped (SIG" + sigabbrev_np(ranks[i].stopped_by) + ")";
+  return s.empty() ? s : s + ", which is likely why";
 }
 
 }  // namespace
@@ -186,7 +206,17 @@ int run(const LaunchOptions& o) {
       Rank& r = ranks[i];
       if (!r.running) continue;
       int st = 0;
-      if (::waitpid(r.pid, &st, WNOHANG) != r.pid) continue;
+      if (::waitpid(r.pid, &st, WNOHANG | WUNTRACED | WCONTINUED) != r.pid) continue;
+      if (WIFSTOPPED(st)) {
+        r.stopped_by = WSTOPSIG(st);
+        std::fprintf(stderr, "pipetrain launch: rank %d was stopped by SIG%s\n", i, sigabbrev_np(r.stopped_by));
+        continue;
+      }
+      if (WIFCONTINUED(st)) {
+        if (r.stopped_by) std::fprintf(stderr, "pipetrain launch: rank %d continues\n", i);
+        r.stopped_by = 0;
+        continue;
+      }
       r.running = false;
       --running;
       r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -194,9 +224,9 @@ int run(const LaunchOptions& o) {
         failed_rank = i;
         result = r.status;
         if (running > 0)
-          std::fprintf(stderr, "pipetrain launch: rank %d %s %d; stopping the other ranks\n", i,
+          std::fprintf(stderr, "pipetrain launch: rank %d %s %d%s; stopping the other ranks\n", i,
                        WIFEXITED(st) ? "exited with status" : "was killed by signal",
-                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), stopped_ranks(ranks, i).c_str());
         signal_all(ranks, SIGTERM);
         stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
       } else if (r.status != 0 && result == 0) {

@@ -16,6 +16,7 @@
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/strings.h"
 #include "pipeline/bench.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/generate.h"
@@ -49,6 +50,11 @@ void run_partition(const std::string& path, int stages, int64_t memory_limit, co
   nlohmann::json j{{"balance", p.balance}, {"bottleneck", p.bottleneck_ms}, {"stage_ms", p.stage_ms},
                    {"stage_bytes", p.stage_bytes}};
   std::cout << j.dump() << "\n";
+}
+
+// An error as one printable line of bounded length, whatever bytes the input put in it.
+void report(const std::string& message) {
+  std::fprintf(stderr, "pipetrain: error: %s\n", pipetrain::printable(message, 600).c_str());
 }
 
 // `pipetrain --version`: this build, its libtorch, and what is compiled in and usable here.
@@ -86,11 +92,11 @@ int main(int argc, char** argv) {
 
   std::string config_path, metrics_path;
   std::vector<std::string> overrides;
-  int64_t steps = -1;
+  std::string steps;
   bool quiet = false;
   auto* train = app.add_subcommand("train", "Train the model a config describes and report test accuracy");
   train->add_option("config", config_path, "JSON config file")->required();
-  train->add_option("--steps", steps, "Number of training steps (overrides train.steps)")->check(CLI::NonNegativeNumber);
+  train->add_option("--steps", steps, "Number of training steps (instead of train.steps)");
   train->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
   train->add_option("--metrics", metrics_path, "Write one JSON object per step to this file");
   train->add_flag("--quiet", quiet, "No progress line");
@@ -191,7 +197,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "pipetrain: error: %s (see --help)\n", e.what());
+    report(std::string(e.what()) + " (see --help)");
     return 2;
   }
 
@@ -212,8 +218,9 @@ int main(int argc, char** argv) {
       std::printf("exported %zu tensors of %s to %s\n", n, dir.c_str(), export_out.c_str());
       return 0;
     }
-    if (steps >= 0) overrides.push_back("train.steps=" + std::to_string(steps));
+    // The file is read and checked as written; --steps then replaces its train.steps.
     pt::Config config = pt::load_config(config_path, overrides);
+    if (!steps.empty()) config.train.steps = pt::parse_steps_flag(steps);
     if (*train) {
       pt::Job job = pt::prepare(config);
       train_options.metrics_path = metrics_path;
@@ -290,16 +297,16 @@ int main(int argc, char** argv) {
       if (json.is_open() && !json.flush()) throw pipetrain::Error("--json " + bench_json + ": write failed");
     }
   } catch (const pipetrain::ConfigError& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    report(e.what());
     return 2;
   } catch (const pipetrain::Error& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    report(e.what());
     return 1;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what_without_backtrace());
+    report(e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    report(e.what());
     return 1;
   }
   return 0;

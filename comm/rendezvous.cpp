@@ -1,6 +1,8 @@
 #include "comm/rendezvous.h"
 
+#include <ifaddrs.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,11 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace pipetrain::comm {
 
@@ -98,6 +102,58 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
   o.timeout = timeout;
   return c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
 }
+
+// A rank's address in the store is a record the reader checks before handing the address to
+// the transport (UCX aborts on a malformed worker address): magic, the writer's rank, the length
+// and an FNV-1a checksum of the address, then the address. Any client of the store can write
+// any key, so what is read is never trusted as is.
+constexpr char kRecordMagic[4] = {'P', 'T', 'R', '1'};
+constexpr size_t kRecordHeader = 4 + 4 + 4 + 8;
+constexpr uint32_t kMaxAddressBytes = 1 << 20;
+
+uint64_t fnv1a(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+uint64_t get_le(const std::string& in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::string encode_address_record(int rank, const std::string& address) {
+  std::string r(kRecordMagic, 4);
+  put_le(r, static_cast<uint32_t>(rank), 4);
+  put_le(r, address.size(), 4);
+  put_le(r, fnv1a(address), 8);
+  return r + address;
+}
+
+std::string decode_address_record(const std::string& record, int rank) {
+  const auto bad = [&](const std::string& why) -> std::string { throw Error(why); };
+  if (record.size() < kRecordHeader) return bad(detail::concat(record.size(), " bytes, shorter than a record"));
+  if (record.compare(0, 4, kRecordMagic, 4) != 0) return bad("no record magic");
+  const uint64_t writer = get_le(record, 4, 4), length = get_le(record, 8, 4), sum = get_le(record, 12, 8);
+  if (writer != static_cast<uint64_t>(rank)) return bad(detail::concat("written for rank ", writer));
+  if (length > kMaxAddressBytes) return bad(detail::concat("an address of ", length, " bytes"));
+  if (record.size() != kRecordHeader + length)
+    return bad(detail::concat(record.size() - kRecordHeader, " address bytes where the record says ", length));
+  std::string address = record.substr(kRecordHeader);
+  if (fnv1a(address) != sum) return bad("the checksum does not match");
+  return address;
+}
+
+namespace {
 
 class Rendezvous {
  public:
@@ -187,7 +243,7 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
                                     const std::string& config_hash, Deadline deadline,
                                     const std::string& prefix) {
   Rendezvous rv(info, deadline, prefix);
-  rv.set("address", address);
+  rv.set("address", encode_address_record(info.rank, address));
   rv.set("config", config_hash);
   rv.wait_all("config", "join");
 
@@ -197,7 +253,16 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
   for (int r = 1; r < info.world_size; ++r)
     if (hashes[r] != hashes[0]) differ.push_back(r);
   std::vector<std::string> addresses;
-  for (int r = 0; r < info.world_size; ++r) addresses.push_back(rv.get("address", r));
+  for (int r = 0; r < info.world_size; ++r) {
+    try {
+      addresses.push_back(decode_address_record(rv.get("address", r), r));
+    } catch (const Error& e) {
+      throw TransportError(r, detail::concat("rank ", info.rank, ": rendezvous at ", info.master_addr, ":",
+                                             info.master_port, ": the store's entry ", prefix, "/address/", r,
+                                             " is not a valid address record (", e.what(),
+                                             "): another client overwrote or damaged it"));
+    }
+  }
 
   // Rank 0 serves the store: it stays until every rank has read what it needed, also when the
   // configurations differ, so that every rank reports the difference rather than a lost store.
@@ -205,8 +270,8 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
   if (info.rank == 0) rv.wait_all("done", "finish reading the rendezvous");
   if (!differ.empty())
     throw ConfigError(detail::concat("rendezvous: the configuration of rank", differ.size() > 1 ? "s " : " ",
-                                     list(differ), " differs from rank 0's (hash ", hashes[differ.front()],
-                                     " against ", hashes[0],
+                                     list(differ), " differs from rank 0's (hash ", printable(hashes[differ.front()], 40),
+                                     " against ", printable(hashes[0], 40),
                                      "): every rank must run the same configuration"));
   return addresses;
 }
@@ -215,6 +280,47 @@ AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline 
                                std::string prefix) {
   return [info = std::move(info), hash = std::move(config_hash), deadline, prefix = std::move(prefix)](
              const std::string& mine) { return rendezvous(info, mine, hash, deadline, prefix); };
+}
+
+std::string ucx_devices_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
+  // Connecting a UDP socket sends nothing; it only picks the route, whose local address it binds.
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  bool routed = false;
+  for (addrinfo* a = found; a && !routed; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    routed = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+             ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (!routed) return "";
+  std::string device;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return "";
+  for (ifaddrs* i = ifs; i && device.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != local.ss_family) continue;
+    const bool same =
+        local.ss_family == AF_INET
+            ? reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<sockaddr_in*>(&local)->sin_addr.s_addr
+            : std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, sizeof(in6_addr)) == 0;
+    if (same) device = i->ifa_name;
+  }
+  ::freeifaddrs(ifs);
+  if (device.empty()) return "";
+  // RDMA ports: /sys/class/infiniband/<device>/ports/<n>.
+  std::error_code ec;
+  for (const auto& dev : std::filesystem::directory_iterator("/sys/class/infiniband", ec))
+    for (const auto& port : std::filesystem::directory_iterator(dev.path() / "ports", ec))
+      device += "," + dev.path().filename().string() + ":" + port.path().filename().string();
+  return device;
 }
 
 std::string config_fingerprint(const std::string& text) {

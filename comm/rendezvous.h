@@ -28,6 +28,18 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
 AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline,
                                std::string prefix = "pipetrain");
 
+// The devices by which this host reaches `host` (MASTER_ADDR), as UCX_NET_DEVICES names them:
+// the network interface that holds the local address of the route to it ("lo" for 127.0.0.1,
+// "eth0"), plus every RDMA port ("mlx5_0:1"), which UCX prefers where they exist. "" when the
+// interface cannot be told. A rank's UCX then listens for TCP connections on that interface
+// only, not on every interface of the host.
+std::string ucx_devices_towards(const std::string& host);
+
+// The store record of a rank's transport address, and its check: decode throws Error saying
+// what is wrong (short, bad magic, written for another rank, too long, bad checksum).
+std::string encode_address_record(int rank, const std::string& address);
+std::string decode_address_record(const std::string& record, int rank);
+
 // A short hash of a configuration's text (64-bit FNV-1a, hex) to pass as `config_hash`.
 std::string config_fingerprint(const std::string& text);
 

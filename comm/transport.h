@@ -49,6 +49,10 @@ struct TransportOptions {
   // in UCP_ERR_HANDLING_MODE_PEER, which UCX 1.13's shared-memory transports do not support,
   // so ranks on one host then talk over tcp (and cma); turn it off for shared memory.
   bool detect_peer_failure = true;
+  // UCX: the network devices to use (and listen on), as UCX_NET_DEVICES takes them
+  // ("eth0,mlx5_0:1"); empty: UCX's own choice (every device). UCX_NET_DEVICES in the
+  // environment wins. A multi-process run passes ucx_devices_towards(MASTER_ADDR).
+  std::string net_devices;
 };
 
 class Transport {

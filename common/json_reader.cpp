@@ -42,12 +42,14 @@ const json* JsonReader::find(const std::string& key) {
 const json* JsonReader::get_raw(const std::string& key) { return find(key); }
 
 std::string describe(const json& v) {
+  // Invalid UTF-8 (a bare --set word can hold any bytes) is replaced, not thrown on.
+  const auto text = [&] { return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80); };
   switch (v.type()) {
-    case json::value_t::string: return "string " + v.dump();
-    case json::value_t::boolean: return "boolean " + v.dump();
+    case json::value_t::string: return "string " + text();
+    case json::value_t::boolean: return "boolean " + text();
     case json::value_t::number_integer:
     case json::value_t::number_unsigned:
-    case json::value_t::number_float: return "number " + v.dump();
+    case json::value_t::number_float: return "number " + text();
     case json::value_t::array: return "an array";
     case json::value_t::object: return "an object";
     case json::value_t::null: return "null";
@@ -63,7 +65,7 @@ int64_t JsonReader::get_int(const std::string& key, int64_t def, int64_t min, in
   int64_t x;
   if (v->is_number_integer() || v->is_number_unsigned()) {
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail(key, "value too large");
+      fail(key, detail::concat("must be between ", min, " and ", max, ", got ", v->get<uint64_t>(), " (value too large)"));
     x = v->get<int64_t>();
   } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
              std::fabs(v->get<double>()) < 9e15) {
@@ -146,9 +148,16 @@ void JsonReader::finish() const {
   }
 }
 
-json parse_json(const std::string& text, const std::string& source) {
+json parse_json(const std::string& text, const std::string& source, int max_depth) {
+  // nlohmann's parser is iterative, but copying or comparing a value recurses once per level:
+  // a document nested 100,000 deep would overflow the stack long after parsing.
+  const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t, json&) {
+    if (depth > max_depth)
+      throw ConfigError(detail::concat(source, ": nested deeper than ", max_depth, " levels"));
+    return true;
+  };
   try {
-    return json::parse(text);
+    return json::parse(text, limit_depth);
   } catch (const json::parse_error& e) {
     // Turn the byte offset into line:column.
     size_t line = 1, col = 1;
@@ -163,7 +172,7 @@ json parse_json(const std::string& text, const std::string& source) {
     std::string what = e.what();
     auto pos = what.find("syntax error");
     throw ConfigError(detail::concat(source, ":", line, ":", col, ": invalid JSON: ",
-                                     pos == std::string::npos ? what : what.substr(pos)));
+                                     printable(pos == std::string::npos ? what : what.substr(pos))));
   }
 }
 

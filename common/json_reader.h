@@ -58,8 +58,12 @@ class JsonReader {
   std::set<std::string> known_;
 };
 
-// Parses JSON text; syntax errors become ConfigError "<source>:<line>:<col>: ...".
-nlohmann::json parse_json(const std::string& text, const std::string& source);
+// Deeper nesting than this is refused: no config, manifest or cost file needs it.
+constexpr int kMaxJsonDepth = 64;
+
+// Parses JSON text; syntax errors become ConfigError "<source>:<line>:<col>: ...", nesting
+// deeper than `max_depth` ConfigError "<source>: nested deeper than N levels".
+nlohmann::json parse_json(const std::string& text, const std::string& source, int max_depth = kMaxJsonDepth);
 
 // Describes a JSON value's type for error messages ("string \"4\"", "number 2.5").
 std::string describe(const nlohmann::json& v);

@@ -14,4 +14,8 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
 
+// `text` made safe for a one-line message: bytes outside printable ASCII become \xNN, and
+// beyond `max` characters the rest is cut ("... (N bytes in all)").
+std::string printable(const std::string& text, size_t max = 200);
+
 }  // namespace pipetrain

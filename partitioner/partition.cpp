@@ -37,8 +37,17 @@ std::vector<int> offsets(const Balance& balance) {
 }
 
 std::string to_string(const Balance& balance) {
+  // Messages stay one readable line: a long list shows its first and last entries.
+  constexpr size_t kHead = 12, kTail = 2;
   std::string s = "[";
-  for (size_t i = 0; i < balance.size(); ++i) s += (i ? ", " : "") + std::to_string(balance[i]);
+  for (size_t i = 0; i < balance.size(); ++i) {
+    if (balance.size() > kHead + kTail + 1 && i == kHead) {
+      s += ", ... (" + std::to_string(balance.size()) + " entries)";
+      i = balance.size() - kTail - 1;
+      continue;
+    }
+    s += (i ? ", " : "") + std::to_string(balance[i]);
+  }
   return s + "]";
 }
 

@@ -25,6 +25,7 @@ void check(const Balance& balance, int layers, int stages, const std::string& wh
 // First layer index of each stage, plus the total at the end (size stages + 1).
 std::vector<int> offsets(const Balance& balance);
 
+// "[4, 5]"; for messages, so a long list shows only its first and last entries.
 std::string to_string(const Balance& balance);
 
 // What the stages run on and what they hold.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include <ATen/Parallel.h>
@@ -14,6 +15,8 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/json_reader.h"
+#include "common/strings.h"
 #include "common/stats.h"
 
 namespace pipetrain::partitioner {
@@ -194,12 +197,9 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
 std::vector<LayerCost> load_costs(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the cost file");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError(path + ": not valid JSON: " + e.what());
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = parse_json(text.str(), path);
   if (!j.is_array() || j.empty())
     throw ConfigError(path + ": expected a non-empty JSON array with one object per layer");
   std::vector<LayerCost> costs;
@@ -210,21 +210,25 @@ std::vector<LayerCost> load_costs(const std::string& path) {
     LayerCost c;
     c.name = e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>()
                                                           : detail::concat("layer ", i);
-    auto number = [&](const char* key, bool required) -> double {
+    const std::string shown_name = printable(c.name, 60);
+    // Times up to a day per layer, sizes up to 2^60 bytes: anything beyond is a broken file.
+    auto number = [&](const char* key, bool required, double max) -> double {
       if (!e.contains(key)) {
-        if (required) throw ConfigError(detail::concat(where, " (", c.name, "): missing \"", key, "\""));
+        if (required) throw ConfigError(detail::concat(where, " (", shown_name, "): missing \"", key, "\""));
         return 0;
       }
-      if (!e[key].is_number() || !std::isfinite(e[key].get<double>()) || e[key].get<double>() < 0)
-        throw ConfigError(detail::concat(where, " (", c.name, "): \"", key, "\" must be a finite number >= 0, got ",
-                                         e[key].dump()));
-      return e[key].get<double>();
+      const double v = e[key].is_number() ? e[key].get<double>() : -1;
+      if (!e[key].is_number() || !std::isfinite(v) || v < 0 || v > max)
+        throw ConfigError(detail::concat(where, " (", shown_name, "): \"", key, "\" must be a number from 0 to ", max,
+                                         ", got ", describe(e[key])));
+      return v;
     };
-    c.forward_ms = number("forward_ms", true);
-    c.backward_ms = number("backward_ms", true);
-    c.param_bytes = static_cast<int64_t>(number("param_bytes", true));
-    c.activation_bytes = static_cast<int64_t>(number("activation_bytes", true));
-    c.saved_bytes = static_cast<int64_t>(number("saved_bytes", false));
+    constexpr double kMaxMs = 86400e3, kMaxBytes = 1152921504606846976.0;  // 2^60
+    c.forward_ms = number("forward_ms", true, kMaxMs);
+    c.backward_ms = number("backward_ms", true, kMaxMs);
+    c.param_bytes = static_cast<int64_t>(number("param_bytes", true, kMaxBytes));
+    c.activation_bytes = static_cast<int64_t>(number("activation_bytes", true, kMaxBytes));
+    c.saved_bytes = static_cast<int64_t>(number("saved_bytes", false, kMaxBytes));
     costs.push_back(c);
   }
   return costs;

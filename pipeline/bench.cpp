@@ -236,13 +236,7 @@ nlohmann::json machine_json() {
 void run_sweep(const std::string& path, const std::vector<std::string>& overrides, const SweepOptions& o,
                std::ostream& progress, std::ostream* json_lines) {
   const Config base = load_config(path, overrides);
-  nlohmann::json base_json;
-  {
-    std::ifstream in(path);
-    base_json = nlohmann::json::parse(in);
-    std::map<std::string, std::string> origins;
-    apply_overrides(base_json, overrides, origins);
-  }
+  const nlohmann::json& base_json = base.root;  // the file with the overrides applied
   const nlohmann::json machine = machine_json();
   const size_t total = o.stages.size() * o.micro_batches.size() * o.checkpoints.size() * o.schedules.size();
   size_t done = 0;

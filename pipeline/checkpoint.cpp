@@ -20,6 +20,8 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
+#include "common/json_reader.h"
+#include "common/strings.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
 
@@ -30,8 +32,13 @@ namespace pipetrain::pipeline {
 
 namespace {
 
+// A manifest value in a one-line message: short, printable.
+std::string shown(const json& v) { return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80); }
+
 constexpr const char* kFormat = "pipetrain-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 adds manifest_hash (over every other field); version 1 manifests are still read.
+constexpr int kVersion = 2;
+constexpr int kOldestVersion = 1;
 constexpr const char* kOptimizerPrefix = "optimizer/";
 constexpr const char* kGeneratorKey = "rng/torch_cpu";
 
@@ -133,17 +140,17 @@ std::string first_difference(const json& saved, const json& now, const std::stri
   if (saved.is_object() && now.is_object()) {
     for (auto it = saved.begin(); it != saved.end(); ++it) {
       const std::string p = path.empty() ? it.key() : path + "." + it.key();
-      if (!now.contains(it.key())) return p + ": set in the checkpoint (" + it.value().dump() + "), absent from the config";
+      if (!now.contains(it.key())) return p + ": set in the checkpoint (" + shown(it.value()) + "), absent from the config";
       std::string d = first_difference(it.value(), now.at(it.key()), p);
       if (!d.empty()) return d;
     }
     for (auto it = now.begin(); it != now.end(); ++it)
       if (!saved.contains(it.key()))
         return (path.empty() ? it.key() : path + "." + it.key()) + ": absent from the checkpoint, " +
-               it.value().dump() + " in the config";
+               shown(it.value()) + " in the config";
     return "";
   }
-  if (saved != now) return path + ": " + saved.dump() + " in the checkpoint, " + now.dump() + " in the config";
+  if (saved != now) return path + ": " + shown(saved) + " in the checkpoint, " + shown(now) + " in the config";
   return "";
 }
 
@@ -153,41 +160,80 @@ std::string shape_text(const at::Tensor& t) {
   return s + "]";
 }
 
+// The hash that covers a manifest: every field but manifest_hash itself.
+std::string manifest_hash(json m) {
+  m.erase("manifest_hash");
+  return identity_hash(m);
+}
+
 json read_manifest(const std::string& dir) {
   const fs::path file = fs::path(dir) / "manifest.json";
+  const std::string where = "checkpoint " + file.string();
   if (!fs::exists(file))
     throw CheckpointError("checkpoint " + dir + ": no manifest.json (not a checkpoint, or a save that did not finish)");
-  std::ifstream in(file);
+  const std::vector<char> bytes = read_file(file.string());
   json m;
   try {
-    m = json::parse(in);
-  } catch (const json::exception& e) {
-    throw CheckpointError("checkpoint " + file.string() + ": not valid JSON (" + e.what() + ")");
+    m = parse_json(std::string(bytes.begin(), bytes.end()), "");
+  } catch (const ConfigError& e) {
+    // parse_json says ":line:col: invalid JSON: why" or ": nested deeper than N levels".
+    const std::string why = e.what();
+    throw CheckpointError(where + ": not valid JSON (" + why.substr(why.find_first_not_of(':')) + ")");
   }
   auto need = [&](const char* key, json::value_t type) {
     const bool ok = m.is_object() && m.contains(key) &&
                     (m.at(key).type() == type ||
                      (type == json::value_t::number_integer && m.at(key).is_number_unsigned()));
-    if (!ok) throw CheckpointError("checkpoint " + file.string() + ": \"" + key + "\" is missing or of the wrong type");
+    if (!ok) throw CheckpointError(where + ": \"" + key + "\" is missing or of the wrong type");
   };
   need("format", json::value_t::string);
   if (m.at("format") != kFormat)
-    throw CheckpointError("checkpoint " + file.string() + ": format is " + m.at("format").dump() + ", not \"" + kFormat + "\"");
+    throw CheckpointError(where + ": format is " + shown(m.at("format")) + ", not \"" + kFormat + "\"");
   need("version", json::value_t::number_integer);
-  if (m.at("version") != kVersion)
-    throw CheckpointError("checkpoint " + file.string() + ": version " + m.at("version").dump() +
-                          " is not one this build reads (" + std::to_string(kVersion) + ")");
+  const json& version = m.at("version");
+  if (!version.is_number_integer() || version.get<int64_t>() < kOldestVersion || version.get<int64_t>() > kVersion)
+    throw CheckpointError(where + ": version " + shown(version) + " is not one this build reads (" +
+                          std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
+  if (version.get<int64_t>() >= 2) {
+    need("manifest_hash", json::value_t::string);
+    if (manifest_hash(m) != m.at("manifest_hash"))
+      throw CheckpointError(where + ": the manifest does not match its hash (it was altered)");
+  }
   for (const char* k : {"step", "batches", "pipeline_step", "stages"}) need(k, json::value_t::number_integer);
   need("identity", json::value_t::object);
   need("identity_hash", json::value_t::string);
   need("shards", json::value_t::array);
   if (identity_hash(m.at("identity")) != m.at("identity_hash"))
-    throw CheckpointError("checkpoint " + file.string() + ": the identity does not match its hash (the manifest was altered)");
+    throw CheckpointError(where + ": the identity does not match its hash (the manifest was altered)");
   for (const json& s : m.at("shards"))
     if (!s.is_object() || !s.contains("file") || !s.at("file").is_string() || !s.contains("bytes") ||
         !s.at("bytes").is_number_unsigned() || !s.contains("crc32") || !s.at("crc32").is_number_unsigned() ||
         s.at("file").get<std::string>().find('/') != std::string::npos)
-      throw CheckpointError("checkpoint " + file.string() + ": a shard entry lacks file, bytes or crc32: " + s.dump());
+      throw CheckpointError(where + ": a shard entry lacks file, bytes or crc32: " + shown(s));
+
+  // What drives a resume must agree with itself and with the directory's name: the data position
+  // is step x accumulate, every pass of the pipeline consumed one batch, and a step-N directory
+  // holds step N.
+  const auto number = [&](const char* k) { return m.at(k).is_number_unsigned() && m.at(k).get<uint64_t>() > INT64_MAX
+                                                      ? int64_t(-1) : m.at(k).get<int64_t>(); };
+  const int64_t step = number("step"), batches = number("batches"), passes = number("pipeline_step");
+  const int64_t stages = number("stages");
+  const json& identity = m.at("identity");
+  const int64_t accumulate = identity.contains("accumulate") && identity.at("accumulate").is_number_integer()
+                                 ? identity.at("accumulate").get<int64_t>() : -1;
+  if (step < 1 || step > (int64_t(1) << 40))
+    throw CheckpointError(where + ": step " + shown(m.at("step")) + " is not a step a run can have saved");
+  if (accumulate < 1 || batches != step * accumulate || passes != batches)
+    throw CheckpointError(detail::concat(where, ": step ", step, ", batches ", shown(m.at("batches")), " and pipeline_step ",
+                                         shown(m.at("pipeline_step")), " disagree (batches and passes must be step x ",
+                                         "train.accumulate = ", step, " x ", accumulate, ")"));
+  if (stages < 1 || static_cast<int64_t>(m.at("shards").size()) % stages != 0)
+    throw CheckpointError(detail::concat(where, ": ", m.at("shards").size(), " shards cannot come from ",
+                                         shown(m.at("stages")), " stages"));
+  const int64_t named = step_of(fs::path(dir).filename().string());
+  if (named >= 0 && named != step)
+    throw CheckpointError(detail::concat(where, ": holds step ", step, " but its directory is ",
+                                         fs::path(dir).filename().string()));
   return m;
 }
 
@@ -202,7 +248,7 @@ std::map<std::string, at::Tensor> read_shards(const std::string& dir, const json
     const std::vector<char> bytes = read_file(path);
     if (bytes.size() != s.at("bytes").get<uint64_t>())
       throw CheckpointError("checkpoint shard " + path + ": " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                            s.at("bytes").dump() + " (truncated or replaced)");
+                            shown(s.at("bytes")) + " (truncated or replaced)");
     if (crc_of(bytes) != s.at("crc32").get<uint32_t>())
       throw CheckpointError("checkpoint shard " + path + ": CRC-32 mismatch (the file is damaged)");
     c10::IValue v;
@@ -421,7 +467,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"crc32", e.second},
                       {"layers", models::layer_names(pipe.stage_layers(vs))}});
   const json identity = training_identity(config);
-  const json manifest{{"format", kFormat},
+  json manifest{{"format", kFormat},
                       {"version", kVersion},
                       {"step", step},
                       {"batches", batches},
@@ -435,6 +481,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"identity", identity},
                       {"identity_hash", identity_hash(identity)},
                       {"shards", shards}};
+  manifest["manifest_hash"] = manifest_hash(manifest);
   const std::string text = manifest.dump(2) + "\n";
   write_synced((partial / "manifest.json").string(), text.data(), text.size());
   fsync_dir(partial);
@@ -465,6 +512,22 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     if (complete[i].second != final_dir) fs::remove_all(complete[i].second, ec);
   pipe.barrier();
   return final_dir.string();
+}
+
+void check_checkpoint_dir(const std::string& root, const std::string& where) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw ConfigError(where + ": " + root + ": cannot create the directory (" + ec.message() + ")");
+  if (!fs::is_directory(root)) throw ConfigError(where + ": " + root + ": not a directory");
+  // Each rank probes with its own name: the ranks of one job may share the directory.
+  const fs::path probe = fs::path(root) / (".probe-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw ConfigError(where + ": " + root + ": cannot write there (" + std::strerror(errno) + ")");
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int saved_errno = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) throw ConfigError(where + ": " + root + ": cannot write there (" + std::strerror(saved_errno) + ")");
 }
 
 std::string latest_checkpoint(const std::string& root) {

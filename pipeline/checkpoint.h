@@ -54,6 +54,10 @@ std::string identity_hash(const nlohmann::json& identity);  // 16 hex digits (FN
 std::string save_checkpoint(const std::string& root, const Config& config, Pipeline& pipe, int64_t step,
                             int64_t batches, int keep);
 
+// Makes `root` if needed and checks that a file can be written and removed there; ConfigError
+// "<where>: <root>: <reason>" otherwise.
+void check_checkpoint_dir(const std::string& root, const std::string& where);
+
 // The newest complete checkpoint under `root`, or "" when there is none (or no such directory).
 std::string latest_checkpoint(const std::string& root);
 // `path` itself when it holds a manifest, else latest_checkpoint(path); throws when neither.

@@ -26,16 +26,19 @@ std::string Config::where(const std::string& key_path) const {
 
 void apply_overrides(json& root, const std::vector<std::string>& overrides,
                      std::map<std::string, std::string>& origins) {
-  for (const auto& text : overrides) {
-    const auto eq = text.find('=');
+  for (const auto& full_text : overrides) {
+    const std::string text = printable(full_text, 120);  // as messages show it
+    const auto eq = full_text.find('=');
     if (eq == std::string::npos || eq == 0)
       throw ConfigError("--set " + text + ": expected key.path=value");
-    const std::string path = text.substr(0, eq), raw = text.substr(eq + 1);
+    const std::string path = full_text.substr(0, eq), raw = full_text.substr(eq + 1);
     json value;
     try {
-      value = json::parse(raw);
-    } catch (const json::parse_error&) {
-      value = raw;  // bare words are strings: --set data.kind=synthetic
+      value = parse_json(raw, "--set " + text);
+    } catch (const ConfigError& e) {
+      // Bare words are strings (--set data.kind=synthetic); JSON nested too deep is an error.
+      if (std::string(e.what()).find(": nested deeper than ") != std::string::npos) throw;
+      value = raw;
     }
     json* node = &root;
     size_t start = 0;
@@ -126,9 +129,14 @@ Config parse_config(const json& input, const std::string& source,
     } else if (b->is_array()) {
       c.pipeline.balance_method = "list";
       for (const auto& e : *b) {
-        if (!e.is_number_integer())
-          pipe.fail("balance", "expected a list of integers, found " + describe(e));
-        c.pipeline.balance.push_back(e.get<int>());
+        // Read as the wider type first: 4294967297 must not become 1.
+        const bool integer = e.is_number_integer() && !(e.is_number_unsigned() && e.get<uint64_t>() > INT64_MAX);
+        if (!integer) pipe.fail("balance", "expected a list of integers, found " + describe(e));
+        const int64_t layers = e.get<int64_t>();
+        if (layers < 0 || layers > (1 << 30))
+          pipe.fail("balance", detail::concat("a stage's layer count must be between 0 and ", 1 << 30, ", found ",
+                                              describe(e)));
+        c.pipeline.balance.push_back(static_cast<int>(layers));
       }
     } else {
       pipe.fail("balance", "expected a method (uniform, parameters, time, memory) or a list of layer counts, got " +
@@ -137,9 +145,11 @@ Config parse_config(const json& input, const std::string& source,
   }
   if (const json* m = pipe.get_raw("memory_limit")) {
     auto bytes = [&](const json& v) {
-      if (!v.is_number() || v.get<double>() < 0 || !std::isfinite(v.get<double>()))
-        pipe.fail("memory_limit", "expected bytes (a number >= 0, 0 = no limit) or a list of them, found " + describe(v));
-      return static_cast<int64_t>(v.get<double>());
+      constexpr double kMax = 1152921504606846976.0;  // 2^60 bytes
+      if (!v.is_number() || v.get<double>() < 0 || !(v.get<double>() <= kMax))
+        pipe.fail("memory_limit", "expected bytes (a number from 0 to 2^60, 0 = no limit) or a list of them, found " +
+                                      describe(v));
+      return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
     };
     if (m->is_array()) {
       for (const auto& e : *m) c.pipeline.memory_limit.push_back(bytes(e));
@@ -224,6 +234,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(parse_json(ss.str(), path), path, overrides);
+}
+
+int64_t parse_steps_flag(const std::string& text) {
+  constexpr int64_t kMax = int64_t(1) << 40;  // as train.steps
+  int64_t v = 0;
+  bool ok = !text.empty() && text.size() <= 14;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') ok = false;
+    if (ok) v = v * 10 + (ch - '0');
+  }
+  if (!ok || v > kMax)
+    throw ConfigError(detail::concat("--steps ", printable(text, 40), ": expected a whole number of steps from 0 to ", kMax));
+  return v;
 }
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {

@@ -106,6 +106,9 @@ Config parse_config(const nlohmann::json& root, const std::string& source,
                     const std::vector<std::string>& overrides = {});
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// The value of `--steps TEXT`: a whole number from 0 to 2^40, else ConfigError naming the flag.
+int64_t parse_steps_flag(const std::string& text);
+
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).
 int intra_op_threads(const RuntimeConfig& runtime, int stages);
 

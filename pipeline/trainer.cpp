@@ -6,8 +6,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <optional>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -75,7 +76,8 @@ Batch to_model(const Job& job, Batch b) {
 }
 
 std::string run_fingerprint(const Config& c, const std::string& run_options) {
-  return comm::config_fingerprint(c.root.dump() + run_options);
+  // train.steps as run (--steps replaces the file's value without touching root).
+  return comm::config_fingerprint(c.root.dump() + " steps=" + std::to_string(c.train.steps) + " " + run_options);
 }
 
 // The thread that drives the stages (the caller) prepares each batch with as many intra-op
@@ -84,12 +86,26 @@ std::string run_fingerprint(const Config& c, const std::string& run_options) {
 // cores, where 4 stage threads share them).
 namespace {
 void match_stage_threads(const Job& job) { at::set_num_threads(std::max(1, job.options.intra_op_threads)); }
+
+// More compute threads than cores (stage threads x intra-op threads, over every stage on this
+// host) time-share the cores and run many times slower; say so rather than be silently slow.
+void warn_if_oversubscribed(const Job& job, int stages_here) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t threads = int64_t(job.options.intra_op_threads) * stages_here;
+  if (threads > cores)
+    std::fprintf(stderr,
+                 "pipetrain: warning: %d intra-op threads per stage x %d stage%s on this host = %lld threads on %d "
+                 "cores; expect a large slowdown (runtime.intra_op_threads 0 picks cores / stages)\n",
+                 job.options.intra_op_threads, stages_here, stages_here == 1 ? "" : "s",
+                 static_cast<long long>(threads), cores);
+}
 }  // namespace
 
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options) {
   const Config& c = job.config;
   if (c.runtime.kind != "processes") {
     match_stage_threads(job);
+    warn_if_oversubscribed(job, c.pipeline.stages);
     // Started by a launcher but in-process: each rank runs the whole pipeline on its own.
     comm::RankInfo info;
     try {
@@ -113,6 +129,9 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   if (c.runtime.intra_op_threads == 0 && info.local_world_size > 0)
     job.options.intra_op_threads = intra_op_threads(c.runtime, info.local_world_size);
   match_stage_threads(job);
+  if (info.rank == 0) warn_if_oversubscribed(job, info.local_world_size > 0 ? info.local_world_size : 1);
+  // UCX listens only on the interface by which this host reaches rank 0's, not on every one.
+  job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);
   const Deadline deadline = Deadline::after(c.runtime.timeout_s);
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
                                                comm::store_exchange(info, run_fingerprint(c, run_options), deadline));
@@ -276,6 +295,11 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options_i
   if (c.train.checkpoint_every > 0 && ckpt_dir.empty())
     throw ConfigError(c.where("train.checkpoint_every") + ": checkpoints every " +
                       std::to_string(c.train.checkpoint_every) + " steps need a directory (--checkpoint-dir or train.checkpoint_dir)");
+  if (options.until_step > 0 && ckpt_dir.empty())
+    throw ConfigError("--until-step: stops the run with a checkpoint to resume from, which needs a directory "
+                      "(--checkpoint-dir or train.checkpoint_dir)");
+  // A directory that cannot take a checkpoint is found now, not after the training time is spent.
+  if (!ckpt_dir.empty()) check_checkpoint_dir(ckpt_dir, ckpt_where);
   TrainResult result;
   result.rank = pipe.rank();
   const int64_t steps = c.train.steps;

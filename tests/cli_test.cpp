@@ -186,7 +186,7 @@ TEST(Cli, PlanAndPartition) {
   expect_one_line_error(run("partition --costs " + costs + " --stages 2 --memory-limit 10"), "memory limit");
   expect_one_line_error(run("partition --costs " + costs + " --stages 2 --speeds 1"), "--speeds: 1 speeds for 2 stages");
   const std::string bad = write_config("bad_costs.json", R"([{"name": "a", "forward_ms": -1, "backward_ms": 1, "param_bytes": 0, "activation_bytes": 0}])");
-  expect_one_line_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a finite number >= 0");
+  expect_one_line_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a number from 0 to 8.64e+07, got number -1");
   expect_one_line_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
 }
 

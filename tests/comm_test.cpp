@@ -136,7 +136,9 @@ TEST_F(LocalTransportTest, WrongStepIsRefused) {
 }
 
 TEST_F(LocalTransportTest, MessageOverLimitIsRefused) {
-  auto small = make_local_group(2, TransportOptions{64});
+  TransportOptions limited;
+  limited.max_message_bytes = 64;
+  auto small = make_local_group(2, limited);
   small[0]->send(1, act(0), torch::ones({100}));
   try {
     small[1]->recv(0, act(0), Deadline::after(5));

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,10 +12,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <functional>
 #include <thread>
 
 #include <torch/torch.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/launcher_env.h"
 #include "comm/rendezvous.h"
@@ -358,6 +366,173 @@ TEST(Rendezvous, ConnectsUcxTransports) {
   });
   for (int r = 0; r < W; ++r) EXPECT_FALSE(errors[r]) << what_of<std::exception>(errors[r]);
 }
+
+// Any client of the store can overwrite a rank's address: random bytes there reached UCX, which
+// aborted the process (ucp_address_unpack). The record is checked first; the error names the key.
+TEST(Rendezvous, PoisonedAddressIsRefusedNamingTheKey) {
+  const int port = free_port();
+  std::exception_ptr error;
+  std::thread rank0([&] {
+    try {
+      TransportOptions o;
+      o.backend = "ucx";
+      make_ucx_transport(0, 2, store_exchange(rank_info(0, 2, port), "h", Deadline::after(20)), o);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  // The attacker, posing as rank 1: the right configuration hash, random bytes as the address.
+  const auto t0 = Clock::now();
+  while (!connects("127.0.0.1", port) && Clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(10);
+  c10d::TCPStore attacker("127.0.0.1", so);
+  std::vector<uint8_t> garbage(300);
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<uint8_t>(i * 131 + 7);
+  attacker.set("pipetrain/address/1", garbage);
+  attacker.set("pipetrain/config/1", std::vector<uint8_t>{'h'});
+  rank0.join();
+  int peer = -1;
+  const std::string msg = what_of<TransportError>(error, &peer);
+  EXPECT_EQ(peer, 1) << msg;
+  EXPECT_NE(msg.find("the store's entry pipetrain/address/1 is not a valid address record (no record magic)"),
+            std::string::npos)
+      << msg;
+}
 #endif
+
+#if PIPETRAIN_HAVE_UCX
+// The TCP listening addresses of this process's sockets (from /proc/net/tcp, matched by inode).
+std::vector<std::string> listening_addresses() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+    if (state != "0A" || !inodes.count(inode)) continue;  // 0A: LISTEN
+    const uint32_t ip = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
+    char text[INET_ADDRSTRLEN];
+    in_addr a{};
+    a.s_addr = ip;  // /proc/net/tcp prints the address as the host-order value of the network bytes
+    ::inet_ntop(AF_INET, &a, text, sizeof text);
+    out.push_back(text);
+  }
+  return out;
+}
+
+// The first IPv4 address of an interface other than loopback, or "" when there is none.
+std::string other_address() {
+  ifaddrs* ifs = nullptr;
+  std::string found;
+  if (::getifaddrs(&ifs) != 0) return found;
+  for (ifaddrs* i = ifs; i && found.empty(); i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK)) {
+      char text[INET_ADDRSTRLEN];
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+      found = text;
+    }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+// UCX's TCP transport listened on every interface of the host; a rank now passes the devices by
+// which it reaches MASTER_ADDR, and UCX listens there only.
+TEST(Rendezvous, UcxListensOnTheInterfaceTowardsTheMasterOnly) {
+  EXPECT_EQ(ucx_devices_towards("127.0.0.1").substr(0, 2), "lo");
+  EXPECT_EQ(ucx_devices_towards("no-such-host.invalid"), "");
+  const std::string other = other_address();
+  if (other.empty()) GTEST_SKIP() << "this host has no interface but loopback, so listening everywhere cannot be told apart";
+  EXPECT_NE(ucx_devices_towards(other).substr(0, 2), "lo") << "the route to " << other;
+  if (std::getenv("UCX_NET_DEVICES")) GTEST_SKIP() << "UCX_NET_DEVICES is set and wins";
+  auto listened = [](const std::string& devices) {
+    TransportOptions o;
+    o.backend = "ucx";
+    o.net_devices = devices;
+    auto group = make_ucx_group(2, o);
+    return listening_addresses();
+  };
+  const std::vector<std::string> everywhere = listened("");
+  EXPECT_NE(std::find(everywhere.begin(), everywhere.end(), other), everywhere.end())
+      << "without a choice UCX listens on " << other << " too";
+  const std::vector<std::string> towards_lo = listened(ucx_devices_towards("127.0.0.1"));
+  EXPECT_FALSE(towards_lo.empty());
+  for (const auto& a : towards_lo) EXPECT_EQ(a, "127.0.0.1");
+}
+#endif
+
+// Records: what the writer wrote comes back; anything else is refused with the reason.
+TEST(Rendezvous, AddressRecordsAreChecked) {
+  const std::string address("\0\x01\xffworker", 9);
+  const std::string record = encode_address_record(3, address);
+  EXPECT_EQ(decode_address_record(record, 3), address);
+  auto refusal = [](const std::string& rec, int rank) {
+    try {
+      decode_address_record(rec, rank);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal(record, 2).find("written for rank 3"), std::string::npos);
+  EXPECT_NE(refusal(record.substr(0, 10), 3).find("shorter than a record"), std::string::npos);
+  EXPECT_NE(refusal(record.substr(0, record.size() - 1), 3).find("8 address bytes where the record says 9"),
+            std::string::npos);
+  std::string flipped = record;
+  flipped.back() ^= 1;
+  EXPECT_NE(refusal(flipped, 3).find("checksum"), std::string::npos);
+  std::string huge = record;
+  huge[8] = huge[9] = huge[10] = '\xff';
+  EXPECT_NE(refusal(huge, 3).find("an address of"), std::string::npos);
+  EXPECT_NE(refusal("PTR", 3).find("shorter"), std::string::npos);
+}
+
+// A client that sends one byte and holds the connection, or announces a 256 MiB value and sends
+// nothing more, held the store's server (and the ranks' follow-up check of who is missing)
+// past every deadline. The ranks must still fail by their deadline, naming the missing rank.
+TEST(Rendezvous, StalledStoreClientsDoNotHoldTheRanksPastTheirDeadline) {
+  for (const std::string& stall : {std::string("\x01"), std::string("\x02\x00\x00\x00\x10\x00\x00\x00", 8)}) {
+    SCOPED_TRACE(stall.size());
+    const int port = free_port();
+    const auto t0 = Clock::now();
+    std::thread attacker([&] {
+      while (!connects("127.0.0.1", port) && Clock::now() - t0 < std::chrono::seconds(5))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        (void)!::write(fd, stall.data(), stall.size());
+        std::this_thread::sleep_for(std::chrono::seconds(5));  // holds it well past the ranks' deadline
+      }
+      ::close(fd);
+    });
+    auto errors = run({0, 1}, [&](int r) {  // rank 2 never comes
+      rendezvous(rank_info(r, 3, port), "a", "h", Deadline::after(2));
+    });
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    attacker.join();
+    EXPECT_LT(took, 5.5);
+    for (int r = 0; r < 2; ++r) {
+      int peer = -1;
+      const std::string msg = what_of<TimeoutError>(errors[r], &peer);
+      EXPECT_EQ(peer, 2) << msg;
+    }
+  }
+}
 
 }  // namespace

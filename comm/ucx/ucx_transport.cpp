@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -287,6 +288,13 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
   try {
     ucp_config_t* config = nullptr;
     ucx_check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
+    if (!options_.net_devices.empty() && !std::getenv("UCX_NET_DEVICES")) {
+      const ucs_status_t st = ucp_config_modify(config, "NET_DEVICES", options_.net_devices.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        ucx_check(st, "selecting the network devices " + options_.net_devices);
+      }
+    }
     ucp_params_t params{};
     params.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_TAG_SENDER_MASK | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
