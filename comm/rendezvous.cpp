@@ -1,5 +1,7 @@
 #include "comm/rendezvous.h"
 
+#include "comm/address_record.h"
+
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -102,58 +104,6 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
   o.timeout = timeout;
   return c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
 }
-
-// A rank's address in the store is a record the reader checks before handing the address to
-// the transport (UCX aborts on a malformed worker address): magic, the writer's rank, the length
-// and an FNV-1a checksum of the address, then the address. Any client of the store can write
-// any key, so what is read is never trusted as is.
-constexpr char kRecordMagic[4] = {'P', 'T', 'R', '1'};
-constexpr size_t kRecordHeader = 4 + 4 + 4 + 8;
-constexpr uint32_t kMaxAddressBytes = 1 << 20;
-
-uint64_t fnv1a(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-void put_le(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint64_t get_le(const std::string& in, size_t at, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
-}
-
-}  // namespace
-
-std::string encode_address_record(int rank, const std::string& address) {
-  std::string r(kRecordMagic, 4);
-  put_le(r, static_cast<uint32_t>(rank), 4);
-  put_le(r, address.size(), 4);
-  put_le(r, fnv1a(address), 8);
-  return r + address;
-}
-
-std::string decode_address_record(const std::string& record, int rank) {
-  const auto bad = [&](const std::string& why) -> std::string { throw Error(why); };
-  if (record.size() < kRecordHeader) return bad(detail::concat(record.size(), " bytes, shorter than a record"));
-  if (record.compare(0, 4, kRecordMagic, 4) != 0) return bad("no record magic");
-  const uint64_t writer = get_le(record, 4, 4), length = get_le(record, 8, 4), sum = get_le(record, 12, 8);
-  if (writer != static_cast<uint64_t>(rank)) return bad(detail::concat("written for rank ", writer));
-  if (length > kMaxAddressBytes) return bad(detail::concat("an address of ", length, " bytes"));
-  if (record.size() != kRecordHeader + length)
-    return bad(detail::concat(record.size() - kRecordHeader, " address bytes where the record says ", length));
-  std::string address = record.substr(kRecordHeader);
-  if (fnv1a(address) != sum) return bad("the checksum does not match");
-  return address;
-}
-
-namespace {
 
 class Rendezvous {
  public:

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/address_record.h"
 #include "comm/launcher_env.h"
 #include "comm/transport.h"
 #include "common/deadline.h"
@@ -34,11 +35,6 @@ AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline 
 // interface cannot be told. A rank's UCX then listens for TCP connections on that interface
 // only, not on every interface of the host.
 std::string ucx_devices_towards(const std::string& host);
-
-// The store record of a rank's transport address, and its check: decode throws Error saying
-// what is wrong (short, bad magic, written for another rank, too long, bad checksum).
-std::string encode_address_record(int rank, const std::string& address);
-std::string decode_address_record(const std::string& record, int rank);
 
 // A short hash of a configuration's text (64-bit FNV-1a, hex) to pass as `config_hash`.
 std::string config_fingerprint(const std::string& text);

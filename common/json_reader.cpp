@@ -41,9 +41,13 @@ const json* JsonReader::find(const std::string& key) {
 
 const json* JsonReader::get_raw(const std::string& key) { return find(key); }
 
-std::string describe(const json& v) {
+std::string brief(const json& v, size_t max) {
   // Invalid UTF-8 (a bare --set word can hold any bytes) is replaced, not thrown on.
-  const auto text = [&] { return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80); };
+  return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), max);
+}
+
+std::string describe(const json& v) {
+  const auto text = [&] { return brief(v); };
   switch (v.type()) {
     case json::value_t::string: return "string " + text();
     case json::value_t::boolean: return "boolean " + text();

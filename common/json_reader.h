@@ -68,4 +68,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& source, in
 // Describes a JSON value's type for error messages ("string \"4\"", "number 2.5").
 std::string describe(const nlohmann::json& v);
 
+// A JSON value in a one-line message: its compact text, printable, at most `max` characters.
+std::string brief(const nlohmann::json& v, size_t max = 80);
+
 }  // namespace pipetrain

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "partitioner/cost.h"
+#include "partitioner/cost_file.h"
 #include "stages/stage.h"
 
 namespace pipetrain::partitioner {
@@ -34,10 +35,7 @@ struct Profile {
 Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
                        const stages::LossFn& loss, const ProfileOptions& options = {});
 
-// Cost files: a JSON array with one object per layer (name, forward_ms, backward_ms, param_bytes,
-// activation_bytes, saved_bytes; other fields are kept out of the way). Errors name the file,
-// the entry and the field.
-std::vector<LayerCost> load_costs(const std::string& path);
+// Writes a cost file (partitioner/cost_file.h reads it) with the B and W split of each layer.
 void save_costs(const std::string& path, const Profile& profile);
 
 // Live and peak bytes of CPU tensors allocated while counting is on (a process-wide counting

@@ -15,15 +15,14 @@
 #include <map>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "models/model.h"
+#include "pipeline/manifest.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/shard.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -32,39 +31,8 @@ namespace pipetrain::pipeline {
 
 namespace {
 
-// A manifest value in a one-line message: short, printable.
-std::string shown(const json& v) { return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80); }
-
-constexpr const char* kFormat = "pipetrain-checkpoint";
-// Version 2 adds manifest_hash (over every other field); version 1 manifests are still read.
-constexpr int kVersion = 2;
-constexpr int kOldestVersion = 1;
 constexpr const char* kOptimizerPrefix = "optimizer/";
 constexpr const char* kGeneratorKey = "rng/torch_cpu";
-
-// A dict of tensors in torch.save's format that Python's torch.load reads with its default
-// weights_only loader: torch::pickle_save tags the dict's types with a global
-// (torch.jit._pickle.restore_type_tag) that weights_only refuses, so the pickle is written
-// untagged and packed into the archive as pickle_save does.
-std::vector<char> save_tensor_dict(const c10::Dict<std::string, at::Tensor>& d) {
-  std::vector<char> pickled;
-  torch::jit::Pickler pickler([&](const char* buf, size_t n) { pickled.insert(pickled.end(), buf, buf + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(d));
-  pickler.stop();
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    const char* bytes = static_cast<const char*>(data);
-    archive.insert(archive.end(), bytes, bytes + n);
-    return n;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return archive;
-}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -72,16 +40,6 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-// The step of a directory name "step-<digits>", or -1.
-int64_t step_of(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (int64_t(1) << 50)) return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
 
 std::string sys_error(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
@@ -140,17 +98,17 @@ std::string first_difference(const json& saved, const json& now, const std::stri
   if (saved.is_object() && now.is_object()) {
     for (auto it = saved.begin(); it != saved.end(); ++it) {
       const std::string p = path.empty() ? it.key() : path + "." + it.key();
-      if (!now.contains(it.key())) return p + ": set in the checkpoint (" + shown(it.value()) + "), absent from the config";
+      if (!now.contains(it.key())) return p + ": set in the checkpoint (" + brief(it.value()) + "), absent from the config";
       std::string d = first_difference(it.value(), now.at(it.key()), p);
       if (!d.empty()) return d;
     }
     for (auto it = now.begin(); it != now.end(); ++it)
       if (!saved.contains(it.key()))
         return (path.empty() ? it.key() : path + "." + it.key()) + ": absent from the checkpoint, " +
-               shown(it.value()) + " in the config";
+               brief(it.value()) + " in the config";
     return "";
   }
-  if (saved != now) return path + ": " + shown(saved) + " in the checkpoint, " + shown(now) + " in the config";
+  if (saved != now) return path + ": " + brief(saved) + " in the checkpoint, " + brief(now) + " in the config";
   return "";
 }
 
@@ -160,81 +118,12 @@ std::string shape_text(const at::Tensor& t) {
   return s + "]";
 }
 
-// The hash that covers a manifest: every field but manifest_hash itself.
-std::string manifest_hash(json m) {
-  m.erase("manifest_hash");
-  return identity_hash(m);
-}
-
 json read_manifest(const std::string& dir) {
   const fs::path file = fs::path(dir) / "manifest.json";
-  const std::string where = "checkpoint " + file.string();
   if (!fs::exists(file))
     throw CheckpointError("checkpoint " + dir + ": no manifest.json (not a checkpoint, or a save that did not finish)");
   const std::vector<char> bytes = read_file(file.string());
-  json m;
-  try {
-    m = parse_json(std::string(bytes.begin(), bytes.end()), "");
-  } catch (const ConfigError& e) {
-    // parse_json says ":line:col: invalid JSON: why" or ": nested deeper than N levels".
-    const std::string why = e.what();
-    throw CheckpointError(where + ": not valid JSON (" + why.substr(why.find_first_not_of(':')) + ")");
-  }
-  auto need = [&](const char* key, json::value_t type) {
-    const bool ok = m.is_object() && m.contains(key) &&
-                    (m.at(key).type() == type ||
-                     (type == json::value_t::number_integer && m.at(key).is_number_unsigned()));
-    if (!ok) throw CheckpointError(where + ": \"" + key + "\" is missing or of the wrong type");
-  };
-  need("format", json::value_t::string);
-  if (m.at("format") != kFormat)
-    throw CheckpointError(where + ": format is " + shown(m.at("format")) + ", not \"" + kFormat + "\"");
-  need("version", json::value_t::number_integer);
-  const json& version = m.at("version");
-  if (!version.is_number_integer() || version.get<int64_t>() < kOldestVersion || version.get<int64_t>() > kVersion)
-    throw CheckpointError(where + ": version " + shown(version) + " is not one this build reads (" +
-                          std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
-  if (version.get<int64_t>() >= 2) {
-    need("manifest_hash", json::value_t::string);
-    if (manifest_hash(m) != m.at("manifest_hash"))
-      throw CheckpointError(where + ": the manifest does not match its hash (it was altered)");
-  }
-  for (const char* k : {"step", "batches", "pipeline_step", "stages"}) need(k, json::value_t::number_integer);
-  need("identity", json::value_t::object);
-  need("identity_hash", json::value_t::string);
-  need("shards", json::value_t::array);
-  if (identity_hash(m.at("identity")) != m.at("identity_hash"))
-    throw CheckpointError(where + ": the identity does not match its hash (the manifest was altered)");
-  for (const json& s : m.at("shards"))
-    if (!s.is_object() || !s.contains("file") || !s.at("file").is_string() || !s.contains("bytes") ||
-        !s.at("bytes").is_number_unsigned() || !s.contains("crc32") || !s.at("crc32").is_number_unsigned() ||
-        s.at("file").get<std::string>().find('/') != std::string::npos)
-      throw CheckpointError(where + ": a shard entry lacks file, bytes or crc32: " + shown(s));
-
-  // What drives a resume must agree with itself and with the directory's name: the data position
-  // is step x accumulate, every pass of the pipeline consumed one batch, and a step-N directory
-  // holds step N.
-  const auto number = [&](const char* k) { return m.at(k).is_number_unsigned() && m.at(k).get<uint64_t>() > INT64_MAX
-                                                      ? int64_t(-1) : m.at(k).get<int64_t>(); };
-  const int64_t step = number("step"), batches = number("batches"), passes = number("pipeline_step");
-  const int64_t stages = number("stages");
-  const json& identity = m.at("identity");
-  const int64_t accumulate = identity.contains("accumulate") && identity.at("accumulate").is_number_integer()
-                                 ? identity.at("accumulate").get<int64_t>() : -1;
-  if (step < 1 || step > (int64_t(1) << 40))
-    throw CheckpointError(where + ": step " + shown(m.at("step")) + " is not a step a run can have saved");
-  if (accumulate < 1 || batches != step * accumulate || passes != batches)
-    throw CheckpointError(detail::concat(where, ": step ", step, ", batches ", shown(m.at("batches")), " and pipeline_step ",
-                                         shown(m.at("pipeline_step")), " disagree (batches and passes must be step x ",
-                                         "train.accumulate = ", step, " x ", accumulate, ")"));
-  if (stages < 1 || static_cast<int64_t>(m.at("shards").size()) % stages != 0)
-    throw CheckpointError(detail::concat(where, ": ", m.at("shards").size(), " shards cannot come from ",
-                                         shown(m.at("stages")), " stages"));
-  const int64_t named = step_of(fs::path(dir).filename().string());
-  if (named >= 0 && named != step)
-    throw CheckpointError(detail::concat(where, ": holds step ", step, " but its directory is ",
-                                         fs::path(dir).filename().string()));
-  return m;
+  return check_manifest(std::string(bytes.begin(), bytes.end()), file.string(), fs::path(dir).filename().string());
 }
 
 // Every tensor of every shard, by name, after checking sizes and checksums.
@@ -248,22 +137,12 @@ std::map<std::string, at::Tensor> read_shards(const std::string& dir, const json
     const std::vector<char> bytes = read_file(path);
     if (bytes.size() != s.at("bytes").get<uint64_t>())
       throw CheckpointError("checkpoint shard " + path + ": " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                            shown(s.at("bytes")) + " (truncated or replaced)");
+                            brief(s.at("bytes")) + " (truncated or replaced)");
     if (crc_of(bytes) != s.at("crc32").get<uint32_t>())
       throw CheckpointError("checkpoint shard " + path + ": CRC-32 mismatch (the file is damaged)");
-    c10::IValue v;
-    try {
-      v = torch::pickle_load(bytes);
-    } catch (const c10::Error& e) {
-      throw CheckpointError("checkpoint shard " + path + ": cannot be read (" + e.what_without_backtrace() + ")");
-    }
-    if (!v.isGenericDict()) throw CheckpointError("checkpoint shard " + path + ": not a dict of named tensors");
-    for (const auto& item : v.toGenericDict()) {
-      if (!item.key().isString() || !item.value().isTensor())
-        throw CheckpointError("checkpoint shard " + path + ": holds an entry that is not a named tensor");
-      const std::string name = item.key().toStringRef();
-      if (!all.emplace(name, item.value().toTensor()).second)
-        throw CheckpointError("checkpoint " + dir + ": tensor " + name + " is in two shards");
+    for (auto& [name, tensor] : load_tensor_dict(bytes, path)) {
+      if (!all.emplace(name, tensor).second)
+        throw CheckpointError("checkpoint " + dir + ": tensor " + printable(name, 120) + " is in two shards");
       if (order) order->push_back(name);
     }
   }
@@ -394,16 +273,6 @@ json training_identity(const Config& c) {
               {"dtype", c.runtime.dtype}};
 }
 
-std::string identity_hash(const json& identity) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : identity.dump()) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 std::string save_checkpoint(const std::string& root_dir, const Config& config, Pipeline& pipe, int64_t step,
                             int64_t batches, int keep) {
@@ -467,9 +336,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"crc32", e.second},
                       {"layers", models::layer_names(pipe.stage_layers(vs))}});
   const json identity = training_identity(config);
-  json manifest{{"format", kFormat},
-                      {"version", kVersion},
-                      {"step", step},
+  json manifest{{"step", step},
                       {"batches", batches},
                       {"pipeline_step", pipe.step()},
                       {"seed", config.train.seed},
@@ -481,7 +348,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"identity", identity},
                       {"identity_hash", identity_hash(identity)},
                       {"shards", shards}};
-  manifest["manifest_hash"] = manifest_hash(manifest);
+  seal_manifest(manifest);
   const std::string text = manifest.dump(2) + "\n";
   write_synced((partial / "manifest.json").string(), text.data(), text.size());
   fsync_dir(partial);

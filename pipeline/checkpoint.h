@@ -24,16 +24,11 @@
 
 #include "common/error.h"
 #include "pipeline/config.h"
+#include "pipeline/manifest.h"
 
 namespace pipetrain::pipeline {
 
 class Pipeline;
-
-// A checkpoint that is missing, damaged, or written by a different run; says which and why.
-class CheckpointError : public Error {
- public:
-  using Error::Error;
-};
 
 struct CheckpointState {
   std::string dir;            // the step directory
@@ -47,7 +42,6 @@ struct CheckpointState {
 // What must not change for a checkpoint to continue a run: model, data, optimizer, train.seed,
 // train.accumulate and runtime.dtype. Stage count, schedule, balance and steps may change.
 nlohmann::json training_identity(const Config& config);
-std::string identity_hash(const nlohmann::json& identity);  // 16 hex digits (FNV-1a 64)
 
 // Writes the checkpoint of optimizer step `step` under `root` and returns its directory; keeps
 // the newest `keep` checkpoints (older ones are removed once the new one is complete).
