@@ -177,6 +177,12 @@ json parse_json(const std::string& text, const std::string& source, int max_dept
     auto pos = what.find("syntax error");
     throw ConfigError(detail::concat(source, ":", line, ":", col, ": invalid JSON: ",
                                      printable(pos == std::string::npos ? what : what.substr(pos))));
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range ("1e400"): nlohmann says so with out_of_range 406.
+    std::string what = e.what();
+    const auto pos = what.find("] ");
+    throw ConfigError(detail::concat(source, ": invalid JSON: ",
+                                     printable(pos == std::string::npos ? what : what.substr(pos + 2))));
   }
 }
 

@@ -104,7 +104,7 @@ json check_manifest(const std::string& text, const std::string& file, const std:
     throw CheckpointError(detail::concat(where, ": step ", step, ", batches ", brief(m.at("batches")), " and pipeline_step ",
                                          brief(m.at("pipeline_step")), " disagree (batches and passes must be step x ",
                                          "train.accumulate = ", step, " x ", accumulate, ")"));
-  if (stages < 1 || static_cast<int64_t>(m.at("shards").size()) % stages != 0)
+  if (stages < 1 || stages > 4096 || m.at("shards").empty() || static_cast<int64_t>(m.at("shards").size()) % stages != 0)
     throw CheckpointError(detail::concat(where, ": ", m.at("shards").size(), " shards cannot come from ",
                                          brief(m.at("stages")), " stages"));
   const int64_t named = step_of(dir_name);

@@ -9,7 +9,7 @@ source "$root/scripts/env.sh"
 
 # ucx-utils: ucx_perftest for the transport benchmark; openmpi: mpirun launches; fortunes: the
 # text the byte-level language model config trains on; iproute2: the two-namespace test makes
-# its network with `ip`.
+# its network with `ip`; clang and libclang-rt-14-dev: the fuzz targets (libFuzzer, sanitizers).
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   nlohmann-json3-dev libcli11-dev googletest libgtest-dev
@@ -17,6 +17,7 @@ packages=(
   openmpi-bin libopenmpi-dev iproute2
   dataset-fashion-mnist
   fortunes
+  clang libclang-rt-14-dev
 )
 # A Python without ensurepip (Debian's, before python3-venv) cannot make the environment.
 if ! python3 -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
