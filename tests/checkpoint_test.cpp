@@ -15,6 +15,7 @@
 
 #include "pipeline/checkpoint.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/shard.h"
 #include "pipeline/trainer.h"
 #include "tests/process_helpers.h"
 
@@ -246,3 +247,39 @@ TEST(Checkpoint, ExportIsReadByTorchLoad) {
   ASSERT_EQ(shard.status, 0) << shard.out;
   EXPECT_NE(shard.out.find("rng/torch_cpu"), std::string::npos) << shard.out;
 }
+
+// Shards that once crashed the reader under the fuzzer (fuzz/regressions/shard_fuzz: an archive
+// whose directory points past its end, a pickle whose memo index asks for 64 GB) and a pickle
+// forged by hand: each is a CheckpointError, read without reading past the bytes or allocating
+// what the forged fields claim.
+TEST(Checkpoint, MalformedShardsAreRefused) {
+  namespace fs = std::filesystem;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(std::string(PIPETRAIN_SOURCE_DIR) + "/fuzz/regressions/shard_fuzz")) {
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_THROW(load_tensor_dict(bytes, e.path().string()), CheckpointError) << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 2);
+  // A good shard's pickle with a LONG_BINPUT of 2^32 - 1 patched in.
+  c10::Dict<std::string, at::Tensor> d;
+  d.insert("w", torch::ones({2}));
+  std::vector<char> good = save_tensor_dict(d);
+  ASSERT_EQ(load_tensor_dict(good, "good").size(), 1u);
+  std::vector<char> forged = good;
+  bool patched = false;
+  for (size_t i = 0; i + 1 < forged.size() && !patched; ++i)
+    if (forged[i] == 'q' && forged[i + 1] == 0) {  // BINPUT 0, the first memo entry
+      forged[i + 1] = 1;  // BINPUT 1 before any entry: out of sequence
+      patched = true;
+    }
+  ASSERT_TRUE(patched);
+  try {
+    load_tensor_dict(forged, "forged");
+    ADD_FAILURE() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed pickle (a memo index out of sequence)"), std::string::npos) << e.what();
+  }
+}
+
