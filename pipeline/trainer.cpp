@@ -87,12 +87,14 @@ std::string run_fingerprint(const Config& c, const std::string& run_options) {
 namespace {
 void match_stage_threads(const Job& job) { at::set_num_threads(std::max(1, job.options.intra_op_threads)); }
 
-// More compute threads than cores (stage threads x intra-op threads, over every stage on this
-// host) time-share the cores and run many times slower; say so rather than be silently slow.
+// An explicit runtime.intra_op_threads that gives more compute threads than cores (intra-op
+// threads x the stages on this host) makes OpenMP teams time-share the cores, many times slower;
+// say so rather than be silently slow. (The default, cores / stages and at least one, only
+// shares cores when there are more stages than cores, which costs far less.)
 void warn_if_oversubscribed(const Job& job, int stages_here) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t threads = int64_t(job.options.intra_op_threads) * stages_here;
-  if (threads > cores)
+  if (job.config.runtime.intra_op_threads > 1 && threads > cores)
     std::fprintf(stderr,
                  "pipetrain: warning: %d intra-op threads per stage x %d stage%s on this host = %lld threads on %d "
                  "cores; expect a large slowdown (runtime.intra_op_threads 0 picks cores / stages)\n",

@@ -252,6 +252,9 @@ TEST(Hardening, OversubscribedThreadsWarn) {
   const Result quiet = run("train " + write_file("threads1.json", kSmall) +
                            " --quiet --steps 1 --set runtime.intra_op_threads=1");
   EXPECT_EQ(quiet.out.find("warning"), std::string::npos) << quiet.out;
+  // The default thread count never warns, even with more stages than cores.
+  const Result many = run("train " + write_file("threads4.json", kSmall) + " --quiet --steps 1 --set pipeline.stages=3");
+  EXPECT_EQ(many.out.find("warning"), std::string::npos) << many.out;
 }
 
 // Whether `pid` is gone: no such process, or a zombie nobody reaped yet.

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -394,6 +395,58 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
 #if PIPETRAIN_HAVE_UCX
 // A peer that passes the rendezvous and then sends a malformed header: the pipetrain rank
 // refuses it before allocating, names the peer and exits.
+// Random headers from a peer that passed the rendezvous: `PIPETRAIN_HOSTILE_HEADERS` of them
+// (default 4; fuzz/hostile.py runs hundreds), each mutating a valid header at random places
+// (or replacing it whole). Rank 0 must exit with status 1 naming rank 1, never crash or hang.
+TEST(Processes, RandomHeadersAreRefused) {
+  namespace comm = pipetrain::comm;
+  const char* count_env = std::getenv("PIPETRAIN_HOSTILE_HEADERS");
+  const int count = count_env ? std::atoi(count_env) : 4;
+  const std::string cfg = write_file("random_headers.json", kMlp);
+  const pipetrain::pipeline::Config config =
+      pipetrain::pipeline::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
+  const std::string hash = pipetrain::pipeline::run_fingerprint(config, pipetrain::pipeline::train_run_options({}));
+  const comm::MessageId id{comm::Kind::Control, 0, static_cast<int>(comm::Exchange::Layout), 0};
+  const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));
+  std::mt19937_64 rng(20261123);
+  int crashed = 0, hung = 0;
+  for (int i = 0; i < count; ++i) {
+    auto bytes = good;
+    if (rng() % 8 == 0) {
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    } else {
+      for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
+    }
+    if (bytes == good) bytes[6] ^= 0x40;  // always a change
+    SCOPED_TRACE(concat("case ", i));
+    const int port = free_port();
+    std::vector<Rank> ranks{spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes",
+                                   "--set", "runtime.timeout_s=10"},
+                                  rank_env(0, 2, port), temp("random_header_0.txt"))};
+    const auto t0 = Clock::now();
+    bool exited = false;
+    {
+      comm::RankInfo info;
+      info.rank = 1;
+      info.world_size = 2;
+      info.master_port = port;
+      comm::TransportOptions options;
+      options.backend = "ucx";
+      auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
+      comm::send_raw_header_for_test(*peer, 0, id, std::string(bytes.begin(), bytes.end()));
+      exited = wait_ranks(ranks, {}, t0, 30);
+    }
+    const std::string out = ranks[0].out();
+    if (!exited) ++hung;
+    if (ranks[0].status > 128) ++crashed;
+    EXPECT_EQ(ranks[0].status, 1) << out;
+    EXPECT_NE(out.find("from rank 1"), std::string::npos) << out;
+  }
+  EXPECT_EQ(crashed, 0);
+  EXPECT_EQ(hung, 0);
+  std::printf("%d random headers: %d crashed, %d hung\n", count, crashed, hung);
+}
+
 TEST(Processes, HostilePeerIsRefused) {
   namespace comm = pipetrain::comm;
   const std::string cfg = write_file("hostile.json", kMlp);
