@@ -27,20 +27,8 @@ std::string write_config(const std::string& name, const std::string& text) {
   return path;
 }
 
-const std::string kSmall = R"({
-  "model": {"family": "mlp", "in": 8, "width": 8, "layers": 3, "out": 4},
-  "data": {"kind": "synthetic", "batch_size": 8, "samples": 64, "test_samples": 16},
-  "pipeline": {"stages": 2, "micro_batches": 2},
-  "train": {"steps": 3}
-})";
-
-// One line: the message and the newline that ends it.
-void expect_one_line_error(const Result& r, const std::string& needle, int status = 2) {
-  EXPECT_EQ(r.status, status) << r.out;
-  EXPECT_EQ(r.out.rfind("pipetrain: error: ", 0), 0u) << r.out;
-  EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
-}
+const std::string& kSmall = pipetrain::test::kSmallConfig;
+using pipetrain::test::expect_clean_error;
 
 }  // namespace
 
@@ -104,18 +92,18 @@ TEST(Cli, StepsFlagOverridesConfig) {
 
 TEST(Cli, BadInputIsOneLineAndNonZero) {
   const std::string cfg = write_config("base.json", kSmall);
-  expect_one_line_error(run("train " + cfg + " --set pipeline.stagse=4"), "did you mean 'pipeline.stages'");
-  expect_one_line_error(run("train " + cfg + " --set pipeline.stages=9"), "9 stages but the model has only 4 layers");
-  expect_one_line_error(run("train " + cfg + " --set pipeline.micro_batches=0"), "pipeline.micro_batches");
-  expect_one_line_error(run("train " + cfg + " --set pipeline.micro_batches=100"), "exceed data.batch_size");
-  expect_one_line_error(run("train " + cfg + " --set pipeline.balance=[1,1]"), "sums to 2");
-  expect_one_line_error(run("train " + cfg + " --set data.kind=fashion-mnist --set data.path=/nope"),
+  expect_clean_error(run("train " + cfg + " --set pipeline.stagse=4"), "did you mean 'pipeline.stages'");
+  expect_clean_error(run("train " + cfg + " --set pipeline.stages=9"), "9 stages but the model has only 4 layers");
+  expect_clean_error(run("train " + cfg + " --set pipeline.micro_batches=0"), "pipeline.micro_batches");
+  expect_clean_error(run("train " + cfg + " --set pipeline.micro_batches=100"), "exceed data.batch_size");
+  expect_clean_error(run("train " + cfg + " --set pipeline.balance=[1,1]"), "sums to 2");
+  expect_clean_error(run("train " + cfg + " --set data.kind=fashion-mnist --set data.path=/nope"),
                         "dataset-fashion-mnist", 1);
-  expect_one_line_error(run("train /nonexistent.json"), "/nonexistent.json: cannot open the config file");
+  expect_clean_error(run("train /nonexistent.json"), "/nonexistent.json: cannot open the config file");
   const std::string broken = write_config("broken.json", "{\n  \"model\": {\"family\": \"mlp\",}\n}");
-  expect_one_line_error(run("train " + broken), broken + ":2:");
+  expect_clean_error(run("train " + broken), broken + ":2:");
   const std::string typed = write_config("typed.json", R"({"model": {"family": "mlp"}, "data": {"batch_size": "big"}})");
-  expect_one_line_error(run("train " + typed), "data.batch_size: expected an integer, got string \"big\"");
+  expect_clean_error(run("train " + typed), "data.batch_size: expected an integer, got string \"big\"");
 }
 
 TEST(Cli, BenchPrintsBothRunsAndTheRatio) {
@@ -160,7 +148,7 @@ TEST(Cli, TrainWritesAChromeTrace) {
     EXPECT_NE(text.find(needle), std::string::npos) << needle;
   EXPECT_EQ(text.find("\"step\":0"), std::string::npos) << "the first (warm-up) step is not traced";
   r = run("train " + cfg + " --quiet --trace /nonexistent/dir/t.json");
-  expect_one_line_error(r, "--trace /nonexistent/dir/t.json: cannot open for writing");
+  expect_clean_error(r, "--trace /nonexistent/dir/t.json: cannot open for writing");
 }
 
 // `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;
@@ -182,12 +170,12 @@ TEST(Cli, PlanAndPartition) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.rfind("{\"balance\":[", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("\"bottleneck\":"), std::string::npos) << r.out;
-  expect_one_line_error(run("partition --costs " + costs + " --stages 9"), "9 stages");
-  expect_one_line_error(run("partition --costs " + costs + " --stages 2 --memory-limit 10"), "memory limit");
-  expect_one_line_error(run("partition --costs " + costs + " --stages 2 --speeds 1"), "--speeds: 1 speeds for 2 stages");
+  expect_clean_error(run("partition --costs " + costs + " --stages 9"), "9 stages");
+  expect_clean_error(run("partition --costs " + costs + " --stages 2 --memory-limit 10"), "memory limit");
+  expect_clean_error(run("partition --costs " + costs + " --stages 2 --speeds 1"), "--speeds: 1 speeds for 2 stages");
   const std::string bad = write_config("bad_costs.json", R"([{"name": "a", "forward_ms": -1, "backward_ms": 1, "param_bytes": 0, "activation_bytes": 0}])");
-  expect_one_line_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a number from 0 to 8.64e+07, got number -1");
-  expect_one_line_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
+  expect_clean_error(run("partition --costs " + bad + " --stages 1"), "entry 0 (a): \"forward_ms\" must be a number from 0 to 8.64e+07, got number -1");
+  expect_clean_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
 }
 
 // `bench` with lists sweeps every combination and writes one JSON object per combination with
@@ -370,20 +358,20 @@ TEST(Cli, DamagedOrMisusedCheckpointsAreRefused) {
   const std::string cfg = write_config("lm.json", kLm);
   const std::string dir = fresh_dir("refuse");
   ASSERT_EQ(run("train " + cfg + " --quiet --checkpoint-dir " + dir + " --until-step 2").status, 0);
-  expect_one_line_error(run("train " + cfg + " --quiet --checkpoint-dir " + dir),
+  expect_clean_error(run("train " + cfg + " --quiet --checkpoint-dir " + dir),
                         "already holds checkpoints (latest " + dir + "/step-00000002); pass --resume");
-  expect_one_line_error(run("train " + cfg + " --quiet --resume"), "--resume: no checkpoint directory");
-  expect_one_line_error(run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir + " --set model.d_model=32"),
+  expect_clean_error(run("train " + cfg + " --quiet --resume"), "--resume: no checkpoint directory");
+  expect_clean_error(run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir + " --set model.d_model=32"),
                         "was written by a different run: model.d_model: 16 in the checkpoint, 32 in the config", 1);
-  expect_one_line_error(run("eval " + cfg + " --checkpoint " + dir + "/nothing"), "no such file or directory", 1);
+  expect_clean_error(run("eval " + cfg + " --checkpoint " + dir + "/nothing"), "no such file or directory", 1);
   std::ofstream(dir + "/step-00000002/manifest.json", std::ios::trunc) << "{\"format\": ";
-  expect_one_line_error(run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir),
+  expect_clean_error(run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir),
                         "step-00000002/manifest.json: not valid JSON", 1);
-  expect_one_line_error(run("eval " + cfg + " --checkpoint " + dir), "not valid JSON", 1);
-  expect_one_line_error(run("export " + dir + " " + dir + "/x.pt"), "not valid JSON", 1);
+  expect_clean_error(run("eval " + cfg + " --checkpoint " + dir), "not valid JSON", 1);
+  expect_clean_error(run("export " + dir + " " + dir + "/x.pt"), "not valid JSON", 1);
   EXPECT_FALSE(exists(dir + "/x.pt"));
   const std::string no_dir = write_config("every.json", kLm);
-  expect_one_line_error(run("train " + no_dir + " --quiet"), "train.checkpoint_every: checkpoints every 2 steps need a directory");
+  expect_clean_error(run("train " + no_dir + " --quiet"), "train.checkpoint_every: checkpoints every 2 steps need a directory");
 }
 
 // SIGTERM in the middle of a long run: the step in progress finishes, a checkpoint is written,
@@ -434,8 +422,8 @@ TEST(Cli, LaunchSetsTheEnvironmentAndPrefixesOutput) {
   EXPECT_NE(r.out.find("[rank 0] pipetrain: note: started as one of 2 ranks (torchrun) with runtime.kind threads"),
             std::string::npos)
       << r.out;
-  expect_one_line_error(run("launch --nproc 0 -- train " + cfg), "--nproc");
-  expect_one_line_error(run("train " + cfg + " --until-step -1"), "--until-step");
+  expect_clean_error(run("launch --nproc 0 -- train " + cfg), "--nproc");
+  expect_clean_error(run("train " + cfg + " --until-step -1"), "--until-step");
 }
 
 TEST(Cli, LaunchStopsTheOtherRanksWhenOneFails) {

@@ -47,22 +47,8 @@ Result run(const std::string& args) {
   return shell("timeout -s KILL 120 " + std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1");
 }
 
-const std::string kSmall = R"({
-  "model": {"family": "mlp", "in": 8, "width": 8, "layers": 3, "out": 4},
-  "data": {"kind": "synthetic", "batch_size": 8, "samples": 64, "test_samples": 16},
-  "pipeline": {"stages": 2, "micro_batches": 2},
-  "train": {"steps": 3}
-})";
-
-// One line, printable ASCII, of sane length, with `needle` in it, and the exit status.
-void expect_clean_error(const Result& r, const std::string& needle, int status = 2) {
-  EXPECT_EQ(r.status, status) << r.out.substr(0, 2000);
-  EXPECT_EQ(r.out.rfind("pipetrain: error: ", 0), 0u) << r.out.substr(0, 2000);
-  EXPECT_NE(r.out.find(needle), std::string::npos) << r.out.substr(0, 2000);
-  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << r.out.substr(0, 2000);
-  EXPECT_LT(r.out.size(), 1000u) << r.out.substr(0, 2000);
-  for (unsigned char c : r.out) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "byte " << int(c) << " in the message";
-}
+const std::string& kSmall = pipetrain::test::kSmallConfig;
+using pipetrain::test::expect_clean_error;
 
 std::string config_error(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {

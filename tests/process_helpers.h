@@ -1,6 +1,8 @@
 // Helpers of the suites that run commands and processes: a shell command's status and output,
-// and a free loopback port for a rendezvous.
+// a free loopback port for a rendezvous, a small config, and the check of a one-line error.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -44,6 +46,26 @@ inline int free_port() {
   if (fd >= 0) ::close(fd);
   if (!ok) throw std::runtime_error("no free loopback port");
   return ntohs(a.sin_port);
+}
+
+// A config that trains in well under a second: a 3-layer MLP on 2 stages.
+inline const std::string kSmallConfig = R"({
+  "model": {"family": "mlp", "in": 8, "width": 8, "layers": 3, "out": 4},
+  "data": {"kind": "synthetic", "batch_size": 8, "samples": 64, "test_samples": 16},
+  "pipeline": {"stages": 2, "micro_batches": 2},
+  "train": {"steps": 3}
+})";
+
+// The output of a failed command is one error line: "pipetrain: error: " and `needle` in it,
+// printable ASCII, under 1000 characters, and the exit status is `status`.
+inline void expect_clean_error(const Result& r, const std::string& needle, int status = 2) {
+  const std::string shown = r.out.substr(0, 2000);
+  EXPECT_EQ(r.status, status) << shown;
+  EXPECT_EQ(r.out.rfind("pipetrain: error: ", 0), 0u) << shown;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << shown;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << shown;
+  EXPECT_LT(r.out.size(), 1000u) << shown;
+  for (unsigned char c : r.out) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "byte " << int(c) << " in the message";
 }
 
 }  // namespace pipetrain::test

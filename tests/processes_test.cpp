@@ -395,6 +395,25 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
 #if PIPETRAIN_HAVE_UCX
 // A peer that passes the rendezvous and then sends a malformed header: the pipetrain rank
 // refuses it before allocating, names the peer and exits.
+// Plays rank 1 of a two-rank job whose rank 0 is `ranks[0]`: passes the rendezvous on `port`
+// with the config `hash`, sends `header` where message `id` belongs, and waits up to 30 s for
+// rank 0 to exit (false if it did not).
+template <typename Header>
+bool hostile_rank1(std::vector<Rank>& ranks, int port, const std::string& hash, const pipetrain::comm::MessageId& id,
+                   const Header& header) {
+  namespace comm = pipetrain::comm;
+  const auto t0 = Clock::now();
+  comm::RankInfo info;
+  info.rank = 1;
+  info.world_size = 2;
+  info.master_port = port;
+  comm::TransportOptions options;
+  options.backend = "ucx";
+  auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
+  comm::send_raw_header_for_test(*peer, 0, id, std::string(header.begin(), header.end()));
+  return wait_ranks(ranks, {}, t0, 30);
+}
+
 // Random headers from a peer that passed the rendezvous: `PIPETRAIN_HOSTILE_HEADERS` of them
 // (default 4; fuzz/hostile.py runs hundreds), each mutating a valid header at random places
 // (or replacing it whole). Rank 0 must exit with status 1 naming rank 1, never crash or hang.
@@ -423,19 +442,7 @@ TEST(Processes, RandomHeadersAreRefused) {
     std::vector<Rank> ranks{spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes",
                                    "--set", "runtime.timeout_s=10"},
                                   rank_env(0, 2, port), temp("random_header_0.txt"))};
-    const auto t0 = Clock::now();
-    bool exited = false;
-    {
-      comm::RankInfo info;
-      info.rank = 1;
-      info.world_size = 2;
-      info.master_port = port;
-      comm::TransportOptions options;
-      options.backend = "ucx";
-      auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
-      comm::send_raw_header_for_test(*peer, 0, id, std::string(bytes.begin(), bytes.end()));
-      exited = wait_ranks(ranks, {}, t0, 30);
-    }
+    const bool exited = hostile_rank1(ranks, port, hash, id, bytes);
     const std::string out = ranks[0].out();
     if (!exited) ++hung;
     if (ranks[0].status > 128) ++crashed;
@@ -474,20 +481,9 @@ TEST(Processes, HostilePeerIsRefused) {
     const int port = free_port();
     std::vector<Rank> ranks{spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes"},
                                   rank_env(0, 2, port), temp("hostile_0.txt"))};
-    const auto t0 = Clock::now();
-    {
-      comm::RankInfo info;
-      info.rank = 1;
-      info.world_size = 2;
-      info.master_port = port;
-      comm::TransportOptions options;
-      options.backend = "ucx";
-      auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
-      auto bytes = good;
-      std::copy(c.bytes.begin(), c.bytes.end(), bytes.begin() + static_cast<long>(c.at));
-      comm::send_raw_header_for_test(*peer, 0, id, std::string(bytes.begin(), bytes.end()));
-      EXPECT_TRUE(wait_ranks(ranks, {}, t0, 30));
-    }
+    auto bytes = good;
+    std::copy(c.bytes.begin(), c.bytes.end(), bytes.begin() + static_cast<long>(c.at));
+    EXPECT_TRUE(hostile_rank1(ranks, port, hash, id, bytes));
     const std::string out = ranks[0].out();
     EXPECT_EQ(ranks[0].status, 1) << out;
     EXPECT_NE(out.find("invalid message header from rank 1"), std::string::npos) << out;
