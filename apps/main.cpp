@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -13,21 +14,26 @@
 #include <torch/torch.h>
 
 #include "apps/launch.h"
+#include "apps/progress.h"
+#include "apps/signals.h"
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
-#include "pipeline/bench.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/generate.h"
-#include "pipeline/plan.h"
+#include "train/bench.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/plan.h"
 #include "schedule/schedule.h"
 #include "schedule/trace.h"
 #include "stages/accelerator.h"
-#include "pipeline/trainer.h"
+#include "train/balance.h"
+#include "train/trainer.h"
 
-namespace pt = pipetrain::pipeline;
+namespace pt = pipetrain::train;
 namespace comm = pipetrain::comm;
+using pipetrain::apps::ProgressLine;
+using pipetrain::apps::StopSignals;
 
 namespace {
 
@@ -50,6 +56,21 @@ void run_partition(const std::string& path, int stages, int64_t memory_limit, co
   nlohmann::json j{{"balance", p.balance}, {"bottleneck", p.bottleneck_ms}, {"stage_ms", p.stage_ms},
                    {"stage_bytes", p.stage_bytes}};
   std::cout << j.dump() << "\n";
+}
+
+// The value of `--steps TEXT`: a whole number from 0 to 2^40 (as train.steps).
+int64_t parse_steps_flag(const std::string& text) {
+  constexpr int64_t kMax = int64_t(1) << 40;
+  int64_t v = 0;
+  bool ok = !text.empty() && text.size() <= 14;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') ok = false;
+    if (ok) v = v * 10 + (ch - '0');
+  }
+  if (!ok || v > kMax)
+    throw pipetrain::ConfigError(pipetrain::detail::concat("--steps ", pipetrain::printable(text, 40),
+                                                          ": expected a whole number of steps from 0 to ", kMax));
+  return v;
 }
 
 // An error as one printable line of bounded length, whatever bytes the input put in it.
@@ -220,13 +241,19 @@ int main(int argc, char** argv) {
     }
     // The file is read and checked as written; --steps then replaces its train.steps.
     pt::Config config = pt::load_config(config_path, overrides);
-    if (!steps.empty()) config.train.steps = pt::parse_steps_flag(steps);
+    if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
+    ProgressLine progress(quiet, config.train.log_every);
     if (*train) {
       pt::Job job = pt::prepare(config);
       train_options.metrics_path = metrics_path;
-      train_options.progress = !quiet;
       train_options.trace_path = trace_path;
       train_options.trace_steps = trace_steps;
+      train_options.observers = {&progress};
+      train_options.names = {"--checkpoint-dir", "--resume", "--until-step", "--metrics", "--trace"};
+      // SIGINT/SIGTERM finish the step and save, when the run saves checkpoints.
+      std::optional<StopSignals> signals;
+      if (!train_options.checkpoint_dir.empty() || !config.train.checkpoint_dir.empty()) signals.emplace();
+      train_options.stop_requested = [] { return StopSignals::requested(); };
       pt::TrainResult r = pt::train(job, train_options);
       if (r.signal) return 128 + r.signal;
       if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports
@@ -241,7 +268,7 @@ int main(int argc, char** argv) {
       if (eval_batches >= 0) config.train.eval_batches = eval_batches;
       pt::Job job = pt::prepare(config);
       const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
-      const pt::TrainResult r = pt::evaluate_model(job);
+      const pt::TrainResult r = pt::evaluate_model(job, [&](const std::string& text) { progress.note(text); });
       if (r.rank > 0) {
         // runtime.kind processes: rank 0 reports
       } else if (eval_json) {
@@ -254,7 +281,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(st.step));
       }
     } else if (*generate) {
-      pt::Job job = pt::prepare(config, /*resolve_balance=*/false);
+      pt::Job job = pt::prepare(config);  // one process: no balance needed
       pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
       gen_options.seq_len = job.model.sample_shape.empty() ? 0 : job.model.sample_shape.back();
       const std::string text = pt::generate(job.model.layers, prompt, gen_options);
@@ -263,7 +290,7 @@ int main(int argc, char** argv) {
       std::printf("\n");
     } else if (*plan) {
       pt::PlanReport r = pt::make_plan(config, plan_options);
-      if (!save_costs.empty()) pipetrain::partitioner::save_costs(save_costs, r.profile);
+      if (!save_costs.empty()) pipetrain::profiler::save_costs(save_costs, r.profile);
       if (!plan_trace.empty()) {
         std::ofstream f(plan_trace, std::ios::out | std::ios::trunc);
         if (!f) throw pipetrain::ConfigError("--trace " + plan_trace + ": cannot open for writing");

@@ -4,20 +4,20 @@
 # again (CMAKE_PREFIX_PATH must name torch's, as for this build) and the optional backends.
 include(CMakePackageConfigHelpers)
 
-# What an embedding program links: the engine and everything below it.
+# What an embedding program links: the run layer, the engine and everything below them.
 add_library(pipetrain_api INTERFACE)
-target_link_libraries(pipetrain_api INTERFACE pipetrain_pipeline)
+target_link_libraries(pipetrain_api INTERFACE pipetrain_train)
 set_target_properties(pipetrain_api PROPERTIES EXPORT_NAME pipetrain)
 add_library(pipetrain::pipetrain ALIAS pipetrain_api)
 
 set(_pipetrain_libraries pipetrain_base pipetrain_common pipetrain_schedule pipetrain_partitioner
-    pipetrain_profile pipetrain_models pipetrain_stages pipetrain_comm pipetrain_pipeline pipetrain_api)
+    pipetrain_profiler pipetrain_models pipetrain_stages pipetrain_comm pipetrain_pipeline pipetrain_train pipetrain_api)
 install(TARGETS ${_pipetrain_libraries} EXPORT pipetrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain)
 install(TARGETS pipetrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-foreach(folder common schedule partitioner models stages comm pipeline)
+foreach(folder common schedule partitioner models stages comm profiler pipeline train)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain/${folder}
           FILES_MATCHING PATTERN "*.h")
 endforeach()

@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "models/layers.h"
-#include "pipeline/config.h"
 #include "pipeline/worker.h"
 
 namespace pipetrain::pipeline {
@@ -609,23 +608,5 @@ torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) {
   return impl_->stages.at(virtual_stage)->layers();
 }
 
-OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
-  return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (c.kind == "sgd")
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
-    if (c.kind == "adam")
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-    if (c.kind == "adamw")
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-    throw ConfigError("optimizer.kind: unknown optimizer '" + c.kind + "'");
-  };
-}
-
-at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
-}
 
 }  // namespace pipetrain::pipeline

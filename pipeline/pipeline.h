@@ -135,11 +135,4 @@ class Pipeline {
   std::unique_ptr<Impl> impl_;
 };
 
-// Builds a torch optimizer over `params` from the config's optimizer section.
-struct OptimizerConfig;
-OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
-
-// Cross-entropy over the last dimension with mean reduction (classifiers and language models).
-at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target);
-
 }  // namespace pipetrain::pipeline

@@ -19,14 +19,16 @@
 #include "common/recompute.h"
 #include "models/layers.h"
 #include "models/model.h"
-#include "pipeline/config.h"
+#include "train/config.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/trainer.h"
+#include "train/single_device.h"
+#include "train/trainer.h"
 #include "stages/stage.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::train;
 
 namespace {
 
@@ -527,8 +529,7 @@ TEST(DeferredBatchNorm, CnnWithBatchNormTrains) {
       {"runtime", {{"dtype", "float64"}}}};
   Job job = prepare(parse_config(cfg, "cfg.json"));
   TrainOptions o;
-  o.progress = false;
-  TrainResult r = train(job, o);
+  TrainResult r = pipetrain::train::train(job, o);
   ASSERT_EQ(r.losses.size(), 30u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) first += r.losses[i], last += r.losses[25 + i];

@@ -3,12 +3,14 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "pipeline/config.h"
-#include "pipeline/trainer.h"
+#include "train/config.h"
+#include "train/balance.h"
+#include "train/trainer.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::train;
 using nlohmann::json;
 
 namespace {
@@ -22,7 +24,7 @@ json base() {
 std::string error_of(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
     Config c = parse_config(cfg, "cfg.json", overrides);
-    prepare(c);
+    prepare_balanced(c);
   } catch (const ConfigError& e) {
     return e.what();
   } catch (const DataError& e) {
@@ -171,9 +173,9 @@ TEST(Config, FilesAndSyntax) {
 }
 
 TEST(Prepare, SameSeedSameInitialWeightsWhateverTheStageCount) {
-  Job one = prepare(parse_config(base(), "cfg.json", {"pipeline.stages=1"}));
-  Job four = prepare(parse_config(base(), "cfg.json", {"pipeline.stages=4", "pipeline.micro_batches=4"}));
-  Job other_seed = prepare(parse_config(base(), "cfg.json", {"train.seed=1"}));
+  Job one = prepare_balanced(parse_config(base(), "cfg.json", {"pipeline.stages=1"}));
+  Job four = prepare_balanced(parse_config(base(), "cfg.json", {"pipeline.stages=4", "pipeline.micro_batches=4"}));
+  Job other_seed = prepare_balanced(parse_config(base(), "cfg.json", {"train.seed=1"}));
   EXPECT_TRUE(test::same_parameters(*one.model.layers, *four.model.layers));
   EXPECT_FALSE(test::same_parameters(*one.model.layers, *other_seed.model.layers));
   EXPECT_EQ(four.options.stages, 4);
@@ -185,14 +187,14 @@ TEST(Config, BalanceMethods) {
     json c = base();
     c["pipeline"]["balance"] = method;
     Config cfg = parse_config(c, "cfg.json");
-    Job job = prepare(cfg);
+    Job job = prepare_balanced(cfg);
     ASSERT_EQ(job.options.balance.size(), 2u) << method;
     EXPECT_EQ(job.options.balance[0] + job.options.balance[1], 4) << method;
   }
   // parameters: fc1..fc3 have 8x8+8 parameters, the head 8x4+4; the exact split is [2, 2].
   json c = base();
   c["pipeline"]["balance"] = "parameters";
-  EXPECT_EQ(prepare(parse_config(c, "cfg.json")).options.balance, (std::vector<int>{2, 2}));
+  EXPECT_EQ(prepare_balanced(parse_config(c, "cfg.json")).options.balance, (std::vector<int>{2, 2}));
   c["pipeline"]["balance"] = "tme";
   EXPECT_ERROR(error_of(c), "pipeline.balance: unknown method \"tme\" (did you mean \"time\"?)");
   c = base();
@@ -213,7 +215,7 @@ TEST(Config, BalanceMethods) {
   c["model"]["layers"] = 7;
   c["pipeline"]["balance"] = "time";
   c["pipeline"]["speeds"] = {1, 3};
-  auto b = prepare(parse_config(c, "cfg.json")).options.balance;
+  auto b = prepare_balanced(parse_config(c, "cfg.json")).options.balance;
   EXPECT_GT(b[1], b[0]) << b[0] << "," << b[1];
 }
 

@@ -8,11 +8,12 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "pipeline/data.h"
-#include "pipeline/trainer.h"
+#include "train/data.h"
+#include "train/trainer.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::train;
 
 namespace {
 std::string temp_path(const std::string& name) {

@@ -8,10 +8,10 @@
 
 #include "common/error.h"
 #include "models/model.h"
-#include "pipeline/generate.h"
+#include "train/generate.h"
 
 using namespace pipetrain;
-using namespace pipetrain::pipeline;
+using namespace pipetrain::train;
 
 namespace {
 

@@ -20,8 +20,8 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/config.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
 #include "tests/process_helpers.h"
 
 namespace {
@@ -52,7 +52,7 @@ using pipetrain::test::expect_clean_error;
 
 std::string config_error(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
-    pipetrain::pipeline::parse_config(cfg, "cfg.json", overrides);
+    pipetrain::train::parse_config(cfg, "cfg.json", overrides);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -183,7 +183,7 @@ class EditedManifest : public ::testing::Test {
     if (rehash) {
       json without = m;
       without.erase("manifest_hash");
-      m["manifest_hash"] = pipetrain::pipeline::identity_hash(without);
+      m["manifest_hash"] = pipetrain::train::identity_hash(without);
     }
     std::ofstream(manifest_, std::ios::trunc) << m.dump(2);
   }

@@ -6,9 +6,9 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "partitioner/profile.h"
+#include "profiler/profile.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/plan.h"
+#include "train/plan.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
 #include "tests/helpers.h"
@@ -18,6 +18,7 @@
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::train;
 using pipetrain::test::Failing;
 
 namespace {
@@ -308,10 +309,10 @@ TEST(Profile, MeasuresEachLayer) {
   model->to(torch::kDouble);
   auto x = torch::randn({8, 16}, torch::kDouble);
   auto y = torch::randint(0, 16, {8}, torch::kLong);
-  partitioner::ProfileOptions o;
+  profiler::ProfileOptions o;
   o.warmup = 1;
   o.repeat = 3;
-  const auto p = partitioner::profile_layers(model, x, y, mean_ce, o);
+  const auto p = profiler::profile_layers(model, x, y, mean_ce, o);
   ASSERT_EQ(p.layers.size(), 4u);
   EXPECT_EQ(p.input_bytes, 8 * 16 * 8);
   EXPECT_EQ(p.layers[0].name, "fc0");
@@ -330,7 +331,7 @@ TEST(Profile, MeasuresEachLayer) {
   for (auto& param : model->parameters()) EXPECT_FALSE(param.grad().defined()) << "profiling leaves no gradients";
 
   const std::string path = ::testing::TempDir() + "/pipetrain_costs_" + std::to_string(::getpid()) + ".json";
-  partitioner::save_costs(path, p);
+  profiler::save_costs(path, p);
   const auto back = partitioner::load_costs(path);
   ASSERT_EQ(back.size(), 4u);
   EXPECT_EQ(back[0].param_bytes, p.layers[0].param_bytes);
@@ -341,7 +342,7 @@ TEST(Profile, MeasuresEachLayer) {
 // The simulator's cost table of a balance: sums per stage, recomputation per micro-batch, and
 // for the split backward the first stage doing all of its backward in W.
 TEST(Profile, ScheduleCostsOfABalance) {
-  partitioner::Profile p;
+  profiler::Profile p;
   for (int i = 0; i < 4; ++i) {
     p.layers.push_back({"l" + std::to_string(i), 1.0 + i, 2.0 + i, 0, 10, 10});
     p.backward_input_ms.push_back(1.0);

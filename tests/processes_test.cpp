@@ -33,8 +33,8 @@
 #include <torch/torch.h>
 
 #include "pipeline/pipeline.h"
-#include "pipeline/config.h"
-#include "pipeline/trainer.h"
+#include "train/config.h"
+#include "train/trainer.h"
 #include "tests/process_helpers.h"
 
 namespace {
@@ -275,7 +275,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
   o.stages = 2;
   o.micro_batches = 4;
   o.balance = {2, 3};
-  pl::Pipeline reference(make_model(), o, pl::mean_cross_entropy);
+  pl::Pipeline reference(make_model(), o, pipetrain::train::mean_cross_entropy);
   reference.set_optimizer(sgd);
   std::vector<double> want;
   for (int s = 0; s < 3; ++s) want.push_back(reference.train_step(x, y));
@@ -291,7 +291,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
       try {
         pl::PipelineOptions mine = o;
         mine.balance = r == 0 ? pipetrain::partitioner::Balance{2, 3} : pipetrain::partitioner::Balance{4, 1};
-        pl::Pipeline pipe(models[r], mine, pl::mean_cross_entropy, std::move(endpoints[r]));
+        pl::Pipeline pipe(models[r], mine, pipetrain::train::mean_cross_entropy, std::move(endpoints[r]));
         pipe.set_optimizer(sgd);
         balances[r] = pipe.balance();
         // The other rank's layers are released here; this rank's keep their weights.
@@ -422,9 +422,9 @@ TEST(Processes, RandomHeadersAreRefused) {
   const char* count_env = std::getenv("PIPETRAIN_HOSTILE_HEADERS");
   const int count = count_env ? std::atoi(count_env) : 4;
   const std::string cfg = write_file("random_headers.json", kMlp);
-  const pipetrain::pipeline::Config config =
-      pipetrain::pipeline::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
-  const std::string hash = pipetrain::pipeline::run_fingerprint(config, pipetrain::pipeline::train_run_options({}));
+  const pipetrain::train::Config config =
+      pipetrain::train::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
+  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
   const comm::MessageId id{comm::Kind::Control, 0, static_cast<int>(comm::Exchange::Layout), 0};
   const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));
   std::mt19937_64 rng(20261123);
@@ -457,8 +457,8 @@ TEST(Processes, RandomHeadersAreRefused) {
 TEST(Processes, HostilePeerIsRefused) {
   namespace comm = pipetrain::comm;
   const std::string cfg = write_file("hostile.json", kMlp);
-  const pipetrain::pipeline::Config config = pipetrain::pipeline::load_config(cfg, {"runtime.kind=processes"});
-  const std::string hash = pipetrain::pipeline::run_fingerprint(config, pipetrain::pipeline::train_run_options({}));
+  const pipetrain::train::Config config = pipetrain::train::load_config(cfg, {"runtime.kind=processes"});
+  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
   // The header of the first message rank 0 waits for: rank 1's part of the layout exchange.
   const comm::MessageId id{comm::Kind::Control, 0, static_cast<int>(comm::Exchange::Layout), 0};
   const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));

@@ -23,9 +23,9 @@
 #include "comm/wire.h"
 #include "common/config.h"
 #include "common/error.h"
-#include "pipeline/config.h"
+#include "train/config.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/trainer.h"
+#include "train/trainer.h"
 #if PIPETRAIN_HAVE_UCX
 #include "comm/ucx/ucx_transport.h"
 #endif
@@ -502,7 +502,7 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     o.schedule = schedule;
     o.timeout_s = 30;
     o.transport.backend = backend;
-    pipeline::Pipeline pipe(model, o, pipeline::mean_cross_entropy);
+    pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
     pipe.set_optimizer(
         [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
     std::vector<double> losses;
@@ -539,7 +539,7 @@ TEST(TransportPipeline, FailingStageStopsEveryRankOnEveryBackend) {
     o.micro_batches = 4;
     o.timeout_s = 60;
     o.transport.backend = backend;
-    pipeline::Pipeline pipe(model, o, pipeline::mean_cross_entropy);
+    pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
     const at::Tensor x = torch::randn({8, 4});
     const at::Tensor y = torch::randint(0, 4, {8}, torch::kLong);
     const auto t0 = Clock::now();
@@ -563,13 +563,13 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
       {"data", {{"kind", "synthetic"}, {"batch_size", 8}, {"samples", 64}, {"test_samples", 16}}},
       {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}};
   for (const std::string& backend : transport_backends()) {
-    const pipeline::Config c = pipeline::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
-    EXPECT_EQ(pipeline::prepare(c).options.transport.backend, backend);
+    const train::Config c = train::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
+    EXPECT_EQ(train::prepare(c).options.transport.backend, backend);
   }
   for (const std::string& other : {std::string("nccl"), std::string(PIPETRAIN_HAVE_UCX ? "" : "ucx")}) {
     if (other.empty()) continue;
     try {
-      pipeline::parse_config(cfg, "cfg.json", {"runtime.transport=" + other});
+      train::parse_config(cfg, "cfg.json", {"runtime.transport=" + other});
       ADD_FAILURE() << other << " was accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("runtime.transport"), std::string::npos) << e.what();

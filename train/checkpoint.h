@@ -23,12 +23,13 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "common/error.h"
-#include "pipeline/config.h"
-#include "pipeline/manifest.h"
+#include "pipeline/pipeline.h"
+#include "train/config.h"
+#include "train/manifest.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
-class Pipeline;
+using pipeline::Pipeline;
 
 struct CheckpointState {
   std::string dir;            // the step directory
@@ -69,4 +70,4 @@ CheckpointState load_weights(const std::string& dir, const Config& config, torch
 // torch.load-readable dict of named tensors (written atomically); returns how many tensors.
 size_t export_checkpoint(const std::string& dir, const std::string& out);
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

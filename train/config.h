@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 struct DataConfig {
   std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text"
@@ -106,10 +106,8 @@ Config parse_config(const nlohmann::json& root, const std::string& source,
                     const std::vector<std::string>& overrides = {});
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// The value of `--steps TEXT`: a whole number from 0 to 2^40, else ConfigError naming the flag.
-int64_t parse_steps_flag(const std::string& text);
 
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).
 int intra_op_threads(const RuntimeConfig& runtime, int stages);
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

@@ -1,4 +1,4 @@
-#include "pipeline/config.h"
+#include "train/config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "common/strings.h"
 #include "schedule/schedule.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 using nlohmann::json;
 
@@ -236,19 +236,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(parse_json(ss.str(), path), path, overrides);
 }
 
-int64_t parse_steps_flag(const std::string& text) {
-  constexpr int64_t kMax = int64_t(1) << 40;  // as train.steps
-  int64_t v = 0;
-  bool ok = !text.empty() && text.size() <= 14;
-  for (char ch : text) {
-    if (ch < '0' || ch > '9') ok = false;
-    if (ok) v = v * 10 + (ch - '0');
-  }
-  if (!ok || v > kMax)
-    throw ConfigError(detail::concat("--steps ", printable(text, 40), ": expected a whole number of steps from 0 to ", kMax));
-  return v;
-}
-
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {
   if (c.warmup_steps > 0 && step < c.warmup_steps)
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
@@ -258,4 +245,4 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * t));
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

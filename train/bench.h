@@ -4,9 +4,9 @@
 
 #include <iosfwd>
 
-#include "pipeline/trainer.h"
+#include "train/trainer.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 struct BenchOptions {
   int warmup = 3;
@@ -67,4 +67,4 @@ void run_sweep(const std::string& config_path, const std::vector<std::string>& o
 int64_t peak_rss_bytes();
 void reset_peak_rss();
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

@@ -7,7 +7,7 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 struct GenerateOptions {
   int64_t new_bytes = 256;   // bytes to generate
@@ -23,4 +23,4 @@ struct GenerateOptions {
 // Bad options are a one-line ConfigError naming the option.
 std::string generate(torch::nn::Sequential& model, const std::string& prompt, const GenerateOptions& options);
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

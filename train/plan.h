@@ -2,8 +2,7 @@
 // costs are loaded from a file), split by the configured balance method, and the configured
 // schedule is simulated on those costs: per stage the layers, parameters, time, activation and
 // predicted peak memory; for the step its predicted time and bubble; optionally every schedule
-// side by side. `pipetrain plan` prints it; `train` uses choose_balance() for the
-// `parameters`, `time` and `memory` methods.
+// side by side. `pipetrain plan` prints it.
 #pragma once
 
 #include <ostream>
@@ -11,30 +10,18 @@
 #include <vector>
 
 #include "partitioner/partition.h"
-#include "partitioner/profile.h"
-#include "pipeline/trainer.h"
+#include "profiler/profile.h"
+#include "train/balance.h"
+#include "train/job.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
 
-namespace pipetrain::pipeline {
-
-// One micro-batch of the job's training data, profiled layer by layer with the stage's thread
-// count.
-partitioner::Profile profile_job(const Job& job, int repeat = 5);
-
-// The memory model of the config: optimizer state per parameter byte, the schedule's peak
-// in-flight micro-batches per virtual stage, the recomputation mode and the input size.
-partitioner::MemoryModel memory_model(const Config& c, const partitioner::Profile& p);
-
-// Layers per virtual stage for the config's balance method. `profile` is needed by `time` and
-// `memory` (and for memory limits); the others ignore it. ConfigErrors name pipeline.balance.
-partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
-                                    const partitioner::Profile* profile);
+namespace pipetrain::train {
 
 // The per-virtual-stage cost table of `balance` for simulate(): sums of the layers' costs, with
 // the recomputation mode's extra forwards; for split backwards B and W, where the first stage
 // (whose input needs no gradient) does all of its backward in W.
-schedule::Costs schedule_costs(const partitioner::Profile& p, const partitioner::Balance& balance,
+schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
                                const schedule::Schedule& s, stages::Recompute recompute);
 
 struct StageRow {
@@ -58,7 +45,7 @@ struct ScheduleRow {
 
 struct PlanReport {
   std::string summary;  // model, data, stages, micro-batches, schedule, checkpoint, method
-  partitioner::Profile profile;
+  profiler::Profile profile;
   partitioner::Balance balance;
   std::vector<StageRow> stages;
   ScheduleRow configured;
@@ -79,4 +66,4 @@ schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r)
 void print_plan(std::ostream& out, const PlanReport& r);
 void print_plan_json(std::ostream& out, const PlanReport& r);
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

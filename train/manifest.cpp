@@ -1,12 +1,12 @@
 // Checkpoint manifests (pipeline/manifest.h).
-#include "pipeline/manifest.h"
+#include "train/manifest.h"
 
 #include <cstdio>
 
 #include "common/json_reader.h"
 #include "common/strings.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 using json = nlohmann::json;
 
@@ -113,4 +113,4 @@ json check_manifest(const std::string& text, const std::string& file, const std:
   return m;
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

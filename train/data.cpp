@@ -1,4 +1,4 @@
-#include "pipeline/data.h"
+#include "train/data.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 namespace {
 
@@ -274,4 +274,4 @@ Dataset load_dataset(const Config& c, const models::Model& model) {
   return d;
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

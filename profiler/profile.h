@@ -1,4 +1,4 @@
-// profile: measures the per-layer cost model (partitioner/cost.h) on this machine. Each layer
+// profiler: measures the per-layer cost model (partitioner/cost.h) on this machine. Each layer
 // runs alone as a pipeline stage on one micro-batch: forward, fused backward, and the zero-bubble
 // split (B, W), each timed as the median of several runs after warm-up. Memory comes from a
 // counting CPU allocator: the bytes a layer's forward leaves alive with its graph are what it
@@ -15,7 +15,9 @@
 #include "partitioner/cost_file.h"
 #include "stages/stage.h"
 
-namespace pipetrain::partitioner {
+namespace pipetrain::profiler {
+
+using partitioner::LayerCost;
 
 struct ProfileOptions {
   int warmup = 2;
@@ -49,4 +51,4 @@ class MemoryCounter {
   void reset_peak();
 };
 
-}  // namespace pipetrain::partitioner
+}  // namespace pipetrain::profiler

@@ -1,4 +1,4 @@
-#include "partitioner/profile.h"
+#include "profiler/profile.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,7 +19,9 @@
 #include "common/strings.h"
 #include "common/stats.h"
 
-namespace pipetrain::partitioner {
+namespace pipetrain::profiler {
+
+using partitioner::LayerCost;
 
 namespace {
 
@@ -209,4 +211,4 @@ void save_costs(const std::string& path, const Profile& p) {
   if (!out) throw Error(path + ": write failed");
 }
 
-}  // namespace pipetrain::partitioner
+}  // namespace pipetrain::profiler

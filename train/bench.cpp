@@ -1,4 +1,4 @@
-#include "pipeline/bench.h"
+#include "train/bench.h"
 
 #include <malloc.h>
 #include <unistd.h>
@@ -22,10 +22,12 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/strings.h"
-#include "pipeline/plan.h"
+#include "train/balance.h"
+#include "train/plan.h"
+#include "train/single_device.h"
 #include "pipeline/step_trace.h"
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 int64_t peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
@@ -86,7 +88,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     throw ConfigError(c.where("runtime.kind") + ": pipetrain bench measures stages as threads of one process; "
                       "bench/processes.sh compares runtime.kind processes with threads");
   BenchResult r;
-  Job job = prepare(c);
+  Job job = prepare_balanced(c);
   const int64_t B = c.data.batch_size;
   std::vector<Batch> batches;
   for (int i = 0; i < o.warmup + o.repeat; ++i) batches.push_back(to_model(job, job.data.train_batch(i, B, c.train.seed)));
@@ -102,7 +104,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     if (threads == per_stage) {
       // Gradients are allocated inside the counted step, as the pipeline's are.
       for (auto& p : plain.parameters()) p.mutable_grad() = at::Tensor();
-      partitioner::MemoryCounter counter;
+      profiler::MemoryCounter counter;
       plain.train_step(batches[0].input, batches[0].target);
       r.prediction.baseline_peak_tensor_bytes = counter.peak();
     }
@@ -136,7 +138,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   std::sort(sim_bubbles.begin(), sim_bubbles.end());
   r.prediction.simulated_bubble = sim_bubbles[sim_bubbles.size() / 2].second;
   {
-    partitioner::MemoryCounter counter;
+    profiler::MemoryCounter counter;
     pipe.train_step(batches[0].input, batches[0].target);
     r.prediction.pipeline_peak_tensor_bytes = counter.peak();
   }
@@ -145,7 +147,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
-  const partitioner::Profile profile = profile_job(job);
+  const profiler::Profile profile = profile_job(job);
   const auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
   r.prediction.profiled_step_s = schedule::simulate(pipe.schedule(), costs).makespan_ms / 1e3;
   return r;
@@ -187,9 +189,9 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages)\n";
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 namespace {
 
@@ -304,4 +306,4 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
         }
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

@@ -1,4 +1,4 @@
-#include "pipeline/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,14 +20,14 @@
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "models/model.h"
-#include "pipeline/manifest.h"
+#include "train/manifest.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/shard.h"
+#include "train/shard.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace pipetrain::pipeline {
+namespace pipetrain::train {
 
 namespace {
 
@@ -515,4 +515,4 @@ size_t export_checkpoint(const std::string& dir, const std::string& out) {
   return count;
 }
 
-}  // namespace pipetrain::pipeline
+}  // namespace pipetrain::train

@@ -1,0 +1,184 @@
+// Choosing the balance (train/balance.h).
+#include "train/balance.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/stats.h"
+#include "schedule/simulate.h"
+
+namespace pipetrain::train {
+
+namespace {
+
+int virtual_stages(const Config& c) { return c.pipeline.stages * c.pipeline.chunks; }
+
+partitioner::MemoryModel::Recompute model_recompute(stages::Recompute r) {
+  switch (r) {
+    case stages::Recompute::Always: return partitioner::MemoryModel::Recompute::Always;
+    case stages::Recompute::ExceptLast: return partitioner::MemoryModel::Recompute::ExceptLast;
+    case stages::Recompute::Never: break;
+  }
+  return partitioner::MemoryModel::Recompute::Never;
+}
+
+// Peak in-flight micro-batches per device of the configured schedule (they do not depend on
+// costs for these schedules), mapped to the virtual stages: each chunk is counted with its
+// device's whole peak, an upper bound.
+std::vector<int> in_flight(const Config& c) {
+  const auto s = schedule::make_schedule(c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches,
+                                         c.pipeline.chunks);
+  const auto sim = schedule::simulate(s, schedule::Costs::uniform(s.virtual_stages(), 1, 1, 1));
+  std::vector<int> out(s.virtual_stages());
+  for (int v = 0; v < s.virtual_stages(); ++v) out[v] = std::max(1, sim.peak_awaiting_weight[s.device_of(v)]);
+  return out;
+}
+
+
+}  // namespace
+
+partitioner::Constraints constraints(const Config& c, const profiler::Profile* p) {
+  partitioner::Constraints k;
+  const int V = virtual_stages(c), K = c.pipeline.stages;
+  if (!c.pipeline.speeds.empty() || !c.pipeline.memory_limit.empty()) {
+    k.devices.resize(V);
+    for (int v = 0; v < V; ++v) {
+      if (!c.pipeline.speeds.empty()) k.devices[v].speed = c.pipeline.speeds[v % K];
+      // A device's chunks share its memory.
+      if (!c.pipeline.memory_limit.empty()) k.devices[v].memory_limit = c.pipeline.memory_limit[v % K] / c.pipeline.chunks;
+    }
+  }
+  if (p) k.memory = memory_model(c, *p);
+  return k;
+}
+
+profiler::Profile profile_job(const Job& job, int repeat) {
+  const Config& c = job.config;
+  Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
+  at::Tensor x = b.input.tensor_split(c.pipeline.micro_batches, 0)[0];
+  at::Tensor y = b.target.tensor_split(c.pipeline.micro_batches, 0)[0];
+  profiler::ProfileOptions o;
+  o.repeat = repeat;
+  o.intra_op_threads = job.options.intra_op_threads;
+  profiler::Profile p = profiler::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
+  // The optimizer step of each layer, on the layer's own parameters with zero gradients (its
+  // cost depends on the sizes, not the values); the values are saved first and restored after,
+  // also when the step throws, so profiling leaves the model as it was.
+  const auto factory = make_optimizer_factory(c.optimizer);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(1, job.options.intra_op_threads));
+  for (const auto& layer : *job.model.layers) {
+    auto params = layer.ptr()->parameters();
+    if (params.empty()) {
+      p.optimizer_ms.push_back(0);
+      continue;
+    }
+    std::vector<at::Tensor> saved;
+    for (auto& t : params) {
+      saved.push_back(t.detach().clone());
+      t.mutable_grad() = torch::zeros_like(t);
+    }
+    auto restore = [&] {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].copy_(saved[i]);
+        params[i].mutable_grad() = at::Tensor();
+      }
+    };
+    std::vector<double> times;
+    try {
+      auto opt = factory(params);
+      for (int i = 0; i < 1 + repeat; ++i) {
+        const auto t0 = Clock::now();
+        opt->step();
+        if (i) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+    } catch (...) {
+      restore();
+      at::set_num_threads(threads);
+      throw;
+    }
+    restore();
+    p.optimizer_ms.push_back(median(times));
+  }
+  at::set_num_threads(threads);
+  return p;
+}
+
+partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& p) {
+  partitioner::MemoryModel m;
+  // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
+  m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
+  m.in_flight = in_flight(c);
+  m.recompute = model_recompute(stages::parse_recompute(c.pipeline.checkpoint));
+  // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the
+  // peak; the other schedules may peak with checkpointed micro-batches only, plus one rebuilt
+  // graph, which is what `always` predicts.
+  if (m.recompute == partitioner::MemoryModel::Recompute::ExceptLast && c.pipeline.schedule != "gpipe")
+    m.recompute = partitioner::MemoryModel::Recompute::Always;
+  m.input_bytes = p.input_bytes;
+  return m;
+}
+
+partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
+                                    const profiler::Profile* profile) {
+  const int layers = static_cast<int>(model->size()), V = virtual_stages(c);
+  const std::string& method = c.pipeline.balance_method;
+  const std::string where = c.where("pipeline.balance");
+  try {
+    if (method == "list") {
+      partitioner::check(c.pipeline.balance, layers, V, where);
+      return c.pipeline.balance;
+    }
+    if (method == "uniform") return partitioner::uniform(layers, V);
+    if (method == "parameters") {
+      std::vector<double> w;
+      for (const auto& m : *model) {
+        double bytes = 0;
+        for (const auto& p : m.ptr()->parameters()) bytes += static_cast<double>(p.nbytes());
+        w.push_back(bytes);
+      }
+      return partitioner::by_weights(w, V);
+    }
+    PIPETRAIN_CHECK(profile, "balance method '", method, "' needs a profile");
+    if (method == "time") return partitioner::min_max(profile->layers, V, constraints(c, profile)).balance;
+    // memory: the same exact min-max, on each layer's share of a stage's peak bytes instead of time.
+    std::vector<partitioner::LayerCost> mem = profile->layers;
+    const auto model_mem = memory_model(c, *profile);
+    const int peak = *std::max_element(model_mem.in_flight.begin(), model_mem.in_flight.end());
+    for (auto& l : mem) {
+      const bool keeps_all = model_mem.recompute == partitioner::MemoryModel::Recompute::Never;
+      l.forward_ms = static_cast<double>(l.param_bytes) * (1 + model_mem.state_factor) +
+                     static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
+      l.backward_ms = 0;
+    }
+    auto k = constraints(c, profile);
+    for (auto& d : k.devices) d.speed = 1;  // speeds do not change memory
+    return partitioner::min_max(mem, V, k).balance;
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(where, 0) == 0) throw;
+    throw ConfigError(where + ": " + msg);
+  }
+}
+
+partitioner::Balance resolve_balance(const Job& job) {
+  const Config& c = job.config;
+  const std::string& method = c.pipeline.balance_method;
+  const bool needs_profile = method == "time" || method == "memory";
+  profiler::Profile profile;
+  if (needs_profile) profile = profile_job(job);
+  return choose_balance(c, job.model.layers, needs_profile ? &profile : nullptr);
+}
+
+Job prepare_balanced(const Config& config) {
+  Job job = prepare(config);
+  job.options.balance = resolve_balance(job);
+  return job;
+}
+
+}  // namespace pipetrain::train

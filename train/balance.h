@@ -1,0 +1,39 @@
+// Choosing the balance: the layers per virtual stage for the config's method (a list, uniform,
+// parameters, or the exact min-max partition of profiled time or memory under the config's
+// memory limits and device speeds), and the profile and memory model that the partition uses.
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include "partitioner/cost.h"
+#include "partitioner/partition.h"
+#include "profiler/profile.h"
+#include "train/job.h"
+
+namespace pipetrain::train {
+
+// One micro-batch of the job's training data, profiled layer by layer with the stage's thread
+// count, with each layer's optimizer step.
+profiler::Profile profile_job(const Job& job, int repeat = 5);
+
+// The memory model of the config: optimizer state per parameter byte, the schedule's peak
+// in-flight micro-batches per virtual stage, the recomputation mode and the input size.
+partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& p);
+
+// The partitioner's constraints from the config: device speeds and memory limits (per virtual
+// stage; a device's chunks share its memory), and with a profile the memory model.
+partitioner::Constraints constraints(const Config& c, const profiler::Profile* profile);
+
+// Layers per virtual stage for the config's balance method. `profile` is needed by `time` and
+// `memory` (and for memory limits); the others ignore it. ConfigErrors name pipeline.balance.
+partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
+                                    const profiler::Profile* profile);
+
+// The job's balance: the config's list, or choose_balance() (profiling the job's layers for
+// `time` and `memory`).
+partitioner::Balance resolve_balance(const Job& job);
+
+// prepare() with the balance resolved: a job ready for a pipeline.
+Job prepare_balanced(const Config& config);
+
+}  // namespace pipetrain::train

@@ -1,0 +1,73 @@
+// Building what a config describes (train/job.h).
+#include "train/job.h"
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "models/layers.h"
+
+namespace pipetrain::train {
+
+models::Model build_model(const Config& c) {
+  JsonReader model_reader(c.model, "model", c.source, c.origins);
+  models::Model m = models::build(model_reader, c.train.seed);
+  m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
+  return m;
+}
+
+Job prepare(const Config& c) {
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat};
+  const int layers = static_cast<int>(job.model.layers->size());
+  const int V = c.pipeline.stages * c.pipeline.chunks;
+  if (V > layers)
+    throw ConfigError(
+        c.where("pipeline.stages") + ": " + std::to_string(c.pipeline.stages) + " stages" +
+        (c.pipeline.chunks > 1 ? " x " + std::to_string(c.pipeline.chunks) + " chunks (" + std::to_string(V) + " virtual stages)" : "") +
+        " but the model has only " + std::to_string(layers) + " layers (" +
+        join(models::layer_names(job.model.layers), ", ") + ")");
+  if (!c.pipeline.balance.empty())
+    partitioner::check(c.pipeline.balance, layers, V, c.where("pipeline.balance"));
+  job.data = load_dataset(c, job.model);
+
+  PipelineOptions& o = job.options;
+  o.stages = c.pipeline.stages;
+  o.micro_batches = c.pipeline.micro_batches;
+  o.schedule = c.pipeline.schedule;
+  o.chunks = c.pipeline.chunks;
+  o.recompute = stages::parse_recompute(c.pipeline.checkpoint);
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
+  o.timeout_s = c.runtime.timeout_s;
+  o.seed = c.train.seed;
+  o.transport.max_message_bytes = c.runtime.max_message_bytes;
+  o.transport.backend = c.runtime.transport;
+  o.transport.detect_peer_failure = c.runtime.detect_peer_failure;
+  o.balance = c.pipeline.balance;  // a method other than a list: train/balance.h resolves it
+  return job;
+}
+
+Batch to_model(const Job& job, Batch b) {
+  if (b.input.is_floating_point()) b.input = b.input.to(job.dtype);
+  return b;
+}
+
+OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
+  return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (c.kind == "sgd")
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
+    if (c.kind == "adam")
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+    if (c.kind == "adamw")
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+    throw ConfigError("optimizer.kind: unknown optimizer '" + c.kind + "'");
+  };
+}
+
+at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
+}
+
+}  // namespace pipetrain::train

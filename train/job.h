@@ -1,0 +1,45 @@
+// A job: everything a config describes, built and checked (model, data, pipeline options), and
+// the pieces of a run that follow from the config alone (its optimizer and its loss).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "models/model.h"
+#include "pipeline/pipeline.h"
+#include "train/config.h"
+#include "train/data.h"
+
+namespace pipetrain::train {
+
+// The engine's vocabulary, as the run layer uses it.
+using pipeline::NonFiniteGradient;
+using pipeline::OptimizerFactory;
+using pipeline::Pipeline;
+using pipeline::PipelineOptions;
+using pipeline::StepTrace;
+
+struct Job {
+  Config config;
+  models::Model model;
+  Dataset data;
+  PipelineOptions options;  // options.balance: the config's list; a method is resolved by train/balance.h
+  at::ScalarType dtype;
+};
+
+// The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.
+models::Model build_model(const Config& config);
+
+// Builds the model (seeded by train.seed) and the data set and checks stages and balance
+// against the layer count; every problem is a ConfigError or DataError.
+Job prepare(const Config& config);
+
+// Turns a data batch into model inputs of the job's dtype.
+Batch to_model(const Job& job, Batch b);
+
+// Builds a torch optimizer over `params` from the config's optimizer section.
+OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
+
+// Cross-entropy over the last dimension with mean reduction (classifiers and language models).
+at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target);
+
+}  // namespace pipetrain::train

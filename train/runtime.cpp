@@ -1,0 +1,80 @@
+// The job's pipeline in its runtime (train/runtime.h).
+#include "train/runtime.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include <ATen/Parallel.h>
+
+#include "comm/launcher_env.h"
+#include "comm/rendezvous.h"
+#include "common/error.h"
+#include "train/balance.h"
+
+namespace pipetrain::train {
+
+std::string run_fingerprint(const Config& c, const std::string& run_options) {
+  // train.steps as run (--steps replaces the file's value without touching root).
+  return comm::config_fingerprint(c.root.dump() + " steps=" + std::to_string(c.train.steps) + " " + run_options);
+}
+
+// The thread that drives the stages (the caller) prepares each batch with as many intra-op
+// threads as a stage has: with more, OpenMP's idle team workers spin after every parallel
+// region and take cores from the stage threads (about 15% of the default CNN run's step on 2
+// cores, where 4 stage threads share them).
+namespace {
+void match_stage_threads(const Job& job) { at::set_num_threads(std::max(1, job.options.intra_op_threads)); }
+
+// An explicit runtime.intra_op_threads that gives more compute threads than cores (intra-op
+// threads x the stages on this host) makes OpenMP teams time-share the cores, many times slower;
+// say so rather than be silently slow. (The default, cores / stages and at least one, only
+// shares cores when there are more stages than cores, which costs far less.)
+void warn_if_oversubscribed(const Job& job, int stages_here, const NoteSink& note) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t threads = int64_t(job.options.intra_op_threads) * stages_here;
+  if (job.config.runtime.intra_op_threads > 1 && threads > cores && note)
+    note(detail::concat("warning: ", job.options.intra_op_threads, " intra-op threads per stage x ", stages_here,
+                        " stage", stages_here == 1 ? "" : "s", " on this host = ", threads, " threads on ", cores,
+                        " cores; expect a large slowdown (runtime.intra_op_threads 0 picks cores / stages)"));
+}
+}  // namespace
+
+std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options, const NoteSink& note) {
+  const Config& c = job.config;
+  if (job.options.balance.empty()) job.options.balance = resolve_balance(job);
+  if (c.runtime.kind != "processes") {
+    match_stage_threads(job);
+    warn_if_oversubscribed(job, c.pipeline.stages, note);
+    // Started by a launcher but in-process: each rank runs the whole pipeline on its own.
+    comm::RankInfo info;
+    try {
+      info = comm::rank_from_env(comm::process_environment());
+    } catch (const ConfigError&) {  // not meant for us
+    }
+    if (info.world_size > 1 && info.rank == 0 && note)
+      note(detail::concat("note: started as one of ", info.world_size, " ranks (", info.launcher,
+                          ") with runtime.kind threads: every rank runs all ", c.pipeline.stages,
+                          " stages on its own; runtime.kind=processes runs one stage per rank"));
+    return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
+  }
+  const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
+  if (info.world_size != c.pipeline.stages)
+    throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage, but pipeline.stages is ",
+                                     c.pipeline.stages, " and the launcher (", info.launcher, ") started ", info.world_size,
+                                     " rank", info.world_size == 1 ? "" : "s",
+                                     info.launcher == "none" ? " (start the ranks with pipetrain launch, torchrun-style variables, mpirun or srun)" : ""));
+  // Each host's cores are shared by the ranks on it, not by all stages.
+  if (c.runtime.intra_op_threads == 0 && info.local_world_size > 0)
+    job.options.intra_op_threads = intra_op_threads(c.runtime, info.local_world_size);
+  match_stage_threads(job);
+  if (info.rank == 0) warn_if_oversubscribed(job, info.local_world_size > 0 ? info.local_world_size : 1, note);
+  // UCX listens only on the interface by which this host reaches rank 0's, not on every one.
+  job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);
+  const Deadline deadline = Deadline::after(c.runtime.timeout_s);
+  auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
+                                               comm::store_exchange(info, run_fingerprint(c, run_options), deadline));
+  return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint));
+}
+
+}  // namespace pipetrain::train

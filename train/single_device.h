@@ -1,0 +1,29 @@
+// The plain single-device training loop the pipeline is compared against (bench, tests): the
+// whole batch in one forward and backward, with the same dropout streams as the pipeline.
+#pragma once
+
+#include <memory>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+
+#include "pipeline/pipeline.h"
+#include "stages/stage.h"
+
+namespace pipetrain::train {
+
+class SingleDevice {
+ public:
+  SingleDevice(torch::nn::Sequential model, stages::LossFn loss, pipeline::OptimizerFactory optimizer, uint64_t seed);
+  double train_step(const at::Tensor& input, const at::Tensor& target);
+  std::vector<at::Tensor> parameters() const { return model_->parameters(); }
+
+ private:
+  torch::nn::Sequential model_;
+  stages::LossFn loss_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+};
+
+}  // namespace pipetrain::train
