@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     // The file is read and checked as written; --steps then replaces its train.steps.
-    pt::Config config = pt::load_config(config_path, overrides);
+    pt::Config config = pt::load_config(config_path, overrides, "--set");
     if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
     ProgressLine progress(quiet, config.train.log_every);
     if (*train) {
@@ -314,6 +314,7 @@ int main(int argc, char** argv) {
       if (sweep.checkpoints.empty()) sweep.checkpoints = {config.pipeline.checkpoint};
       if (sweep.schedules.empty()) sweep.schedules = {config.pipeline.schedule};
       sweep.bench = bench_options;
+      sweep.override_flag = "--set";
       sweep.bench.profile = false;
       std::ofstream json;
       if (!bench_json.empty()) {

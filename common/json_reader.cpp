@@ -10,21 +10,22 @@ namespace pipetrain {
 using nlohmann::json;
 
 JsonReader::JsonReader(const json& obj, std::string path, std::string source,
-                       std::shared_ptr<const std::map<std::string, std::string>> origins)
+                       std::shared_ptr<const Origins> origins)
     : obj_(obj), path_(std::move(path)), source_(std::move(source)), origins_(std::move(origins)) {
   if (!obj_.is_null() && !obj_.is_object())
     throw ConfigError(detail::concat(source_, ": ", path_.empty() ? "config" : path_,
                                      ": expected an object, got ", describe(obj_)));
 }
 
-std::string JsonReader::where(const std::string& key) const {
-  const std::string p = full(key);
-  if (origins_) {
-    auto it = origins_->find(p);
-    if (it != origins_->end()) return "--set " + it->second + ": " + p;
+std::string where_of(const std::string& path, const std::string& source, const Origins* origins) {
+  if (origins) {
+    auto it = origins->find(path);
+    if (it != origins->end()) return it->second + ": " + path;
   }
-  return source_ + ": " + p;
+  return source + ": " + path;
 }
+
+std::string JsonReader::where(const std::string& key) const { return where_of(full(key), source_, origins_.get()); }
 
 void JsonReader::fail(const std::string& key, const std::string& msg) const {
   throw ConfigError(where(key) + ": " + msg);

@@ -13,12 +13,19 @@
 
 namespace pipetrain {
 
+// Where config values came from: full key path -> the override that set it ("--set a.b=1" on
+// the command line); paths absent came from the file.
+using Origins = std::map<std::string, std::string>;
+
+// "<source>: <path>", or "<override>: <path>" for a path that an override set.
+std::string where_of(const std::string& path, const std::string& source, const Origins* origins);
+
 class JsonReader {
  public:
-  // `origins` maps full key paths that came from a command-line override to that override's
-  // text, so errors about them point at the flag instead of the file.
+  // `origins` names the overrides that set values, so errors about them point at the override
+  // instead of the file.
   JsonReader(const nlohmann::json& obj, std::string path, std::string source,
-             std::shared_ptr<const std::map<std::string, std::string>> origins = nullptr);
+             std::shared_ptr<const Origins> origins = nullptr);
 
   bool has(const std::string& key) const;
   const std::string& path() const { return path_; }
@@ -43,7 +50,7 @@ class JsonReader {
   // Throws ConfigError for the first key that was never read.
   void finish() const;
 
-  // "where" prefix for a key: "<source>: <path.key>" or "--set <path.key>=...: <path.key>".
+  // "where" prefix for a key: where_of() its full path.
   std::string where(const std::string& key) const;
   [[noreturn]] void fail(const std::string& key, const std::string& msg) const;
 
@@ -54,7 +61,7 @@ class JsonReader {
   nlohmann::json obj_;
   std::string path_;
   std::string source_;
-  std::shared_ptr<const std::map<std::string, std::string>> origins_;
+  std::shared_ptr<const Origins> origins_;
   std::set<std::string> known_;
 };
 

@@ -59,8 +59,8 @@ TEST(JsonReader, RangeAndChoiceErrors) {
 }
 
 TEST(JsonReader, OverrideOriginIsNamed) {
-  auto origins = std::make_shared<std::map<std::string, std::string>>();
-  (*origins)["p.n"] = "p.n=abc";
+  auto origins = std::make_shared<Origins>();
+  (*origins)["p.n"] = "--set p.n=abc";
   JsonReader r(json{{"n", "abc"}}, "p", "c.json", origins);
   try {
     r.get_int("n", 1, 1, 8);

@@ -23,7 +23,7 @@ json base() {
 // The message of the ConfigError that parsing (and preparing) `cfg` raises, or "" if none.
 std::string error_of(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
-    Config c = parse_config(cfg, "cfg.json", overrides);
+    Config c = parse_config(cfg, "cfg.json", overrides, "--set");
     prepare_balanced(c);
   } catch (const ConfigError& e) {
     return e.what();
@@ -157,6 +157,14 @@ TEST(Overrides, ErrorsPointAtTheFlag) {
   EXPECT_ERROR(error_of(base(), {"novalue"}), "--set novalue: expected key.path=value");
   EXPECT_ERROR(error_of(base(), {"pipeline.stages.x=1"}), "pipeline.stages is not an object");
   EXPECT_ERROR(error_of(base(), {"model.dropout=2"}), "--set model.dropout=2: model.dropout: must be between");
+  // The run layer knows no flags: a caller names its overrides (the command line: --set).
+  try {
+    parse_config(base(), "cfg.json", {"pipeline.stages=x"});
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("override pipeline.stages=x: pipeline.stages: expected an integer", 0), 0u)
+        << e.what();
+  }
 }
 
 TEST(Config, FilesAndSyntax) {

@@ -52,7 +52,7 @@ using pipetrain::test::expect_clean_error;
 
 std::string config_error(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
-    pipetrain::train::parse_config(cfg, "cfg.json", overrides);
+    pipetrain::train::parse_config(cfg, "cfg.json", overrides, "--set");
   } catch (const ConfigError& e) {
     return e.what();
   }

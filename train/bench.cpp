@@ -83,7 +83,7 @@ void set_rates(BenchMeasure& m, int64_t batch) {
 }  // namespace
 
 BenchResult run_bench(const Config& c, const BenchOptions& o) {
-  if (o.repeat < 1) throw ConfigError("--repeat must be >= 1");
+  if (o.repeat < 1) throw ConfigError("bench: repeat must be >= 1");
   if (c.runtime.kind == "processes")
     throw ConfigError(c.where("runtime.kind") + ": pipetrain bench measures stages as threads of one process; "
                       "bench/processes.sh compares runtime.kind processes with threads");
@@ -237,7 +237,7 @@ nlohmann::json machine_json() {
 
 void run_sweep(const std::string& path, const std::vector<std::string>& overrides, const SweepOptions& o,
                std::ostream& progress, std::ostream* json_lines) {
-  const Config base = load_config(path, overrides);
+  const Config base = load_config(path, overrides, o.override_flag);
   const nlohmann::json& base_json = base.root;  // the file with the overrides applied
   const nlohmann::json machine = machine_json();
   const size_t total = o.stages.size() * o.micro_batches.size() * o.checkpoints.size() * o.schedules.size();
@@ -261,7 +261,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
           char head[160];
           std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s: ", done, total, k, m, sched.c_str(), ckpt.c_str());
           try {
-            const Config c = load_config(path, sets);
+            const Config c = load_config(path, sets, o.override_flag);
             BenchResult r = run_bench(c, o.bench);
             const double K = k, M = m, v = chunks;
             line["balance"] = r.balance;

@@ -49,7 +49,7 @@ BenchResult run_bench(const Config& config, const BenchOptions& options);
 void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 
 // A sweep: run_bench for every combination of stage count, micro-batch count, recomputation
-// mode and schedule, applied as --set overrides on top of `overrides` to the config file.
+// mode and schedule, applied as overrides on top of `overrides` to the config file.
 // Combinations the config cannot run (too few layers or samples, an interleaved schedule
 // whose micro-batch count is not a multiple of the stages) are reported as skipped. One line
 // of progress per combination on `progress`; one JSON object per combination on `json_lines`
@@ -59,6 +59,7 @@ struct SweepOptions {
   std::vector<int> stages, micro_batches;
   std::vector<std::string> checkpoints, schedules;
   BenchOptions bench;
+  std::string override_flag = "override";  // how messages name the overrides ("--set")
 };
 void run_sweep(const std::string& config_path, const std::vector<std::string>& overrides,
                const SweepOptions& options, std::ostream& progress, std::ostream* json_lines);

@@ -16,27 +16,21 @@ namespace pipetrain::train {
 
 using nlohmann::json;
 
-std::string Config::where(const std::string& key_path) const {
-  if (origins) {
-    auto it = origins->find(key_path);
-    if (it != origins->end()) return "--set " + it->second + ": " + key_path;
-  }
-  return source + ": " + key_path;
-}
+std::string Config::where(const std::string& key_path) const { return where_of(key_path, source, origins.get()); }
 
-void apply_overrides(json& root, const std::vector<std::string>& overrides,
-                     std::map<std::string, std::string>& origins) {
+void apply_overrides(json& root, const std::vector<std::string>& overrides, Origins& origins,
+                     const std::string& flag) {
   for (const auto& full_text : overrides) {
-    const std::string text = printable(full_text, 120);  // as messages show it
+    const std::string text = flag + " " + printable(full_text, 120);  // as messages show it
     const auto eq = full_text.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw ConfigError("--set " + text + ": expected key.path=value");
+      throw ConfigError(text + ": expected key.path=value");
     const std::string path = full_text.substr(0, eq), raw = full_text.substr(eq + 1);
     json value;
     try {
-      value = parse_json(raw, "--set " + text);
+      value = parse_json(raw, text);
     } catch (const ConfigError& e) {
-      // Bare words are strings (--set data.kind=synthetic); JSON nested too deep is an error.
+      // Bare words are strings (data.kind=synthetic); JSON nested too deep is an error.
       if (std::string(e.what()).find(": nested deeper than ") != std::string::npos) throw;
       value = raw;
     }
@@ -45,9 +39,9 @@ void apply_overrides(json& root, const std::vector<std::string>& overrides,
     for (;;) {
       const auto dot = path.find('.', start);
       const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      if (key.empty()) throw ConfigError("--set " + text + ": empty key in '" + path + "'");
+      if (key.empty()) throw ConfigError(text + ": empty key in '" + path + "'");
       if (!node->is_object()) {
-        throw ConfigError("--set " + text + ": " + path.substr(0, start ? start - 1 : 0) +
+        throw ConfigError(text + ": " + path.substr(0, start ? start - 1 : 0) +
                           " is not an object");
       }
       if (dot == std::string::npos) {
@@ -68,16 +62,17 @@ int intra_op_threads(const RuntimeConfig& runtime, int stages) {
   return std::max(1, cores / std::max(1, stages));
 }
 
-Config parse_config(const json& input, const std::string& source,
-                    const std::vector<std::string>& overrides) {
+Config parse_config(const json& input, const std::string& source, const std::vector<std::string>& overrides,
+                    const std::string& flag) {
   if (!input.is_object()) throw ConfigError(source + ": the config must be a JSON object");
   json root = input;
-  auto origins = std::make_shared<std::map<std::string, std::string>>();
-  apply_overrides(root, overrides, *origins);
+  auto origins = std::make_shared<Origins>();
+  apply_overrides(root, overrides, *origins, flag);
 
   Config c;
   c.source = source;
   c.origins = origins;
+  c.override_flag = flag;
   c.root = root;
   JsonReader top(root, "", source, origins);
 
@@ -228,12 +223,12 @@ Config parse_config(const json& input, const std::string& source,
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& flag) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(parse_json(ss.str(), path), path, overrides);
+  return parse_config(parse_json(ss.str(), path), path, overrides, flag);
 }
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {

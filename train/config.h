@@ -1,6 +1,6 @@
-// pipeline: the training engine. config.h reads and validates a JSON config (plus --set
-// overrides) into typed sections; every mistake is a one-line ConfigError naming the file or
-// flag and the key path.
+// train: the run layer, from a config to a trained model. config.h reads and validates a JSON
+// config (plus overrides) into typed sections; every mistake is a one-line ConfigError naming
+// the file or the override and the key path.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/json_reader.h"
 
 namespace pipetrain::train {
 
@@ -86,7 +88,8 @@ struct RuntimeConfig {
 struct Config {
   std::string source;                   // file name, for messages
   nlohmann::json model;                 // the `model` object, read by models::build
-  std::shared_ptr<const std::map<std::string, std::string>> origins;  // key path -> --set text
+  std::shared_ptr<const Origins> origins;  // key path -> the override that set it
+  std::string override_flag = "override";  // how overrides are named in messages ("--set")
   nlohmann::json root;                  // the whole config after --set overrides (checkpoint identity)
   DataConfig data;
   PipelineConfig pipeline;
@@ -99,12 +102,17 @@ struct Config {
 };
 
 // Applies "key.path=value" overrides (value parsed as JSON, else taken as a string).
-void apply_overrides(nlohmann::json& root, const std::vector<std::string>& overrides,
-                     std::map<std::string, std::string>& origins);
+// Applies `key.path=value` texts to a config's JSON, recording in `origins` which override set
+// which path, as `flag text` ("--set a.b=1"). A value that is not JSON is a string.
+void apply_overrides(nlohmann::json& root, const std::vector<std::string>& overrides, Origins& origins,
+                     const std::string& flag = "override");
 
+// The config in `root` (read from `source`) with the overrides applied; ConfigError for anything
+// wrong, naming where it came from.
 Config parse_config(const nlohmann::json& root, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, const std::string& flag = "override");
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   const std::string& flag = "override");
 
 
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).
