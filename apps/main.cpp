@@ -19,6 +19,7 @@
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/recompute.h"
 #include "common/strings.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
@@ -183,8 +184,10 @@ int main(int argc, char** argv) {
   std::string bench_json;
   bench->add_option("--stages", sweep.stages, "Sweep these stage counts (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber);
   bench->add_option("--micro-batches", sweep.micro_batches, "Sweep these micro-batch counts")->delimiter(',')->check(CLI::PositiveNumber);
-  bench->add_option("--checkpoint", sweep.checkpoints, "Sweep these recomputation modes")
-      ->delimiter(',')->check(CLI::IsMember({"always", "except_last", "never"}));
+  bench->add_option("--recompute", sweep.recompute, "Sweep these recomputation modes")
+      ->delimiter(',')->check(CLI::IsMember(pipetrain::recompute_modes()));
+  std::string old_recompute_flag;
+  bench->add_option("--checkpoint", old_recompute_flag, "Renamed --recompute")->group("");
   bench->add_option("--schedule", sweep.schedules, "Sweep these schedules")
       ->delimiter(',')->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
   bench->add_option("--json", bench_json, "Append one JSON object per combination to this file");
@@ -239,6 +242,8 @@ int main(int argc, char** argv) {
       std::printf("exported %zu tensors of %s to %s\n", n, dir.c_str(), export_out.c_str());
       return 0;
     }
+    if (!old_recompute_flag.empty())
+      throw pipetrain::ConfigError("bench --checkpoint: renamed --recompute (the recomputation modes to sweep)");
     // The file is read and checked as written; --steps then replaces its train.steps.
     pt::Config config = pt::load_config(config_path, overrides, "--set");
     if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
@@ -302,7 +307,7 @@ int main(int argc, char** argv) {
       else
         pt::print_plan(std::cout, r);
     } else if (*bench) {
-      const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.checkpoints.empty() ||
+      const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.recompute.empty() ||
                             !sweep.schedules.empty() || !bench_json.empty();
       if (!sweeping) {
         pt::BenchResult r = pt::run_bench(config, bench_options);
@@ -311,7 +316,7 @@ int main(int argc, char** argv) {
       }
       if (sweep.stages.empty()) sweep.stages = {config.pipeline.stages};
       if (sweep.micro_batches.empty()) sweep.micro_batches = {config.pipeline.micro_batches};
-      if (sweep.checkpoints.empty()) sweep.checkpoints = {config.pipeline.checkpoint};
+      if (sweep.recompute.empty()) sweep.recompute = {pipetrain::recompute_name(config.pipeline.recompute)};
       if (sweep.schedules.empty()) sweep.schedules = {config.pipeline.schedule};
       sweep.bench = bench_options;
       sweep.override_flag = "--set";

@@ -11,6 +11,7 @@
 #include "partitioner/partition.h"
 
 using namespace pipetrain::partitioner;
+using pipetrain::Recompute;
 
 namespace {
 
@@ -58,7 +59,7 @@ int main() {
   }
   {
     Case c{"limit, recompute except_last", random_layers(n, 1, false), {}};
-    c.constraints.memory.recompute = MemoryModel::Recompute::ExceptLast;
+    c.constraints.memory.recompute = Recompute::ExceptLast;
     c.constraints.memory.in_flight.assign(stages, 8);
     c.constraints.devices.assign(stages,
                                  Device{1.0, even_limit(c.layers, stages, c.constraints.memory, 1.02)});
@@ -66,7 +67,7 @@ int main() {
   }
   {
     Case c{"limit, except_last, 1F1B", random_layers(n, 1, false), {}};
-    c.constraints.memory.recompute = MemoryModel::Recompute::ExceptLast;
+    c.constraints.memory.recompute = Recompute::ExceptLast;
     for (int j = 0; j < stages; ++j) c.constraints.memory.in_flight.push_back(stages - j);
     c.constraints.devices.assign(stages,
                                  Device{1.0, even_limit(c.layers, stages, c.constraints.memory, 1.3)});
@@ -80,7 +81,7 @@ int main() {
   cases.push_back({"no limit, one dominant layer", random_layers(n, 1, true), {}});
   {
     Case c{"limit, except_last, dominant", random_layers(n, 1, true), {}};
-    c.constraints.memory.recompute = MemoryModel::Recompute::ExceptLast;
+    c.constraints.memory.recompute = Recompute::ExceptLast;
     c.constraints.memory.in_flight.assign(stages, 8);
     c.constraints.devices.assign(stages,
                                  Device{1.0, even_limit(c.layers, stages, c.constraints.memory, 1.5)});

@@ -31,6 +31,8 @@ def load(path):
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 sys.exit(f"{path}:{n}: not JSON: {e}")
+    for r in rows:
+        r.setdefault("recompute", r.get("checkpoint"))  # sweeps before the key's rename
     return [r for r in rows if "skipped" not in r]
 
 
@@ -78,7 +80,7 @@ plot {', '.join(plots)}
 def speedup_plot(rows, model, out_dir):
     series = collections.defaultdict(list)
     for r in rows:
-        if r["checkpoint"] != "never" or r["stages"] == 1:
+        if r["recompute"] != "never" or r["stages"] == 1:
             continue
         series[(r["stages"], r["schedule"])].append((r["micro_batches"], r["speedup"]))
     if not series:
@@ -96,11 +98,11 @@ def memory_plot(rows, model, out_dir):
     for r in rows:
         if r["stages"] != 2 or r["schedule"] not in ("gpipe", "1f1b"):
             continue
-        series[(r["schedule"], r["checkpoint"])].append((r["micro_batches"], r["peak_tensor_bytes"] / 2**20))
+        series[(r["schedule"], r["recompute"])].append((r["micro_batches"], r["peak_tensor_bytes"] / 2**20))
         base[r["micro_batches"]] = r["baseline_peak_tensor_bytes"] / 2**20
     if not series:
         return None
-    lines = {f"{sched}, checkpoint {ckpt}": pts for (sched, ckpt), pts in sorted(series.items())}
+    lines = {f"{sched}, recompute {ckpt}": pts for (sched, ckpt), pts in sorted(series.items())}
     lines["plain loop"] = list(base.items())
     return plot_against_micro_batches(os.path.join(out_dir, f"memory_{model}.png"),
                                       f"pipetrain {model}: peak tensor memory of a step, 2 stages",

@@ -7,7 +7,7 @@ build=${1:-build}
 bin=$build/apps/pipetrain
 here=$(cd "$(dirname "$0")/.." && pwd)
 echo "# $(date -u +%Y-%m-%d) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; pipetrain bench, warmup 3, repeat 10"
-printf '%-5s %-17s %2s %3s %-12s %9s %9s %7s %9s %7s %9s %11s %11s\n' model schedule K M checkpoint \
+printf '%-5s %-17s %2s %3s %-12s %9s %9s %7s %9s %7s %9s %11s %11s\n' model schedule K M recompute \
   plain_ms pipe_ms speedup sim_ms sim_err prof_ms in_flight peak_MiB
 for model in mlp_bench gpt_small; do
   for k in 2 4; do
@@ -15,7 +15,7 @@ for model in mlp_bench gpt_small; do
       for sched in gpipe 1f1b interleaved-1f1b zb-h1; do
         for ckpt in never except_last; do
           sets=(--set pipeline.stages=$k --set pipeline.micro_batches=$m --set pipeline.schedule=$sched
-                --set pipeline.checkpoint=$ckpt --set pipeline.balance=uniform)
+                --set pipeline.recompute=$ckpt --set pipeline.balance=uniform)
           [ "$model" = gpt_small ] && sets+=(--set data.batch_size=64)
           out=$("$bin" bench "$here/configs/$model.json" "${sets[@]}" 2>&1) || {
             printf '%-5s %-17s %2s %3s %-12s %s\n' "${model%%_*}" "$sched" "$k" "$m" "$ckpt" \

@@ -19,6 +19,7 @@ with open(sys.argv[1]) as f:
         if line.strip():
             r = json.loads(line)
             if "skipped" not in r:
+                r.setdefault("recompute", r.get("checkpoint"))  # sweeps before the key's rename
                 rows.append(r)
 models = sorted({r["config"]["model"]["family"] for r in rows})
 for model in models:
@@ -36,7 +37,7 @@ for model in models:
                 cells.append("")
                 continue
             best = max(cand, key=lambda r: r["speedup"])
-            label = "" if k == 1 else f" {best['schedule']}, {best['checkpoint']}"
+            label = "" if k == 1 else f" {best['schedule']}, {best['recompute']}"
             cells.append(f"{best['speedup']:.2f}× ({k * m / (m + k - 1):.2f}×){label}")
         print(f"| {m} | " + " | ".join(cells) + " |")
     print(f"\n#### {model}: peak tensor memory of one step, 2 stages, 8 micro-batches (MiB)\n")
@@ -47,7 +48,7 @@ for model in models:
         cells = []
         for ckpt in ("always", "except_last", "never"):
             cand = [r for r in mine if r["stages"] == 2 and r["micro_batches"] == 8 and r["schedule"] == sched
-                    and r["checkpoint"] == ckpt]
+                    and r["recompute"] == ckpt]
             cells.append(f"{cand[0]['peak_tensor_bytes'] / 2**20:.1f}" if cand else "")
             if cand:
                 plain = cand[0]["baseline_peak_tensor_bytes"] / 2**20

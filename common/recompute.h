@@ -1,10 +1,25 @@
-// Whether the calling thread is re-running a forward to rebuild a checkpointed micro-batch's
-// graph. A stage sets it for the duration of the recomputation; layers whose training forward
-// has a side effect beyond its output (BatchNorm's statistics) skip that side effect while it is
-// set, so every micro-batch counts once whatever the recomputation mode.
+// Recomputation (activation checkpointing): which micro-batches a stage keeps only the input of
+// and re-runs in backward (the config's pipeline.recompute, bench --recompute), and whether the
+// calling thread is re-running a forward to rebuild a micro-batch's graph. A stage sets the latter
+// for the duration of the recomputation; layers whose training forward has a side effect beyond
+// its output (BatchNorm's statistics) skip that side effect while it is set, so every micro-batch
+// counts once whatever the recomputation mode.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace pipetrain {
+
+// always: every micro-batch keeps only its input; except_last: all but the last one of the
+// step (whose backward follows its forward at once in GPipe); never: every graph is kept.
+enum class Recompute { Always, ExceptLast, Never };
+
+// "always", "except_last", "never", in that order.
+const std::vector<std::string>& recompute_modes();
+const char* recompute_name(Recompute r);
+// The mode of a name in recompute_modes(); ConfigError otherwise.
+Recompute parse_recompute(const std::string& name);
 
 inline bool& recomputing_flag() {
   thread_local bool on = false;

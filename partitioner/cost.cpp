@@ -21,13 +21,13 @@ int64_t memory_bytes(int64_t params, int64_t saved, int64_t input, int in_flight
   const auto state = static_cast<int64_t>(std::ceil(static_cast<double>(params) * model.state_factor));
   int64_t activations = 0;
   switch (model.recompute) {
-    case MemoryModel::Recompute::Never:
+    case Recompute::Never:
       activations = in_flight * saved;
       break;
-    case MemoryModel::Recompute::Always:
+    case Recompute::Always:
       activations = in_flight * input + saved;
       break;
-    case MemoryModel::Recompute::ExceptLast:
+    case Recompute::ExceptLast:
       activations = (in_flight - 1) * input + saved;
       break;
   }

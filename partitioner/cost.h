@@ -3,6 +3,8 @@
 // partitioner (partition.h) compares exactly the values these functions return.
 #pragma once
 
+#include "common/recompute.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,15 +29,11 @@ struct Device {
 
 // What a stage holds at its peak, besides its parameters.
 struct MemoryModel {
-  // Which micro-batches a stage re-runs in backward instead of keeping their saved tensors
-  // (stages/ `always`, `except_last`, `never`).
-  enum class Recompute { Always, ExceptLast, Never };
-
   double state_factor = 2.0;   // gradient + optimizer bytes per parameter byte (SGD+momentum 2,
                                // Adam 3); finite, >= 0
   std::vector<int> in_flight;  // per stage: micro-batches whose activations the stage holds at its
                                // peak (from the schedule), each >= 1; empty = 1 for every stage
-  Recompute recompute = Recompute::Never;
+  Recompute recompute = Recompute::Never;  // which micro-batches a stage re-runs in backward
   int64_t input_bytes = 0;  // the model input of one micro-batch (the first stage's input)
 };
 

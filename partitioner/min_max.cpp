@@ -114,11 +114,11 @@ class Instance {
   // part that depends on the start alone).
   bool start_monotone(int j) const {
     switch (model.recompute) {
-      case MemoryModel::Recompute::Never:
+      case Recompute::Never:
         return true;
-      case MemoryModel::Recompute::ExceptLast:
+      case Recompute::ExceptLast:
         return in_flight[j] == 1;
-      case MemoryModel::Recompute::Always:
+      case Recompute::Always:
         return false;
     }
     return false;
@@ -209,7 +209,7 @@ class MemoryEnds {
     if (tables.empty()) return;
     auto coef = [&](int x) {
       const int f = in_.in_flight[first_stage[x]];
-      return static_cast<int64_t>(in_.model.recompute == MemoryModel::Recompute::Always ? f : f - 1);
+      return static_cast<int64_t>(in_.model.recompute == Recompute::Always ? f : f - 1);
     };
     std::vector<int> order = tables;
     bool same_limit = true;

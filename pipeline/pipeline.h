@@ -33,7 +33,7 @@ struct PipelineOptions {
   partitioner::Balance balance;  // layers per virtual stage (stages · chunks entries); empty: uniform
   std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
   int chunks = 1;                  // virtual stages per device (interleaved-1f1b)
-  stages::Recompute recompute = stages::Recompute::ExceptLast;
+  Recompute recompute = Recompute::ExceptLast;
   int intra_op_threads = 1;  // libtorch intra-op threads in each stage thread
   double timeout_s = 300;    // longest wait for a message from another stage
   uint64_t seed = 0;         // seeds the random streams of dropout (common/rng.h)

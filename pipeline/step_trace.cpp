@@ -56,7 +56,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
   double gaps = 0;
   size_t actions = 0;
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
-  c.checkpointed.assign(s.micro_batches, false);
+  c.recomputed.assign(s.micro_batches, false);
   for (size_t r = 0; r < t.spans.size(); ++r)
     for (size_t i = 0; i < t.spans[r].size(); ++i) {
       const Span& sp = t.spans[r][i];
@@ -71,7 +71,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
           bin[vs].push_back(ms - rc);
           if (rc > 0) {
             rec[vs].push_back(rc);
-            c.checkpointed[sp.micro_batch] = true;
+            c.recomputed[sp.micro_batch] = true;
           }
           break;
         case Op::BackwardWeight: bw[vs].push_back(ms); break;

@@ -43,7 +43,7 @@ std::vector<double> stage_busy_ms(const StepTrace& t);
 double bubble(const StepTrace& t);
 
 // Median measured cost of each op on each virtual stage, for simulate(): the micro-batches that
-// recomputed are marked checkpointed; send_ms is the median send span; latency_ms the median
+// recomputed are marked recomputed; send_ms is the median send span; latency_ms the median
 // time from a send's end to the end of a receive that was waiting for it (bandwidth is left
 // unlimited: the local transport passes tensors by reference); action_ms the executor's own
 // time between actions (the gaps between spans, averaged over the actions); finish_ms each

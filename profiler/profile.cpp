@@ -138,7 +138,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       const bool first = i == 0, last = i == L - 1;
       // A stage in the middle of three gets an input gradient and an output gradient; the last
       // layer is the last stage and ends in the loss.
-      stages::Stage stage(first ? 0 : 1, last ? (first ? 1 : 2) : 3, one, stages::Recompute::Never);
+      stages::Stage stage(first ? 0 : 1, last ? (first ? 1 : 2) : 3, one, Recompute::Never);
       if (last) stage.set_loss(loss);
       LayerCost c;
       c.name = children[i].key();

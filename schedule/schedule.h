@@ -20,7 +20,7 @@ enum class Op {
   Forward,
   SendActivation,  // send the forward output to the next virtual stage
   RecvGrad,        // receive the gradient of this stage's output from the next virtual stage
-  Backward,        // fused backward: (recompute if checkpointed and) input and weight gradients
+  Backward,        // fused backward: (recompute if recomputed and) input and weight gradients
   BackwardInput,   // B: the input gradient only; keeps what W needs
   BackwardWeight,  // W: the weight gradients, from what B kept, without redoing B's work
   SendGrad,        // send the gradient of this stage's input to the previous virtual stage

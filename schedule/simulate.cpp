@@ -34,8 +34,8 @@ void check_costs(const Schedule& s, const Costs& c) {
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
-  if (!c.checkpointed.empty() && c.checkpointed.size() != static_cast<size_t>(s.micro_batches))
-    throw ScheduleError(detail::concat("simulate: costs.checkpointed has ", c.checkpointed.size(),
+  if (!c.recomputed.empty() && c.recomputed.size() != static_cast<size_t>(s.micro_batches))
+    throw ScheduleError(detail::concat("simulate: costs.recomputed has ", c.recomputed.size(),
                                        " entries for ", s.micro_batches, " micro-batches"));
 }
 }  // namespace
@@ -97,7 +97,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             break;
           case Op::Backward:
           case Op::BackwardInput: {
-            const bool recompute = !c.checkpointed.empty() && c.checkpointed[a.micro_batch] &&
+            const bool recompute = !c.recomputed.empty() && c.recomputed[a.micro_batch] &&
                                    !c.recompute.empty();
             end = start + c.backward_input[vs] + (recompute ? c.recompute[vs] : 0.0) +
                   (a.op == Op::Backward ? c.backward_weight[vs] : 0.0);

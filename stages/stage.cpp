@@ -14,22 +14,6 @@
 
 namespace pipetrain::stages {
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "always") return Recompute::Always;
-  if (name == "except_last") return Recompute::ExceptLast;
-  if (name == "never") return Recompute::Never;
-  throw ConfigError("unknown recomputation mode '" + name + "' (always, except_last, never)");
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::Always: return "always";
-    case Recompute::ExceptLast: return "except_last";
-    case Recompute::Never: return "never";
-  }
-  return "?";
-}
-
 Stage::Stage(int index, int num_stages, torch::nn::Sequential layers, Recompute recompute)
     : index_(index), num_stages_(num_stages), layers_(std::move(layers)), recompute_(recompute) {}
 
@@ -41,7 +25,7 @@ void Stage::begin_step(uint64_t seed, int64_t step, int micro_batches) {
   weight_work_.clear();  // a failed step may have left Bs without their W
 }
 
-bool Stage::checkpointed(int m) const {
+bool Stage::recomputes(int m) const {
   switch (recompute_) {
     case Recompute::Always: return true;
     case Recompute::ExceptLast: return m != micro_batches_ - 1;
@@ -73,7 +57,7 @@ at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset,
   s.weight = weight;
   s.rng = RngContext{seed_, step_, sample_offset};
   at::Tensor result;
-  if (checkpointed(m)) {
+  if (recomputes(m)) {
     torch::NoGradGuard no_grad;
     s.input = input;
     result = run(s);
@@ -93,7 +77,7 @@ Stage::Saved Stage::take(int m) {
   Saved s = std::move(it->second);
   saved_.erase(it);
   last_recompute_s_ = 0;
-  if (!s.output.defined()) {  // checkpointed: rebuild the graph with the same random masks
+  if (!s.output.defined()) {  // recomputed: rebuild the graph with the same random masks
     const auto t0 = std::chrono::steady_clock::now();
     RecomputeGuard replay;  // the forward already counted this micro-batch (BatchNorm statistics)
     s.input = as_leaf(s.input);

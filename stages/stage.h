@@ -13,14 +13,10 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include "common/recompute.h"
 #include "common/rng.h"
 
 namespace pipetrain::stages {
-
-enum class Recompute { Always, ExceptLast, Never };
-
-Recompute parse_recompute(const std::string& name);  // "always", "except_last", "never"
-const char* recompute_name(Recompute r);
 
 // Mean loss of one micro-batch; the stage scales it by the micro-batch's share of the batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
@@ -40,7 +36,7 @@ class Stage {
   // Starts a step: forgets any state of the previous one.
   void begin_step(uint64_t seed, int64_t step, int micro_batches);
 
-  bool checkpointed(int micro_batch) const;
+  bool recomputes(int micro_batch) const;
 
   // Runs micro-batch `m`. `sample_offset` is its first sample's index in the mini-batch (for the
   // RNG context). On the last stage `target` and `weight` (the micro-batch's share of the batch)
@@ -75,13 +71,13 @@ class Stage {
  private:
   struct Saved {
     at::Tensor input;   // leaf that requires grad (stage > 0), or the raw input
-    at::Tensor output;  // graph output, or the weighted loss on the last stage; undefined if checkpointed
+    at::Tensor output;  // graph output, or the weighted loss on the last stage; undefined if recomputed
     at::Tensor target;
     double weight = 1.0;
     RngContext rng;
   };
   struct WeightWork;  // defined in stage.cpp: autograd nodes and gradients kept for W
-  Saved take(int m);  // removes micro-batch m's saved state, rebuilding the graph if checkpointed
+  Saved take(int m);  // removes micro-batch m's saved state, rebuilding the graph if recomputed
   at::Tensor run(const Saved& s);
   at::Tensor as_leaf(const at::Tensor& input) const;
 

@@ -146,7 +146,7 @@ std::vector<models::BatchNormImpl*> batch_norms(torch::nn::Module& m) {
   return found;
 }
 
-PipelineOptions options(int stages, int micro_batches, const std::string& schedule, stages::Recompute recompute) {
+PipelineOptions options(int stages, int micro_batches, const std::string& schedule, Recompute recompute) {
   PipelineOptions o;
   o.stages = stages;
   o.micro_batches = micro_batches;
@@ -264,10 +264,10 @@ TEST(DeferredBatchNorm, OneValuePerChannelIsRefusedInTraining) {
   EXPECT_EQ(bn(torch::randn({1, 3})).sizes(), (std::vector<int64_t>{1, 3}));
 }
 
-// A checkpointed micro-batch runs forward twice in a stage (once without gradients, once in
+// A recomputed micro-batch runs forward twice in a stage (once without gradients, once in
 // backward); its statistics count once.
 TEST(DeferredBatchNorm, StageRecomputationCountsEachMicroBatchOnce) {
-  for (auto mode : {stages::Recompute::Always, stages::Recompute::Never}) {
+  for (auto mode : {Recompute::Always, Recompute::Never}) {
     auto layers = net(true);
     stages::Stage st(0, 1, layers, mode);
     st.set_loss(mean_ce);
@@ -275,10 +275,10 @@ TEST(DeferredBatchNorm, StageRecomputationCountsEachMicroBatchOnce) {
     Data b = batch(1);
     auto bn0 = batch_norms(*layers).front();
     st.forward(0, b.x.narrow(0, 0, 4), 0, b.y.narrow(0, 0, 4), 0.25);
-    EXPECT_EQ(bn0->pending_count(), 4 * 36) << stages::recompute_name(mode);
+    EXPECT_EQ(bn0->pending_count(), 4 * 36) << recompute_name(mode);
     st.backward(0, {});
-    EXPECT_EQ(bn0->pending_count(), 4 * 36) << stages::recompute_name(mode);
-    if (mode == stages::Recompute::Always) {
+    EXPECT_EQ(bn0->pending_count(), 4 * 36) << recompute_name(mode);
+    if (mode == Recompute::Always) {
       EXPECT_GT(st.last_recompute_s(), 0.0);  // it did recompute
     }
     EXPECT_FALSE(recomputing());
@@ -287,7 +287,7 @@ TEST(DeferredBatchNorm, StageRecomputationCountsEachMicroBatchOnce) {
 
 // ---- in the pipeline --------------------------------------------------------------------------
 
-using Case = std::tuple<std::string, int, int, stages::Recompute>;  // schedule, stages, micro-batches, mode
+using Case = std::tuple<std::string, int, int, Recompute>;  // schedule, stages, micro-batches, mode
 
 class Deferred : public ::testing::TestWithParam<Case> {};
 
@@ -321,7 +321,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const auto& [schedule, stages, mb, mode] = info.param;
   std::string kind = schedule;
   std::replace(kind.begin(), kind.end(), '-', '_');
-  return kind + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" + stages::recompute_name(mode);
+  return kind + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" + recompute_name(mode);
 }
 
 std::vector<Case> cases() {
@@ -329,7 +329,7 @@ std::vector<Case> cases() {
   for (const std::string schedule : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
     for (int stages : {1, 2})
       for (int mb : {1, 2, 3, 4, 8})  // 3 splits the batch of 16 unevenly
-        for (auto mode : {stages::Recompute::Never, stages::Recompute::Always, stages::Recompute::ExceptLast}) {
+        for (auto mode : {Recompute::Never, Recompute::Always, Recompute::ExceptLast}) {
           if (schedule == "interleaved-1f1b" && mb % stages != 0) continue;
           all.emplace_back(schedule, stages, mb, mode);
         }
@@ -343,7 +343,7 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, Deferred, ::testing::ValuesIn(cases()), case_
 TEST(DeferredBatchNorm, PerMicroBatchUpdatesWouldDiffer) {
   for (bool one_norm : {true, false}) {
     auto model = net(false, one_norm);
-    Pipeline pipe(model, options(2, 4, "gpipe", stages::Recompute::Never), mean_ce);
+    Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), mean_ce);
     for (int s : {1, 2}) {
       Data b = batch(s);
       pipe.forward_backward(b.x, b.y);
@@ -357,7 +357,7 @@ TEST(DeferredBatchNorm, PerMicroBatchUpdatesWouldDiffer) {
 // first normalised per micro-batch. The first BatchNorm's statistics are the whole batch's.
 TEST(DeferredBatchNorm, LaterBatchNormsSeeMicroBatchNormalisedInputs) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "gpipe", stages::Recompute::Never), mean_ce);
+  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), mean_ce);
   for (int s : {1, 2}) {
     Data b = batch(s);
     pipe.forward_backward(b.x, b.y);
@@ -372,8 +372,8 @@ TEST(DeferredBatchNorm, LaterBatchNormsSeeMicroBatchNormalisedInputs) {
 // Recomputing every micro-batch and recomputing none give the same statistics.
 TEST(DeferredBatchNorm, RecomputeAlwaysEqualsNever) {
   auto always = net(true), never = net(true);
-  Pipeline a(always, options(2, 4, "1f1b", stages::Recompute::Always), mean_ce);
-  Pipeline n(never, options(2, 4, "1f1b", stages::Recompute::Never), mean_ce);
+  Pipeline a(always, options(2, 4, "1f1b", Recompute::Always), mean_ce);
+  Pipeline n(never, options(2, 4, "1f1b", Recompute::Never), mean_ce);
   for (int s : {1, 2}) {
     Data b = batch(s);
     a.forward_backward(b.x, b.y);
@@ -388,7 +388,7 @@ TEST(DeferredBatchNorm, RecomputeAlwaysEqualsNever) {
 TEST(DeferredBatchNorm, OneMicroBatchEqualsSingleDevice) {
   Data b = batch(1);
   auto pip = net(true);
-  Pipeline pipe(pip, options(2, 1, "gpipe", stages::Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(pip, options(2, 1, "gpipe", Recompute::ExceptLast), mean_ce);
   const double loss = pipe.forward_backward(b.x, b.y);
 
   auto single = net(true);
@@ -417,7 +417,7 @@ TEST(DeferredBatchNorm, OneMicroBatchEqualsSingleDevice) {
 TEST(DeferredBatchNorm, GradientsNormaliseEachMicroBatch) {
   Data b = batch(1);
   auto pip = net(true);
-  Pipeline pipe(pip, options(2, 4, "1f1b", stages::Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(pip, options(2, 4, "1f1b", Recompute::ExceptLast), mean_ce);
   const double loss = pipe.forward_backward(b.x, b.y);
 
   auto torch_model = net(false);
@@ -437,7 +437,7 @@ TEST(DeferredBatchNorm, GradientsNormaliseEachMicroBatch) {
 // Gradient accumulation: every forward_backward commits its own batch.
 TEST(DeferredBatchNorm, EachForwardBackwardCommits) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "gpipe", stages::Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::ExceptLast), mean_ce);
   Data b1 = batch(1), b2 = batch(2);
   pipe.forward_backward(b1.x, b1.y, /*accumulate=*/false, 0.5);
   pipe.forward_backward(b2.x, b2.y, /*accumulate=*/true, 0.5);
@@ -453,7 +453,7 @@ TEST(DeferredBatchNorm, FailedStepChangesNoStatistic) {
     return mean_ce(out, target);
   };
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "gpipe", stages::Recompute::Never), loss);
+  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), loss);
   Data b1 = batch(1), b2 = batch(2);
   pipe.forward_backward(b1.x, b1.y);
   std::map<std::string, at::Tensor> before;
@@ -474,7 +474,7 @@ TEST(DeferredBatchNorm, FailedStepChangesNoStatistic) {
 // the next step starts.
 TEST(DeferredBatchNorm, ForwardsOutsideAStepAreDiscarded) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "1f1b", stages::Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(model, options(2, 4, "1f1b", Recompute::ExceptLast), mean_ce);
   {
     torch::NoGradGuard no_grad;
     model->forward(batch(9).x);

@@ -133,7 +133,7 @@ TEST(Cli, NonFiniteLossStopsTheRunNamingTheStep) {
 }
 
 // `train --trace` writes the measured timeline of the second step as a Chrome trace: every
-// action of the schedule on every stage, with the recompute spans of checkpointed micro-batches.
+// action of the schedule on every stage, with the recompute spans of recomputed micro-batches.
 TEST(Cli, TrainWritesAChromeTrace) {
   const std::string cfg = write_config("trace.json", kSmall);
   const std::string trace = ::testing::TempDir() + "/pipetrain_cli_trace_" + std::to_string(::getpid()) + ".json";
@@ -185,7 +185,7 @@ TEST(Cli, BenchSweepWritesJsonLines) {
   const std::string cfg = write_config("sweep.json", kSmall);
   const std::string out = ::testing::TempDir() + "/pipetrain_cli_sweep_" + std::to_string(::getpid()) + ".jsonl";
   std::remove(out.c_str());
-  Result r = run("bench " + cfg + " --stages 1,2 --micro-batches 2,3 --schedule gpipe,interleaved-1f1b --checkpoint never "
+  Result r = run("bench " + cfg + " --stages 1,2 --micro-batches 2,3 --schedule gpipe,interleaved-1f1b --recompute never "
                  "--warmup 0 --repeat 1 --json " + out);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[8/8] K=2 M=3 interleaved-1f1b never: skipped"), std::string::npos) << r.out;
@@ -200,7 +200,7 @@ TEST(Cli, BenchSweepWritesJsonLines) {
       EXPECT_NE(j["skipped"].get<std::string>().find("multiple of 2"), std::string::npos) << line;
       continue;
     }
-    for (const char* key : {"stages", "micro_batches", "schedule", "checkpoint", "baseline_samples_per_s",
+    for (const char* key : {"stages", "micro_batches", "schedule", "recompute", "baseline_samples_per_s",
                             "baseline_all_cores_samples_per_s", "pipeline_samples_per_s", "speedup", "bubble_measured",
                             "bubble_predicted", "peak_memory_bytes", "peak_tensor_bytes", "machine", "config"})
       EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
@@ -214,6 +214,8 @@ TEST(Cli, BenchSweepWritesJsonLines) {
   r = run("bench " + cfg + " --schedule pipedream");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("pipedream"), std::string::npos) << r.out;
+  // The sweep flag's former name says where it went.
+  expect_clean_error(run("bench " + cfg + " --checkpoint never"), "bench --checkpoint: renamed --recompute");
 }
 
 // With train.on_nonfinite=skip the run goes on, says which steps it skipped, and ends normally.

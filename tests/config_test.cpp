@@ -45,7 +45,7 @@ TEST(Config, ValidConfigParses) {
   EXPECT_EQ(error_of(base()), "");
   Config c = parse_config(base(), "cfg.json");
   EXPECT_EQ(c.pipeline.stages, 2);
-  EXPECT_EQ(c.pipeline.checkpoint, "except_last");
+  EXPECT_EQ(c.pipeline.recompute, pipetrain::Recompute::ExceptLast);
   EXPECT_EQ(c.runtime.intra_op_threads, 0);
   EXPECT_GE(intra_op_threads(c.runtime, 2), 1);
 }
@@ -60,6 +60,19 @@ TEST(Config, UnknownKeysNameTheNearestValidKey) {
   c = base();
   c["model"]["widht"] = 3;
   EXPECT_ERROR(error_of(c), "cfg.json: model.widht: unknown key (did you mean 'model.width'?)");
+}
+
+TEST(Config, RecomputeModes) {
+  json c = base();
+  c["pipeline"]["recompute"] = "never";
+  EXPECT_EQ(parse_config(c, "cfg.json").pipeline.recompute, pipetrain::Recompute::Never);
+  c["pipeline"]["recompute"] = "sometimes";
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.recompute: unknown value \"sometimes\"; choose one of: always, except_last, never");
+  // The key's former name says where it went, in the file and on the command line.
+  c = base();
+  c["pipeline"]["checkpoint"] = "always";
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.checkpoint: renamed pipeline.recompute");
+  EXPECT_ERROR(error_of(base(), {"pipeline.checkpoint=never"}), "--set pipeline.checkpoint=never: pipeline.checkpoint: renamed");
 }
 
 TEST(Config, WrongTypes) {
@@ -140,10 +153,10 @@ TEST(Config, DataMustFitTheModel) {
 
 TEST(Overrides, SetAnyKey) {
   Config c = parse_config(base(), "cfg.json",
-                          {"pipeline.stages=1", "pipeline.checkpoint=never", "train.seed=9", "data.kind=synthetic",
+                          {"pipeline.stages=1", "pipeline.recompute=never", "train.seed=9", "data.kind=synthetic",
                            "runtime.intra_op_threads=3", "model.width=16", "pipeline.balance=[4]"});
   EXPECT_EQ(c.pipeline.stages, 1);
-  EXPECT_EQ(c.pipeline.checkpoint, "never");
+  EXPECT_EQ(c.pipeline.recompute, pipetrain::Recompute::Never);
   EXPECT_EQ(c.train.seed, 9u);
   EXPECT_EQ(c.runtime.intra_op_threads, 3);
   EXPECT_EQ(c.model["width"], 16);
@@ -187,7 +200,7 @@ TEST(Prepare, SameSeedSameInitialWeightsWhateverTheStageCount) {
   EXPECT_TRUE(test::same_parameters(*one.model.layers, *four.model.layers));
   EXPECT_FALSE(test::same_parameters(*one.model.layers, *other_seed.model.layers));
   EXPECT_EQ(four.options.stages, 4);
-  EXPECT_EQ(four.options.recompute, stages::Recompute::ExceptLast);
+  EXPECT_EQ(four.options.recompute, Recompute::ExceptLast);
 }
 
 TEST(Config, BalanceMethods) {

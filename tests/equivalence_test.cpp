@@ -64,7 +64,7 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).norm().item<double>() / denom;
 }
 
-using Case = std::tuple<std::string, std::string, int, int, stages::Recompute, at::ScalarType>;
+using Case = std::tuple<std::string, std::string, int, int, Recompute, at::ScalarType>;
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
@@ -116,11 +116,11 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string kind = schedule;
   std::replace(kind.begin(), kind.end(), '-', '_');
   return kind + "_" + family + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" +
-         stages::recompute_name(mode) + (dtype == torch::kDouble ? "_f64" : "_f32");
+         recompute_name(mode) + (dtype == torch::kDouble ? "_f64" : "_f32");
 }
 
-const stages::Recompute kModes[] = {stages::Recompute::Always, stages::Recompute::ExceptLast,
-                                     stages::Recompute::Never};
+const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast,
+                                     Recompute::Never};
 
 // Every schedule x family x stage count 1-4 x recomputation mode. Micro-batches: 1, 2, 3 and 8
 // (3 and 8 split the batch of 10 unevenly); interleaved-1f1b needs a multiple of the stage
@@ -145,9 +145,9 @@ std::vector<Case> float32_cases() {
   std::vector<Case> cases;
   for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"})
     for (const std::string family : {"mlp", "cnn", "gpt"})
-      cases.emplace_back(schedule, family, 4, 3, stages::Recompute::ExceptLast, torch::kFloat);
+      cases.emplace_back(schedule, family, 4, 3, Recompute::ExceptLast, torch::kFloat);
   for (const std::string family : {"mlp", "gpt"})
-    cases.emplace_back("interleaved-1f1b", family, 2, 4, stages::Recompute::ExceptLast, torch::kFloat);
+    cases.emplace_back("interleaved-1f1b", family, 2, 4, Recompute::ExceptLast, torch::kFloat);
   return cases;
 }
 

@@ -11,7 +11,7 @@
 
 using namespace pipetrain;
 using namespace pipetrain::partitioner;
-using Recompute = MemoryModel::Recompute;
+using pipetrain::Recompute;
 
 namespace {
 

@@ -83,7 +83,7 @@ TEST(Executor, StagesRunConcurrently) {
   PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 4;
-  o.recompute = stages::Recompute::Never;  // one forward call per micro-batch
+  o.recompute = Recompute::Never;  // one forward call per micro-batch
   Pipeline pipe(model, o, mean_ce);
   pipe.forward_backward(torch::randn({8, 16}), torch::randint(0, 16, {8}, torch::kLong));
   EXPECT_TRUE(meeting->met && meeting->arrived == 2) << "the two stages never computed at the same time";
@@ -246,7 +246,7 @@ TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
     o.micro_batches = c.micro_batches;
     o.schedule = c.kind;
     o.chunks = c.chunks;
-    o.recompute = stages::Recompute::Never;
+    o.recompute = Recompute::Never;
     Pipeline pipe(mlp(8, 4), o, mean_ce);
     pipe.forward_backward(torch::randn({16, 8}), torch::randint(0, 8, {16}, torch::kLong));
     const auto sim = schedule::simulate(pipe.schedule(), schedule::Costs::uniform(c.stages * c.chunks, 1, 1, 1));
@@ -262,7 +262,7 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   o.stages = 2;
   o.micro_batches = 3;
   o.schedule = "zb-h1";
-  o.recompute = stages::Recompute::ExceptLast;
+  o.recompute = Recompute::ExceptLast;
   Pipeline pipe(mlp(8, 4), o, mean_ce);
   pipe.forward_backward(torch::randn({6, 8}), torch::randint(0, 8, {6}, torch::kLong));
   const StepTrace& t = pipe.last_trace();
@@ -284,7 +284,7 @@ TEST(Executor, TimelineAndMeasuredCosts) {
     }
   EXPECT_EQ(recomputes, 2 * 2);  // micro-batches 0 and 1 on both stages
   schedule::Costs c = measured_costs(t, pipe.schedule());
-  EXPECT_EQ(c.checkpointed, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(c.recomputed, (std::vector<bool>{true, true, false}));
   for (int v = 0; v < 2; ++v) {
     EXPECT_GT(c.forward[v], 0.0);
     EXPECT_GT(c.backward_weight[v], 0.0);
@@ -349,15 +349,15 @@ TEST(Profile, ScheduleCostsOfABalance) {
     p.backward_weight_ms.push_back(1.0 + i);
   }
   const auto s = schedule::make_schedule("zb-h1", 2, 3);
-  const auto c = schedule_costs(p, {1, 3}, s, stages::Recompute::ExceptLast);
+  const auto c = schedule_costs(p, {1, 3}, s, Recompute::ExceptLast);
   EXPECT_DOUBLE_EQ(c.forward[0], 1.0);
   EXPECT_DOUBLE_EQ(c.forward[1], 2.0 + 3.0 + 4.0);
   EXPECT_DOUBLE_EQ(c.backward_input[0], 0.0);  // the first stage's input needs no gradient
   EXPECT_DOUBLE_EQ(c.backward_weight[0], 2.0);
   EXPECT_DOUBLE_EQ(c.backward_input[1], 3.0);
   EXPECT_DOUBLE_EQ(c.backward_weight[1], 2.0 + 3.0 + 4.0);
-  EXPECT_EQ(c.checkpointed, (std::vector<bool>{true, true, false}));
-  const auto g = schedule_costs(p, {1, 3}, schedule::make_gpipe(2, 3), stages::Recompute::Never);
+  EXPECT_EQ(c.recomputed, (std::vector<bool>{true, true, false}));
+  const auto g = schedule_costs(p, {1, 3}, schedule::make_gpipe(2, 3), Recompute::Never);
   EXPECT_DOUBLE_EQ(g.backward_input[1], 3.0 + 4.0 + 5.0);
   EXPECT_DOUBLE_EQ(g.backward_weight[1], 0.0);
   EXPECT_GT(schedule::simulate(s, c).makespan_ms, 0.0);
@@ -386,7 +386,7 @@ TEST(Executor, FailedStepChangesNoParameter) {
   PipelineOptions o;
   o.stages = 4;
   o.micro_batches = 4;
-  o.recompute = stages::Recompute::Always;
+  o.recompute = Recompute::Always;
   Pipeline pipe(model, o, mean_ce);
   pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
   std::vector<at::Tensor> before;
@@ -412,7 +412,7 @@ TEST(Executor, ZeroBubbleStartsCleanAfterAFailedStep) {
   o.stages = 4;
   o.micro_batches = 4;
   o.schedule = "zb-h1";
-  o.recompute = stages::Recompute::Never;
+  o.recompute = Recompute::Never;
   auto failed_model = failing_model(/*fail_at=*/2, false), clean_model = failing_model(/*fail_at=*/0, false);
   Pipeline failed(failed_model, o, mean_ce), clean(clean_model, o, mean_ce);
   auto x1 = torch::randn({8, 4}), x2 = torch::randn({8, 4});

@@ -252,7 +252,7 @@ TEST(Processes, SameLossesAsThreads) {
   {
     auto [t, p] = threads_and_processes("interleaved", kGpt, 2,
                                         "--set pipeline.stages=2 --set pipeline.schedule=interleaved-1f1b "
-                                        "--set pipeline.checkpoint=always --set train.accumulate=2");
+                                        "--set pipeline.recompute=always --set train.accumulate=2");
     expect_same_training(t, p, "gpt, interleaved-1f1b, 2 stages x 2 chunks, accumulation");
   }
 }

@@ -171,14 +171,14 @@ TEST(Simulator, TransfersAndRecomputationCost) {
   EXPECT_NEAR(simulate(make_gpipe(2, 1), c).makespan_ms, 6 + 2 * 1.5, 1e-12);
   Costs r = Costs::uniform(2, 1, 1, 1);
   r.recompute = {1, 1};
-  r.checkpointed = {true};
+  r.recomputed = {true};
   EXPECT_NEAR(simulate(make_gpipe(2, 1), r).makespan_ms, 8, 1e-12);
 }
 
 TEST(Simulator, RejectsACostTableOfTheWrongSize) {
   EXPECT_THROW(simulate(make_gpipe(2, 2), Costs::uniform(3, 1, 1, 1)), ScheduleError);
   Costs c = Costs::uniform(2, 1, 1, 1);
-  c.checkpointed = {true};
+  c.recomputed = {true};
   EXPECT_THROW(simulate(make_gpipe(2, 2), c), ScheduleError);
 }
 

@@ -22,7 +22,7 @@ at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& t) {
 }
 
 // Gradients of a single (last and first) stage over `micro_batches` micro-batches.
-std::vector<at::Tensor> grads(stages::Recompute mode, int micro_batches, size_t* held_after_forward) {
+std::vector<at::Tensor> grads(Recompute mode, int micro_batches, size_t* held_after_forward) {
   auto model = mlp(1);
   stages::Stage s(0, 1, model, mode);
   s.set_loss(mean_ce);
@@ -43,30 +43,30 @@ std::vector<at::Tensor> grads(stages::Recompute mode, int micro_batches, size_t*
 TEST(Stage, RecomputationGivesIdenticalGradientsWithDropout) {
   torch::manual_seed(0);
   size_t held = 0;
-  auto never = grads(stages::Recompute::Never, 4, &held);
+  auto never = grads(Recompute::Never, 4, &held);
   torch::manual_seed(0);
-  auto always = grads(stages::Recompute::Always, 4, &held);
+  auto always = grads(Recompute::Always, 4, &held);
   ASSERT_EQ(never.size(), always.size());
   for (size_t i = 0; i < never.size(); ++i) EXPECT_TRUE(torch::equal(never[i], always[i])) << i;
 }
 
 TEST(Stage, CheckpointPolicyPerMicroBatch) {
   auto model = mlp(1);
-  stages::Stage a(0, 2, model, stages::Recompute::ExceptLast);
+  stages::Stage a(0, 2, model, Recompute::ExceptLast);
   a.begin_step(0, 0, 3);
-  EXPECT_TRUE(a.checkpointed(0));
-  EXPECT_TRUE(a.checkpointed(1));
-  EXPECT_FALSE(a.checkpointed(2));
-  stages::Stage b(0, 2, model, stages::Recompute::Never);
+  EXPECT_TRUE(a.recomputes(0));
+  EXPECT_TRUE(a.recomputes(1));
+  EXPECT_FALSE(a.recomputes(2));
+  stages::Stage b(0, 2, model, Recompute::Never);
   b.begin_step(0, 0, 3);
-  EXPECT_FALSE(b.checkpointed(0));
-  EXPECT_EQ(stages::parse_recompute("always"), stages::Recompute::Always);
-  EXPECT_THROW(stages::parse_recompute("sometimes"), ConfigError);
+  EXPECT_FALSE(b.recomputes(0));
+  EXPECT_EQ(parse_recompute("always"), Recompute::Always);
+  EXPECT_THROW(parse_recompute("sometimes"), ConfigError);
 }
 
 TEST(Stage, CheckpointedForwardKeepsNoGraph) {
   auto model = mlp(1);
-  stages::Stage s(0, 2, model, stages::Recompute::Always);
+  stages::Stage s(0, 2, model, Recompute::Always);
   s.begin_step(0, 0, 1);
   auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
   EXPECT_FALSE(out.requires_grad());
@@ -75,7 +75,7 @@ TEST(Stage, CheckpointedForwardKeepsNoGraph) {
 
 TEST(Stage, MiddleStageReturnsInputGradient) {
   auto model = mlp(1);
-  stages::Stage s(1, 3, model, stages::Recompute::Never);
+  stages::Stage s(1, 3, model, Recompute::Never);
   s.begin_step(0, 0, 1);
   auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
   auto g = s.backward(0, torch::ones_like(out));
@@ -85,7 +85,7 @@ TEST(Stage, MiddleStageReturnsInputGradient) {
 
 TEST(Stage, BackwardWithoutForwardIsAnInternalError) {
   auto model = mlp(1);
-  stages::Stage s(0, 2, model, stages::Recompute::Never);
+  stages::Stage s(0, 2, model, Recompute::Never);
   s.begin_step(0, 0, 2);
   EXPECT_THROW(s.backward(1, torch::ones({1, 8})), InternalError);
 }
@@ -95,7 +95,7 @@ TEST(Stage, BackwardWithoutForwardIsAnInternalError) {
 // untouched; W then gives the same weight gradients; with several micro-batches in flight the
 // Ws may come in any order.
 TEST(Stage, SplitBackwardEqualsFusedBackward) {
-  for (auto mode : {stages::Recompute::Never, stages::Recompute::Always}) {
+  for (auto mode : {Recompute::Never, Recompute::Always}) {
     auto fused_model = mlp(3), split_model = mlp(3);
     stages::Stage fused(1, 3, fused_model, mode), split(1, 3, split_model, mode);
     fused.begin_step(9, 0, 2);
@@ -131,7 +131,7 @@ TEST(Stage, SplitBackwardEqualsFusedBackward) {
 
 TEST(Stage, SplitBackwardOnTheFirstStageRunsEverythingInW) {
   auto model = mlp(3);
-  stages::Stage s(0, 2, model, stages::Recompute::Never);
+  stages::Stage s(0, 2, model, Recompute::Never);
   s.begin_step(0, 0, 1);
   auto out = s.forward(0, torch::randn({2, 6}, torch::kDouble), 0);
   EXPECT_FALSE(s.backward_input(0, torch::ones_like(out)).defined());

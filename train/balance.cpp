@@ -17,15 +17,6 @@ namespace {
 
 int virtual_stages(const Config& c) { return c.pipeline.stages * c.pipeline.chunks; }
 
-partitioner::MemoryModel::Recompute model_recompute(stages::Recompute r) {
-  switch (r) {
-    case stages::Recompute::Always: return partitioner::MemoryModel::Recompute::Always;
-    case stages::Recompute::ExceptLast: return partitioner::MemoryModel::Recompute::ExceptLast;
-    case stages::Recompute::Never: break;
-  }
-  return partitioner::MemoryModel::Recompute::Never;
-}
-
 // Peak in-flight micro-batches per device of the configured schedule (they do not depend on
 // costs for these schedules), mapped to the virtual stages: each chunk is counted with its
 // device's whole peak, an upper bound.
@@ -114,12 +105,12 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
   // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
   m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
   m.in_flight = in_flight(c);
-  m.recompute = model_recompute(stages::parse_recompute(c.pipeline.checkpoint));
+  m.recompute = c.pipeline.recompute;
   // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the
-  // peak; the other schedules may peak with checkpointed micro-batches only, plus one rebuilt
+  // peak; the other schedules may peak with recomputed micro-batches only, plus one rebuilt
   // graph, which is what `always` predicts.
-  if (m.recompute == partitioner::MemoryModel::Recompute::ExceptLast && c.pipeline.schedule != "gpipe")
-    m.recompute = partitioner::MemoryModel::Recompute::Always;
+  if (m.recompute == Recompute::ExceptLast && c.pipeline.schedule != "gpipe")
+    m.recompute = Recompute::Always;
   m.input_bytes = p.input_bytes;
   return m;
 }
@@ -151,7 +142,7 @@ partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential
     const auto model_mem = memory_model(c, *profile);
     const int peak = *std::max_element(model_mem.in_flight.begin(), model_mem.in_flight.end());
     for (auto& l : mem) {
-      const bool keeps_all = model_mem.recompute == partitioner::MemoryModel::Recompute::Never;
+      const bool keeps_all = model_mem.recompute == Recompute::Never;
       l.forward_ms = static_cast<double>(l.param_bytes) * (1 + model_mem.state_factor) +
                      static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
       l.backward_ms = 0;

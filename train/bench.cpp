@@ -155,7 +155,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
 
 void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, " << c.pipeline.micro_batches
-      << " micro-batches, schedule " << c.pipeline.schedule << ", checkpoint " << c.pipeline.checkpoint
+      << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
       << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
       << "median step" << std::setw(14) << "samples/s" << std::setw(11) << "vs plain" << std::setw(14)
@@ -240,26 +240,26 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
   const Config base = load_config(path, overrides, o.override_flag);
   const nlohmann::json& base_json = base.root;  // the file with the overrides applied
   const nlohmann::json machine = machine_json();
-  const size_t total = o.stages.size() * o.micro_batches.size() * o.checkpoints.size() * o.schedules.size();
+  const size_t total = o.stages.size() * o.micro_batches.size() * o.recompute.size() * o.schedules.size();
   size_t done = 0;
   for (int k : o.stages)
     for (int m : o.micro_batches)
-      for (const auto& ckpt : o.checkpoints)
+      for (const auto& mode : o.recompute)
         for (const auto& sched : o.schedules) {
           ++done;
           std::vector<std::string> sets = overrides;
           sets.push_back("pipeline.stages=" + std::to_string(k));
           sets.push_back("pipeline.micro_batches=" + std::to_string(m));
-          sets.push_back("pipeline.checkpoint=" + ckpt);
+          sets.push_back("pipeline.recompute=" + mode);
           sets.push_back("pipeline.schedule=" + sched);
           const int chunks = schedule::uses_chunks(sched) ? std::max(2, base.pipeline.chunks) : 1;
           sets.push_back("pipeline.chunks=" + std::to_string(chunks));
           if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
             sets.push_back("pipeline.balance=uniform");
           nlohmann::json line{{"config_file", path}, {"stages", k}, {"micro_batches", m}, {"schedule", sched},
-                              {"chunks", chunks}, {"checkpoint", ckpt}};
+                              {"chunks", chunks}, {"recompute", mode}};
           char head[160];
-          std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s: ", done, total, k, m, sched.c_str(), ckpt.c_str());
+          std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s: ", done, total, k, m, sched.c_str(), mode.c_str());
           try {
             const Config c = load_config(path, sets, o.override_flag);
             BenchResult r = run_bench(c, o.bench);

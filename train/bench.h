@@ -57,7 +57,7 @@ void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 // config. A list balance whose length does not match a stage count is replaced by `uniform`.
 struct SweepOptions {
   std::vector<int> stages, micro_batches;
-  std::vector<std::string> checkpoints, schedules;
+  std::vector<std::string> recompute, schedules;
   BenchOptions bench;
   std::string override_flag = "override";  // how messages name the overrides ("--set")
 };

@@ -109,8 +109,11 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   } catch (const ScheduleError& e) {
     pipe.fail("schedule", std::string(e.what()).substr(std::string("schedule: ").size()));
   }
-  c.pipeline.checkpoint =
-      pipe.get_choice("checkpoint", c.pipeline.checkpoint, {"always", "except_last", "never"});
+  if (pipe.has("checkpoint"))
+    pipe.fail("checkpoint", "renamed pipeline.recompute (the recomputation mode: always, except_last or never); "
+                            "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
+  c.pipeline.recompute =
+      parse_recompute(pipe.get_choice("recompute", recompute_name(c.pipeline.recompute), recompute_modes()));
   if (const json* b = pipe.get_raw("balance")) {
     const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
     if (b->is_string()) {

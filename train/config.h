@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_reader.h"
+#include "common/recompute.h"
 
 namespace pipetrain::train {
 
@@ -30,7 +31,7 @@ struct PipelineConfig {
   int micro_batches = 1;
   std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
   int chunks = 1;                  // virtual stages per device; interleaved-1f1b defaults to 2
-  std::string checkpoint = "except_last";
+  Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
   // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
   // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
   // predicted peak memory), or "list" with `balance` given.

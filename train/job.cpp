@@ -35,7 +35,7 @@ Job prepare(const Config& c) {
   o.micro_batches = c.pipeline.micro_batches;
   o.schedule = c.pipeline.schedule;
   o.chunks = c.pipeline.chunks;
-  o.recompute = stages::parse_recompute(c.pipeline.checkpoint);
+  o.recompute = c.pipeline.recompute;
   o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
   o.timeout_s = c.runtime.timeout_s;
   o.seed = c.train.seed;

@@ -30,7 +30,7 @@ std::string bytes_text(double b) {
 }  // namespace
 
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
-                               const schedule::Schedule& s, stages::Recompute recompute) {
+                               const schedule::Schedule& s, Recompute recompute) {
   const int V = s.virtual_stages();
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
   const auto off = partitioner::offsets(balance);
@@ -58,10 +58,10 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
     for (int v = 0; v < V; ++v)
       for (int i = off[v]; i < off[v + 1]; ++i) c.finish_ms[s.device_of(v)] += p.optimizer_ms[i];
   }
-  c.checkpointed.assign(s.micro_batches, false);
+  c.recomputed.assign(s.micro_batches, false);
   for (int m = 0; m < s.micro_batches; ++m)
-    c.checkpointed[m] = recompute == stages::Recompute::Always ||
-                        (recompute == stages::Recompute::ExceptLast && m != s.micro_batches - 1);
+    c.recomputed[m] = recompute == Recompute::Always ||
+                      (recompute == Recompute::ExceptLast && m != s.micro_batches - 1);
   return c;
 }
 
@@ -83,7 +83,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     r.profile = profile_job(job, o.repeat);
   }
   r.balance = choose_balance(c, job.model.layers, &r.profile);
-  const auto recompute = stages::parse_recompute(c.pipeline.checkpoint);
+  const auto recompute = c.pipeline.recompute;
   const auto names = models::layer_names(job.model.layers);
   const auto mem = memory_model(c, r.profile);
   const auto k = constraints(c, &r.profile);
@@ -159,7 +159,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "", ", ",
                              c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
-                             ", checkpoint ", c.pipeline.checkpoint, ", balance ", c.pipeline.balance_method);
+                             ", recompute ", recompute_name(c.pipeline.recompute), ", balance ", c.pipeline.balance_method);
   return r;
 }
 

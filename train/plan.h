@@ -22,7 +22,7 @@ namespace pipetrain::train {
 // the recomputation mode's extra forwards; for split backwards B and W, where the first stage
 // (whose input needs no gradient) does all of its backward in W.
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
-                               const schedule::Schedule& s, stages::Recompute recompute);
+                               const schedule::Schedule& s, Recompute recompute);
 
 struct StageRow {
   int stage = 0, chunk = 0;

@@ -219,8 +219,8 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
   const Config& c = job.config;
   return detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", pipe.stages(), " stages ",
                         partitioner::to_string(pipe.balance()), ", ", job.options.micro_batches,
-                        " micro-batches, recompute ", c.pipeline.checkpoint, ", ", job.options.intra_op_threads,
-                        " intra-op threads per stage",
+                        " micro-batches, recompute ", recompute_name(c.pipeline.recompute), ", ",
+                        job.options.intra_op_threads, " intra-op threads per stage",
                         pipe.rank() >= 0 ? ", one process per stage over " + c.runtime.transport : "");
 }
 
