@@ -1,12 +1,9 @@
 #include "apps/launch.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +13,7 @@
 #include <cstring>
 #include <set>
 
+#include "comm/rendezvous.h"
 #include "common/error.h"
 
 namespace pipetrain::launch {
@@ -130,29 +128,11 @@ std::string stopped_ranks(const std::vector<Rank>& ranks, int except) {
 
 }  // namespace
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string("launch: socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string msg = std::strerror(errno);
-    ::close(fd);
-    throw Error("launch: cannot find a free port: " + msg);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 int run(const LaunchOptions& o) {
   if (o.nproc < 1) throw ConfigError("--nproc: must be at least 1");
   if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
   if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
-  const int port = o.master_port ? o.master_port : free_port();
+  const int port = o.master_port ? o.master_port : comm::free_loopback_port();
 
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));

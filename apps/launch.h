@@ -23,7 +23,4 @@ struct LaunchOptions {
 // succeeded, else the first failed rank's status (128 + signal for a rank killed by a signal).
 int run(const LaunchOptions& options);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int free_port();
-
 }  // namespace pipetrain::launch

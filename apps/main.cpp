@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "apps/faults.h"
 #include "apps/launch.h"
 #include "apps/progress.h"
 #include "apps/signals.h"
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    pipetrain::apps::install_faults_from_environment();
     if (*partition) {
       run_partition(costs_path, partition_stages, memory_limit, speeds);
       return 0;

@@ -24,7 +24,7 @@
 #include <ATen/ATen.h>
 
 #include "comm/transport.h"
-#include "comm/ucx/ucx_transport.h"
+#include "comm/ucx/transport.h"
 #include "common/error.h"
 
 using namespace pipetrain;

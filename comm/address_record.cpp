@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "common/hash.h"
 
 namespace pipetrain::comm {
 
@@ -13,15 +14,6 @@ namespace {
 constexpr char kRecordMagic[4] = {'P', 'T', 'R', '1'};
 constexpr size_t kRecordHeader = 4 + 4 + 4 + 8;
 constexpr uint32_t kMaxAddressBytes = 1 << 20;
-
-uint64_t fnv1a(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);

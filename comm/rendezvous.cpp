@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/error.h"
+#include "common/hash.h"
 #include "common/strings.h"
 
 namespace pipetrain::comm {
@@ -273,15 +274,24 @@ std::string ucx_devices_towards(const std::string& host) {
   return device;
 }
 
-std::string config_fingerprint(const std::string& text) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 0x100000001b3ull;
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("cannot find a free port: socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const std::string msg = std::strerror(errno);
+    ::close(fd);
+    throw Error("cannot find a free port: " + msg);
   }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
+
+std::string config_fingerprint(const std::string& text) { return hex64(fnv1a(text)); }
 
 }  // namespace pipetrain::comm

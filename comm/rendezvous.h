@@ -36,6 +36,9 @@ AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline 
 // only, not on every interface of the host.
 std::string ucx_devices_towards(const std::string& host);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for a store that binds it right after).
+int free_loopback_port();
+
 // A short hash of a configuration's text (64-bit FNV-1a, hex) to pass as `config_hash`.
 std::string config_fingerprint(const std::string& text);
 

@@ -3,30 +3,19 @@
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 
+#include "comm/local/transport.h"
 #include "common/config.h"
 #include "common/error.h"
 #if PIPETRAIN_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
+#include "comm/ucx/transport.h"
 #endif
 
 namespace pipetrain::comm {
 
-const char* exchange_name(Exchange e) {
-  switch (e) {
-    case Exchange::StepResult: return "the step's losses";
-    case Exchange::GradNorm: return "the gradient norms";
-    case Exchange::Broadcast: return "a broadcast";
-    case Exchange::Barrier: return "a barrier";
-    case Exchange::Layout: return "the stage layout";
-    case Exchange::Checkpoint: return "the checkpoint shards";
-    case Exchange::Stop: return "the stop flags";
-  }
-  return "an unknown exchange";
-}
-
 std::string MessageId::describe() const {
   if (kind == Kind::Control)
-    return detail::concat(exchange_name(static_cast<Exchange>(chunk)), " (control message ", micro_batch, ")");
+    return label ? detail::concat(label, " (control message ", micro_batch, ")")
+                 : detail::concat("control message ", micro_batch, " on channel ", chunk);
   return detail::concat(kind == Kind::Activation ? "activation" : "gradient", " of micro-batch ",
                         micro_batch, chunk ? detail::concat(" chunk ", chunk) : "", " (step ", step, ")");
 }

@@ -18,28 +18,28 @@
 
 namespace pipetrain::comm {
 
-// Control messages are the small exchanges by which the ranks of a multi-process pipeline agree
-// (step results, gradient norms, checkpoint shards, barriers); `chunk` says which, `micro_batch`
-// and `step` carry the exchange's sequence number.
+// What a message is. Data messages (activations, gradients) go between the stages' threads or
+// ranks; control messages carry the control plane's collectives (collectives.h). comm/ gives
+// the numbers no meaning of its own: `chunk` is an opaque channel (the engine's model chunk, the
+// control plane's operation), `micro_batch` the message's place in it (the micro-batch, the
+// control plane's sequence number), and `step` is checked by the receiver against the header.
+// The tag is derived from kind, channel and place.
 enum class Kind : uint8_t { Activation = 1, Grad = 2, Control = 3 };
 
-// What a control message is for (its MessageId::chunk).
-enum class Exchange : int { StepResult = 1, GradNorm = 2, Broadcast = 3, Barrier = 4, Layout = 5, Checkpoint = 6, Stop = 7 };
-const char* exchange_name(Exchange e);  // "step results", ...
-
-// What a message is: its tag is derived from kind, chunk and micro-batch; the step is checked
-// by the receiver against the header.
 struct MessageId {
   Kind kind;
   int micro_batch;
   int chunk = 0;
   int64_t step = 0;
+  // What the message is, in the sender's words, for errors ("the step's losses"); a string with
+  // static storage, or null.
+  const char* label = nullptr;
 
   uint64_t tag() const {
     return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(chunk & 0xffff) << 32) |
            static_cast<uint32_t>(micro_batch);
   }
-  std::string describe() const;  // "activation of micro-batch 3 (step 7)"
+  std::string describe() const;  // "activation of micro-batch 3 (step 7)", "the step's losses (control message 12)"
 };
 
 struct TransportOptions {
@@ -83,9 +83,6 @@ using AddressExchange = std::function<std::vector<std::string>(const std::string
 // A tensor with the dtype and shape of a validated header, for a backend to receive into.
 at::Tensor empty_for(const WireHeader& h);
 c10::ScalarType scalar_type_of(WireDType dtype);
-
-// The endpoints of all ranks of one in-process group, one per rank.
-std::vector<std::unique_ptr<Transport>> make_local_group(int world_size, TransportOptions options = {});
 
 // The backends compiled into this build, "local" first.
 std::vector<std::string> transport_backends();

@@ -8,7 +8,7 @@
   text), each run as `pipetrain train CONFIG --steps 1` under a deadline;
 - stores: a two-rank job (`pipetrain launch`, runtime.kind processes) while a client of its
   rendezvous store sends random bytes, garbage length prefixes, or one byte and holds on;
-- peers: `processes_test --gtest_filter=*RandomHeadersAreRefused` with PIPETRAIN_HOSTILE_HEADERS
+- peers: `hostile_peer_test --gtest_filter=*RandomHeadersAreRefused` with PIPETRAIN_HOSTILE_HEADERS
   set: a peer that passes the rendezvous and then sends random message headers.
 
 A crash is an exit by a signal (SIGSEGV, SIGABRT, ...); a hang is a run past its deadline.
@@ -180,7 +180,7 @@ def main():
     failed |= bool(bad)
     t0 = time.time()
     env = dict(os.environ, PIPETRAIN_HOSTILE_HEADERS=str(a.peers))
-    status, out = run([os.path.join(a.build, "tests", "processes_test"), "--gtest_filter=*RandomHeadersAreRefused"],
+    status, out = run([os.path.join(a.build, "tests", "hostile_peer_test"), "--gtest_filter=*RandomHeadersAreRefused"],
                       60 + 30 * a.peers, env=env)
     summary = [l for l in out.splitlines() if "random headers:" in l]
     print(f"peers: {summary[0] if summary else 'no summary'}; test {'passed' if status == 0 else 'FAILED'} "

@@ -3,15 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
-#include <csignal>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "models/layers.h"
 #include "pipeline/worker.h"
 
@@ -24,18 +22,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Fault injection for the tests of the multi-process runtime: PIPETRAIN_TEST_FAULT=D:S:kill|stop
-// makes device D send itself SIGKILL or SIGSTOP in pipeline step S (0-based), after its first
-// action. Returns the signal for (device, step), or 0.
-int injected_fault(int device, int64_t step) {
-  const char* spec = std::getenv("PIPETRAIN_TEST_FAULT");
-  if (!spec) return 0;
-  int d = -1;
-  long long s = -1;
-  char what[8] = "";
-  if (std::sscanf(spec, "%d:%lld:%7s", &d, &s, what) != 3 || d != device || s != step) return 0;
-  return std::string(what) == "kill" ? SIGKILL : std::string(what) == "stop" ? SIGSTOP : 0;
-}
 }  // namespace
 
 struct Pipeline::Impl {
@@ -52,12 +38,12 @@ struct Pipeline::Impl {
   int64_t step = 0;
   int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
   std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
-  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, the
-  // sequence number of the next control exchange, and why the pipeline can no longer be used.
+  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, and the
+  // control plane among the ranks (a group of one in-process), which also records why the
+  // pipeline can no longer be used.
   int self = -1;
   std::vector<int> local;
-  int64_t exchanges = 0;
-  std::string broken;
+  comm::Collectives group;
 
   void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
             std::unique_ptr<comm::Transport> endpoint);
@@ -67,7 +53,6 @@ struct Pipeline::Impl {
   void check_usable() const;
   void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
   [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
-  std::vector<at::Tensor> all_gather(const at::Tensor& mine, comm::Exchange what);
 
   // Inputs of the step being run, shared read-only with the stage threads.
   std::vector<at::Tensor> inputs, targets;
@@ -130,9 +115,10 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     p.local = {p.self};
     p.transports.resize(options.stages);
     p.transports[p.self] = std::move(endpoint);
+    p.group = comm::Collectives(*p.transports[p.self], options.timeout_s);
     // Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
-    const auto all = p.all_gather(torch::tensor(std::vector<int64_t>(p.balance.begin(), p.balance.end())),
-                                  comm::Exchange::Layout);
+    const auto all = p.group.all_gather(torch::tensor(std::vector<int64_t>(p.balance.begin(), p.balance.end())),
+                                        "the stage layout");
     const at::Tensor& first = all[0];
     if (first.numel() != V) throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel(), " stages, not ", V));
     partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
@@ -181,41 +167,19 @@ void Pipeline::set_optimizer(OptimizerFactory factory) {
 }
 
 void Pipeline::Impl::check_usable() const {
-  if (!broken.empty())
-    throw Error(detail::concat("pipeline: rank ", self, " cannot continue after an earlier failure: ", broken));
+  if (self >= 0 && !group.failure().empty())
+    throw Error(detail::concat("pipeline: rank ", self, " cannot continue after an earlier failure: ", group.failure()));
 }
 
-// Multi-process: a failure on this rank or a peer's ends the pipeline. Aborting the endpoint
-// tells every peer at once, so none waits for its deadline.
+// Multi-process: a failure on this rank or a peer's ends the pipeline. Aborting the control
+// plane aborts the endpoint, which tells every peer at once, so none waits for its deadline.
 void Pipeline::Impl::stop(const std::string& what) {
-  if (self < 0 || !broken.empty()) return;
-  broken = what;
-  transports[self]->abort(detail::concat("rank ", self, " failed: ", what));
+  if (self >= 0) group.abort(what);
 }
 
 void Pipeline::Impl::fail(const std::string& what, std::exception_ptr error) {
   stop(what);
   std::rethrow_exception(error);
-}
-
-// Every rank sends `mine` to every other and receives theirs; the result is indexed by rank.
-std::vector<at::Tensor> Pipeline::Impl::all_gather(const at::Tensor& mine, comm::Exchange what) {
-  check_usable();
-  comm::Transport& t = *transports.at(self);
-  const int64_t seq = exchanges++;
-  const comm::MessageId id{comm::Kind::Control, static_cast<int>(seq & 0x7fffffff), static_cast<int>(what), seq};
-  const int world = options.stages;
-  std::vector<at::Tensor> all(world);
-  all[self] = mine;
-  try {
-    for (int d = 0; d < world; ++d)
-      if (d != self) t.send(d, id, mine);
-    for (int d = 0; d < world; ++d)
-      if (d != self) all[d] = t.recv(d, id, Deadline::after(options.timeout_s));
-  } catch (const std::exception& e) {
-    fail(e.what(), std::current_exception());
-  }
-  return all;
 }
 
 void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
@@ -238,7 +202,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   int& peak = trace.peak_in_flight[r];
   int& peak_w = trace.peak_awaiting_weight[r];
   peak = peak_w = 0;
-  const int fault = injected_fault(r, step);
+  bool first_action = true;
   for (const schedule::Action& a : sched.actions[r]) {
     const int m = a.micro_batch;
     const Key key{m, a.chunk};
@@ -297,7 +261,8 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
     peak_w = std::max(peak_w, awaiting);
     const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
-    if (fault) std::raise(fault);  // once, after the step's first action (tests only)
+    if (first_action) fault_point("pipeline.step", r, step);  // common/fault.h
+    first_action = false;
   }
 }
 
@@ -340,7 +305,7 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
       if (auto e = workers[r]->wait(); e && !error) error = e;
     if (error) std::rethrow_exception(error);
     if (self >= 0) {  // every rank sums every rank's squares in the same order
-      const auto all = all_gather(torch::tensor({sq[self]}, torch::kDouble), comm::Exchange::GradNorm);
+      const auto all = group.all_gather(torch::tensor({sq[self]}, torch::kDouble), "the gradient norms");
       for (int r = 0; r < options.stages; ++r) sq[r] = all[r].item<double>();
     }
     for (int r = 0; r < options.stages; ++r)
@@ -419,7 +384,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     for (const Span& sp : trace.spans[self])
       result.insert(result.end(), {double(static_cast<int>(sp.op)), double(sp.micro_batch), double(sp.chunk), sp.start,
                                    sp.end, sp.recompute});
-    const auto all = all_gather(torch::tensor(result, torch::kDouble), comm::Exchange::StepResult);
+    const auto all = group.all_gather(torch::tensor(result, torch::kDouble), "the step's losses");
     for (int d = 0; d < options.stages; ++d) {
       const at::Tensor& t = all[d];
       if (t.numel() < M + 2 || (t.numel() - M - 2) % 6 != 0)
@@ -561,39 +526,8 @@ int Pipeline::rank() const { return impl_->self; }
 bool Pipeline::is_local(int device) const { return impl_->is_local_device(device); }
 bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
 
-std::vector<double> Pipeline::from_device(int device, const std::vector<double>& values) {
-  Impl& p = *impl_;
-  if (p.self < 0) return values;
-  const auto all = p.all_gather(p.self == device ? torch::tensor(values, torch::kDouble) : torch::zeros({0}, torch::kDouble),
-                                comm::Exchange::Broadcast);
-  const at::Tensor& t = all.at(device);
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-}
-
-void Pipeline::abort(const std::string& reason) { impl_->stop(reason); }
-
-bool Pipeline::any_rank(bool flag) {
-  Impl& p = *impl_;
-  if (p.self < 0) return flag;
-  for (const at::Tensor& t : p.all_gather(torch::tensor({flag ? 1 : 0}, torch::kInt), comm::Exchange::Stop))
-    if (t.item<int>() != 0) return true;
-  return false;
-}
-
-void Pipeline::barrier() {
-  Impl& p = *impl_;
-  if (p.self < 0) return;
-  p.all_gather(torch::zeros({0}, torch::kInt), comm::Exchange::Barrier);
-}
-
-std::vector<std::vector<double>> Pipeline::all_gather(const std::vector<double>& mine) {
-  Impl& p = *impl_;
-  if (p.self < 0) return {mine};
-  std::vector<std::vector<double>> out;
-  for (const at::Tensor& t : p.all_gather(torch::tensor(mine, torch::kDouble), comm::Exchange::Checkpoint))
-    out.emplace_back(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  return out;
-}
+comm::Collectives& Pipeline::collectives() { return impl_->group; }
+int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device; }
 
 int Pipeline::stages() const { return impl_->options.stages; }
 const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }

@@ -18,6 +18,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
+#include "comm/collectives.h"
 #include "comm/transport.h"
 #include "common/error.h"
 #include "partitioner/partition.h"
@@ -110,15 +111,13 @@ class Pipeline {
   int rank() const;                  // this process's device; -1 in-process
   bool is_local(int device) const;   // whether this process runs `device`
   bool is_local_stage(int virtual_stage) const;
-  // `values` as the rank that runs `device` holds them, on every rank.
-  std::vector<double> from_device(int device, const std::vector<double>& values);
-  bool any_rank(bool flag);          // true on every rank when it is true on any
-  void barrier();                    // returns when every rank has called it
-  // Multi-process: ends the pipeline on every rank (peers fail at once with `reason`, naming
-  // this rank). In-process: nothing.
-  void abort(const std::string& reason);
-  // Every rank's `mine`, by rank (in-process: just {mine}); used to gather checkpoint shards.
-  std::vector<std::vector<double>> all_gather(const std::vector<double>& mine);
+  // The control plane among the ranks (comm/collectives.h: all-gather, broadcast, barrier,
+  // abort), for the caller's own agreements (the run layer gathers checkpoint shards and stops
+  // together over it). Multi-process it shares the pipeline's endpoint and sequence: every rank
+  // makes the same calls in the same order, interleaved with the pipeline's. Aborting it ends the
+  // pipeline on every rank (peers fail at once, naming this rank). In-process: a group of one.
+  comm::Collectives& collectives();
+  int rank_of(int device) const;  // the rank of the process that runs `device`; in-process 0
 
   int stages() const;  // devices; each runs `chunks` virtual stages
   const partitioner::Balance& balance() const;  // layers per virtual stage

@@ -343,7 +343,7 @@ TEST(Cli, KillDuringSaveKeepsThePreviousCheckpoint) {
   const Reference& ref = reference();
   const std::string cfg = write_config("lm.json", kLm);
   const std::string dir2 = fresh_dir("kill");
-  EXPECT_NE(shell("PIPETRAIN_TEST_KILL_DURING_SAVE=4 " + std::string(PIPETRAIN_BINARY) + " train " + cfg +
+  EXPECT_NE(shell("PIPETRAIN_FAULT=checkpoint.shard:0:4:kill " + std::string(PIPETRAIN_BINARY) + " train " + cfg +
                   " --quiet --checkpoint-dir " + dir2 + " 2>&1").status, 0);
   EXPECT_TRUE(exists(dir2 + "/step-00000002/manifest.json"));
   EXPECT_TRUE(exists(dir2 + "/.step-00000004.partial/stage-0.pt"));

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "comm/local/transport.h"
 #include "comm/transport.h"
 #include "comm/wire.h"
 #include "common/error.h"

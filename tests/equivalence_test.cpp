@@ -1,7 +1,11 @@
 // The central test: one pipeline step computes the same loss and the same gradient for every
 // parameter as one device running the whole batch, for every model family (with dropout),
 // schedule (gpipe, 1f1b, interleaved-1f1b with 2 chunks, zb-h1 with its split backward), stage
-// count, micro-batch count (including uneven splits) and recomputation mode.
+// count, micro-batch count (including uneven splits) and recomputation mode, with the stages as
+// threads of one Pipeline over the in-process transport. A sample of those cases also runs on the
+// other runtimes and transports: one Pipeline over UCX, and one Pipeline per rank (the code path
+// of runtime.kind processes, the ranks as threads here) over each transport. The reference is
+// the same single-device step for all of them.
 //
 // Tolerances: in float64 the only difference is summation order (micro-batch partial sums of
 // the loss and of the gradients), so the norm-wise relative error stays near 1e-15; 1e-10
@@ -11,9 +15,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <exception>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <stdexcept>
+#include <thread>
+#include <utility>
 
 #include <torch/torch.h>
 
+#include "comm/transport.h"
 #include "common/rng.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
@@ -64,20 +76,83 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).norm().item<double>() / denom;
 }
 
-using Case = std::tuple<std::string, std::string, int, int, Recompute, at::ScalarType>;
+// One equivalence case. `ranks` and `transport` say how the pipeline runs: by default as today's
+// trainer runs runtime.kind threads (one Pipeline, all stages as its threads, the local transport).
+struct Case {
+  std::string schedule, family;
+  int stages, micro_batches;
+  Recompute recompute;
+  at::ScalarType dtype;
+  bool ranks = false;  // one Pipeline per rank, each with its own endpoint and model copy
+  std::string transport = "local";
+
+  std::string runtime() const { return std::string(ranks ? "ranks_" : "threads_") + transport; }
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.schedule << ", " << c.family << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches, "
+      << recompute_name(c.recompute) << ", " << (c.dtype == torch::kDouble ? "float64" : "float32") << ", "
+      << c.runtime();
+}
+
+// A Pipeline with the loss its step returned.
+struct PipelineRun {
+  std::unique_ptr<pipeline::Pipeline> pipe;
+  double loss = 0;
+};
+
+// One Pipeline per rank, each on its own thread with its own endpoint of one transport group, as
+// the processes of runtime.kind processes run it: every Pipeline call is collective, so the ranks
+// construct and step at the same time. Every wait is bounded by options.timeout_s (a rank that
+// fails in a step also aborts its endpoint, so its peers fail at once), so the joins are too. The
+// pipelines are returned rather than destroyed in their threads: no rank closes its endpoint
+// while a peer may still be receiving from it. Throws naming every rank that failed.
+std::vector<PipelineRun> step_ranks(std::vector<models::Model>& copies, const pipeline::PipelineOptions& o,
+                                    const Batch& b) {
+  const int K = o.stages;
+  auto endpoints = comm::make_transport_group(o.transport, K);
+  std::vector<PipelineRun> runs(K);
+  std::vector<std::exception_ptr> errors(K);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < K; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        runs[r].pipe = std::make_unique<pipeline::Pipeline>(copies[r].layers, o, mean_ce, std::move(endpoints[r]));
+        runs[r].loss = runs[r].pipe->forward_backward(b.input, b.target);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::string failed;
+  for (int r = 0; r < K; ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      failed += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+    } catch (...) {
+      failed += "rank " + std::to_string(r) + ": an exception of unknown type\n";
+    }
+  }
+  if (!failed.empty()) throw std::runtime_error(failed);
+  return runs;
+}
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
-  const auto [schedule, family, stages, micro_batches, recompute, dtype] = GetParam();
-  const double tol = dtype == torch::kDouble ? 1e-10 : 1e-4;
+  const Case& c = GetParam();
+  if (!comm::has_transport_backend(c.transport))
+    GTEST_SKIP() << "the " << c.transport << " transport is not compiled into this build";
+  const double tol = c.dtype == torch::kDouble ? 1e-10 : 1e-4;
   const int64_t batch = 10;  // 3 and 8 micro-batches split it unevenly
-  const int chunks = schedule::uses_chunks(schedule) ? 2 : 1;
+  const int chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
   const bool deep = chunks > 1;
 
   // Reference: the whole batch on one device.
-  models::Model ref = build(family, dtype, deep);
-  Batch b = make_batch(ref, batch, dtype);
+  models::Model ref = build(c.family, c.dtype, deep);
+  Batch b = make_batch(ref, batch, c.dtype);
   at::Tensor ref_loss;
   {
     RngContextGuard rng(RngContext{42, 0, 0});
@@ -85,38 +160,63 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   }
   ref_loss.backward();
   // Dropout is active: the test means nothing if it dropped nothing.
-  ASSERT_GT(family_config(family)["dropout"].get<double>(), 0.0);
+  ASSERT_GT(family_config(c.family)["dropout"].get<double>(), 0.0);
 
-  models::Model pip = build(family, dtype, deep);
   pipeline::PipelineOptions o;
-  o.schedule = schedule;
+  o.schedule = c.schedule;
   o.chunks = chunks;
-  o.stages = stages;
-  o.micro_batches = micro_batches;
-  o.recompute = recompute;
+  o.stages = c.stages;
+  o.micro_batches = c.micro_batches;
+  o.recompute = c.recompute;
   o.seed = 42;
   o.timeout_s = 60;
-  pipeline::Pipeline pipe(pip.layers, o, mean_ce);
-  const double loss = pipe.forward_backward(b.input, b.target);
+  o.transport.backend = c.transport;
+  // A model copy per Pipeline, all equal to the reference's initial weights. Built here, one after
+  // another: models::build seeds torch's global generator, which concurrent rank threads would share.
+  std::vector<models::Model> copies;
+  for (int r = 0; r < (c.ranks ? c.stages : 1); ++r) copies.push_back(build(c.family, c.dtype, deep));
+  std::vector<PipelineRun> runs;
+  if (c.ranks) {
+    runs = step_ranks(copies, o, b);
+  } else {
+    runs.emplace_back();
+    runs[0].pipe = std::make_unique<pipeline::Pipeline>(copies[0].layers, o, mean_ce);
+    runs[0].loss = runs[0].pipe->forward_backward(b.input, b.target);
+  }
 
-  EXPECT_LE(std::abs(loss - ref_loss.item<double>()), tol * std::abs(ref_loss.item<double>()))
-      << "pipeline loss " << loss << " vs " << ref_loss.item<double>();
+  // Every Pipeline, so every rank, returns the batch's loss.
+  for (size_t r = 0; r < runs.size(); ++r)
+    EXPECT_LE(std::abs(runs[r].loss - ref_loss.item<double>()), tol * std::abs(ref_loss.item<double>()))
+        << "pipeline " << r << " loss " << runs[r].loss << " vs " << ref_loss.item<double>();
+  // Each parameter's gradient from the Pipeline that runs its stage (the others hold it released);
+  // every parameter must be run by exactly one.
+  std::map<std::string, at::Tensor> grads;
+  for (size_t r = 0; r < runs.size(); ++r)
+    for (int vs = 0; vs < static_cast<int>(runs[r].pipe->balance().size()); ++vs) {
+      if (!runs[r].pipe->is_local_stage(vs)) continue;
+      for (const auto& p : runs[r].pipe->stage_layers(vs)->named_parameters())
+        EXPECT_TRUE(grads.emplace(p.key(), p.value().grad()).second) << p.key() << " is run twice";
+    }
   auto want = ref.layers->named_parameters();
-  auto got = pip.layers->named_parameters();
-  ASSERT_EQ(want.size(), got.size());
+  ASSERT_EQ(grads.size(), want.size());
   for (const auto& p : want) {
-    const at::Tensor& g = got[p.key()].grad();
-    ASSERT_TRUE(g.defined()) << p.key() << " has no gradient";
-    EXPECT_LE(rel_error(g, p.value().grad()), tol) << p.key();
+    auto got = grads.find(p.key());
+    ASSERT_NE(got, grads.end()) << p.key() << " is run by no stage";
+    ASSERT_TRUE(got->second.defined()) << p.key() << " has no gradient";
+    EXPECT_LE(rel_error(got->second, p.value().grad()), tol) << p.key();
   }
 }
 
+// The threads/local grid keeps its plain names (the ctest entries select them by schedule and
+// family); other runtimes lead with theirs, which those selections do not match.
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const auto& [schedule, family, stages, mb, mode, dtype] = info.param;
-  std::string kind = schedule;
+  const Case& c = info.param;
+  std::string kind = c.schedule;
   std::replace(kind.begin(), kind.end(), '-', '_');
-  return kind + "_" + family + "_" + std::to_string(stages) + "stages_" + std::to_string(mb) + "mb_" +
-         recompute_name(mode) + (dtype == torch::kDouble ? "_f64" : "_f32");
+  const std::string runtime = c.runtime() == "threads_local" ? "" : c.runtime() + "_";
+  return runtime + kind + "_" + c.family + "_" + std::to_string(c.stages) + "stages_" +
+         std::to_string(c.micro_batches) + "mb_" + recompute_name(c.recompute) +
+         (c.dtype == torch::kDouble ? "_f64" : "_f32");
 }
 
 const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast,
@@ -136,7 +236,7 @@ std::vector<Case> float64_cases() {
           mbs = {k, 2 * k};
         }
         for (int m : mbs)
-          for (auto mode : kModes) cases.emplace_back(schedule, family, k, m, mode, torch::kDouble);
+          for (auto mode : kModes) cases.push_back({schedule, family, k, m, mode, torch::kDouble});
       }
   return cases;
 }
@@ -145,13 +245,39 @@ std::vector<Case> float32_cases() {
   std::vector<Case> cases;
   for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"})
     for (const std::string family : {"mlp", "cnn", "gpt"})
-      cases.emplace_back(schedule, family, 4, 3, Recompute::ExceptLast, torch::kFloat);
+      cases.push_back({schedule, family, 4, 3, Recompute::ExceptLast, torch::kFloat});
   for (const std::string family : {"mlp", "gpt"})
-    cases.emplace_back("interleaved-1f1b", family, 2, 4, Recompute::ExceptLast, torch::kFloat);
+    cases.push_back({"interleaved-1f1b", family, 2, 4, Recompute::ExceptLast, torch::kFloat});
+  return cases;
+}
+
+// The other runtimes, sampled: every schedule x {threads/ucx, ranks/local, ranks/ucx} x three
+// shapes, in float64. The shapes between them cover every family and recomputation mode, an uneven
+// split, fewer micro-batches than stages, and two to four ranks (interleaved: two chunks each,
+// so a rank also sends to its own next chunk).
+std::vector<Case> runtime_cases() {
+  struct Shape {
+    std::string family;
+    int stages, micro_batches;
+    Recompute recompute;
+  };
+  const std::vector<Shape> plain{{"mlp", 2, 3, Recompute::ExceptLast},
+                                 {"gpt", 4, 8, Recompute::Always},
+                                 {"cnn", 3, 2, Recompute::Never}};
+  // Micro-batches a multiple of the stage count; the cnn's five layers make at most two stages.
+  const std::vector<Shape> interleaved{{"mlp", 2, 4, Recompute::ExceptLast},
+                                       {"gpt", 4, 4, Recompute::Always},
+                                       {"cnn", 2, 2, Recompute::Never}};
+  std::vector<Case> cases;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
+    for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}})
+      for (const Shape& s : schedule::uses_chunks(schedule) ? interleaved : plain)
+        cases.push_back({schedule, s.family, s.stages, s.micro_batches, s.recompute, torch::kDouble, ranks, transport});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Float64, Equivalence, ::testing::ValuesIn(float64_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Float32, Equivalence, ::testing::ValuesIn(float32_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Runtimes, Equivalence, ::testing::ValuesIn(runtime_cases()), case_name);
 
 }  // namespace

@@ -4,8 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +11,8 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+
+#include "comm/rendezvous.h"
 
 namespace pipetrain::test {
 
@@ -34,19 +34,7 @@ inline Result shell(const std::string& cmd) {
 }
 
 // A loopback port that was free a moment ago (the store binds it right after).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw std::runtime_error("no free loopback port");
-  return ntohs(a.sin_port);
-}
+inline int free_port() { return comm::free_loopback_port(); }
 
 // A config that trains in well under a second: a 3-layer MLP on 2 stages.
 inline const std::string kSmallConfig = R"({

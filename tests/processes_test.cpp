@@ -1,7 +1,7 @@
 // runtime.kind processes as a user runs it: one pipetrain process per stage, started by
 // `pipetrain launch`, by hand with torchrun-style variables, by mpirun, or in two network
-// namespaces; the same losses as the in-process runtime; ranks that die or stop answering; a
-// peer that sends a malformed header; checkpoints, resume, SIGTERM and evaluation across ranks.
+// namespaces; the same losses as the in-process runtime; ranks that die or stop answering;
+// checkpoints, resume, SIGTERM and evaluation across ranks (hostile_peer_test: malformed headers).
 // Every wait is bounded: each rank runs under a deadline and is killed when it passes.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -22,13 +22,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/collectives.h"
 #include "comm/launcher_env.h"
 #include "comm/rendezvous.h"
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
 #if PIPETRAIN_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
+#include "comm/ucx/testing.h"
+#include "comm/ucx/transport.h"
 #endif
 #include <torch/torch.h>
 
@@ -36,106 +38,14 @@
 #include "train/config.h"
 #include "train/trainer.h"
 #include "tests/process_helpers.h"
+#include "tests/ranks.h"
 
 namespace {
 
 using pipetrain::detail::concat;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-using pipetrain::test::free_port;
-using pipetrain::test::Result;
-using pipetrain::test::shell;
+using namespace pipetrain::test;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string temp(const std::string& name) {
-  return ::testing::TempDir() + "/pipetrain_proc_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string write_file(const std::string& name, const std::string& text) {
-  const std::string path = temp(name);
-  std::ofstream(path) << text;
-  return path;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Every command line runs under `timeout`, so a hang fails the test instead of the suite.
-Result run(const std::string& args) {
-  return shell("timeout -s KILL 150 " + std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1");
-}
-
-// One rank started by hand, as a launcher would: its own environment, output to a file.
-struct Rank {
-  pid_t pid = -1;
-  std::string out_path;
-  int status = -1;  // exit status, 128 + signal when killed, -1 while running
-  double exited_s = -1;
-
-  std::string out() const { return read_text(out_path); }
-};
-
-Rank spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-           const std::string& out_path) {
-  Rank r;
-  r.out_path = out_path;
-  std::fflush(nullptr);  // the child must not write this process's buffered output again
-  r.pid = ::fork();
-  if (r.pid == 0) {
-    ::setpgid(0, 0);
-    FILE* f = std::freopen(out_path.c_str(), "w", stdout);
-    if (!f || ::dup2(::fileno(stdout), 2) < 0) ::_exit(126);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  return r;
-}
-
-// Waits (at most `limit_s` from t0) for each rank of `ranks` that is not in `except`; returns
-// whether all of them exited. Ranks still running at the end are killed and reaped.
-bool wait_ranks(std::vector<Rank>& ranks, const std::vector<int>& except, Clock::time_point t0, double limit_s) {
-  auto skip = [&](int i) { return std::find(except.begin(), except.end(), i) != except.end(); };
-  bool all = false;
-  while (!all && since(t0) < limit_s) {
-    all = true;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      Rank& r = ranks[i];
-      if (r.status >= 0 || skip(static_cast<int>(i))) continue;
-      int st = 0;
-      if (::waitpid(r.pid, &st, WNOHANG) == r.pid) {
-        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        r.exited_s = since(t0);
-      } else {
-        all = false;
-      }
-    }
-    if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling exits, not synchronising
-  }
-  for (Rank& r : ranks)
-    if (r.status < 0) {
-      ::kill(-r.pid, SIGKILL);
-      ::kill(r.pid, SIGKILL);
-      int st = 0;
-      ::waitpid(r.pid, &st, 0);
-      r.status = 128 + SIGKILL;
-    }
-  return all;
-}
-
-std::map<std::string, std::string> rank_env(int rank, int world, int port, const std::string& addr = "127.0.0.1") {
-  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", std::to_string(rank)}, {"MASTER_ADDR", addr},
-          {"MASTER_PORT", std::to_string(port)}, {"PIPETRAIN_TEST_FAULT", ""}};
-}
 
 // The metrics lines of one run, by event: "step" lines keyed by step.
 struct Metrics {
@@ -182,14 +92,6 @@ void expect_same_training(const Metrics& a, const Metrics& b, const std::string&
   }
 }
 
-const std::string kMlp = R"({
-  "model": {"family": "mlp", "in": 8, "width": 16, "layers": 4, "out": 4},
-  "data": {"kind": "synthetic", "batch_size": 16, "samples": 128, "test_samples": 32},
-  "pipeline": {"stages": 2, "micro_batches": 4},
-  "optimizer": {"kind": "adam", "lr": 0.01, "grad_clip": 1.0},
-  "train": {"steps": 5},
-  "runtime": {"timeout_s": 60}
-})";
 
 // Dropout, AdamW with warm-up and cosine decay, evaluation along the way.
 const std::string kGpt = R"({
@@ -200,8 +102,6 @@ const std::string kGpt = R"({
   "train": {"steps": 6, "eval_every": 3, "seed": 7},
   "runtime": {"timeout_s": 60}
 })";
-
-std::string pipetrain_binary() { return PIPETRAIN_BINARY; }
 
 // Runs `args` (a train command) in-process and as processes under `pipetrain launch`, with
 // metrics; returns both.
@@ -299,7 +199,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
           for (const auto& t : pipe.stage_layers(vs)->parameters())
             if ((t.numel() > 0) != (vs == r)) errors[r] += concat("stage ", vs, " has ", t.numel(), " values; ");
         for (int s = 0; s < 3; ++s) got[r].push_back(pipe.train_step(x, y));
-        pipe.barrier();
+        pipe.collectives().barrier();
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -342,7 +242,7 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
       const auto t0 = Clock::now();
       for (int r = 0; r < 3; ++r) {
         auto env = rank_env(r, 3, port);
-        if (r == victim) env["PIPETRAIN_TEST_FAULT"] = std::to_string(victim) + ":2:" + signal;
+        if (r == victim) env["PIPETRAIN_FAULT"] = "pipeline.step:" + std::to_string(victim) + ":2:" + signal;
         ranks.push_back(spawn({pipetrain_binary(), "train", cfg, "--quiet", "--steps", "50", "--set",
                                "pipeline.stages=3", "--set", "runtime.kind=processes", "--set",
                                "runtime.timeout_s=" + std::to_string(timeout_s)},
@@ -392,105 +292,6 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
     }
 }
 
-#if PIPETRAIN_HAVE_UCX
-// A peer that passes the rendezvous and then sends a malformed header: the pipetrain rank
-// refuses it before allocating, names the peer and exits.
-// Plays rank 1 of a two-rank job whose rank 0 is `ranks[0]`: passes the rendezvous on `port`
-// with the config `hash`, sends `header` where message `id` belongs, and waits up to 30 s for
-// rank 0 to exit (false if it did not).
-template <typename Header>
-bool hostile_rank1(std::vector<Rank>& ranks, int port, const std::string& hash, const pipetrain::comm::MessageId& id,
-                   const Header& header) {
-  namespace comm = pipetrain::comm;
-  const auto t0 = Clock::now();
-  comm::RankInfo info;
-  info.rank = 1;
-  info.world_size = 2;
-  info.master_port = port;
-  comm::TransportOptions options;
-  options.backend = "ucx";
-  auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
-  comm::send_raw_header_for_test(*peer, 0, id, std::string(header.begin(), header.end()));
-  return wait_ranks(ranks, {}, t0, 30);
-}
-
-// Random headers from a peer that passed the rendezvous: `PIPETRAIN_HOSTILE_HEADERS` of them
-// (default 4; fuzz/hostile.py runs hundreds), each mutating a valid header at random places
-// (or replacing it whole). Rank 0 must exit with status 1 naming rank 1, never crash or hang.
-TEST(Processes, RandomHeadersAreRefused) {
-  namespace comm = pipetrain::comm;
-  const char* count_env = std::getenv("PIPETRAIN_HOSTILE_HEADERS");
-  const int count = count_env ? std::atoi(count_env) : 4;
-  const std::string cfg = write_file("random_headers.json", kMlp);
-  const pipetrain::train::Config config =
-      pipetrain::train::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
-  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
-  const comm::MessageId id{comm::Kind::Control, 0, static_cast<int>(comm::Exchange::Layout), 0};
-  const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));
-  std::mt19937_64 rng(20261123);
-  int crashed = 0, hung = 0;
-  for (int i = 0; i < count; ++i) {
-    auto bytes = good;
-    if (rng() % 8 == 0) {
-      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-    } else {
-      for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
-    }
-    if (bytes == good) bytes[6] ^= 0x40;  // always a change
-    SCOPED_TRACE(concat("case ", i));
-    const int port = free_port();
-    std::vector<Rank> ranks{spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes",
-                                   "--set", "runtime.timeout_s=10"},
-                                  rank_env(0, 2, port), temp("random_header_0.txt"))};
-    const bool exited = hostile_rank1(ranks, port, hash, id, bytes);
-    const std::string out = ranks[0].out();
-    if (!exited) ++hung;
-    if (ranks[0].status > 128) ++crashed;
-    EXPECT_EQ(ranks[0].status, 1) << out;
-    EXPECT_NE(out.find("from rank 1"), std::string::npos) << out;
-  }
-  EXPECT_EQ(crashed, 0);
-  EXPECT_EQ(hung, 0);
-  std::printf("%d random headers: %d crashed, %d hung\n", count, crashed, hung);
-}
-
-TEST(Processes, HostilePeerIsRefused) {
-  namespace comm = pipetrain::comm;
-  const std::string cfg = write_file("hostile.json", kMlp);
-  const pipetrain::train::Config config = pipetrain::train::load_config(cfg, {"runtime.kind=processes"});
-  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
-  // The header of the first message rank 0 waits for: rank 1's part of the layout exchange.
-  const comm::MessageId id{comm::Kind::Control, 0, static_cast<int>(comm::Exchange::Layout), 0};
-  const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));
-  struct Case {
-    const char* what;
-    size_t at;
-    std::vector<uint8_t> bytes;
-    const char* expect;
-  };
-  const std::vector<Case> cases{
-      {"bad magic", 0, {0xde, 0xad, 0xbe, 0xef}, "bad magic"},
-      {"unknown dtype", 6, {0x77}, "unknown dtype"},
-      {"huge dim", 8, {0, 0, 0, 0, 0, 1, 0, 0}, "exceeds the message limit"},
-      {"negative dim", 8, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "negative dim 0: -1"},
-      // The byte count (after magic, version, dtype, ndim and 8 dims) over runtime.max_message_bytes.
-      {"byte count over the limit", 8 + 8 * 8, {0, 0, 0, 0, 0, 1, 0, 0}, "exceed the message limit"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    const int port = free_port();
-    std::vector<Rank> ranks{spawn({pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes"},
-                                  rank_env(0, 2, port), temp("hostile_0.txt"))};
-    auto bytes = good;
-    std::copy(c.bytes.begin(), c.bytes.end(), bytes.begin() + static_cast<long>(c.at));
-    EXPECT_TRUE(hostile_rank1(ranks, port, hash, id, bytes));
-    const std::string out = ranks[0].out();
-    EXPECT_EQ(ranks[0].status, 1) << out;
-    EXPECT_NE(out.find("invalid message header from rank 1"), std::string::npos) << out;
-    EXPECT_NE(out.find(c.expect), std::string::npos) << out;
-  }
-}
-#endif
 
 // Checkpoints written by every rank, a run stopped and resumed as processes, SIGTERM to the
 // launcher stopping every rank after the same step, and evaluation across ranks.

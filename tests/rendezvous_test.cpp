@@ -29,7 +29,7 @@
 #include "common/error.h"
 #include "tests/process_helpers.h"
 #if PIPETRAIN_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
+#include "comm/ucx/transport.h"
 #endif
 
 using namespace pipetrain;

@@ -27,7 +27,8 @@
 #include "pipeline/pipeline.h"
 #include "train/trainer.h"
 #if PIPETRAIN_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
+#include "comm/ucx/testing.h"
+#include "comm/ucx/transport.h"
 #endif
 
 using namespace pipetrain;

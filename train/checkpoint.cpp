@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "common/fault.h"
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "models/model.h"
@@ -291,14 +291,10 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     if (!fs::create_directory(partial, ec) || ec)
       throw CheckpointError("cannot create " + partial.string() + ": " + ec.message());
   }
-  pipe.barrier();
+  pipe.collectives().barrier("the checkpoint's directory");
   if (!fs::is_directory(partial))
     throw CheckpointError(detail::concat("rank ", pipe.rank(), ": cannot see ", partial.string(),
                                          ", made by rank 0 (checkpoint directories must be shared by all ranks)"));
-
-  // Fault injection for the tests: a kill after the first shard of this step's checkpoint.
-  const char* kill_at = std::getenv("PIPETRAIN_TEST_KILL_DURING_SAVE");
-  const bool kill_here = kill_at && std::to_string(step) == kill_at;
 
   const int V = static_cast<int>(pipe.balance().size());
   std::vector<double> written;  // (virtual stage, bytes, crc32) of each shard this rank wrote
@@ -317,16 +313,16 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     const std::string file = "stage-" + std::to_string(vs) + ".pt";
     write_synced((partial / file).string(), bytes.data(), bytes.size());
     written.insert(written.end(), {double(vs), double(bytes.size()), double(crc_of(bytes))});
-    if (kill_here) std::raise(SIGKILL);
+    fault_point("checkpoint.shard", pipe.collectives().rank(), step);  // common/fault.h
   }
   std::map<int, std::pair<uint64_t, uint32_t>> entries;
-  for (const auto& part : pipe.all_gather(written))
+  for (const auto& part : pipe.collectives().all_gather(written, "the checkpoint shards"))
     for (size_t i = 0; i + 2 < part.size(); i += 3)
       entries[static_cast<int>(part[i])] = {static_cast<uint64_t>(part[i + 1]), static_cast<uint32_t>(part[i + 2])};
   if (static_cast<int>(entries.size()) != V)
     throw CheckpointError(detail::concat("checkpoint ", partial.string(), ": ", entries.size(), " of ", V, " shards were written"));
   if (!writer) {
-    pipe.barrier();  // rank 0 has renamed the checkpoint into place
+    pipe.collectives().barrier("the checkpoint's rename");  // rank 0 has renamed it into place
     return (root / name).string();
   }
   json shards = json::array();
@@ -377,7 +373,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < complete.size(); ++i)
     if (complete[i].second != final_dir) fs::remove_all(complete[i].second, ec);
-  pipe.barrier();
+  pipe.collectives().barrier("the checkpoint's rename");
   return final_dir.string();
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "common/hash.h"
 #include "common/json_reader.h"
 #include "common/strings.h"
 
@@ -20,16 +21,7 @@ std::string manifest_hash(json m) {
 
 }  // namespace
 
-std::string identity_hash(const json& identity) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : identity.dump()) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
+std::string identity_hash(const json& identity) { return hex64(fnv1a(identity.dump())); }
 
 int64_t step_of(const std::string& name) {
   if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;

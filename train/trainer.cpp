@@ -31,7 +31,7 @@ void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
     correct += out.argmax(-1).eq(b.target).sum().item<double>();
   }
   const int last = pipe.schedule().device_of(static_cast<int>(pipe.balance().size()) - 1);
-  const auto scored = pipe.from_device(last, {loss_sum, correct});
+  const auto scored = pipe.collectives().broadcast({loss_sum, correct}, pipe.rank_of(last), "the test results");
   loss_sum = scored.at(0);
   correct = scored.at(1);
   result.test_samples = samples;
@@ -78,10 +78,10 @@ template <typename Work>
 TrainResult collectively(Pipeline& pipe, Work&& work) {
   try {
     TrainResult result = work();
-    pipe.barrier();
+    pipe.collectives().barrier("the end of the run");
     return result;
   } catch (const std::exception& e) {
-    pipe.abort(e.what());
+    pipe.collectives().abort(e.what());
     throw;
   }
 }
@@ -285,7 +285,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
 
     // Every rank stops after the same step, whichever of them was asked to.
     const int asked = !ckpt.dir.empty() && options.stop_requested ? options.stop_requested() : 0;
-    const bool stopping = !ckpt.dir.empty() && pipe.any_rank(asked != 0);
+    const bool stopping = !ckpt.dir.empty() && pipe.collectives().any(asked != 0, "the stop flags");
     if (c.train.eval_every > 0 && (s + 1) % c.train.eval_every == 0 && s + 1 < steps) {
       TrainResult e;
       evaluate(job, pipe, e);

@@ -1,6 +1,8 @@
 // local: the in-process backend. Ranks are threads of one process sharing a hub of mailboxes;
 // a message is the encoded header plus the tensor itself (no copy). The receiver decodes and
 // validates the header exactly as a network backend would.
+#include "comm/local/transport.h"
+
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -9,7 +11,6 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/transport.h"
 #include "common/error.h"
 
 namespace pipetrain::comm {

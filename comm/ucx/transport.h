@@ -9,6 +9,11 @@
 // Code outside comm/ creates transports through make_transport_group(); a multi-process runtime
 // calls make_ucx_transport() with its rendezvous as the address exchange (rendezvous.h:
 // store_exchange). UCX's own environment (UCX_TLS, ...) picks the transports.
+//
+// The backend's files: transport.cpp (the protocol and the factories), internal.h (the class
+// and which file holds which of its parts), tags.h (the tag layout), buffers.h (receive
+// buffers), worker.cpp (the worker and its progress), liveness.cpp (liveness probes),
+// teardown.cpp (abort and shutdown), testing.h (for tests only).
 #pragma once
 
 #include <functional>
@@ -21,7 +26,7 @@
 namespace pipetrain::comm {
 
 // One rank of a world of `world_size` ranks (processes or threads); `exchange` gets this rank's
-// worker address (transport.h).
+// worker address (comm/transport.h).
 std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
                                               TransportOptions options = {});
 
@@ -31,9 +36,5 @@ std::vector<std::unique_ptr<Transport>> make_ucx_group(int world_size, Transport
 
 // The version of the UCX library loaded ("1.13.1").
 std::string ucx_version();
-
-// For tests only: sends `bytes` to `dst` where the header of message `id` belongs, bypassing
-// encode(), to check how a receiver treats a malformed header. `transport` must be a UCX one.
-void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);
 
 }  // namespace pipetrain::comm

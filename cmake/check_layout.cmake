@@ -1,0 +1,83 @@
+# The layout rule of the source tree (docs/architecture.md, "Layers"), checked by the suite:
+#   cmake -DROOT=<source dir> -P cmake/check_layout.cmake
+# fails, naming the file and line, on
+#  - an include that goes up a layer, or sideways between the folders of one layer:
+#      0 common/
+#      1 models/ schedule/ partitioner/ stages/ comm/   (each on common/ alone)
+#      2 profiler/
+#      3 pipeline/
+#      4 train/
+#      5 apps/
+#    bench/, examples/, fuzz/ and tests/ sit on top and may include any folder but apps/;
+#  - an include of a transport backend's header (comm/local/, comm/ucx/) outside comm/, tests/
+#    and bench/ (everyone else makes transports through comm/transport.h);
+#  - a source file over 600 lines, unless it is listed below as one algorithm.
+cmake_minimum_required(VERSION 3.18)
+if(NOT ROOT)
+  message(FATAL_ERROR "check_layout.cmake: pass -DROOT=<source dir>")
+endif()
+
+set(layer_common 0)
+set(layer_models 1)
+set(layer_schedule 1)
+set(layer_partitioner 1)
+set(layer_stages 1)
+set(layer_comm 1)
+set(layer_profiler 2)
+set(layer_pipeline 3)
+set(layer_train 4)
+set(layer_apps 5)
+set(consumers bench examples fuzz tests)
+set(layered common models schedule partitioner stages comm profiler pipeline train apps)
+# One algorithm each, kept whole on purpose.
+set(long_files partitioner/min_max.cpp)
+set(max_lines 600)
+
+set(problems "")
+foreach(folder IN LISTS layered consumers)
+  file(GLOB_RECURSE sources RELATIVE ${ROOT} ${ROOT}/${folder}/*.h ${ROOT}/${folder}/*.cpp ${ROOT}/${folder}/*.cu)
+  foreach(rel IN LISTS sources)
+    file(STRINGS ${ROOT}/${rel} lines)
+    list(LENGTH lines count)
+    if(count GREATER max_lines AND NOT rel IN_LIST long_files)
+      list(APPEND problems "${rel}: ${count} lines (at most ${max_lines} unless it is one algorithm)")
+    endif()
+    set(n 0)
+    foreach(line IN LISTS lines)
+      math(EXPR n "${n} + 1")
+      if(NOT line MATCHES "^[ \t]*#[ \t]*include[ \t]+\"([a-z_]+)/([^\"]*)\"")
+        continue()
+      endif()
+      set(target ${CMAKE_MATCH_1})
+      set(path ${CMAKE_MATCH_2})
+      if(target STREQUAL folder)
+        continue()
+      endif()
+      if(NOT DEFINED layer_${target})
+        if(NOT target IN_LIST consumers)
+          continue()  # not one of ours (e.g. a generated header's folder)
+        endif()
+        list(APPEND problems "${rel}:${n}: includes ${target}/${path}, a consumer folder")
+        continue()
+      endif()
+      if(folder IN_LIST consumers)
+        if(target STREQUAL "apps")
+          list(APPEND problems "${rel}:${n}: includes apps/${path} (apps/ is the top)")
+        endif()
+      elseif(NOT layer_${target} LESS layer_${folder})
+        list(APPEND problems
+             "${rel}:${n}: includes ${target}/${path}: ${folder}/ (layer ${layer_${folder}}) may include only lower layers")
+      endif()
+      if(target STREQUAL "comm" AND path MATCHES "^(local|ucx)/" AND NOT folder MATCHES "^(comm|tests|bench)$")
+        list(APPEND problems "${rel}:${n}: includes the backend header comm/${path} (others use comm/transport.h)")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+
+if(problems)
+  list(LENGTH problems k)
+  string(REPLACE ";" "\n  " shown "${problems}")
+  message(FATAL_ERROR "${k} layout problem(s):\n  ${shown}")
+endif()
+message(STATUS "layout: every include goes down a layer; every file within ${max_lines} lines")

@@ -1,0 +1,178 @@
+// ucx: UcxTransport, the backend's Transport, declared for the files that implement it; nothing
+// outside comm/ucx/ includes this (transport.h is the backend's interface). Its member
+// functions are split by concern:
+//   transport.cpp  the protocol (send, recv: a header with inline or separate data), the UCP
+//                  operations it posts and their completion callbacks, the factories
+//   worker.cpp     the UCP context, worker and endpoints, and who drives the worker's progress:
+//                  wait(), drive() and the progress thread
+//   liveness.cpp   liveness probes: pings and pongs, and the probe phases of a wait
+//   teardown.cpp   abort() and the abort notices, the bounded shutdown (destructor, release())
+// tags.h holds the tag layout, buffers.h the receive buffers of large messages.
+//
+// Threads. A transport is used by its rank's stage thread (send, recv), by whichever thread
+// calls abort(), and by its own progress thread. The worker is created in
+// UCS_THREAD_MODE_SERIALIZED and every UCP call on it is made under `mu_`, which also guards
+// all of this class's state; UCP completion and error callbacks run inside
+// ucp_worker_progress (or ucp_request_cancel), i.e. with `mu_` already held. We use our own
+// mutex rather than UCS_THREAD_MODE_MULTI because MULTI guards the worker with a spinlock that
+// a thread would spin on while the holder is descheduled (two cores, several ranks per
+// process), and our bookkeeping needs a lock anyway. Ranks of an in-process group have
+// separate contexts and workers, so they never contend.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ucp/api/ucp.h>
+
+#include "comm/transport.h"
+#include "comm/wire.h"
+#include "common/deadline.h"
+
+namespace pipetrain::comm::ucx {
+
+// Data up to this size travels inside the header's message (one copy each way, one message);
+// larger data is a message of its own, sent from and received into the tensor's memory.
+constexpr size_t kInlineBytes = 8192;
+constexpr size_t kHeaderBufferBytes = kWireHeaderBytes + kInlineBytes;
+constexpr size_t kAbortReasonBytes = 1024;
+constexpr int kProgressBatch = 1024;
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(int rank, int world, TransportOptions options);
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  const std::string& address() const { return address_; }
+  void connect(const std::vector<std::string>& addresses);
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return "ucx"; }
+  void send(int dst, const MessageId& id, const at::Tensor& tensor) override;
+  at::Tensor recv(int src, const MessageId& id, Deadline deadline) override;
+  void abort(const std::string& reason) override;
+
+  void send_raw_header(int dst, const MessageId& id, const std::string& bytes);
+
+ private:
+  enum class OpKind { Send, Recv, AbortNotice, Probe, Close };
+  // One UCP operation in flight. Sends and closes belong to `pending_` until their callback;
+  // a receive belongs to the thread waiting on it, or to `pending_` once that thread gave up
+  // (its buffer must outlive UCP's last write into it).
+  struct Op {
+    UcxTransport* owner = nullptr;
+    OpKind kind = OpKind::Send;
+    void* request = nullptr;
+    bool done = false, orphaned = false;
+    ucs_status_t status = UCS_INPROGRESS;
+    ucp_tag_recv_info_t info{};
+    int peer = -1;
+    std::unique_ptr<uint8_t[]> bytes;   // header (and inline data), abort reason
+    at::Tensor tensor;                  // data sent or received in place
+    MessageId id{Kind::Activation, 0};  // the message, for errors
+    const char* label = nullptr;        // or what else this is ("abort notice", ...)
+    std::string what() const { return label ? label : id.describe(); }
+  };
+  struct Peer {
+    UcxTransport* owner = nullptr;
+    int rank = -1;
+    ucp_ep_h ep = nullptr;
+    std::string failure;  // set by the endpoint's error callback
+    uint64_t pongs = 0;   // answers to this rank's liveness probes
+  };
+  // The liveness side of one wait() (liveness.cpp). The last quarter of the wait (at most a
+  // second) probes the peer. No answer by the deadline: it stopped answering, and the error
+  // says so. An answer: it is alive and itself waiting (e.g. on a rank that stopped), so this
+  // wait goes on once more for as long, and the abort notice of the rank that times out first,
+  // naming the rank at fault, ends it; or it times out again.
+  struct ProbeWait {
+    explicit ProbeWait(const Deadline& deadline);
+    Clock::time_point next_wake(const Deadline& deadline) const;  // when the wait must look again
+    const char* verdict() const;  // what a timeout adds to its error: whether the peer answered
+
+    Clock::duration length;  // the wait's, by which an answer extends it
+    Clock::duration window;  // the probing part of it
+    Clock::time_point probe_at;
+    enum class Phase { Waiting, Probing, Extended } phase = Phase::Waiting;
+    uint64_t pongs_before = 0;
+  };
+
+  static void on_send(void* request, ucs_status_t status, void* user);
+  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void send_done(Op* op, void* request, ucs_status_t status);
+  void recv_done(Op* op, void* request, ucs_status_t status, const ucp_tag_recv_info_t* info);
+
+  // All of these expect `mu_` to be held.
+  void post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag);
+  void post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask);
+  void wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>& op, int src, const MessageId& id,
+            Deadline deadline, const char* part);
+  void give_up(std::unique_ptr<Op> op);
+  // Throws once aborted, after a failed send, or when not connected; `doing()` says what failed.
+  template <typename Doing>
+  void check_usable(int peer, const Doing& doing) const;
+  void post_abort_notice_recv();
+  // Liveness probes: a wait whose deadline passes pings its peer. A live peer (waiting or
+  // computing: its progress is driven either way) answers; a stopped or hung one does not.
+  void post_probe_recv();
+  void send_probe(int dst, uint32_t type);
+  void service_probes();  // handles received probes, answers pings, reposts the receive
+  // Moves the probing of a wait on `src` on: an answer extends `deadline`, the probe time sends
+  // a ping. True when it did either, and the caller looks at everything again.
+  bool advance_probe(ProbeWait& probe, int src, Deadline& deadline);
+
+  void check_peer(int peer) const;
+  std::unique_ptr<Op> new_op(OpKind kind, int peer, const MessageId& id, const char* label = nullptr);
+  void mark_aborted(std::string reason);
+  void wake();
+  // One round of driving the worker with `lock` held on entry and exit: progress, then, if
+  // nothing happened, arm the worker and sleep in poll() (lock released) until an event, a
+  // wake-up, `until` or the poll cap. `abortable` also wakes on an abort.
+  void drive(std::unique_lock<std::mutex>& lock, Clock::time_point until, bool abortable);
+  void progress_loop();
+  void release();
+
+  const int rank_, world_;
+  const TransportOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;   // "progress needed": drained by whoever drives next
+  int abort_fd_ = -1;  // readable from the abort on, never drained
+  bool peer_failure_mode_ = true;
+  std::string address_;
+  std::thread progress_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // waiters that do not drive; destructor
+  std::condition_variable idle_cv_;  // the progress thread, while a waiter drives
+  // Who drives the worker now (worker.cpp explains the hand-over).
+  enum class Driver { None, ProgressThread, Waiter } driver_ = Driver::None;
+  int waiters_ = 0;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::map<Op*, std::unique_ptr<Op>> pending_;
+  std::unique_ptr<Op> abort_notice_;  // the posted receive of a peer's abort notice
+  std::unique_ptr<Op> probe_;         // the posted receive of a peer's ping or pong
+  bool probes_off_ = false;           // the probe receive failed: no more reposts
+  int sends_in_flight_ = 0, closes_in_flight_ = 0;
+  int data_waits_ = 0;  // receives of large data in progress
+  bool stopping_ = false, closing_ = false;
+  bool aborted_ = false;
+  std::string abort_reason_;
+  int send_error_peer_ = -1;
+  std::string send_error_;  // the first failed send, reported by the next call
+};
+
+}  // namespace pipetrain::comm::ucx

@@ -1,0 +1,15 @@
+// ucx: hooks for tests only; production code never includes this header. Defined in
+// transport.cpp.
+#pragma once
+
+#include <string>
+
+#include "comm/transport.h"
+
+namespace pipetrain::comm {
+
+// Sends `bytes` to `dst` where the header of message `id` belongs, bypassing encode(), to check
+// how a receiver treats a malformed header. `transport` must be a UCX one.
+void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);
+
+}  // namespace pipetrain::comm

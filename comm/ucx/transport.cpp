@@ -1,0 +1,284 @@
+// ucx: the Transport protocol of the UCX backend (transport.h describes the messages): send()
+// and recv() of a header with inline or separate data, the UCP operations they post with the
+// completion callbacks of those, and the factories. The class is declared in internal.h, which
+// says which file holds which of its parts.
+#include "comm/ucx/transport.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ucp/api/ucp.h>
+
+#include "comm/ucx/buffers.h"
+#include "comm/ucx/internal.h"
+#include "comm/ucx/tags.h"
+#include "comm/ucx/testing.h"
+#include "common/error.h"
+
+namespace pipetrain::comm {
+
+namespace ucx {
+
+void UcxTransport::check_peer(int peer) const {
+  if (peer < 0 || peer >= world_)
+    throw TransportError(
+        peer, detail::concat("rank ", rank_, ": peer rank ", peer, " outside world of size ", world_));
+}
+
+template <typename Doing>
+void UcxTransport::check_usable(int peer, const Doing& doing) const {
+  if (aborted_)
+    throw TransportError(peer,
+                         detail::concat("rank ", rank_, ": cannot ", doing(), ": aborted: ", abort_reason_));
+  if (!send_error_.empty()) throw TransportError(send_error_peer_, send_error_);
+  if (closing_ || peers_.empty())
+    throw TransportError(peer,
+                         detail::concat("rank ", rank_, ": cannot ", doing(), ": transport not connected"));
+}
+
+void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) {
+  check_peer(dst);
+  const WireHeader h = make_header(tensor, id);
+  const auto header = encode(h);
+  const uint64_t tag = header_tag(rank_, id);
+  at::Tensor data = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable(dst, [&] { return detail::concat("send ", id.describe(), " to rank ", dst); });
+  size_t before = sends_in_flight_;
+  if (h.nbytes <= kInlineBytes) {
+    auto op = new_op(OpKind::Send, dst, id);
+    op->bytes.reset(new uint8_t[kWireHeaderBytes + h.nbytes]);
+    std::memcpy(op->bytes.get(), header.data(), kWireHeaderBytes);
+    if (h.nbytes) std::memcpy(op->bytes.get() + kWireHeaderBytes, data.data_ptr(), h.nbytes);
+    const uint8_t* buffer = op->bytes.get();
+    post_send(std::move(op), dst, buffer, kWireHeaderBytes + h.nbytes, tag);
+  } else {
+    auto head = new_op(OpKind::Send, dst, id);
+    head->bytes.reset(new uint8_t[kWireHeaderBytes]);
+    std::memcpy(head->bytes.get(), header.data(), kWireHeaderBytes);
+    const uint8_t* buffer = head->bytes.get();
+    post_send(std::move(head), dst, buffer, kWireHeaderBytes, tag);
+    auto body = new_op(OpKind::Send, dst, id);
+    body->tensor = data;  // kept alive until the send completes
+    post_send(std::move(body), dst, data.data_ptr(), h.nbytes, data_tag(tag));
+  }
+  if (static_cast<size_t>(sends_in_flight_) > before) wake();  // whoever drives moves them on
+}
+
+at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
+  check_peer(src);
+  const uint64_t tag = header_tag(src, id);
+  std::unique_lock<std::mutex> lock(mu_);
+  check_usable(src, [&] { return detail::concat("receive ", id.describe(), " from rank ", src); });
+  auto head = new_op(OpKind::Recv, src, id);
+  head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
+  post_recv(*head, head->bytes.get(), kHeaderBufferBytes, tag, kAllBits);
+  wait(lock, head, src, id, deadline, "");
+  lock.unlock();
+
+  if (head->status == UCS_ERR_MESSAGE_TRUNCATED)
+    throw TransportError(
+        src, detail::concat("invalid message header from rank ", src, ": message for ", id.describe(),
+                            " is larger than a header with inline data (", kHeaderBufferBytes, " bytes)"));
+  if (head->status != UCS_OK)
+    throw TransportError(src, detail::concat("rank ", rank_, ": receiving ", id.describe(), " from rank ",
+                                             src, " failed: ", ucs_status_string(head->status)));
+  const size_t length = head->info.length;
+  const WireHeader h =
+      decode(head->bytes.get(), std::min(length, kWireHeaderBytes), options_.max_message_bytes, src);
+  check_received(h, id, rank_, src);
+  const bool inline_data = h.nbytes <= kInlineBytes;
+  const size_t expected = inline_data ? kWireHeaderBytes + h.nbytes : kWireHeaderBytes;
+  if (length != expected)
+    throw TransportError(src, detail::concat("invalid message from rank ", src, ": ", length,
+                                             " bytes for a header announcing ", h.nbytes, " bytes of data (",
+                                             expected, " expected)"));
+  at::Tensor out = h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
+  if (inline_data) {
+    if (h.nbytes) std::memcpy(out.data_ptr(), head->bytes.get() + kWireHeaderBytes, h.nbytes);
+    return out;
+  }
+
+  lock.lock();
+  check_usable(src,
+               [&] { return detail::concat("receive the data of ", id.describe(), " from rank ", src); });
+  auto body = new_op(OpKind::Recv, src, id);
+  body->tensor = out;
+  post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits);
+  ++data_waits_;
+  try {
+    wait(lock, body, src, id, deadline, "the data of ");
+  } catch (...) {
+    --data_waits_;
+    throw;
+  }
+  --data_waits_;
+  if (body->status != UCS_OK || body->info.length != h.nbytes)
+    throw TransportError(
+        src, detail::concat("rank ", rank_, ": receiving the data of ", id.describe(), " from rank ", src,
+                            " failed: ", body->status != UCS_OK ? ucs_status_string(body->status) : "",
+                            body->status == UCS_OK
+                                ? detail::concat(body->info.length, " bytes, header announced ", h.nbytes)
+                                : ""));
+  return out;
+}
+
+void UcxTransport::send_raw_header(int dst, const MessageId& id, const std::string& bytes) {
+  check_peer(dst);
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable(dst, [] { return std::string("send raw bytes"); });
+  auto op = new_op(OpKind::Send, dst, id, "raw header");
+  op->bytes.reset(new uint8_t[bytes.size() + 1]);
+  std::memcpy(op->bytes.get(), bytes.data(), bytes.size());
+  const uint8_t* buffer = op->bytes.get();
+  post_send(std::move(op), dst, buffer, bytes.size(), header_tag(rank_, id));
+  wake();
+}
+
+std::unique_ptr<UcxTransport::Op> UcxTransport::new_op(OpKind kind, int peer, const MessageId& id,
+                                                       const char* label) {
+  auto op = std::make_unique<Op>();
+  op->owner = this;
+  op->kind = kind;
+  op->peer = peer;
+  op->id = id;
+  op->label = label;
+  return op;
+}
+
+void UcxTransport::post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag) {
+  Peer& peer = *peers_[dst];
+  if (!peer.failure.empty())
+    throw TransportError(dst, detail::concat("rank ", rank_, ": cannot send ", op->what(), " to rank ", dst,
+                                             ": connection failed: ", peer.failure));
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  p.cb.send = &UcxTransport::on_send;
+  p.user_data = op.get();
+  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t r = ucp_tag_send_nbx(peer.ep, buffer, size, tag, &p);
+  if (r == nullptr) return;  // complete already; the buffer may go
+  if (UCS_PTR_IS_ERR(r))
+    throw TransportError(dst, detail::concat("rank ", rank_, ": cannot send ", op->what(), " to rank ", dst,
+                                             ": ", ucs_status_string(UCS_PTR_STATUS(r))));
+  op->request = r;
+  ++sends_in_flight_;
+  pending_.emplace(op.get(), std::move(op));
+}
+
+void UcxTransport::post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask) {
+  // Without NO_IMM_CMPL a receive that matches at once returns NULL and UCX 1.13 leaves
+  // recv_info (sender tag, length) unset; with it, the callback always runs, possibly right
+  // here, before ucp_tag_recv_nbx returns.
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE |
+                   UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = &UcxTransport::on_recv;
+  p.user_data = &op;
+  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buffer, size, tag, mask, &p);
+  if (UCS_PTR_IS_ERR(r)) {
+    op.done = true;
+    op.status = UCS_PTR_STATUS(r);
+  } else if (!op.done) {
+    op.request = r;
+  }
+}
+
+void UcxTransport::give_up(std::unique_ptr<Op> op) {
+  if (!op->request) return;
+  void* request = op->request;
+  op->orphaned = true;
+  Op* raw = op.get();
+  pending_.emplace(raw, std::move(op));
+  ucp_request_cancel(worker_, request);  // an unmatched receive completes (and is dropped) right here
+}
+
+void UcxTransport::on_send(void* request, ucs_status_t status, void* user) {
+  auto* op = static_cast<Op*>(user);
+  op->owner->send_done(op, request, status);
+}
+
+void UcxTransport::send_done(Op* op, void* request, ucs_status_t status) {
+  ucp_request_free(request);
+  if (op->kind == OpKind::Close) {
+    --closes_in_flight_;
+  } else {
+    --sends_in_flight_;
+    if (status != UCS_OK && status != UCS_ERR_CANCELED && send_error_.empty()) {
+      send_error_peer_ = op->peer;
+      send_error_ = detail::concat("rank ", rank_, ": sending ", op->what(), " to rank ", op->peer,
+                                   " failed: ", ucs_status_string(status));
+    }
+  }
+  pending_.erase(op);
+  cv_.notify_all();
+}
+
+void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* op = static_cast<Op*>(user);
+  op->owner->recv_done(op, request, status, info);
+}
+
+void UcxTransport::recv_done(Op* op, void* request, ucs_status_t status, const ucp_tag_recv_info_t* info) {
+  ucp_request_free(request);
+  op->request = nullptr;
+  if (op->orphaned) {
+    pending_.erase(op);
+    return;
+  }
+  op->status = status;
+  if (info) op->info = *info;
+  op->done = true;
+  if (op->kind == OpKind::AbortNotice && status == UCS_OK && !aborted_) {
+    const size_t n = std::min(op->info.length, kAbortReasonBytes);
+    std::string reason(reinterpret_cast<const char*>(op->bytes.get()), n);
+    mark_aborted(reason.empty() ? "a peer aborted" : reason);
+  }
+  cv_.notify_all();
+}
+
+void UcxTransport::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  if (peer->failure.empty()) peer->failure = ucs_status_string(status);
+  peer->owner->cv_.notify_all();
+}
+
+}  // namespace ucx
+
+std::string ucx_version() { return ucp_get_version_string(); }
+
+std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
+                                              TransportOptions options) {
+  auto t = std::make_unique<ucx::UcxTransport>(rank, world_size, std::move(options));
+  std::vector<std::string> addresses = exchange(t->address());
+  if (addresses.size() != static_cast<size_t>(world_size))
+    throw Error(detail::concat("ucx: the address exchange returned ", addresses.size(),
+                               " addresses for a world of ", world_size));
+  if (addresses[rank] != t->address())
+    throw Error(detail::concat("ucx: the address exchange returned another address for rank ", rank));
+  t->connect(addresses);
+  return t;
+}
+
+std::vector<std::unique_ptr<Transport>> make_ucx_group(int world_size, TransportOptions options) {
+  std::vector<std::unique_ptr<ucx::UcxTransport>> ranks;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::make_unique<ucx::UcxTransport>(r, world_size, options));
+    addresses.push_back(ranks.back()->address());
+  }
+  for (auto& t : ranks) t->connect(addresses);
+  std::vector<std::unique_ptr<Transport>> group;
+  for (auto& t : ranks) group.push_back(std::move(t));
+  return group;
+}
+
+void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes) {
+  auto* t = dynamic_cast<ucx::UcxTransport*>(&transport);
+  if (!t) throw Error("send_raw_header_for_test: not a UCX transport");
+  t->send_raw_header(dst, id, bytes);
+}
+
+}  // namespace pipetrain::comm

@@ -1,0 +1,2 @@
+// Allowed: apps/ may include any lower layer.
+#include "train/trainer.h"
