@@ -164,20 +164,22 @@ def main():
     binary = os.path.join(a.build, "apps", "pipetrain")
     work = tempfile.mkdtemp(prefix="pipetrain_hostile_")
     failed = False
-    t0 = time.time()
-    c, bad = configs(binary, a.configs, rng, work)
-    print(f"configs: {a.configs} runs: {c['ok']} trained, {c['error']} refused with one line, {c['crash']} crashed, "
-          f"{c['hang']} hung ({time.time() - t0:.0f} s)")
-    for b in bad:
-        print("  ", b)
-    failed |= bool(bad)
-    t0 = time.time()
-    s, bad = stores(binary, a.stores, rng, work)
-    print(f"stores: {a.stores} jobs under a hostile store client: {s['completed']} completed, {s['error']} failed "
-          f"cleanly, {s['crash']} crashed, {s['hang']} hung ({time.time() - t0:.0f} s)")
-    for b in bad:
-        print("  ", b)
-    failed |= bool(bad)
+
+    def part(run_part, line):
+        """Runs one part, prints its summary line (from its counts and seconds) and what went wrong."""
+        t0 = time.time()
+        counts, bad = run_part()
+        print(line(counts, time.time() - t0))
+        for b in bad:
+            print("  ", b)
+        return bool(bad)
+
+    failed |= part(lambda: configs(binary, a.configs, rng, work),
+                   lambda c, sec: f"configs: {a.configs} runs: {c['ok']} trained, {c['error']} refused with one line, "
+                                  f"{c['crash']} crashed, {c['hang']} hung ({sec:.0f} s)")
+    failed |= part(lambda: stores(binary, a.stores, rng, work),
+                   lambda s, sec: f"stores: {a.stores} jobs under a hostile store client: {s['completed']} completed, "
+                                  f"{s['error']} failed cleanly, {s['crash']} crashed, {s['hang']} hung ({sec:.0f} s)")
     t0 = time.time()
     env = dict(os.environ, PIPETRAIN_HOSTILE_HEADERS=str(a.peers))
     status, out = run([os.path.join(a.build, "tests", "hostile_peer_test"), "--gtest_filter=*RandomHeadersAreRefused"],
