@@ -45,8 +45,10 @@ struct Pipeline::Impl {
   std::vector<int> local;
   comm::Collectives group;
 
+  // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
+  // holds it, or finds it in transports[self].
   void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-            std::unique_ptr<comm::Transport> endpoint);
+            std::unique_ptr<comm::Transport>& endpoint);
   bool is_local_device(int device) const { return self < 0 || device == self; }
   bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
   int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
@@ -73,18 +75,28 @@ struct Pipeline::Impl {
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss)
     : impl_(std::make_unique<Impl>()) {
-  impl_->init(std::move(model), std::move(options), std::move(loss), nullptr);
+  std::unique_ptr<comm::Transport> none;
+  impl_->init(std::move(model), std::move(options), std::move(loss), none);
 }
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
                    std::unique_ptr<comm::Transport> endpoint)
     : impl_(std::make_unique<Impl>()) {
   if (!endpoint) throw ConfigError("pipeline: a multi-process pipeline needs a transport endpoint");
-  impl_->init(std::move(model), std::move(options), std::move(loss), std::move(endpoint));
+  try {
+    impl_->init(std::move(model), std::move(options), std::move(loss), endpoint);
+  } catch (const std::exception& e) {
+    // The peers are constructing too, or already waiting for this rank's part of the layout:
+    // aborting the endpoint (wherever it is by now) tells them at once, naming this rank.
+    comm::Transport* t = endpoint ? endpoint.get()
+                                  : impl_->self >= 0 ? impl_->transports[impl_->self].get() : nullptr;
+    if (t) t->abort(detail::concat("rank ", t->rank(), " failed: ", e.what()));
+    throw;
+  }
 }
 
 void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-                          std::unique_ptr<comm::Transport> endpoint) {
+                          std::unique_ptr<comm::Transport>& endpoint) {
   Impl& p = *this;
   p.options = options;
   p.model = model;

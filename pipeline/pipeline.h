@@ -66,9 +66,9 @@ class Pipeline {
   // the same calls in the same order, and the results that one rank computes (the loss, the
   // gradient norm) are exchanged so that every rank returns the same value. The stage layout is
   // rank 0's (e.g. a profiled balance). The layers of other ranks' stages are released (their
-  // parameters and buffers become empty tensors). Any rank's failure fails the call on every rank (a peer
-  // that dies at once, one that stops answering after options.timeout_s), naming the rank; after
-  // a failed step the pipeline cannot be used again.
+  // parameters and buffers become empty tensors). Any rank's failure, this constructor's included,
+  // fails the call on every rank (a peer that fails or dies at once, one that stops answering after
+  // options.timeout_s), naming the rank; after a failed step the pipeline cannot be used again.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
            std::unique_ptr<comm::Transport> endpoint);
   ~Pipeline();

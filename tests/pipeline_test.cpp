@@ -2,9 +2,11 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include <torch/torch.h>
 
+#include "comm/transport.h"
 #include "common/error.h"
 #include "profiler/profile.h"
 #include "pipeline/pipeline.h"
@@ -153,6 +155,41 @@ TEST(Executor, SilentPeerTimesOutNamingTheRank) {
     EXPECT_EQ(e.peer(), 1);
   }
   EXPECT_EQ(msg, "rank 0: timed out waiting for gradient of micro-batch 0 (step 0) from rank 1");
+}
+
+// One Pipeline per rank (the multi-process constructor, ranks as threads): a rank whose
+// construction fails tells its peers at once, naming itself, instead of leaving them to wait
+// for its part of the stage layout until their deadline (60 s here).
+TEST(Pipeline, ARankThatCannotBeConstructedFailsItsPeersAtOnce) {
+  for (const std::string& backend : comm::transport_backends()) {
+    SCOPED_TRACE(backend);
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 2;
+    o.timeout_s = 60;
+    o.transport.backend = backend;
+    auto endpoints = comm::make_transport_group(o.transport, 2);
+    std::string errors[2];
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          // Rank 1 gets a model of one layer: too few for two stages.
+          torch::nn::Sequential one;
+          one->push_back("fc", torch::nn::Linear(4, 4));
+          Pipeline pipe(r == 0 ? mlp(4, 2) : one, o, mean_ce, std::move(endpoints[r]));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ranks) t.join();  // bounded by the 60 s deadline at worst
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+    EXPECT_NE(errors[1].find("need at least 2 layers"), std::string::npos) << errors[1];
+    EXPECT_NE(errors[0].find("rank 1 failed: pipeline: 2 stages need at least 2 layers but the model has only 1"), std::string::npos)
+        << errors[0];
+    EXPECT_NE(errors[0].find("the stage layout"), std::string::npos) << errors[0];
+  }
 }
 
 TEST(Pipeline, UnevenBatchGivesTheExactMeanLoss) {
