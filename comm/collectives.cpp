@@ -32,10 +32,12 @@ void Collectives::fail(const std::string& what) {
   std::rethrow_exception(std::current_exception());
 }
 
-std::vector<at::Tensor> Collectives::all_gather(const at::Tensor& mine, const char* what) {
+// Every rank sends `mine` to every other and receives theirs: no rank returns before every rank
+// has called. The result is indexed by rank.
+std::vector<at::Tensor> Collectives::all_to_all(Collective op, const at::Tensor& mine, const char* what) {
   check_usable();
   if (!t_) return {mine};
-  const MessageId id = collective_message(Collective::AllGather, seq_++, what);
+  const MessageId id = collective_message(op, seq_++, what);
   const int self = rank(), world = world_size();
   std::vector<at::Tensor> all(world);
   all[self] = mine;
@@ -49,6 +51,10 @@ std::vector<at::Tensor> Collectives::all_gather(const at::Tensor& mine, const ch
     fail(e.what());
   }
   return all;
+}
+
+std::vector<at::Tensor> Collectives::all_gather(const at::Tensor& mine, const char* what) {
+  return all_to_all(Collective::AllGather, mine, what);
 }
 
 std::vector<std::vector<double>> Collectives::all_gather(const std::vector<double>& mine, const char* what) {
@@ -86,31 +92,11 @@ std::vector<double> Collectives::broadcast(const std::vector<double>& values, in
 }
 
 bool Collectives::any(bool flag, const char* what) {
-  if (!t_) {
-    check_usable();
-    return flag;
-  }
   for (const at::Tensor& t : all_gather(at::tensor({flag ? 1 : 0}, at::kInt), what))
     if (t.numel() != 1 || t.item<int>() != 0) return true;
   return false;
 }
 
-void Collectives::barrier(const char* what) {
-  check_usable();
-  if (!t_) return;
-  const MessageId id = collective_message(Collective::Barrier, seq_++, what);
-  const int self = rank(), world = world_size();
-  // An all-to-all of empty messages: no rank leaves before every rank has arrived.
-  try {
-    const at::Tensor none = at::zeros({0}, at::kInt);
-    for (int d = 0; d < world; ++d)
-      if (d != self) t_->send(d, id, none);
-    const Deadline deadline = Deadline::after(timeout_s_);
-    for (int d = 0; d < world; ++d)
-      if (d != self) t_->recv(d, id, deadline);
-  } catch (const std::exception& e) {
-    fail(e.what());
-  }
-}
+void Collectives::barrier(const char* what) { all_to_all(Collective::Barrier, at::zeros({0}, at::kInt), what); }
 
 }  // namespace pipetrain::comm

@@ -60,6 +60,7 @@ class Collectives {
   int64_t sequence() const { return seq_; }  // collectives run so far
 
  private:
+  std::vector<at::Tensor> all_to_all(Collective op, const at::Tensor& mine, const char* what);
   void check_usable() const;
   [[noreturn]] void fail(const std::string& what);
 

@@ -2,8 +2,8 @@
 // send() returns without waiting for the receiver; recv() waits until the matching message
 // arrives, its deadline passes (TimeoutError) or the transport is aborted (TransportError).
 // Every message carries the validated wire header (comm/wire.h). Backends live in their own
-// folder (local/, ucx/, later nccl/) and are created through make_transport_group(); code
-// outside comm/ never includes a backend header.
+// folder (local/, ucx/, later nccl/) and are created through make_transport_group(); outside
+// comm/ only the backends' own tests and benchmarks include a backend header (layout.rule).
 #pragma once
 
 #include <functional>

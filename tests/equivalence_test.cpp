@@ -219,8 +219,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.dtype == torch::kDouble ? "_f64" : "_f32");
 }
 
-const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast,
-                                     Recompute::Never};
+const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute::Never};
 
 // Every schedule x family x stage count 1-4 x recomputation mode. Micro-batches: 1, 2, 3 and 8
 // (3 and 8 split the batch of 10 unevenly); interleaved-1f1b needs a multiple of the stage
