@@ -159,7 +159,10 @@ TEST(Executor, SilentPeerTimesOutNamingTheRank) {
 
 // One Pipeline per rank (the multi-process constructor, ranks as threads): a rank whose
 // construction fails tells its peers at once, naming itself, instead of leaving them to wait
-// for its part of the stage layout until their deadline (60 s here).
+// for its part of the stage layout until their deadline (60 s here). Over the local transport
+// the peer gets the abort's reason; over UCX the failed rank's endpoint also closes right after
+// its abort notice, so the peer sees either the notice or the closed connection, both naming
+// rank 1.
 TEST(Pipeline, ARankThatCannotBeConstructedFailsItsPeersAtOnce) {
   for (const std::string& backend : comm::transport_backends()) {
     SCOPED_TRACE(backend);
@@ -186,9 +189,12 @@ TEST(Pipeline, ARankThatCannotBeConstructedFailsItsPeersAtOnce) {
     for (auto& t : ranks) t.join();  // bounded by the 60 s deadline at worst
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
     EXPECT_NE(errors[1].find("need at least 2 layers"), std::string::npos) << errors[1];
-    EXPECT_NE(errors[0].find("rank 1 failed: pipeline: 2 stages need at least 2 layers but the model has only 1"), std::string::npos)
-        << errors[0];
     EXPECT_NE(errors[0].find("the stage layout"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
+    if (backend == "local")
+      EXPECT_NE(errors[0].find("rank 1 failed: pipeline: 2 stages need at least 2 layers but the model has only 1"),
+                std::string::npos)
+          << errors[0];
   }
 }
 
