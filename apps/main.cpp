@@ -20,6 +20,7 @@
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/precision.h"
 #include "common/recompute.h"
 #include "common/strings.h"
 #include "train/bench.h"
@@ -191,6 +192,8 @@ int main(int argc, char** argv) {
   bench->add_option("--checkpoint", old_recompute_flag, "Renamed --recompute")->group("");
   bench->add_option("--schedule", sweep.schedules, "Sweep these schedules")
       ->delimiter(',')->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
+  bench->add_option("--precision", sweep.precisions, "Sweep these precisions (train.precision), e.g. fp32,bf16")
+      ->delimiter(',')->check(CLI::IsMember(pipetrain::precision_names()));
   bench->add_option("--json", bench_json, "Append one JSON object per combination to this file");
 
   pt::PlanOptions plan_options;
@@ -310,7 +313,7 @@ int main(int argc, char** argv) {
         pt::print_plan(std::cout, r);
     } else if (*bench) {
       const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.recompute.empty() ||
-                            !sweep.schedules.empty() || !bench_json.empty();
+                            !sweep.schedules.empty() || !sweep.precisions.empty() || !bench_json.empty();
       if (!sweeping) {
         pt::BenchResult r = pt::run_bench(config, bench_options);
         pt::print_bench(std::cout, config, r);

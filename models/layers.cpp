@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "common/recompute.h"
@@ -15,13 +16,15 @@ namespace F = torch::nn::functional;
 torch::Tensor DropoutImpl::forward(const torch::Tensor& x) {
   if (!is_training() || p_ <= 0.0) return x;
   const RngContext& ctx = current_rng_context();
-  auto mask = torch::empty(x.sizes(), x.options().device(torch::kCPU));
+  // Drawn in float32 for a reduced-precision x, so the mask does not depend on the precision.
+  const bool reduced = x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
+  auto mask = torch::empty(x.sizes(), x.options().device(torch::kCPU).dtype(reduced ? torch::kFloat : x.scalar_type()));
   for (int64_t i = 0; i < x.size(0); ++i) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(
         rng_key(ctx.seed, ctx.step, stream_, ctx.sample_offset + i));
     mask.select(0, i).bernoulli_(1.0 - p_, gen);
   }
-  return x * mask.to(x.device()) * (1.0 / (1.0 - p_));
+  return x * mask.to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p_));
 }
 
 DenseImpl::DenseImpl(int64_t in, int64_t out, bool relu, double dropout, uint64_t stream, bool flatten)
@@ -77,7 +80,10 @@ void BatchNormImpl::accumulate(const torch::Tensor& x) {
   std::vector<int64_t> dims{0};
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
   const int64_t n = x.numel() / features_;
-  auto [var, mean] = torch::var_mean(x.detach(), dims, /*unbiased=*/false);
+  // Statistics of a reduced-precision (autocast) input are taken in float32.
+  const at::Tensor v = x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf ? x.detach().to(torch::kFloat)
+                                                                                              : x.detach();
+  auto [var, mean] = torch::var_mean(v, dims, /*unbiased=*/false);
   mean = mean.to(torch::kDouble);
   at::Tensor m2 = var.to(torch::kDouble) * static_cast<double>(n);
   if (count_ == 0) {
@@ -162,7 +168,15 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= seq_len_, "embedding expects [batch, <=",
               seq_len_, "] token ids, got ", tokens.sizes());
   auto pos = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
-  return dropout_(tok_(tokens) + pos_(pos).unsqueeze(0));
+  auto h = tok_(tokens) + pos_(pos).unsqueeze(0);
+  // Under autocast the residual stream is kept in the autocast dtype (an embedding lookup is not
+  // autocast, and the blocks' residual additions would otherwise promote it back to float32), as
+  // with low-precision weights: the blocks' activations, and what crosses a stage boundary, are
+  // then in that dtype.
+  const auto device = h.device().type();
+  if (h.scalar_type() == torch::kFloat && at::autocast::is_autocast_enabled(device))
+    h = h.to(at::autocast::get_autocast_dtype(device));
+  return dropout_(h);
 }
 
 BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, int64_t d_ff, double dropout, uint64_t stream)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <limits>
 #include <map>
 
 #include <ATen/Parallel.h>
@@ -12,6 +13,7 @@
 #include "common/fault.h"
 #include "models/layers.h"
 #include "pipeline/worker.h"
+#include "stages/autocast.h"
 
 namespace pipetrain::pipeline {
 
@@ -21,6 +23,9 @@ namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+struct ClearAutocastCache {  // on the thread that ran the forwards (stages/autocast.h)
+  ~ClearAutocastCache() { stages::clear_autocast_cache(); }
+};
 
 }  // namespace
 
@@ -69,6 +74,9 @@ struct Pipeline::Impl {
                   bool accumulate = false, double scale = 1.0);
   double grad_clip = 0, grad_norm = 0;
   bool track_norm = false, check_finite = false;
+  LossScaler scaler;
+  bool skipped = false;  // the last optimizer step, for a float16 overflow
+  bool scaling() const { return options.precision == Precision::FP16; }
   Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
   bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
 };
@@ -110,6 +118,13 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   } catch (const ScheduleError& e) {
     throw ConfigError(std::string("pipeline: ") + e.what());
   }
+  if (options.precision != Precision::FP32)
+    for (const auto& t : model->parameters())
+      if (t.scalar_type() != torch::kFloat)
+        throw ConfigError(detail::concat("pipeline: precision ", precision_name(options.precision),
+                                         " keeps float32 master weights, but the model's parameters are ",
+                                         c10::toString(t.scalar_type())));
+  p.scaler = LossScaler(options.loss_scale);
   const int V = options.stages * options.chunks;
   if (V > layers)
     throw ConfigError(detail::concat("pipeline: ", options.stages, " stages",
@@ -129,10 +144,19 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     p.transports[p.self] = std::move(endpoint);
     p.group = comm::Collectives(*p.transports[p.self], options.timeout_s);
     // Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
-    const auto all = p.group.all_gather(torch::tensor(std::vector<int64_t>(p.balance.begin(), p.balance.end())),
-                                        "the stage layout");
+    // The precision follows it: ranks that disagree on it would send each other other dtypes.
+    std::vector<int64_t> layout(p.balance.begin(), p.balance.end());
+    layout.push_back(static_cast<int64_t>(options.precision));
+    const auto all = p.group.all_gather(torch::tensor(layout), "the stage layout");
     const at::Tensor& first = all[0];
-    if (first.numel() != V) throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel(), " stages, not ", V));
+    if (first.numel() != V + 1)
+      throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel() - 1, " stages, not ", V));
+    const int64_t precision0 = first.data_ptr<int64_t>()[V];
+    if (precision0 != static_cast<int64_t>(options.precision))
+      throw ConfigError(detail::concat("pipeline: rank ", p.self, " runs precision ", precision_name(options.precision),
+                                       " but rank 0 runs ",
+                                       precision0 >= 0 && precision0 <= 2 ? precision_name(static_cast<Precision>(precision0))
+                                                                          : "an unknown precision"));
     partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
     partitioner::check(chosen, layers, V, "pipeline: rank 0's balance");
     p.balance = chosen;
@@ -147,6 +171,7 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     // AnyModule copies share the module: the stages train the caller's own layers.
     for (int i = off[vs]; i < off[vs + 1]; ++i) slice->push_back(children[i].key(), *(model->begin() + i));
     p.stages.push_back(std::make_unique<stages::Stage>(vs, V, slice, options.recompute));
+    p.stages.back()->set_precision(options.precision);
   }
   p.stages.back()->set_loss(std::move(loss));
   if (p.self >= 0) {
@@ -215,6 +240,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   int& peak_w = trace.peak_awaiting_weight[r];
   peak = peak_w = 0;
   bool first_action = true;
+  ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
   for (const schedule::Action& a : sched.actions[r]) {
     const int m = a.micro_batch;
     const Key key{m, a.chunk};
@@ -308,8 +334,10 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
 double Pipeline::Impl::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
   check_usable();
+  skipped = false;
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
-  if (self >= 0 || grad_clip > 0 || track_norm || check_finite) {
+  // fp16: always, as the overflow check.
+  if (self >= 0 || grad_clip > 0 || track_norm || check_finite || scaling()) {
     std::vector<double> sq(options.stages, 0.0);
     for (int r : local) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
     std::exception_ptr error;
@@ -320,13 +348,18 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
       const auto all = group.all_gather(torch::tensor({sq[self]}, torch::kDouble), "the gradient norms");
       for (int r = 0; r < options.stages; ++r) sq[r] = all[r].item<double>();
     }
+    // fp16: an overflow anywhere skips the step on every stage (all ranks saw the same squares).
+    if (scaling() && !scaler.unscale(sq, scale)) {
+      skipped = true;
+      return std::numeric_limits<double>::infinity();
+    }
     for (int r = 0; r < options.stages; ++r)
       if (check_finite && !std::isfinite(sq[r]))
         throw NonFiniteGradient(r, detail::concat("stage ", r, ": the gradient is not finite (squared norm ", sq[r],
                                                   "); no parameter was changed"));
     for (double v : sq) norm += v;
     norm = std::sqrt(norm);
-    if (grad_clip > 0 && norm > grad_clip) scale = grad_clip / (norm + 1e-6);
+    if (grad_clip > 0 && norm > grad_clip) scale *= grad_clip / (norm + 1e-6);
   }
   for (int r : local) workers[r]->submit([this, r, t0, scale] { step_optimizers(r, t0, scale); });
   std::exception_ptr error;
@@ -351,12 +384,14 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     throw ConfigError(detail::concat("pipeline: ", N, " inputs but ", target.size(0), " targets"));
   inputs = input.tensor_split(M, 0);
   targets = target.tensor_split(M, 0);
+  // fp16: the loss is scaled before backward (every rank holds the same scale).
+  const double loss_scale = scaling() ? scaler.scale() : 1.0;
   offsets.assign(M, 0);
   weights.assign(M, 0);
   losses.assign(M, 0);
   for (int m = 0; m < M; ++m) {
     offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : 0;
-    weights[m] = scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
+    weights[m] = scale * loss_scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
   }
   accumulate_grads = accumulate;
 
@@ -447,7 +482,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   ++step;
   double loss = 0;
   for (double l : losses) loss += l;
-  return loss;
+  return loss / loss_scale;
 }
 
 double Pipeline::train_step(const at::Tensor& input, const at::Tensor& target) {
@@ -477,6 +512,12 @@ void Pipeline::set_learning_rate(double lr) {
 }
 
 double Pipeline::last_grad_norm() const { return impl_->grad_norm; }
+double Pipeline::loss_scale() const { return impl_->scaling() ? impl_->scaler.scale() : 1.0; }
+int64_t Pipeline::loss_scale_good_steps() const { return impl_->scaling() ? impl_->scaler.good_steps() : 0; }
+bool Pipeline::last_step_skipped() const { return impl_->skipped; }
+void Pipeline::restore_loss_scale(double scale, int64_t good_steps) {
+  if (impl_->scaling()) impl_->scaler.restore(scale, good_steps);
+}
 void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
 void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
 
@@ -496,6 +537,7 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
   for (int r : p.local)
     p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
       torch::NoGradGuard no_grad;
+      ClearAutocastCache clear_cache;
       comm::Transport& t = *p.transports[r];
       try {
         for (int m = 0; m < M; ++m)
@@ -505,7 +547,7 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
                                    : t.recv(p.sched.device_of(vs - 1), {comm::Kind::Activation, m, c, tag_step},
                                             Deadline::after(p.options.timeout_s));
             try {
-              x = p.stages[vs]->layers()->forward(x);
+              x = p.stages[vs]->forward_only(x);
             } catch (const c10::Error& e) {
               throw Error(detail::concat("stage ", r, ": forward (evaluation) of micro-batch ", m, ": ",
                                          e.what_without_backtrace()));

@@ -21,6 +21,8 @@
 #include "comm/collectives.h"
 #include "comm/transport.h"
 #include "common/error.h"
+#include "common/precision.h"
+#include "pipeline/loss_scale.h"
 #include "partitioner/partition.h"
 #include "pipeline/step_trace.h"
 #include "schedule/schedule.h"
@@ -38,6 +40,12 @@ struct PipelineOptions {
   int intra_op_threads = 1;  // libtorch intra-op threads in each stage thread
   double timeout_s = 300;    // longest wait for a message from another stage
   uint64_t seed = 0;         // seeds the random streams of dropout (common/rng.h)
+  // The compute dtype of every stage's forward (common/precision.h); parameters, gradients and
+  // optimizer state stay those of the model, which must be float32 for bf16 and fp16. Activations
+  // and their gradients cross between stages in the dtype the layers produced (the autocast dtype
+  // for products, convolutions and what follows them).
+  Precision precision = Precision::FP32;
+  LossScaleOptions loss_scale;  // fp16 only
   comm::TransportOptions transport;
 };
 
@@ -102,6 +110,13 @@ class Pipeline {
   void set_learning_rate(double lr);    // every stage's optimizer, every parameter group
   double last_grad_norm() const;        // of the last optimizer step
 
+  // fp16: the loss scale the next step runs with, and whether the last optimizer step was
+  // skipped because a gradient overflowed (somewhere: every stage and rank skips it, and the
+  // scale backs off). Under fp32 and bf16 the scale is 1 and no step is skipped here.
+  double loss_scale() const;
+  int64_t loss_scale_good_steps() const;  // steps since the scale last changed by an overflow or growth
+  bool last_step_skipped() const;
+  void restore_loss_scale(double scale, int64_t good_steps);  // a resumed run (every rank the same)
   // Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
   // the batch flows through the stages as the configured micro-batches. Multi-process: only the
   // rank that runs the last stage returns the output; the others return an undefined tensor.

@@ -140,6 +140,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       // layer is the last stage and ends in the loss.
       stages::Stage stage(first ? 0 : 1, last ? (first ? 1 : 2) : 3, one, Recompute::Never);
       if (last) stage.set_loss(loss);
+      stage.set_precision(o.precision);
       LayerCost c;
       c.name = children[i].key();
       for (const auto& param : one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());

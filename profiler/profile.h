@@ -23,6 +23,7 @@ struct ProfileOptions {
   int warmup = 2;
   int repeat = 5;
   int intra_op_threads = 1;  // as in a stage's worker thread
+  Precision precision = Precision::FP32;  // as the stages compute (times and activation bytes in it)
 };
 
 struct Profile {

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/recompute.h"
+#include "stages/autocast.h"
 
 namespace pipetrain::stages {
 
@@ -23,6 +24,7 @@ void Stage::begin_step(uint64_t seed, int64_t step, int micro_batches) {
   micro_batches_ = micro_batches;
   saved_.clear();
   weight_work_.clear();  // a failed step may have left Bs without their W
+  clear_autocast_cache();
 }
 
 bool Stage::recomputes(int m) const {
@@ -42,10 +44,19 @@ at::Tensor Stage::as_leaf(const at::Tensor& input) const {
 
 at::Tensor Stage::run(const Saved& s) {
   RngContextGuard rng(s.rng);
+  AutocastGuard autocast(precision_, s.input.device().type());
   at::Tensor out = layers_->forward(s.input);
   if (!is_last()) return out;
   PIPETRAIN_CHECK(loss_, "the last stage has no loss function");
-  return loss_(out, s.target) * s.weight;
+  // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).
+  at::Tensor loss = loss_(out, s.target);
+  if (loss.scalar_type() == at::kBFloat16 || loss.scalar_type() == at::kHalf) loss = loss.to(at::kFloat);
+  return loss * s.weight;
+}
+
+at::Tensor Stage::forward_only(const at::Tensor& input) {
+  AutocastGuard autocast(precision_, input.device().type());
+  return layers_->forward(input);
 }
 
 at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset,

@@ -3,6 +3,9 @@
 // (autograd graph) or only the input and recompute in backward. Recomputation restores the
 // RNG context saved at forward time, so random layers draw the same masks again, and marks the
 // thread as recomputing (common/recompute.h), so BatchNorm does not count the micro-batch twice.
+// Under a reduced precision (common/precision.h) every forward, recomputation included, runs
+// under autocast on the calling thread (stages/autocast.h); backward runs in the dtypes the
+// forward chose.
 #pragma once
 
 #include <functional>
@@ -13,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include "common/precision.h"
 #include "common/recompute.h"
 #include "common/rng.h"
 
@@ -32,8 +36,15 @@ class Stage {
 
   // The last stage turns its output into the loss.
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
 
-  // Starts a step: forgets any state of the previous one.
+  // Runs the layers' forward as a stage forward does (under the precision's autocast), without
+  // keeping anything: evaluation and profiling.
+  at::Tensor forward_only(const at::Tensor& input);
+
+  // Starts a step: forgets any state of the previous one, and the calling thread's autocast
+  // cache (weights cast before an optimizer step must not be used after it).
   void begin_step(uint64_t seed, int64_t step, int micro_batches);
 
   bool recomputes(int micro_batch) const;
@@ -84,6 +95,7 @@ class Stage {
   int index_, num_stages_;
   torch::nn::Sequential layers_;
   Recompute recompute_;
+  Precision precision_ = Precision::FP32;
   LossFn loss_;
   uint64_t seed_ = 0;
   int64_t step_ = 0;

@@ -12,6 +12,17 @@
 // leaves room for that and still catches any real mistake (a wrong micro-batch weight, a
 // different dropout mask, a missing gradient contribution are all >= 1e-3). In float32 the
 // same reordering costs up to ~1e-5 relative on these small models; 1e-4 is the bound.
+//
+// Mixed precision (bf16: float32 weights, the forward under autocast to bfloat16) has two
+// references. A pipeline step must equal the same model run on one device micro-batch by
+// micro-batch under the same autocast: the same products in the same dtype, so only the order in
+// which the float32 gradients of the micro-batches are summed differs (bound kBf16Tight, on the
+// loss and every gradient; measured up to ~1e-6). And it must stay within bfloat16's accuracy (8
+// bits of mantissa) of the float32 step on the whole batch: the loss within kBf16LooseLoss
+// (measured up to 3.2e-4) and the whole gradient, all parameters as one vector, within
+// kBf16LooseGrad (measured up to 0.6% for the cnn and gpt). The mlp gets a wider bound: a ReLU
+// whose input lies within bfloat16's rounding of zero switches off, and on this 10-sample model
+// that moves the gradient of the layers below it by 8.7% (measured).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,10 +37,13 @@
 #include <torch/torch.h>
 
 #include "comm/transport.h"
+#include "common/precision.h"
 #include "common/rng.h"
 #include "models/model.h"
+#include "models/layers.h"
 #include "pipeline/pipeline.h"
 #include "schedule/schedule.h"
+#include "stages/autocast.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -85,6 +99,7 @@ struct Case {
   at::ScalarType dtype;
   bool ranks = false;  // one Pipeline per rank, each with its own endpoint and model copy
   std::string transport = "local";
+  Precision precision = Precision::FP32;
 
   std::string runtime() const { return std::string(ranks ? "ranks_" : "threads_") + transport; }
 };
@@ -92,7 +107,7 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.schedule << ", " << c.family << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches, "
       << recompute_name(c.recompute) << ", " << (c.dtype == torch::kDouble ? "float64" : "float32") << ", "
-      << c.runtime();
+      << precision_name(c.precision) << ", " << c.runtime();
 }
 
 // A Pipeline with the loss its step returned.
@@ -141,11 +156,44 @@ std::vector<PipelineRun> step_ranks(std::vector<models::Model>& copies, const pi
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
+constexpr double kBf16Tight = 1e-5;      // against the bf16 micro-batch-by-micro-batch reference
+constexpr double kBf16LooseLoss = 2e-3;  // against the float32 whole-batch step
+double bf16_loose_grad(const std::string& family) { return family == "mlp" ? 0.15 : 2e-2; }
+
+// The reference of a reduced precision: the model on one device, micro-batch by micro-batch
+// (the pipeline's split, its dropout streams and loss weights), each forward under the same
+// autocast as a stage's, each backward outside it. Returns the loss; gradients go to .grad.
+double micro_batch_reference(models::Model& m, const Batch& b, int micro_batches, Precision precision) {
+  const auto xs = b.input.tensor_split(micro_batches, 0), ys = b.target.tensor_split(micro_batches, 0);
+  const double N = static_cast<double>(b.input.size(0));
+  double loss = 0;
+  int64_t offset = 0;
+  // One intra-op thread, as each stage's worker: libtorch splits some reductions by thread (a
+  // LayerNorm's weight gradient from a bfloat16 input), and bfloat16 partial sums round differently.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  for (int i = 0; i < micro_batches; ++i) {
+    at::Tensor l;
+    {
+      RngContextGuard rng(RngContext{42, 0, offset});
+      stages::AutocastGuard autocast(precision, torch::kCPU);
+      l = mean_ce(m.layers->forward(xs[i]), ys[i]).to(torch::kFloat) * (static_cast<double>(xs[i].size(0)) / N);
+    }
+    l.backward();
+    loss += l.item<double>();
+    offset += xs[i].size(0);
+  }
+  stages::clear_autocast_cache();
+  at::set_num_threads(threads);
+  return loss;
+}
+
 TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   const Case& c = GetParam();
   if (!comm::has_transport_backend(c.transport))
     GTEST_SKIP() << "the " << c.transport << " transport is not compiled into this build";
-  const double tol = c.dtype == torch::kDouble ? 1e-10 : 1e-4;
+  const bool reduced = c.precision != Precision::FP32;
+  const double tol = reduced ? kBf16Tight : c.dtype == torch::kDouble ? 1e-10 : 1e-4;
   const int64_t batch = 10;  // 3 and 8 micro-batches split it unevenly
   const int chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
   const bool deep = chunks > 1;
@@ -161,6 +209,11 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   ref_loss.backward();
   // Dropout is active: the test means nothing if it dropped nothing.
   ASSERT_GT(family_config(c.family)["dropout"].get<double>(), 0.0);
+  // A reduced precision: the float32 whole-batch step above is the loose reference; the tight one
+  // runs the micro-batches under autocast.
+  models::Model tight = build(c.family, c.dtype, deep);
+  const double tight_loss = reduced ? micro_batch_reference(tight, b, c.micro_batches, c.precision) : 0.0;
+  const double want_loss = reduced ? tight_loss : ref_loss.item<double>();
 
   pipeline::PipelineOptions o;
   o.schedule = c.schedule;
@@ -169,6 +222,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   o.micro_batches = c.micro_batches;
   o.recompute = c.recompute;
   o.seed = 42;
+  o.precision = c.precision;
   o.timeout_s = 60;
   o.transport.backend = c.transport;
   // A model copy per Pipeline, all equal to the reference's initial weights. Built here, one after
@@ -185,9 +239,14 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   }
 
   // Every Pipeline, so every rank, returns the batch's loss.
-  for (size_t r = 0; r < runs.size(); ++r)
-    EXPECT_LE(std::abs(runs[r].loss - ref_loss.item<double>()), tol * std::abs(ref_loss.item<double>()))
-        << "pipeline " << r << " loss " << runs[r].loss << " vs " << ref_loss.item<double>();
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_LE(std::abs(runs[r].loss - want_loss), tol * std::abs(want_loss))
+        << "pipeline " << r << " loss " << runs[r].loss << " vs " << want_loss;
+    if (reduced) {
+      EXPECT_LE(std::abs(runs[r].loss - ref_loss.item<double>()), kBf16LooseLoss * std::abs(ref_loss.item<double>()))
+          << "pipeline " << r << " loss " << runs[r].loss << " vs float32 " << ref_loss.item<double>();
+    }
+  }
   // Each parameter's gradient from the Pipeline that runs its stage (the others hold it released);
   // every parameter must be run by exactly one.
   std::map<std::string, at::Tensor> grads;
@@ -197,13 +256,24 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
       for (const auto& p : runs[r].pipe->stage_layers(vs)->named_parameters())
         EXPECT_TRUE(grads.emplace(p.key(), p.value().grad()).second) << p.key() << " is run twice";
     }
-  auto want = ref.layers->named_parameters();
+  auto want = (reduced ? tight : ref).layers->named_parameters();
+  auto loose = ref.layers->named_parameters();
   ASSERT_EQ(grads.size(), want.size());
+  double diff_sq = 0, ref_sq = 0;  // the whole gradient against float32's
   for (const auto& p : want) {
     auto got = grads.find(p.key());
     ASSERT_NE(got, grads.end()) << p.key() << " is run by no stage";
     ASSERT_TRUE(got->second.defined()) << p.key() << " has no gradient";
+    // Master weights: the gradients are of the parameters' dtype whatever the precision.
+    EXPECT_EQ(got->second.scalar_type(), c.dtype) << p.key();
     EXPECT_LE(rel_error(got->second, p.value().grad()), tol) << p.key();
+    if (reduced) {
+      diff_sq += (got->second - loose[p.key()].grad()).pow(2).sum().item<double>();
+      ref_sq += loose[p.key()].grad().pow(2).sum().item<double>();
+    }
+  }
+  if (reduced) {
+    EXPECT_LE(std::sqrt(diff_sq / ref_sq), bf16_loose_grad(c.family)) << "the whole gradient against float32's";
   }
 }
 
@@ -216,7 +286,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const std::string runtime = c.runtime() == "threads_local" ? "" : c.runtime() + "_";
   return runtime + kind + "_" + c.family + "_" + std::to_string(c.stages) + "stages_" +
          std::to_string(c.micro_batches) + "mb_" + recompute_name(c.recompute) +
-         (c.dtype == torch::kDouble ? "_f64" : "_f32");
+         (c.precision != Precision::FP32 ? std::string("_") + precision_name(c.precision)
+                                         : c.dtype == torch::kDouble ? "_f64" : "_f32");
 }
 
 const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute::Never};
@@ -275,7 +346,33 @@ std::vector<Case> runtime_cases() {
   return cases;
 }
 
+// bf16: every schedule x family x recomputation mode, on two shapes (an uneven split over three
+// stages, and as many micro-batches as stages over two; interleaved: K and 2K micro-batches over two
+// stages of two chunks), and a sample of the other runtimes, whose wire then carries bfloat16.
+std::vector<Case> bf16_cases() {
+  std::vector<Case> cases;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
+    for (const std::string family : {"mlp", "cnn", "gpt"})
+      for (auto mode : kModes) {
+        std::vector<std::pair<int, int>> shapes{{3, 4}, {2, 2}};
+        if (schedule::uses_chunks(schedule)) shapes = {{2, 2}, {2, 4}};
+        for (auto [k, m] : shapes) {
+          Case c{schedule, family, k, m, mode, torch::kFloat};
+          c.precision = Precision::BF16;
+          cases.push_back(c);
+        }
+      }
+  for (const std::string schedule : {"1f1b", "zb-h1"})
+    for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}}) {
+      Case c{schedule, "gpt", 2, 3, Recompute::ExceptLast, torch::kFloat, ranks, transport};
+      c.precision = Precision::BF16;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Float64, Equivalence, ::testing::ValuesIn(float64_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Bf16, Equivalence, ::testing::ValuesIn(bf16_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Float32, Equivalence, ::testing::ValuesIn(float32_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Runtimes, Equivalence, ::testing::ValuesIn(runtime_cases()), case_name);
 

@@ -55,6 +55,7 @@ profiler::Profile profile_job(const Job& job, int repeat) {
   profiler::ProfileOptions o;
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
+  o.precision = job.options.precision;
   profiler::Profile p = profiler::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
   // The optimizer step of each layer, on the layer's own parameters with zero gradients (its
   // cost depends on the sizes, not the values); the values are saved first and restored after,
@@ -104,6 +105,8 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
   partitioner::MemoryModel m;
   // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
   m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
+  // A reduced precision also holds autocast's low-precision copy of every weight through the step.
+  if (c.train.precision != Precision::FP32) m.state_factor += precision_bytes(c.train.precision) / 4.0;
   m.in_flight = in_flight(c);
   m.recompute = c.pipeline.recompute;
   // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <fstream>
 #include <iomanip>
 #include <ostream>
@@ -98,7 +99,8 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto baseline = [&](const std::string& name, int threads) {
     at::set_num_threads(threads);
-    SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed);
+    SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed,
+                       c.train.precision);
     BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
     set_rates(m, B);
     if (threads == per_stage) {
@@ -156,6 +158,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
 void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, " << c.pipeline.micro_batches
       << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
+      << ", precision " << precision_name(c.train.precision)
       << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
       << "median step" << std::setw(14) << "samples/s" << std::setw(11) << "vs plain" << std::setw(14)
@@ -240,69 +243,87 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
   const Config base = load_config(path, overrides, o.override_flag);
   const nlohmann::json& base_json = base.root;  // the file with the overrides applied
   const nlohmann::json machine = machine_json();
-  const size_t total = o.stages.size() * o.micro_batches.size() * o.recompute.size() * o.schedules.size();
+  const std::vector<std::string> precisions =
+      o.precisions.empty() ? std::vector<std::string>{precision_name(base.train.precision)} : o.precisions;
+  const size_t total =
+      o.stages.size() * o.micro_batches.size() * o.recompute.size() * o.schedules.size() * precisions.size();
   size_t done = 0;
   for (int k : o.stages)
     for (int m : o.micro_batches)
       for (const auto& mode : o.recompute)
         for (const auto& sched : o.schedules) {
-          ++done;
-          std::vector<std::string> sets = overrides;
-          sets.push_back("pipeline.stages=" + std::to_string(k));
-          sets.push_back("pipeline.micro_batches=" + std::to_string(m));
-          sets.push_back("pipeline.recompute=" + mode);
-          sets.push_back("pipeline.schedule=" + sched);
-          const int chunks = schedule::uses_chunks(sched) ? std::max(2, base.pipeline.chunks) : 1;
-          sets.push_back("pipeline.chunks=" + std::to_string(chunks));
-          if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
-            sets.push_back("pipeline.balance=uniform");
-          nlohmann::json line{{"config_file", path}, {"stages", k}, {"micro_batches", m}, {"schedule", sched},
-                              {"chunks", chunks}, {"recompute", mode}};
-          char head[160];
-          std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s: ", done, total, k, m, sched.c_str(), mode.c_str());
-          try {
-            const Config c = load_config(path, sets, o.override_flag);
-            BenchResult r = run_bench(c, o.bench);
-            const double K = k, M = m, v = chunks;
-            line["balance"] = r.balance;
-            line["batch_size"] = c.data.batch_size;
-            line["threads_per_stage"] = r.pipeline.threads;
-            line["baseline_threads"] = r.baseline.threads;
-            line["baseline_all_cores_threads"] = r.baseline_all_cores.threads;
-            line["baseline_samples_per_s"] = r.baseline.samples_per_s;
-            line["baseline_samples_per_s_range"] = {r.baseline.min_samples_per_s, r.baseline.max_samples_per_s};
-            line["baseline_all_cores_samples_per_s"] = r.baseline_all_cores.samples_per_s;
-            line["pipeline_samples_per_s"] = r.pipeline.samples_per_s;
-            line["pipeline_samples_per_s_range"] = {r.pipeline.min_samples_per_s, r.pipeline.max_samples_per_s};
-            line["speedup"] = r.pipeline.samples_per_s / r.baseline.samples_per_s;
-            line["speedup_all_cores"] = r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s;
-            line["ideal_speedup"] = K * M / (M + (K - 1) / v);
-            line["bubble_measured"] = r.pipeline.bubble;
-            line["bubble_predicted"] = r.prediction.simulated_bubble;
-            line["bubble_formula"] = (K - 1) / (v * M + K - 1);
-            line["step_ms"] = r.prediction.measured_step_s * 1e3;
-            line["simulated_step_ms"] = r.prediction.simulated_step_s * 1e3;
-            line["peak_in_flight"] = r.prediction.peak_in_flight;
-            line["peak_memory_bytes"] = r.pipeline.peak_rss_bytes;
-            line["baseline_peak_memory_bytes"] = r.baseline.peak_rss_bytes;
-            line["peak_tensor_bytes"] = r.prediction.pipeline_peak_tensor_bytes;
-            line["baseline_peak_tensor_bytes"] = r.prediction.baseline_peak_tensor_bytes;
-            progress << head << std::fixed << std::setprecision(2) << line["speedup"].get<double>() << "x (ideal "
-                     << line["ideal_speedup"].get<double>() << "x), bubble " << r.pipeline.bubble << " measured / "
-                     << r.prediction.simulated_bubble << " simulated, peak tensors "
-                     << r.prediction.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB" << std::endl;
-          } catch (const ConfigError& e) {
-            line["skipped"] = e.what();
-            progress << head << "skipped: " << e.what() << std::endl;
-          } catch (const std::exception& e) {  // a run that fails is reported, and the sweep goes on
-            line["skipped"] = std::string("failed: ") + e.what();
-            progress << head << "failed: " << e.what() << std::endl;
+          // The precisions of one combination run back to back, each compared with the first.
+          std::optional<BenchResult> first;
+          for (const auto& precision : precisions) {
+            ++done;
+            std::vector<std::string> sets = overrides;
+            sets.push_back("train.precision=" + precision);
+            sets.push_back("pipeline.stages=" + std::to_string(k));
+            sets.push_back("pipeline.micro_batches=" + std::to_string(m));
+            sets.push_back("pipeline.recompute=" + mode);
+            sets.push_back("pipeline.schedule=" + sched);
+            const int chunks = schedule::uses_chunks(sched) ? std::max(2, base.pipeline.chunks) : 1;
+            sets.push_back("pipeline.chunks=" + std::to_string(chunks));
+            if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
+              sets.push_back("pipeline.balance=uniform");
+            nlohmann::json line{{"config_file", path}, {"stages", k}, {"micro_batches", m}, {"schedule", sched},
+                                {"chunks", chunks}, {"recompute", mode}, {"precision", precision}};
+            char head[200];
+            std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s%s%s: ", done, total, k, m, sched.c_str(),
+                          mode.c_str(), o.precisions.empty() ? "" : " ", o.precisions.empty() ? "" : precision.c_str());
+            try {
+              const Config c = load_config(path, sets, o.override_flag);
+              BenchResult r = run_bench(c, o.bench);
+              const double K = k, M = m, v = chunks;
+              line["balance"] = r.balance;
+              line["batch_size"] = c.data.batch_size;
+              line["threads_per_stage"] = r.pipeline.threads;
+              line["baseline_threads"] = r.baseline.threads;
+              line["baseline_all_cores_threads"] = r.baseline_all_cores.threads;
+              line["baseline_samples_per_s"] = r.baseline.samples_per_s;
+              line["baseline_samples_per_s_range"] = {r.baseline.min_samples_per_s, r.baseline.max_samples_per_s};
+              line["baseline_all_cores_samples_per_s"] = r.baseline_all_cores.samples_per_s;
+              line["pipeline_samples_per_s"] = r.pipeline.samples_per_s;
+              line["pipeline_samples_per_s_range"] = {r.pipeline.min_samples_per_s, r.pipeline.max_samples_per_s};
+              line["speedup"] = r.pipeline.samples_per_s / r.baseline.samples_per_s;
+              line["speedup_all_cores"] = r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s;
+              line["ideal_speedup"] = K * M / (M + (K - 1) / v);
+              line["bubble_measured"] = r.pipeline.bubble;
+              line["bubble_predicted"] = r.prediction.simulated_bubble;
+              line["bubble_formula"] = (K - 1) / (v * M + K - 1);
+              line["step_ms"] = r.prediction.measured_step_s * 1e3;
+              line["simulated_step_ms"] = r.prediction.simulated_step_s * 1e3;
+              line["peak_in_flight"] = r.prediction.peak_in_flight;
+              line["peak_memory_bytes"] = r.pipeline.peak_rss_bytes;
+              line["baseline_peak_memory_bytes"] = r.baseline.peak_rss_bytes;
+              line["peak_tensor_bytes"] = r.prediction.pipeline_peak_tensor_bytes;
+              line["baseline_peak_tensor_bytes"] = r.prediction.baseline_peak_tensor_bytes;
+              progress << head << std::fixed << std::setprecision(2) << line["speedup"].get<double>() << "x (ideal "
+                       << line["ideal_speedup"].get<double>() << "x), bubble " << r.pipeline.bubble << " measured / "
+                       << r.prediction.simulated_bubble << " simulated, peak tensors "
+                       << r.prediction.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB";
+              if (first) {  // step-time speedup of this precision over the first one, plain and pipeline
+                line["plain_speedup_vs_" + precisions[0]] = first->baseline.median_step_s / r.baseline.median_step_s;
+                line["pipeline_speedup_vs_" + precisions[0]] = first->pipeline.median_step_s / r.pipeline.median_step_s;
+                progress << "; vs " << precisions[0] << ": plain " << line["plain_speedup_vs_" + precisions[0]].get<double>()
+                         << "x, pipeline " << line["pipeline_speedup_vs_" + precisions[0]].get<double>() << "x";
+              } else {
+                first = r;
+              }
+              progress << std::endl;
+            } catch (const ConfigError& e) {
+              line["skipped"] = e.what();
+              progress << head << "skipped: " << e.what() << std::endl;
+            } catch (const std::exception& e) {  // a run that fails is reported, and the sweep goes on
+              line["skipped"] = std::string("failed: ") + e.what();
+              progress << head << "failed: " << e.what() << std::endl;
+            }
+            line["machine"] = machine;
+            line["config"] = base_json;
+            line["repeat"] = o.bench.repeat;
+            line["warmup"] = o.bench.warmup;
+            if (json_lines) *json_lines << line.dump() << "\n" << std::flush;
           }
-          line["machine"] = machine;
-          line["config"] = base_json;
-          line["repeat"] = o.bench.repeat;
-          line["warmup"] = o.bench.warmup;
-          if (json_lines) *json_lines << line.dump() << "\n" << std::flush;
         }
 }
 

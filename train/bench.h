@@ -49,7 +49,8 @@ BenchResult run_bench(const Config& config, const BenchOptions& options);
 void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 
 // A sweep: run_bench for every combination of stage count, micro-batch count, recomputation
-// mode and schedule, applied as overrides on top of `overrides` to the config file.
+// mode, schedule and precision (the precisions of one combination back to back, each compared
+// with the first), applied as overrides on top of `overrides` to the config file.
 // Combinations the config cannot run (too few layers or samples, an interleaved schedule
 // whose micro-batch count is not a multiple of the stages) are reported as skipped. One line
 // of progress per combination on `progress`; one JSON object per combination on `json_lines`
@@ -58,6 +59,7 @@ void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 struct SweepOptions {
   std::vector<int> stages, micro_batches;
   std::vector<std::string> recompute, schedules;
+  std::vector<std::string> precisions;  // train.precision values; empty: the config's
   BenchOptions bench;
   std::string override_flag = "override";  // how messages name the overrides ("--set")
 };

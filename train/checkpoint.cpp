@@ -341,6 +341,9 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"schedule", config.pipeline.schedule},
                       {"balance", pipe.balance()},
                       {"optimizer", config.optimizer.kind},
+                      {"precision", precision_name(config.train.precision)},
+                      {"loss_scale", pipe.loss_scale()},
+                      {"loss_scale_good_steps", pipe.loss_scale_good_steps()},
                       {"identity", identity},
                       {"identity_hash", identity_hash(identity)},
                       {"shards", shards}};
@@ -471,6 +474,9 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
     }
   }
   pipe.set_step(m.at("pipeline_step").get<int64_t>());
+  // fp16 continues with the loss scale it had; from another precision it starts afresh.
+  if (config.train.precision == Precision::FP16 && m.value("precision", "fp32") == "fp16")
+    pipe.restore_loss_scale(m.at("loss_scale").get<double>(), m.at("loss_scale_good_steps").get<int64_t>());
   return state_of(dir, m);
 }
 

@@ -201,6 +201,10 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.train.checkpoint_every = train.get_int("checkpoint_every", c.train.checkpoint_every, 0, int64_t(1) << 40);
   c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
   c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
+  c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
+  if (c.train.precision == Precision::FP16)
+    train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
+                            "(float32's range, no loss scaling needed)");
   train.finish();
 
   JsonReader rt = top.child("runtime");
@@ -220,6 +224,9 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.runtime.max_message_bytes = static_cast<uint64_t>(
       rt.get_int("max_message_bytes", static_cast<int64_t>(c.runtime.max_message_bytes), 1, INT64_MAX));
   c.runtime.dtype = rt.get_choice("dtype", c.runtime.dtype, {"float32", "float64"});
+  if (c.runtime.dtype != "float32" && c.train.precision != Precision::FP32)
+    rt.fail("dtype", std::string("train.precision ") + precision_name(c.train.precision) +
+                         " computes in a reduced precision from float32 master weights; it needs runtime.dtype float32");
   rt.finish();
 
   top.finish();

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_reader.h"
+#include "common/precision.h"
 #include "common/recompute.h"
 
 namespace pipetrain::train {
@@ -69,6 +70,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;       // save a checkpoint every this many steps (and at the end); 0: at the end only
   std::string checkpoint_dir;         // where checkpoints go (--checkpoint-dir overrides); empty: none
   int64_t keep_checkpoints = 3;       // newest complete checkpoints kept
+  // Compute dtype of the forward (autocast): fp32 | bf16 | fp16 (GPU only). Weights, gradients
+  // and optimizer state stay float32 (master weights).
+  Precision precision = Precision::FP32;
 };
 
 struct RuntimeConfig {

@@ -36,6 +36,7 @@ Job prepare(const Config& c) {
   o.schedule = c.pipeline.schedule;
   o.chunks = c.pipeline.chunks;
   o.recompute = c.pipeline.recompute;
+  o.precision = c.train.precision;
   o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
   o.timeout_s = c.runtime.timeout_s;
   o.seed = c.train.seed;

@@ -1,10 +1,13 @@
 // Checkpoint manifests (pipeline/manifest.h).
 #include "train/manifest.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "common/hash.h"
 #include "common/json_reader.h"
+#include "common/precision.h"
 #include "common/strings.h"
 
 namespace pipetrain::train {
@@ -72,6 +75,20 @@ json check_manifest(const std::string& text, const std::string& file, const std:
   need("identity", json::value_t::object);
   need("identity_hash", json::value_t::string);
   need("shards", json::value_t::array);
+  // Written since mixed precision: the precision the run trained in, and fp16's loss scale.
+  if (m.contains("precision") &&
+      (!m.at("precision").is_string() ||
+       std::find(precision_names().begin(), precision_names().end(), m.at("precision").get<std::string>()) ==
+           precision_names().end()))
+    throw CheckpointError(where + ": precision " + brief(m.at("precision")) + " is not one of fp32, bf16, fp16");
+  if (m.contains("loss_scale") && (!m.at("loss_scale").is_number() || !(m.at("loss_scale").get<double>() > 0) ||
+                                   !std::isfinite(m.at("loss_scale").get<double>())))
+    throw CheckpointError(where + ": loss_scale " + brief(m.at("loss_scale")) + " is not a finite number > 0");
+  if (m.contains("loss_scale_good_steps") && !m.at("loss_scale_good_steps").is_number_unsigned())
+    throw CheckpointError(where + ": loss_scale_good_steps " + brief(m.at("loss_scale_good_steps")) +
+                          " is not a count");
+  if (m.value("precision", "fp32") == "fp16" && (!m.contains("loss_scale") || !m.contains("loss_scale_good_steps")))
+    throw CheckpointError(where + ": an fp16 checkpoint lacks its loss scale");
   if (identity_hash(m.at("identity")) != m.at("identity_hash"))
     throw CheckpointError(where + ": the identity does not match its hash (the manifest was altered)");
   for (const json& s : m.at("shards"))

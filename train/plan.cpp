@@ -159,7 +159,8 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "", ", ",
                              c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
-                             ", recompute ", recompute_name(c.pipeline.recompute), ", balance ", c.pipeline.balance_method);
+                             ", recompute ", recompute_name(c.pipeline.recompute), ", balance ", c.pipeline.balance_method,
+                             ", precision ", precision_name(c.train.precision));
   return r;
 }
 

@@ -1,5 +1,6 @@
 // The plain single-device training loop the pipeline is compared against (bench, tests): the
-// whole batch in one forward and backward, with the same dropout streams as the pipeline.
+// whole batch in one forward and backward, with the same dropout streams as the pipeline, and
+// the forward under the same autocast as a pipeline stage's in a reduced precision.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
+#include "common/precision.h"
 #include "pipeline/pipeline.h"
 #include "stages/stage.h"
 
@@ -14,7 +16,8 @@ namespace pipetrain::train {
 
 class SingleDevice {
  public:
-  SingleDevice(torch::nn::Sequential model, stages::LossFn loss, pipeline::OptimizerFactory optimizer, uint64_t seed);
+  SingleDevice(torch::nn::Sequential model, stages::LossFn loss, pipeline::OptimizerFactory optimizer, uint64_t seed,
+               Precision precision = Precision::FP32);
   double train_step(const at::Tensor& input, const at::Tensor& target);
   std::vector<at::Tensor> parameters() const { return model_->parameters(); }
 
@@ -23,6 +26,7 @@ class SingleDevice {
   stages::LossFn loss_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   uint64_t seed_;
+  Precision precision_;
   int64_t step_ = 0;
 };
 

@@ -96,7 +96,7 @@ class MetricsFile final : public TrainObserver {
   void stepped(const StepReport& r) override {
     write({{"step", r.step}, {"loss", r.loss}, {"samples_per_s", r.samples / r.step_s}, {"step_time_s", r.step_s},
            {"time_s", r.elapsed_s}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"stage_busy_ms", r.stage_busy_ms},
-           {"skipped", !r.skipped.empty()}});
+           {"skipped", !r.skipped.empty()}, {"loss_scale", r.loss_scale}});
   }
   void evaluated(int64_t step, const TrainResult& result) override { write(event("eval", step, result)); }
   void tested(const TrainResult& result) override {
@@ -155,6 +155,7 @@ struct Checkpoints {
   std::string dir, where;
   std::string resumed_from;  // the checkpoint loaded; "" for a fresh run
   int64_t first_step = 0;    // steps done when this run starts
+  std::string note;          // said once the run starts (a resume in another precision)
 };
 
 Checkpoints open_checkpoints(const Config& c, const TrainOptions& o, Pipeline& pipe) {
@@ -180,6 +181,10 @@ Checkpoints open_checkpoints(const Config& c, const TrainOptions& o, Pipeline& p
                                        " but train.steps is ", c.train.steps));
     k.first_step = st.step;
     k.resumed_from = latest;
+    const std::string saved = st.manifest.value("precision", "fp32");
+    if (saved != precision_name(c.train.precision))
+      k.note = detail::concat("note: resuming ", latest, ", trained in ", saved, ", in ", precision_name(c.train.precision),
+                              " (train.precision); the float32 weights and optimizer state carry over as they are");
   } else if (!latest.empty()) {
     throw ConfigError(detail::concat(k.where, ": ", k.dir, " already holds checkpoints (latest ", latest, "); pass ",
                                      n.resume, " to continue that run, or choose another directory"));
@@ -208,6 +213,11 @@ double run_step(Job& job, Pipeline& pipe, int64_t s, double lr, std::string& ski
     } catch (const NonFiniteGradient& e) {
       skipped = e.what();
     }
+    // fp16: an overflow is loss scaling at work (the scale backs off), not a diverging run.
+    if (pipe.last_step_skipped()) {
+      skipped = detail::concat("a float16 gradient overflowed; the loss scale backs off to ", pipe.loss_scale());
+      return loss;
+    }
   }
   if (!skipped.empty() && c.train.on_nonfinite == "stop")
     throw Error(detail::concat("step ", s + 1, ": ", skipped,
@@ -221,6 +231,7 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
                         partitioner::to_string(pipe.balance()), ", ", job.options.micro_batches,
                         " micro-batches, recompute ", recompute_name(c.pipeline.recompute), ", ",
                         job.options.intra_op_threads, " intra-op threads per stage",
+                        c.train.precision != Precision::FP32 ? detail::concat(", ", precision_name(c.train.precision)) : "",
                         pipe.rank() >= 0 ? ", one process per stage over " + c.runtime.transport : "");
 }
 
@@ -260,6 +271,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   pipe.set_grad_clip(c.optimizer.grad_clip);
   pipe.track_grad_norm(metrics != nullptr);
   pipe.check_finite_grads(true);
+  if (!ckpt.note.empty()) tell([&](TrainObserver& o) { o.note(ckpt.note); });
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 
   const auto start = Clock::now();
@@ -276,6 +288,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     r.steps = steps;
     r.last_step = last_step;
     r.grad_norm = pipe.last_grad_norm();
+    r.loss_scale = pipe.loss_scale();
     r.step_s = std::chrono::duration<double>(t1 - t0).count();
     r.elapsed_s = std::chrono::duration<double>(t1 - start).count();
     r.samples = samples;

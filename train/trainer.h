@@ -44,6 +44,7 @@ struct StepReport {
   int64_t steps = 0;      // train.steps
   int64_t last_step = 0;  // where this run ends (an earlier until_step)
   double loss = 0, lr = 0, grad_norm = 0;
+  double loss_scale = 1;  // fp16: the scale of the next step; 1 otherwise
   double step_s = 0, elapsed_s = 0;  // this step; since this run started
   int64_t samples = 0;               // in this step (batch x accumulate)
   std::vector<double> stage_busy_ms;
