@@ -97,15 +97,15 @@ def final(metrics_path, key):
     return last[key]
 
 
-def convergence(binary):
+def convergence(binary, scratch):
     out = {}
     curves = {}
     for precision in ("fp32", "bf16"):
-        m = os.path.join(RESULTS, f"precision_fashion_{precision}.jsonl")
+        m = os.path.join(scratch, f"precision_fashion_{precision}.jsonl")
         run([binary, "train", "configs/fashion_mnist_cnn.json", "--quiet", "--metrics", m,
              "--set", f"train.precision={precision}"])
         out[("fashion", precision)] = (final(m, "test_accuracy"), final(m, "test_loss"))
-        g = os.path.join(RESULTS, f"precision_gpt_{precision}.jsonl")
+        g = os.path.join(scratch, f"precision_gpt_{precision}.jsonl")
         run([binary, "train", "configs/gpt_text.json", "--quiet", "--metrics", g,
              "--set", f"train.precision={precision}", "--set", "train.eval_every=50"])
         out[("gpt", precision)] = (final(g, "test_accuracy"), final(g, "test_loss"))
@@ -165,7 +165,8 @@ def main():
         print(f"| {int(m)} | {f32:.2f} | {b16:.2f} | {f32 / b16:.2f} |")
     if a.skip_convergence:
         return
-    out, curves = convergence(binary)
+    with tempfile.TemporaryDirectory() as scratch:
+        out, curves = convergence(binary, scratch)
     png = plot(curves)
     print("\n## Convergence\n")
     print("| run | fp32 | bf16 |")

@@ -13,6 +13,14 @@ namespace pipetrain::models {
 
 namespace F = torch::nn::functional;
 
+namespace {
+// A linear layer through libtorch's own linear op. torch::nn::Linear multiplies by a transposed
+// view of the weight, which autocast casts afresh for every call (it caches only whole leaf
+// tensors); through linear(), each weight is cast once per step and thread and that copy is
+// shared by every micro-batch's graph, instead of one copy per micro-batch held for backward.
+at::Tensor run_linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
+}  // namespace
+
 torch::Tensor DropoutImpl::forward(const torch::Tensor& x) {
   if (!is_training() || p_ <= 0.0) return x;
   const RngContext& ctx = current_rng_context();
@@ -38,7 +46,7 @@ void DenseImpl::reset() {
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
-  auto h = linear_(flatten_ && x.dim() > 2 ? x.flatten(1) : x);
+  auto h = run_linear(linear_, flatten_ && x.dim() > 2 ? x.flatten(1) : x);
   if (relu_) h = torch::relu(h);
   if (dropout_) h = dropout_(h);
   return h;
@@ -199,14 +207,14 @@ void BlockImpl::reset() {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_heads_, D = C / H;
-  auto qkv = qkv_(ln1_(x)).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
+  auto qkv = run_linear(qkv_, ln1_(x)).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
   auto q = qkv[0], k = qkv[1], v = qkv[2];
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
   auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
   att = attn_drop_(torch::softmax(att.masked_fill(future, -INFINITY), -1));
   auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-  auto h = x + resid_drop_(proj_(y));
-  return h + mlp_drop_(fc2_(F::gelu(fc1_(ln2_(h)))));
+  auto h = x + resid_drop_(run_linear(proj_, y));
+  return h + mlp_drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln2_(h)))));
 }
 
 NormImpl::NormImpl(int64_t d_model) : d_model_(d_model) { reset(); }

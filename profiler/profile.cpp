@@ -154,6 +154,13 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
           int64_t before = 0;
           std::unique_ptr<MemoryCounter> counter;
           if (timed && rep == o.warmup && split == 0) {
+            // A reduced precision: autocast's copy of a weight is made by the step's first forward
+            // and shared by every micro-batch (the memory model counts it once, with the
+            // parameters); it must not count as what this micro-batch keeps for backward.
+            if (o.precision != Precision::FP32) {
+              stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
+              stage.backward(0, last ? at::Tensor() : torch::zeros_like(stage.forward_only(x)));
+            }
             counter = std::make_unique<MemoryCounter>();
             before = counter->live();
           }

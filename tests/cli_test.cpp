@@ -218,6 +218,40 @@ TEST(Cli, BenchSweepWritesJsonLines) {
   expect_clean_error(run("bench " + cfg + " --checkpoint never"), "bench --checkpoint: renamed --recompute");
 }
 
+// `bench --precision fp32,bf16` times both precisions of a combination back to back and compares
+// the second with the first; fp16 is reported as skipped on the CPU, with the reason; `plan`
+// names the precision it profiled in; a bf16 run trains and writes its loss scale (1).
+TEST(Cli, BenchComparesPrecisionsAndPlanNamesIt) {
+  const std::string cfg = write_config("precision.json", kSmall);
+  const std::string out = ::testing::TempDir() + "/pipetrain_cli_precision_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(out.c_str());
+  Result r = run("bench " + cfg + " --precision fp32,bf16,fp16 --warmup 0 --repeat 1 --json " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[2/3] K=2 M=2 gpipe except_last bf16: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vs fp32: plain "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp16: skipped: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp16 is for GPU stages only"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["precision"], "fp32");
+  EXPECT_EQ(lines[1]["precision"], "bf16");
+  EXPECT_GT(lines[1]["plain_speedup_vs_fp32"].get<double>(), 0.0);
+  EXPECT_GT(lines[1]["pipeline_speedup_vs_fp32"].get<double>(), 0.0);
+  EXPECT_TRUE(lines[2].contains("skipped"));
+  r = run("plan " + cfg + " --set train.precision=bf16 --repeat 1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("precision bf16"), std::string::npos) << r.out;
+  const std::string metrics = ::testing::TempDir() + "/pipetrain_cli_bf16_" + std::to_string(::getpid()) + ".jsonl";
+  r = run("train " + cfg + " --set train.precision=bf16 --set train.steps=3 --quiet --metrics " + metrics);
+  EXPECT_EQ(r.status, 0) << r.out;
+  std::ifstream m(metrics);
+  std::string first;
+  ASSERT_TRUE(std::getline(m, first));
+  EXPECT_EQ(nlohmann::json::parse(first)["loss_scale"], 1.0) << first;
+}
+
 // With train.on_nonfinite=skip the run goes on, says which steps it skipped, and ends normally.
 TEST(Cli, NonFiniteStepsCanBeSkipped) {
   const std::string cfg = write_config("skip.json", kSmall);
