@@ -123,7 +123,7 @@ def plot(curves):
                 f.write(f"{s} {l}\n")
         data[precision] = path
     png = os.path.join(RESULTS, "precision_gpt_test_loss.png")
-    script = f"""set terminal pngcairo size 800,480
+    script = f"""set terminal pngcairo size 800,480 noenhanced
 set output '{png}'
 set title 'byte-level GPT (configs/gpt_text.json): test loss, fp32 and bf16'
 set xlabel 'step'
