@@ -25,7 +25,7 @@ torch::Tensor DropoutImpl::forward(const torch::Tensor& x) {
   if (!is_training() || p_ <= 0.0) return x;
   const RngContext& ctx = current_rng_context();
   // Drawn in float32 for a reduced-precision x, so the mask does not depend on the precision.
-  const bool reduced = x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
+  const bool reduced = c10::isReducedFloatingType(x.scalar_type());
   auto mask = torch::empty(x.sizes(), x.options().device(torch::kCPU).dtype(reduced ? torch::kFloat : x.scalar_type()));
   for (int64_t i = 0; i < x.size(0); ++i) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(
@@ -89,8 +89,7 @@ void BatchNormImpl::accumulate(const torch::Tensor& x) {
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
   const int64_t n = x.numel() / features_;
   // Statistics of a reduced-precision (autocast) input are taken in float32.
-  const at::Tensor v = x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf ? x.detach().to(torch::kFloat)
-                                                                                              : x.detach();
+  const at::Tensor v = c10::isReducedFloatingType(x.scalar_type()) ? x.detach().to(torch::kFloat) : x.detach();
   auto [var, mean] = torch::var_mean(v, dims, /*unbiased=*/false);
   mean = mean.to(torch::kDouble);
   at::Tensor m2 = var.to(torch::kDouble) * static_cast<double>(n);

@@ -158,8 +158,8 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
             // and shared by every micro-batch (the memory model counts it once, with the
             // parameters); it must not count as what this micro-batch keeps for backward.
             if (o.precision != Precision::FP32) {
-              stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
-              stage.backward(0, last ? at::Tensor() : torch::zeros_like(stage.forward_only(x)));
+              const at::Tensor warm = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
+              stage.backward(0, last ? at::Tensor() : torch::zeros_like(warm));
             }
             counter = std::make_unique<MemoryCounter>();
             before = counter->live();

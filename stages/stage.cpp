@@ -50,7 +50,7 @@ at::Tensor Stage::run(const Saved& s) {
   PIPETRAIN_CHECK(loss_, "the last stage has no loss function");
   // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).
   at::Tensor loss = loss_(out, s.target);
-  if (loss.scalar_type() == at::kBFloat16 || loss.scalar_type() == at::kHalf) loss = loss.to(at::kFloat);
+  if (c10::isReducedFloatingType(loss.scalar_type())) loss = loss.to(at::kFloat);
   return loss * s.weight;
 }
 

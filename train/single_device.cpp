@@ -19,7 +19,7 @@ double SingleDevice::train_step(const at::Tensor& input, const at::Tensor& targe
   {
     stages::AutocastGuard autocast(precision_, input.device().type());
     loss = loss_(model_->forward(input), target);
-    if (loss.scalar_type() == at::kBFloat16 || loss.scalar_type() == at::kHalf) loss = loss.to(at::kFloat);
+    if (c10::isReducedFloatingType(loss.scalar_type())) loss = loss.to(at::kFloat);
   }
   models::commit_batch_norm(*model_);  // the whole batch in one forward, as torch's BatchNorm
   loss.backward();
