@@ -27,6 +27,7 @@
 #include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/plan.h"
+#include "train/whatif.h"
 #include "schedule/schedule.h"
 #include "schedule/trace.h"
 #include "stages/accelerator.h"
@@ -221,6 +222,49 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   partition->add_option("--speeds", speeds, "Relative speed of each stage's device (one per stage)")->delimiter(',');
 
+  pt::SimulateOptions sim_options;
+  std::string sim_recompute = "never", sim_trace;
+  bool sim_json = false;
+  auto* simulate = app.add_subcommand("simulate", "Simulate a schedule on a cost file: step, bubble, memory per stage");
+  simulate->add_option("--costs", sim_options.costs_path, "Cost file (plan --save-costs, costs transformer)")->required();
+  simulate->add_option("--stages", sim_options.stages, "Devices")->required()->check(CLI::Range(1, 100000));
+  simulate->add_option("--micro-batches", sim_options.micro_batches, "Micro-batches per step")->required()->check(CLI::Range(1, 1000000));
+  simulate->add_option("--schedule", sim_options.schedule, "Schedule kind")
+      ->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
+  simulate->add_option("--chunks", sim_options.chunks, "Virtual stages per device (default: 2 for kinds with chunks)")
+      ->check(CLI::Range(1, 64));
+  simulate->add_option("--recompute", sim_recompute, "never, always or except-last")
+      ->check(CLI::IsMember({"never", "always", "except-last"}));
+  simulate->add_option("--memory-limit", sim_options.memory_limit, "zb-auto: activation bytes per device (default: twice 1f1b's)")
+      ->check(CLI::NonNegativeNumber);
+  simulate->add_option("--bandwidth", sim_options.bandwidth_gb_s, "Link bandwidth in GB/s (instead of the file's)")
+      ->check(CLI::NonNegativeNumber);
+  simulate->add_option("--latency-ms", sim_options.latency_ms, "Link latency in ms (instead of the file's)")
+      ->check(CLI::NonNegativeNumber);
+  simulate->add_option("--trace", sim_trace, "Write the simulated step with memory counters (Chrome trace JSON)");
+  simulate->add_flag("--json", sim_json, "Print one JSON object");
+
+  pt::TransformerShape shape;
+  std::string costs_out;
+  auto* costs = app.add_subcommand("costs", "Write cost files for hardware this machine does not have");
+  costs->require_subcommand(1);
+  auto* transformer = costs->add_subcommand("transformer", "A decoder-only transformer's costs from its FLOP and byte counts");
+  transformer->add_option("--layers", shape.layers, "Transformer blocks")->required()->check(CLI::Range(1, 100000));
+  transformer->add_option("--hidden", shape.hidden, "Hidden size")->required()->check(CLI::Range(1, 1000000));
+  transformer->add_option("--seq", shape.seq, "Sequence length")->required()->check(CLI::Range(1, 10000000));
+  transformer->add_option("--heads", shape.heads, "Attention heads")->required()->check(CLI::Range(1, 100000));
+  transformer->add_option("--vocab", shape.vocab, "Vocabulary size")->required()->check(CLI::Range(1, 100000000));
+  transformer->add_option("--micro-batch", shape.micro_batch, "Sequences per micro-batch")->required()->check(CLI::Range(1, 1000000));
+  transformer->add_option("--device-tflops", shape.device_tflops, "Peak dense TFLOP/s of one device (default 400)")
+      ->check(CLI::PositiveNumber);
+  transformer->add_option("--efficiency", shape.efficiency, "Share of the peak reached (default 0.5)")->check(CLI::Range(0.001, 1.0));
+  transformer->add_option("--bandwidth", shape.bandwidth_gb_s, "Link bandwidth between stages in GB/s (default 50)")
+      ->check(CLI::PositiveNumber);
+  transformer->add_option("--latency-ms", shape.latency_ms, "Link latency in ms (default 0.01)")->check(CLI::NonNegativeNumber);
+  transformer->add_option("--bytes-per-value", shape.bytes_per_value, "Bytes per activation value (default 2: bf16)")
+      ->check(CLI::Range(1, 8));
+  transformer->add_option("--out", costs_out, "Write the cost file here (default: standard output)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -233,6 +277,31 @@ int main(int argc, char** argv) {
     pipetrain::apps::install_faults_from_environment();
     if (*partition) {
       run_partition(costs_path, partition_stages, memory_limit, speeds);
+      return 0;
+    }
+    if (*simulate) {
+      sim_options.recompute = pipetrain::parse_recompute(sim_recompute);
+      const pt::SimulateReport r = pt::simulate_cost_file(sim_options);
+      if (!sim_trace.empty()) pt::write_simulation_trace(sim_trace, r);
+      pt::print_simulation(std::cout, r, sim_json);
+      return 0;
+    }
+    if (*costs) {
+      const auto file = pt::transformer_costs(shape);
+      if (costs_out.empty()) {
+        pt::write_cost_file(std::cout, file);
+      } else {
+        // Written beside the target and renamed over it: a failed write leaves no half file.
+        const std::string tmp = costs_out + ".tmp";
+        {
+          std::ofstream f(tmp, std::ios::out | std::ios::trunc);
+          if (!f) throw pipetrain::ConfigError("--out " + costs_out + ": cannot open for writing");
+          pt::write_cost_file(f, file);
+          if (!f.flush()) throw pipetrain::Error("--out " + costs_out + ": write failed");
+        }
+        if (std::rename(tmp.c_str(), costs_out.c_str()) != 0) throw pipetrain::Error("--out " + costs_out + ": cannot rename");
+        std::printf("wrote %zu layers to %s\n", file.layers.size(), costs_out.c_str());
+      }
       return 0;
     }
     if (*launcher) {

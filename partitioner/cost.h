@@ -19,6 +19,9 @@ struct LayerCost {
   int64_t param_bytes = 0;       // the layer's parameters
   int64_t activation_bytes = 0;  // the layer's output: the next stage's input when a stage ends here
   int64_t saved_bytes = 0;       // what the layer keeps for backward (includes its output when kept)
+  // The backward's two parts when known (a cost file may give them): B, the input gradient, and
+  // W, the weight gradients; negative when not given.
+  double backward_input_ms = -1, backward_weight_ms = -1;
 };
 
 // The device a stage runs on; stage j runs on device j.

@@ -12,74 +12,11 @@
 #include "common/error.h"
 #include "common/fault.h"
 #include "models/layers.h"
-#include "pipeline/worker.h"
-#include "stages/autocast.h"
+#include "pipeline/impl.h"
 
 namespace pipetrain::pipeline {
 
 using schedule::Op;
-
-namespace {
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-struct ClearAutocastCache {  // on the thread that ran the forwards (stages/autocast.h)
-  ~ClearAutocastCache() { stages::clear_autocast_cache(); }
-};
-
-}  // namespace
-
-struct Pipeline::Impl {
-  PipelineOptions options;
-  torch::nn::Sequential model;
-  partitioner::Balance balance;
-  schedule::Schedule sched;
-  std::vector<std::unique_ptr<stages::Stage>> stages;
-  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
-  std::vector<std::unique_ptr<comm::Transport>> transports;
-  std::vector<std::unique_ptr<Worker>> workers;
-  StepTrace trace;
-  Clock::time_point created = Clock::now();
-  int64_t step = 0;
-  int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
-  std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
-  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, and the
-  // control plane among the ranks (a group of one in-process), which also records why the
-  // pipeline can no longer be used.
-  int self = -1;
-  std::vector<int> local;
-  comm::Collectives group;
-
-  // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
-  // holds it, or finds it in transports[self].
-  void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-            std::unique_ptr<comm::Transport>& endpoint);
-  bool is_local_device(int device) const { return self < 0 || device == self; }
-  bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
-  int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
-  void check_usable() const;
-  void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
-  [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
-
-  // Inputs of the step being run, shared read-only with the stage threads.
-  std::vector<at::Tensor> inputs, targets;
-  std::vector<int64_t> offsets;
-  std::vector<double> weights, losses;
-
-  void run_stage(int r, Clock::time_point t0);
-  void step_optimizers(int r, Clock::time_point t0, double grad_scale);
-  double stage_grad_sq_norm(int r) const;
-  double step_all(Clock::time_point t0);
-  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
-                  bool accumulate = false, double scale = 1.0);
-  double grad_clip = 0, grad_norm = 0;
-  bool track_norm = false, check_finite = false;
-  LossScaler scaler;
-  bool skipped = false;  // the last optimizer step, for a float16 overflow
-  bool scaling() const { return options.precision == Precision::FP16; }
-  Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
-  bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
-};
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss)
     : impl_(std::make_unique<Impl>()) {
@@ -234,6 +171,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
   using Key = std::pair<int, int>;
   std::map<Key, at::Tensor> received, outbox, grads;
+  LocalHandoff local;  // between this device's own virtual stages
   auto& spans = trace.spans[r];
   spans.clear();
   int& peak = trace.peak_in_flight[r];
@@ -251,7 +189,9 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
     try {
       switch (a.op) {
         case Op::RecvActivation:
-          received[key] = t.recv(sched.device_of(vs - 1), {comm::Kind::Activation, m, a.chunk, step}, deadline());
+          received[key] = sched.device_of(vs - 1) == r
+                              ? local.take(comm::Kind::Activation, m, a.chunk)
+                              : t.recv(sched.device_of(vs - 1), {comm::Kind::Activation, m, a.chunk, step}, deadline());
           break;
         case Op::Forward: {
           at::Tensor in = stage.is_first() ? inputs[m] : received.at(key);
@@ -264,11 +204,16 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
           break;
         }
         case Op::SendActivation:
-          t.send(sched.device_of(vs + 1), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
+          if (sched.device_of(vs + 1) == r)
+            local.put(comm::Kind::Activation, m, sched.chunk_of(vs + 1), outbox.at(key));
+          else
+            t.send(sched.device_of(vs + 1), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
           outbox.erase(key);
           break;
         case Op::RecvGrad:
-          grads[key] = t.recv(sched.device_of(vs + 1), {comm::Kind::Grad, m, a.chunk, step}, deadline());
+          grads[key] = sched.device_of(vs + 1) == r
+                           ? local.take(comm::Kind::Grad, m, a.chunk)
+                           : t.recv(sched.device_of(vs + 1), {comm::Kind::Grad, m, a.chunk, step}, deadline());
           break;
         case Op::Backward:
         case Op::BackwardInput: {
@@ -282,7 +227,10 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
           stage.backward_weight(m);
           break;
         case Op::SendGrad:
-          t.send(sched.device_of(vs - 1), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
+          if (sched.device_of(vs - 1) == r)
+            local.put(comm::Kind::Grad, m, sched.chunk_of(vs - 1), outbox.at(key));
+          else
+            t.send(sched.device_of(vs - 1), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
           outbox.erase(key);
           break;
       }
@@ -520,81 +468,5 @@ void Pipeline::restore_loss_scale(double scale, int64_t good_steps) {
 }
 void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
 void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
-
-// A forward-only pipeline: the batch is split into the configured micro-batches, which flow
-// through the stages as in training (each device takes them in order, so no device waits on a
-// later one), with no gradients, no recomputation and the layers in evaluation mode.
-at::Tensor Pipeline::predict(const at::Tensor& input) {
-  Impl& p = *impl_;
-  p.check_usable();
-  const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
-  const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
-  std::vector<at::Tensor> outputs(M);
-  const int V = static_cast<int>(p.stages.size());
-  const int64_t tag_step = -(++p.predictions);  // never a training step
-  p.model->eval();
-  std::vector<std::exception_ptr> errors(p.options.stages);
-  for (int r : p.local)
-    p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
-      torch::NoGradGuard no_grad;
-      ClearAutocastCache clear_cache;
-      comm::Transport& t = *p.transports[r];
-      try {
-        for (int m = 0; m < M; ++m)
-          for (int c = 0; c < p.sched.chunks; ++c) {
-            const int vs = p.sched.virtual_stage(r, c);
-            at::Tensor x = vs == 0 ? parts[m]
-                                   : t.recv(p.sched.device_of(vs - 1), {comm::Kind::Activation, m, c, tag_step},
-                                            Deadline::after(p.options.timeout_s));
-            try {
-              x = p.stages[vs]->forward_only(x);
-            } catch (const c10::Error& e) {
-              throw Error(detail::concat("stage ", r, ": forward (evaluation) of micro-batch ", m, ": ",
-                                         e.what_without_backtrace()));
-            }
-            if (vs == V - 1)
-              outputs[m] = x;
-            else
-              t.send(p.sched.device_of(vs + 1), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
-          }
-      } catch (const std::exception& e) {
-        int none = -1;
-        p.first_failure.compare_exchange_strong(none, r);
-        t.abort(detail::concat("stage ", r, " failed: ", e.what()));
-        throw;
-      }
-    });
-  for (int r : p.local) errors[r] = p.workers[r]->wait();
-  p.model->train();
-  const int failed = p.first_failure.exchange(-1);
-  if (failed >= 0) {
-    if (p.self >= 0) p.fail("evaluation failed", errors[failed]);
-    p.transports = comm::make_transport_group(p.options.transport, p.options.stages);  // fresh mailboxes
-    std::rethrow_exception(errors[failed]);
-  }
-  if (!p.is_local_device(p.last_device())) return at::Tensor();
-  return M == 1 ? outputs[0] : torch::cat(outputs, 0);
-}
-
-int Pipeline::rank() const { return impl_->self; }
-bool Pipeline::is_local(int device) const { return impl_->is_local_device(device); }
-bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
-
-comm::Collectives& Pipeline::collectives() { return impl_->group; }
-int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device; }
-
-int Pipeline::stages() const { return impl_->options.stages; }
-const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
-const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
-const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
-int64_t Pipeline::step() const { return impl_->step; }
-void Pipeline::set_step(int64_t step) { impl_->step = step; }
-torch::optim::Optimizer* Pipeline::optimizer(int virtual_stage) {
-  return impl_->optimizers.at(virtual_stage).get();
-}
-torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) {
-  return impl_->stages.at(virtual_stage)->layers();
-}
-
 
 }  // namespace pipetrain::pipeline

@@ -4,10 +4,14 @@
 // deadlock-free by running it against unbounded mailboxes; simulate() (simulate.h) runs the
 // same lists against a cost table. Nothing here depends on libtorch.
 //
-// Virtual stages. With `chunks` = v > 1 (interleaved schedules) the model is cut into K·v
-// virtual stages and device r holds virtual stages r, r + K, r + 2K, ... (chunk c of device r is
-// virtual stage c·K + r). Activations flow from virtual stage s to s + 1, which is on the next
-// device (wrapping from the last device back to the first), and gradients flow back.
+// Virtual stages. With `chunks` = v > 1 the model is cut into K·v virtual stages. In the loop
+// placement (interleaved-1f1b, looped-bfs) device r holds virtual stages r, r + K, r + 2K, ...
+// (chunk c of device r is virtual stage c·K + r), so activations flow from virtual stage s to
+// s + 1 on the next device, wrapping from the last device back to the first. In the V placement
+// (zb-v, dualpipev; two chunks) device r holds virtual stages r and 2K−1−r: activations go down
+// the devices through chunk 0, turn on the last device (which holds K−1 and K, handed over
+// without a transfer) and come back up through chunk 1, so the loss is on device 0. Gradients
+// flow back the same way.
 #pragma once
 
 #include <string>
@@ -40,24 +44,37 @@ const char* op_name(Op op);
 std::string to_string(const Action& a);
 bool is_compute(Op op);  // Forward, Backward, BackwardInput, BackwardWeight
 
+enum class Placement { Loop, V };
+
 struct Schedule {
   std::string kind;
   int stages = 0;  // devices
   int micro_batches = 0;
   int chunks = 1;  // virtual stages per device
   std::vector<std::vector<Action>> actions;  // actions[stage]
+  Placement placement = Placement::Loop;
 
   int virtual_stages() const { return stages * chunks; }
-  int virtual_stage(int stage, int chunk) const { return chunk * stages + stage; }
-  int device_of(int virtual_stage) const { return virtual_stage % stages; }
+  int virtual_stage(int stage, int chunk) const {
+    return chunk * stages + (placement == Placement::V && chunk % 2 ? stages - 1 - stage : stage);
+  }
+  int device_of(int virtual_stage) const {
+    const int d = virtual_stage % stages;
+    return placement == Placement::V && chunk_of(virtual_stage) % 2 ? stages - 1 - d : d;
+  }
   int chunk_of(int virtual_stage) const { return virtual_stage / stages; }
 };
 
-// The schedule kinds this build knows: gpipe, 1f1b, interleaved-1f1b, zb-h1.
+// The schedule kinds this build knows: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, looped-bfs,
+// zb-v, dualpipev, zb-auto.
 std::vector<std::string> schedule_kinds();
 
-// Whether a kind runs several chunks per device (interleaved-1f1b) and its default chunk count.
+// Whether a kind runs several chunks per device (interleaved-1f1b, looped-bfs: chunks >= 2, 2 by
+// default; zb-v, dualpipev: exactly 2).
 bool uses_chunks(const std::string& kind);
+// Whether a kind splits backward into backward_input (B) and backward_weight (W).
+bool splits_backward(const std::string& kind);
+Placement placement_of(const std::string& kind);
 
 // Throws ScheduleError naming what would work when the kind cannot serve these sizes (e.g.
 // interleaved-1f1b needs chunks >= 2 and a micro-batch count that is a multiple of the stages).
@@ -76,6 +93,19 @@ Schedule make_interleaved_1f1b(int stages, int micro_batches, int chunks);
 // W; stage r holds back r W passes, so Bs reach the first stage sooner and the held-back Ws fill
 // the drain. With equal costs and M >= K its bubble is (K-1)(F+B-W) per stage.
 Schedule make_zb_h1(int stages, int micro_batches);
+
+// ZB-H2 (zero bubble with about twice 1F1B's activation memory): stage r runs 2(K−r)−1 warm-up
+// forwards, then B, W, F per micro-batch while holding back 2r W passes, which it runs after its
+// last B. With costs F, B, W and transfer c, every stage's span (first action to last) is
+// M(F+B+W) + (K−1)(F+B−2W+2c), the zero-bubble paper's figure (its Table 5).
+Schedule make_zb_h2(int stages, int micro_batches);
+// Looped BFS (breadth-first, as in torch.distributed.pipelining): every chunk of a device runs all
+// its micro-batches' forwards, chunk by chunk, then the backwards, last chunk first.
+Schedule make_looped_bfs(int stages, int micro_batches, int chunks);
+// DualPipeV (DeepSeek): V placement; after its warm-up, each device pairs the forward of one
+// micro-batch with the backward of another (listed one after the other: the executor runs them in
+// turn), and the last micro-batches' backwards are split to fill the drain. Needs M >= 2K.
+Schedule make_dualpipev(int stages, int micro_batches);
 
 // Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
 // on its device, that each compute has its input (received or local) before it runs, that every

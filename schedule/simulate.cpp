@@ -31,6 +31,7 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.backward_weight, "backward_weight", false);
   size_ok(c.recompute, "recompute", true);
   size_ok(c.activation_bytes, "activation_bytes", true);
+  size_ok(c.saved_bytes, "saved_bytes", true);
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
@@ -48,7 +49,10 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   out.peak_in_flight.assign(K, 0);
   out.peak_awaiting_weight.assign(K, 0);
   out.spans.resize(K);
-  std::vector<double> clock(K, 0.0);
+  out.span_ms.assign(K, 0.0);
+  out.peak_memory.assign(K, 0.0);
+  out.memory.assign(K, {{0.0, 0.0}});
+  std::vector<double> clock(K, 0.0), held(K, 0.0), first_start(K, -1.0), last_end(K, 0.0);
   std::vector<int> in_flight(K, 0), awaiting(K, 0);
   std::vector<size_t> pc(K, 0);
   // Delivery time of each message: (destination, receive op, micro-batch, chunk there).
@@ -59,6 +63,19 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     const int boundary = std::min(from_vs, to_vs);  // output of `boundary` or its gradient
     double bytes = c.activation_bytes.empty() ? 0.0 : c.activation_bytes[boundary];
     return c.latency_ms + (c.bytes_per_ms > 0 ? bytes / c.bytes_per_ms : 0.0);
+  };
+
+  auto recomputed = [&](int m) { return !c.recomputed.empty() && c.recomputed[m] && !c.recompute.empty(); };
+  // What micro-batch m holds on virtual stage vs between its forward and its last backward part.
+  auto holds = [&](int vs, int m) {
+    if (c.saved_bytes.empty()) return 1.0;
+    if (recomputed(m)) return vs > 0 && !c.activation_bytes.empty() ? c.activation_bytes[vs - 1] : 0.0;
+    return c.saved_bytes[vs];
+  };
+  auto hold = [&](int r, double at, double bytes) {
+    held[r] += bytes;
+    out.peak_memory[r] = std::max(out.peak_memory[r], held[r]);
+    out.memory[r].emplace_back(at, held[r]);
   };
 
   size_t remaining = 0;
@@ -92,25 +109,29 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             break;
           case Op::Forward:
             end = start + c.forward[vs];
+            hold(r, start, holds(vs, a.micro_batch));
             out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
             out.peak_awaiting_weight[r] = std::max(out.peak_awaiting_weight[r], ++awaiting[r]);
             break;
           case Op::Backward:
           case Op::BackwardInput: {
-            const bool recompute = !c.recomputed.empty() && c.recomputed[a.micro_batch] &&
-                                   !c.recompute.empty();
-            end = start + c.backward_input[vs] + (recompute ? c.recompute[vs] : 0.0) +
+            end = start + c.backward_input[vs] + (recomputed(a.micro_batch) ? c.recompute[vs] : 0.0) +
                   (a.op == Op::Backward ? c.backward_weight[vs] : 0.0);
             --in_flight[r];
-            if (a.op == Op::Backward) --awaiting[r];
+            if (a.op == Op::Backward) --awaiting[r], hold(r, end, -holds(vs, a.micro_batch));
             break;
           }
           case Op::BackwardWeight:
             end = start + c.backward_weight[vs];
             --awaiting[r];
+            hold(r, end, -holds(vs, a.micro_batch));
             break;
         }
-        if (is_compute(a.op)) out.busy_ms[r] += end - start;
+        if (is_compute(a.op)) {
+          out.busy_ms[r] += end - start;
+          if (first_start[r] < 0) first_start[r] = start;
+          last_end[r] = end;
+        }
         out.spans[r].push_back({a.op, a.micro_batch, a.chunk, start, end});
         clock[r] = end;
         ++pc[r];
@@ -127,6 +148,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   // executor, which steps no optimizer before the whole step has succeeded.
   const double all_done = *std::max_element(clock.begin(), clock.end());
   for (int r = 0; r < K; ++r) {
+    out.span_ms[r] = first_start[r] < 0 ? 0.0 : last_end[r] - first_start[r];
     if (!c.finish_ms.empty()) {
       clock[r] = all_done;
       out.spans[r].push_back({Op::Forward, -1, 0, clock[r], clock[r] + c.finish_ms[r], /*finish=*/true});

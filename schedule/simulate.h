@@ -3,11 +3,18 @@
 // sender nothing and delivers after latency + bytes / bandwidth (nothing between chunks of one
 // device); a receive waits for delivery. Optional per-send and per-action overheads model the
 // executor's own time. The result is the makespan, the bubble (idle share of
-// the devices' time), each device's peak number of micro-batches in flight and the timeline.
+// the devices' time), each device's span, peak number of micro-batches in flight, activation
+// memory over time and the timeline.
+//
+// Memory: a micro-batch holds Costs::saved_bytes[vs] on its device from its forward on virtual
+// stage vs to its last backward part there (the fused backward, or W); a recomputed one holds
+// only its input (the previous virtual stage's activation_bytes) in between. Without
+// saved_bytes, each held micro-batch chunk counts 1.
 // Nothing here depends on libtorch.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "schedule/schedule.h"
@@ -22,6 +29,7 @@ struct Costs {
   std::vector<double> recompute;        // extra forward in the backward of a recomputed micro-batch
   std::vector<bool> recomputed;        // per micro-batch; empty: none is recomputed
   std::vector<double> activation_bytes;  // the output of each virtual stage (its gradient is as large)
+  std::vector<double> saved_bytes;       // what a micro-batch keeps on each virtual stage for its backward; empty: count 1
   double latency_ms = 0;
   double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
   double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
@@ -46,6 +54,9 @@ struct Simulation {
   std::vector<double> busy_ms;          // per device: compute time, including finish_ms
   std::vector<int> peak_in_flight;      // per device: most micro-batches between forward and backward(_input)
   std::vector<int> peak_awaiting_weight;  // per device: most micro-batches between forward and their last backward part
+  std::vector<double> span_ms;           // per device: from its first compute's start to its last compute's end
+  std::vector<double> peak_memory;       // per device: most activation memory held (bytes, or chunks without saved_bytes)
+  std::vector<std::vector<std::pair<double, double>>> memory;  // per device: (ms, held) at each change
   std::vector<std::vector<SimSpan>> spans;  // spans[device], in list order
 };
 

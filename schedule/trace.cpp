@@ -31,6 +31,10 @@ void write_event(std::ostream& out, bool& first, const TraceSpan& s, int pid, in
   out << "}}";
 }
 
+std::string detail_name(const std::string& counter, size_t stage) {
+  return (counter.empty() ? std::string("counter") : counter) + " stage " + std::to_string(stage);
+}
+
 void write_name(std::ostream& out, bool& first, const char* what, int pid, int tid, const std::string& name) {
   out << (first ? "\n" : ",\n") << R"({"ph":"M","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":")"
       << what << R"(","args":{"name":)";
@@ -60,6 +64,14 @@ void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& tim
         last_end = s.end_ms;
         last_step = s.step;
       }
+      if (r < t.counters.size())
+        for (const auto& [ms, value] : t.counters[r]) {
+          out << R"(,
+{"ph":"C","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":)";
+          write_string(out, detail_name(t.counter_name, r));
+          out << R"(,"ts":)" << ms * 1e3 << R"(,"args":{"held":)" << value << "}}";
+          first = false;
+        }
     }
   }
   out << "\n]}\n";

@@ -6,6 +6,7 @@
 
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "schedule/schedule.h"
@@ -23,6 +24,10 @@ struct TraceSpan {
 struct TraceTimeline {
   std::string title;                          // names the process row, e.g. "measured" or "simulated gpipe"
   std::vector<std::vector<TraceSpan>> spans;  // spans[stage], in time order
+  // Optional counters beside the spans, per stage: (ms, value) at each change, drawn as a graph
+  // named `counter_name` (e.g. the simulator's activation memory).
+  std::string counter_name;
+  std::vector<std::vector<std::pair<double, double>>> counters;
 };
 
 // Writes one JSON object {"traceEvents": [...]} with a process per timeline and a thread per

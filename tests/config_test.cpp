@@ -130,7 +130,7 @@ TEST(Config, Schedules) {
   c = base();
   c["pipeline"]["schedule"] = "1f1b";
   c["pipeline"]["chunks"] = 2;
-  EXPECT_ERROR(error_of(c), "1f1b runs one chunk per stage, got chunks = 2 (use interleaved-1f1b for virtual stages)");
+  EXPECT_ERROR(error_of(c), "1f1b runs one chunk per stage, got chunks = 2 (use interleaved-1f1b or looped-bfs for virtual stages)");
   for (const char* kind : {"1f1b", "zb-h1"}) {
     c = base();
     c["pipeline"]["schedule"] = kind;

@@ -294,16 +294,20 @@ const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute:
 
 // Every schedule x family x stage count 1-4 x recomputation mode. Micro-batches: 1, 2, 3 and 8
 // (3 and 8 split the batch of 10 unevenly); interleaved-1f1b needs a multiple of the stage
-// count, so it runs K and 2K.
+// count, so it runs K and 2K; looped-bfs 3 and 2K; zb-v K and 2K+1; dualpipev, which needs at
+// least 2K, 2K and 2K+1.
 std::vector<Case> float64_cases() {
   std::vector<Case> cases;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
+  for (const std::string& schedule : schedule::schedule_kinds())
     for (const std::string family : {"mlp", "cnn", "gpt"})
       for (int k = 1; k <= 4; ++k) {
         std::vector<int> mbs{1, 2, 3, 8};
         if (schedule::uses_chunks(schedule)) {
           if (family == "cnn" && k > 2) continue;
           mbs = {k, 2 * k};
+          if (schedule == "looped-bfs") mbs = {3, 2 * k};
+          if (schedule == "zb-v") mbs = {k, 2 * k + 1};
+          if (schedule == "dualpipev") mbs = {2 * k, 2 * k + 1};  // needs M >= 2K
         }
         for (int m : mbs)
           for (auto mode : kModes) cases.push_back({schedule, family, k, m, mode, torch::kDouble});
@@ -338,10 +342,17 @@ std::vector<Case> runtime_cases() {
   const std::vector<Shape> interleaved{{"mlp", 2, 4, Recompute::ExceptLast},
                                        {"gpt", 4, 4, Recompute::Always},
                                        {"cnn", 2, 2, Recompute::Never}};
+  // V placement (two chunks, the turn on the last device, the loss on the first): at least 2K
+  // micro-batches for dualpipev.
+  const std::vector<Shape> v_shapes{{"mlp", 2, 4, Recompute::ExceptLast},
+                                    {"gpt", 3, 7, Recompute::Always},
+                                    {"cnn", 2, 5, Recompute::Never}};
   std::vector<Case> cases;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
+  for (const std::string& schedule : schedule::schedule_kinds())
     for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}})
-      for (const Shape& s : schedule::uses_chunks(schedule) ? interleaved : plain)
+      for (const Shape& s : schedule::placement_of(schedule) == schedule::Placement::V ? v_shapes
+                            : schedule::uses_chunks(schedule)                          ? interleaved
+                                                                                       : plain)
         cases.push_back({schedule, s.family, s.stages, s.micro_batches, s.recompute, torch::kDouble, ranks, transport});
   return cases;
 }

@@ -1,6 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <random>
+
 #include "common/error.h"
+#include "schedule/auto.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
 
@@ -105,7 +111,11 @@ std::vector<Shape> all_shapes() {
     for (int k = 1; k <= 8; ++k)
       for (int m = 1; m <= 32; ++m)
         for (int v : {1, 2, 4}) {
-          if (uses_chunks(kind) ? (v == 1 || m % k != 0) : v != 1) continue;
+          try {
+            check_supported(kind, k, m, v);
+          } catch (const ScheduleError&) {
+            continue;
+          }
           out.push_back({kind, k, m, v});
         }
   return out;
@@ -135,12 +145,30 @@ TEST(Simulator, BubbleMatchesTheFormulas) {
       // The fill and drain shrink by v: idle time (K-1)(F+B)/v per device.
       EXPECT_NEAR(sim.makespan_ms, 3 * M + 3 * (K - 1) / v, 1e-9) << what;
       EXPECT_NEAR(sim.bubble, (K - 1) / (v * M + K - 1), 1e-12) << what;
-    } else if (sh.m >= sh.k) {  // zb-h1: idle time (K-1)(F+B-W) per device
+    } else if (sh.kind == "zb-h1" && sh.m >= sh.k) {  // idle time (K-1)(F+B-W) per device
       EXPECT_NEAR(sim.makespan_ms, 3 * M + (K - 1) * (1 + 1 - 1), 1e-9) << what;
+    } else if (sh.kind == "zb-h2" && sh.m >= 2 * sh.k - 1) {  // every span (K-1)(F+B-2W) = 0 over the work
+      for (double span : sim.span_ms) EXPECT_NEAR(span, 3 * M, 1e-9) << what;
+    } else if (sh.kind == "looped-bfs") {  // breadth first: no better than fill-drain over K·v virtual stages
+      EXPECT_GE(sim.makespan_ms, 3 * M + 3 * (K - 1) / v - 1e-9) << what;
     } else {  // too few micro-batches to hide the drain: still no worse than 1f1b
       const Simulation base = simulate(make_1f1b(sh.k, sh.m), Costs::uniform(sh.k, 1, 1, 1));
       EXPECT_LE(sim.makespan_ms, base.makespan_ms + 1e-9) << what;
     }
+  }
+}
+
+TEST(Simulator, NewSchedulesBeat1F1BWithEqualCosts) {
+  for (const Shape& sh : all_shapes()) {
+    if (sh.kind != "zb-h2" && sh.kind != "zb-v" && sh.kind != "dualpipev" && sh.kind != "zb-auto") continue;
+    if (sh.m < sh.k) continue;
+    const double v = sh.v;
+    const Simulation sim = simulate(make_schedule(sh.kind, sh.k, sh.m, sh.v),
+                                    Costs::uniform(sh.k * sh.v, 1 / v, 1 / v, 1 / v));
+    const Simulation base = simulate(make_1f1b(sh.k, sh.m), Costs::uniform(sh.k, 1, 1, 1));
+    const std::string what = sh.kind + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m);
+    EXPECT_LE(sim.makespan_ms, base.makespan_ms + 1e-9) << what;
+    if (sh.k > 1) EXPECT_LT(sim.bubble, base.bubble) << what;
   }
 }
 
@@ -202,4 +230,230 @@ TEST(Interleaved, ChunksAlternateDevices) {
   for (const auto& a : s.actions[1])
     if (a.op == Op::SendActivation && a.chunk == 0) sends_on = true;
   EXPECT_TRUE(sends_on);
+}
+
+TEST(VPlacement, ChunksTurnOnTheLastDevice) {
+  Schedule s = make_zb_v(3, 6);
+  ASSERT_EQ(s.placement, Placement::V);
+  // Device r holds virtual stages r and 2K-1-r; the loss (virtual stage 5) is on device 0.
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(s.virtual_stage(r, 0), r);
+    EXPECT_EQ(s.virtual_stage(r, 1), 5 - r);
+  }
+  for (int vs = 0; vs < 6; ++vs) EXPECT_EQ(s.virtual_stage(s.device_of(vs), s.chunk_of(vs)), vs);
+  EXPECT_EQ(s.device_of(5), 0);
+  EXPECT_EQ(s.device_of(2), s.device_of(3));  // the turn: handed over on one device
+  EXPECT_THROW(make_schedule("zb-v", 2, 4, 3), ScheduleError);
+  EXPECT_THROW(make_schedule("dualpipev", 4, 7, 2), ScheduleError);  // needs M >= 2K
+}
+
+TEST(Simulator, ActivationMemoryOverTime) {
+  Costs c = Costs::uniform(2, 1, 1, 1);
+  c.saved_bytes = {100, 10};
+  const Simulation g = simulate(make_gpipe(2, 4), c);
+  EXPECT_DOUBLE_EQ(g.peak_memory[0], 400);  // fill-drain holds every micro-batch
+  EXPECT_DOUBLE_EQ(g.peak_memory[1], 40);
+  const Simulation o = simulate(make_1f1b(2, 4), c);
+  EXPECT_DOUBLE_EQ(o.peak_memory[0], 200);  // 1F1B: K - r micro-batches
+  EXPECT_DOUBLE_EQ(o.peak_memory[1], 10);
+  // The counter returns to zero and never goes below.
+  for (const auto& series : o.memory) {
+    EXPECT_DOUBLE_EQ(series.back().second, 0);
+    for (const auto& [ms, held] : series) EXPECT_GE(held, 0) << ms;
+  }
+  // Recomputed micro-batches hold only their input between forward and backward.
+  c.recompute = {1, 1};
+  c.recomputed = {true, true, true, true};
+  c.activation_bytes = {7, 0};
+  const Simulation r = simulate(make_gpipe(2, 4), c);
+  EXPECT_DOUBLE_EQ(r.peak_memory[0], 0);
+  EXPECT_DOUBLE_EQ(r.peak_memory[1], 28);
+  // ZB-H2 holds about twice 1F1B's activations; ZB-H1 the same as 1F1B.
+  const Simulation one = simulate(make_1f1b(4, 16), Costs::uniform(4, 1, 1, 1));
+  const Simulation h1 = simulate(make_zb_h1(4, 16), Costs::uniform(4, 1, 1, 1));
+  const Simulation h2 = simulate(make_zb_h2(4, 16), Costs::uniform(4, 1, 1, 1));
+  EXPECT_DOUBLE_EQ(one.peak_memory[0], 4);
+  EXPECT_DOUBLE_EQ(h1.peak_memory[0], 4);
+  EXPECT_DOUBLE_EQ(h2.peak_memory[0], 7);
+  for (int r = 0; r < 4; ++r) EXPECT_LE(h2.peak_memory[r], 2 * 4);
+}
+
+// The zero-bubble paper (Qi et al., ICLR 2024): its Table 9 gives the profiled F, B, W and
+// communication costs (ms) of four GPT models, and its Table 5 the bubble rate of 1F1B, ZB-H1 and
+// ZB-H2 computed from them: (cost - m(F+B+W)) / cost, cost = the longest stage span.
+struct PaperRow {
+  const char* model;
+  int p, m;
+  double F, B, W, comm, one_f_one_b, zb_h1, zb_h2;
+};
+const PaperRow kPaper[] = {
+    {"1.5B", 8, 24, 18.522, 18.086, 9.337, 0.601, 0.2431, 0.1585, 0.1083},
+    {"1.5B", 8, 32, 18.513, 18.086, 9.331, 0.626, 0.1985, 0.1242, 0.0837},
+    {"1.5B", 8, 64, 18.546, 18.097, 9.321, 0.762, 0.1240, 0.0674, 0.0444},
+    {"6.2B", 8, 24, 29.718, 29.444, 19.927, 0.527, 0.2347, 0.1323, 0.0698},
+    {"6.2B", 8, 32, 29.802, 29.428, 19.530, 0.577, 0.1898, 0.1045, 0.0559},
+    {"6.2B", 8, 64, 29.935, 29.621, 19.388, 0.535, 0.1091, 0.0554, 0.0294},
+    {"14.6B", 16, 48, 11.347, 11.248, 8.132, 0.377, 0.2552, 0.1397, 0.0672},
+    {"14.6B", 16, 64, 11.307, 11.254, 8.101, 0.379, 0.2082, 0.1088, 0.0516},
+    {"14.6B", 16, 128, 11.325, 11.308, 8.109, 0.378, 0.1251, 0.0576, 0.0266},
+    {"28.3B", 32, 96, 10.419, 10.207, 7.715, 0.408, 0.2646, 0.1421, 0.0641},
+    {"28.3B", 32, 128, 10.408, 10.204, 7.703, 0.408, 0.2168, 0.1106, 0.0490},
+    {"28.3B", 32, 256, 10.402, 10.248, 7.698, 0.460, 0.1352, 0.0594, 0.0257},
+};
+
+double paper_bubble(const Schedule& s, const Costs& c, const PaperRow& row) {
+  const Simulation sim = simulate(s, c);
+  const double cost = *std::max_element(sim.span_ms.begin(), sim.span_ms.end());
+  return (cost - row.m * (row.F + row.B + row.W)) / cost;
+}
+
+TEST(ZeroBubblePaper, Table5FromTable9) {
+  int checked = 0;
+  for (const PaperRow& row : kPaper) {
+    Costs c = Costs::uniform(row.p, row.F, row.B, row.W);
+    c.latency_ms = row.comm;
+    const std::string what = std::string(row.model) + " p=" + std::to_string(row.p) + " m=" + std::to_string(row.m);
+    EXPECT_NEAR(paper_bubble(make_1f1b(row.p, row.m), c, row), row.one_f_one_b, 1e-3) << what;
+    EXPECT_NEAR(paper_bubble(make_zb_h1(row.p, row.m), c, row), row.zb_h1, 1e-3) << what;
+    EXPECT_NEAR(paper_bubble(make_zb_h2(row.p, row.m), c, row), row.zb_h2, 1e-3) << what;
+    checked += 3;
+  }
+  EXPECT_EQ(checked, 36);
+}
+
+// zb-auto on the same rows with twice 1F1B's memory (the paper's ZB-2p setting): never a longer
+// step than ZB-H2, and on the paper's measure no worse than ZB-H2. The figures are printed for
+// the schedules page of the manual.
+TEST(ZeroBubblePaper, AutoScheduleWithTwice1F1BMemory) {
+  for (const PaperRow& row : kPaper) {
+    Costs c = Costs::uniform(row.p, row.F, row.B, row.W);
+    c.latency_ms = row.comm;
+    const Schedule h2 = make_zb_h2(row.p, row.m);
+    const Schedule best = make_zb_auto(row.p, row.m, c, 2.0 * row.p);
+    ASSERT_NO_THROW(validate(best));
+    const Simulation a = simulate(best, c), b = simulate(h2, c);
+    const std::string what = std::string(row.model) + " p=" + std::to_string(row.p) + " m=" + std::to_string(row.m);
+    EXPECT_LE(a.makespan_ms, b.makespan_ms + 1e-9) << what;
+    // The synchronous step cannot be shorter than the last device's wait for its first input
+    // plus its own work; zb-auto comes within 0.1% of that bound on every row.
+    const double bound = (row.p - 1) * (row.F + row.comm) + row.m * (row.F + row.B + row.W);
+    EXPECT_GE(a.makespan_ms, bound - 1e-9) << what;
+    EXPECT_LE(a.makespan_ms, bound * 1.001) << what;
+    const double mine = paper_bubble(best, c, row);
+    EXPECT_LE(mine, row.zb_h2 + 1e-3) << what;
+    for (double peak : a.peak_memory) EXPECT_LE(peak, 2.0 * row.p) << what;
+    std::printf("  %-6s p=%-2d m=%-3d zb-auto bubble %.4f (paper's measure), %.4f of the step\n", row.model,
+                row.p, row.m, mine, a.bubble);
+  }
+}
+
+// zb-auto against the exact optimum, every order of every device's passes simulated, on sizes
+// small enough to enumerate, with uneven costs and transfers.
+TEST(ZbAuto, MatchesTheExhaustiveOptimumOnSmallSizes) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> cost(0.5, 2.0);
+  for (const auto& [k, m] : std::vector<std::pair<int, int>>{{2, 2}, {3, 2}})
+    for (int trial = 0; trial < 4; ++trial) {
+      Costs c = Costs::uniform(k, 1, 1, 1);
+      for (int v = 0; v < k; ++v) c.forward[v] = cost(rng), c.backward_input[v] = cost(rng), c.backward_weight[v] = cost(rng);
+      c.latency_ms = trial % 2 ? 0.3 : 0;
+      const double exact = simulate(exhaustive_best(k, m, c), c).makespan_ms;
+      const double found = simulate(make_zb_auto(k, m, c, m), c).makespan_ms;
+      EXPECT_NEAR(found, exact, 1e-9) << "K=" << k << " M=" << m << " trial " << trial;
+    }
+}
+
+TEST(ZbAuto, RespectsTheMemoryLimitAndNamesTheLeastThatFits) {
+  Costs c = Costs::uniform(4, 1, 1, 1);
+  c.saved_bytes = {100, 100, 100, 100};
+  for (double limit : {100.0, 250.0, 400.0, 800.0}) {
+    const Schedule s = make_zb_auto(4, 12, c, limit);
+    for (double peak : simulate(s, c).peak_memory) EXPECT_LE(peak, limit);
+  }
+  // More memory never makes the step longer.
+  EXPECT_LE(simulate(make_zb_auto(4, 12, c, 800), c).makespan_ms, simulate(make_zb_auto(4, 12, c, 400), c).makespan_ms);
+  try {
+    make_zb_auto(4, 12, c, 99);
+    FAIL();
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("the least that could work is 100"), std::string::npos) << e.what();
+  }
+}
+
+// Malformed lists: each is rejected with the stage and the action named.
+TEST(Validate, TableOfBrokenLists) {
+  struct Broken {
+    const char* what;
+    std::function<void(Schedule&)> breaks;
+    const char* expected;
+  };
+  const std::vector<Broken> cases = {
+      {"forward repeated", [](Schedule& s) { s.actions[0].insert(s.actions[0].begin() + 1, {Op::Forward, 0}); },
+       "stage 0 action 1 forward(mb 0): repeated"},
+      {"micro-batch out of range", [](Schedule& s) { s.actions[0][0].micro_batch = 9; },
+       "stage 0 action 0 forward(mb 9): micro-batch out of range"},
+      {"chunk out of range", [](Schedule& s) { s.actions[1][0].chunk = 1; },
+       "stage 1 action 0 recv_activation(mb 0, chunk 1): chunk out of range"},
+      {"send before forward", [](Schedule& s) { std::swap(s.actions[0][0], s.actions[0][1]); },
+       "stage 0 action 0 send_activation(mb 0): sent before its forward"},
+      {"gradient sent before backward",
+       [](Schedule& s) {
+         auto& l = s.actions[1];
+         auto sg = std::find(l.begin(), l.end(), Action{Op::SendGrad, 0});
+         l.erase(sg);
+         l.insert(l.begin() + 2, Action{Op::SendGrad, 0});
+       },
+       "stage 1 action 2 send_grad(mb 0): sent before its backward"},
+      {"backward before gradient received",
+       [](Schedule& s) {
+         auto& l = s.actions[0];
+         auto rg = std::find(l.begin(), l.end(), Action{Op::RecvGrad, 1});
+         std::iter_swap(rg, rg + 1);
+       },
+       "backward(mb 1): output gradient not received yet"},
+      {"receive past the first stage", [](Schedule& s) { s.actions[0].insert(s.actions[0].begin(), {Op::RecvActivation, 0}); },
+       "stage 0 action 0 recv_activation(mb 0): the first stage has no previous stage"},
+      {"send past the last stage", [](Schedule& s) { s.actions[1].push_back({Op::SendActivation, 1}); },
+       "the last stage has no next stage"},
+      {"W before B", [](Schedule& s) { s = make_zb_h1(1, 1), std::swap(s.actions[0][1], s.actions[0][2]); },
+       "backward_weight(mb 0): weight gradient before its backward_input"},
+      {"missing W", [](Schedule& s) { s = make_zb_h1(1, 2), s.actions[0].pop_back(); },
+       "stage 0 never runs backward_weight for micro-batch 1"},
+      {"missing forward", [](Schedule& s) { s = make_gpipe(1, 2), s.actions[0].erase(s.actions[0].begin() + 1); },
+       "backward(mb 1): backward before its forward"},
+      {"missing receive", [](Schedule& s) { s.actions[1].erase(s.actions[1].begin()); },
+       "stage 1 action 0 forward(mb 0): input not received yet"},
+  };
+  for (const Broken& b : cases) {
+    Schedule s = make_gpipe(2, 2);
+    b.breaks(s);
+    try {
+      validate(s);
+      ADD_FAILURE() << b.what << ": accepted";
+    } catch (const ScheduleError& e) {
+      EXPECT_NE(std::string(e.what()).find(b.expected), std::string::npos) << b.what << ": " << e.what();
+    }
+  }
+}
+
+// A deadlock is shown as the grid of every stage's actions with the stuck ones marked.
+TEST(Validate, DeadlockIsShownAsAGrid) {
+  // Stage 1 takes micro-batch 1 before 0; stage 0 waits for 0's gradient before it sends 1.
+  Schedule s = make_1f1b(2, 3);
+  s.actions[0] = {{Op::Forward, 0}, {Op::SendActivation, 0}, {Op::RecvGrad, 0}, {Op::Backward, 0},
+                  {Op::Forward, 1}, {Op::SendActivation, 1}, {Op::RecvGrad, 1}, {Op::Backward, 1},
+                  {Op::Forward, 2}, {Op::SendActivation, 2}, {Op::RecvGrad, 2}, {Op::Backward, 2}};
+  s.actions[1].clear();
+  for (int m : {1, 0, 2})
+    for (Op op : {Op::RecvActivation, Op::Forward, Op::Backward, Op::SendGrad}) s.actions[1].push_back({op, m});
+  try {
+    validate(s);
+    FAIL();
+  } catch (const ScheduleError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("deadlock: stage 0 waits at recv_grad(mb 0), stage 1 waits at recv_activation(mb 1)"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("\n  stage 0: F0 sa0 [rg0] B0 F1"), std::string::npos) << m;
+    EXPECT_NE(m.find("\n  stage 1: [ra1]"), std::string::npos) << m;
+  }
 }

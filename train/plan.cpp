@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/strings.h"
+#include "schedule/auto.h"
 
 namespace pipetrain::train {
 
@@ -34,7 +35,7 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
   const int V = s.virtual_stages();
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
   const auto off = partitioner::offsets(balance);
-  const bool split = s.kind == "zb-h1";
+  const bool split = schedule::splits_backward(s.kind);
   for (int v = 0; v < V; ++v) {
     for (int i = off[v]; i < off[v + 1]; ++i) {
       c.forward[v] += p.layers[i].forward_ms;
@@ -52,6 +53,8 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
       c.backward_input[v] = 0;
     }
     c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
+    c.saved_bytes.push_back(0);
+    for (int i = off[v]; i < off[v + 1]; ++i) c.saved_bytes[v] += static_cast<double>(p.layers[i].saved_bytes);
   }
   if (!p.optimizer_ms.empty()) {
     c.finish_ms.assign(s.stages, 0.0);
@@ -65,6 +68,14 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
   return c;
 }
 
+schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
+                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute) {
+  schedule::Schedule s = schedule::make_schedule(kind, stages, micro_batches, chunks);
+  if (kind != "zb-auto") return s;
+  const auto costs = schedule_costs(p, balance, s, recompute);
+  return schedule::make_zb_auto(stages, micro_batches, costs, schedule::twice_1f1b_memory(stages, micro_batches, costs));
+}
+
 PlanReport make_plan(const Config& c, const PlanOptions& o) {
   Job job = prepare(c);
   PlanReport r;
@@ -74,8 +85,9 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
       throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
                                        job.model.layers->size()));
     for (const auto& l : r.profile.layers) {  // without a measured split, assume B and W halve it
-      r.profile.backward_input_ms.push_back(l.backward_ms / 2);
-      r.profile.backward_weight_ms.push_back(l.backward_ms / 2);
+      const bool given = l.backward_input_ms >= 0;
+      r.profile.backward_input_ms.push_back(given ? l.backward_input_ms : l.backward_ms / 2);
+      r.profile.backward_weight_ms.push_back(given ? l.backward_weight_ms : l.backward_ms / 2);
     }
     Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
     r.profile.input_bytes = static_cast<int64_t>(b.input.tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
@@ -89,10 +101,12 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   const auto k = constraints(c, &r.profile);
   const auto off = partitioner::offsets(r.balance);
   double bottleneck = 0;
+  const schedule::Schedule shape{c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches, c.pipeline.chunks,
+                                 {}, schedule::placement_of(c.pipeline.schedule)};
   for (size_t v = 0; v + 1 < off.size(); ++v) {
     StageRow row;
-    row.stage = static_cast<int>(v) % c.pipeline.stages;
-    row.chunk = static_cast<int>(v) / c.pipeline.stages;
+    row.stage = shape.device_of(static_cast<int>(v));
+    row.chunk = shape.chunk_of(static_cast<int>(v));
     row.first_layer = names[off[v]];
     row.last_layer = names[off[v + 1] - 1];
     for (int i = off[v]; i < off[v + 1]; ++i) row.params += r.profile.layers[i].param_bytes;
@@ -110,7 +124,8 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     ScheduleRow row;
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
-    const auto s = schedule::make_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks);
+    const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, r.profile, balance,
+                                 recompute);
     auto costs = schedule_costs(r.profile, balance, s, recompute);
     if (!cc.pipeline.speeds.empty())
       for (int v = 0; v < s.virtual_stages(); ++v) {
@@ -167,7 +182,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
 schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r) {
   schedule::TraceTimeline t{detail::concat("simulated: ", c.pipeline.schedule, ", ", c.pipeline.stages, " stages, ",
                                            c.pipeline.micro_batches, " micro-batches"),
-                            {}};
+                            {}, "activation memory", r.simulation.memory};
   for (const auto& stage : r.simulation.spans) {
     t.spans.emplace_back();
     for (const auto& s : stage)

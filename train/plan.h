@@ -24,6 +24,11 @@ namespace pipetrain::train {
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
                                const schedule::Schedule& s, Recompute recompute);
 
+// The schedule plan and bench run for a kind: zb-auto is searched on the profiled costs under
+// twice 1F1B's activation memory; the others do not depend on costs.
+schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
+                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute);
+
 struct StageRow {
   int stage = 0, chunk = 0;
   std::string first_layer, last_layer;

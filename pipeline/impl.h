@@ -1,0 +1,97 @@
+// Internal to the pipeline module: the state behind Pipeline (pipeline.h), shared by the files
+// that implement it (pipeline.cpp: construction and training steps; predict.cpp: evaluation and
+// accessors).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <tuple>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipeline/pipeline.h"
+#include "pipeline/worker.h"
+#include "stages/autocast.h"
+
+namespace pipetrain::pipeline {
+
+using schedule::Op;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+struct ClearAutocastCache {  // on the thread that ran the forwards (stages/autocast.h)
+  ~ClearAutocastCache() { stages::clear_autocast_cache(); }
+};
+
+struct Pipeline::Impl {
+  PipelineOptions options;
+  torch::nn::Sequential model;
+  partitioner::Balance balance;
+  schedule::Schedule sched;
+  std::vector<std::unique_ptr<stages::Stage>> stages;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  std::vector<std::unique_ptr<Worker>> workers;
+  StepTrace trace;
+  Clock::time_point created = Clock::now();
+  int64_t step = 0;
+  int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
+  std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
+  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, and the
+  // control plane among the ranks (a group of one in-process), which also records why the
+  // pipeline can no longer be used.
+  int self = -1;
+  std::vector<int> local;
+  comm::Collectives group;
+
+  // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
+  // holds it, or finds it in transports[self].
+  void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
+            std::unique_ptr<comm::Transport>& endpoint);
+  bool is_local_device(int device) const { return self < 0 || device == self; }
+  bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
+  int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
+  void check_usable() const;
+  void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
+  [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
+
+  // Inputs of the step being run, shared read-only with the stage threads.
+  std::vector<at::Tensor> inputs, targets;
+  std::vector<int64_t> offsets;
+  std::vector<double> weights, losses;
+
+  void run_stage(int r, Clock::time_point t0);
+  void step_optimizers(int r, Clock::time_point t0, double grad_scale);
+  double stage_grad_sq_norm(int r) const;
+  double step_all(Clock::time_point t0);
+  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
+                  bool accumulate = false, double scale = 1.0);
+  double grad_clip = 0, grad_norm = 0;
+  bool track_norm = false, check_finite = false;
+  LossScaler scaler;
+  bool skipped = false;  // the last optimizer step, for a float16 overflow
+  bool scaling() const { return options.precision == Precision::FP16; }
+  Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
+  bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
+};
+
+
+// Hands tensors between two virtual stages of one device (the turn of a V placement, or a
+// device that holds consecutive chunks): no transfer, the sending action leaves it here and the
+// receiving action takes it.
+struct LocalHandoff {
+  std::map<std::tuple<int, int, int>, at::Tensor> held;  // (kind, micro-batch, chunk there)
+  void put(comm::Kind kind, int m, int chunk, at::Tensor t) { held[{static_cast<int>(kind), m, chunk}] = std::move(t); }
+  at::Tensor take(comm::Kind kind, int m, int chunk) {
+    auto it = held.find({static_cast<int>(kind), m, chunk});
+    if (it == held.end()) throw Error(detail::concat("pipeline: nothing handed over for micro-batch ", m, " chunk ", chunk));
+    at::Tensor t = std::move(it->second);
+    held.erase(it);
+    return t;
+  }
+};
+
+}  // namespace pipetrain::pipeline

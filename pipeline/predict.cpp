@@ -1,0 +1,90 @@
+// Pipeline (pipeline.h): evaluation through the stages, and the accessors.
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "pipeline/impl.h"
+
+namespace pipetrain::pipeline {
+
+// A forward-only pipeline: the batch is split into the configured micro-batches, which flow
+// through the stages as in training (each device takes them in order, so no device waits on a
+// later one), with no gradients, no recomputation and the layers in evaluation mode.
+at::Tensor Pipeline::predict(const at::Tensor& input) {
+  Impl& p = *impl_;
+  p.check_usable();
+  const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
+  const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
+  std::vector<at::Tensor> outputs(M);
+  const int V = static_cast<int>(p.stages.size());
+  const int64_t tag_step = -(++p.predictions);  // never a training step
+  p.model->eval();
+  std::vector<std::exception_ptr> errors(p.options.stages);
+  for (int r : p.local)
+    p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
+      torch::NoGradGuard no_grad;
+      ClearAutocastCache clear_cache;
+      comm::Transport& t = *p.transports[r];
+      LocalHandoff local;
+      try {
+        for (int m = 0; m < M; ++m)
+          for (int c = 0; c < p.sched.chunks; ++c) {
+            const int vs = p.sched.virtual_stage(r, c);
+            at::Tensor x = vs == 0 ? parts[m]
+                           : p.sched.device_of(vs - 1) == r
+                               ? local.take(comm::Kind::Activation, m, c)
+                               : t.recv(p.sched.device_of(vs - 1), {comm::Kind::Activation, m, c, tag_step},
+                                        Deadline::after(p.options.timeout_s));
+            try {
+              x = p.stages[vs]->forward_only(x);
+            } catch (const c10::Error& e) {
+              throw Error(detail::concat("stage ", r, ": forward (evaluation) of micro-batch ", m, ": ",
+                                         e.what_without_backtrace()));
+            }
+            if (vs == V - 1)
+              outputs[m] = x;
+            else if (p.sched.device_of(vs + 1) == r)
+              local.put(comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), x);
+            else
+              t.send(p.sched.device_of(vs + 1), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
+          }
+      } catch (const std::exception& e) {
+        int none = -1;
+        p.first_failure.compare_exchange_strong(none, r);
+        t.abort(detail::concat("stage ", r, " failed: ", e.what()));
+        throw;
+      }
+    });
+  for (int r : p.local) errors[r] = p.workers[r]->wait();
+  p.model->train();
+  const int failed = p.first_failure.exchange(-1);
+  if (failed >= 0) {
+    if (p.self >= 0) p.fail("evaluation failed", errors[failed]);
+    p.transports = comm::make_transport_group(p.options.transport, p.options.stages);  // fresh mailboxes
+    std::rethrow_exception(errors[failed]);
+  }
+  if (!p.is_local_device(p.last_device())) return at::Tensor();
+  return M == 1 ? outputs[0] : torch::cat(outputs, 0);
+}
+
+int Pipeline::rank() const { return impl_->self; }
+bool Pipeline::is_local(int device) const { return impl_->is_local_device(device); }
+bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
+
+comm::Collectives& Pipeline::collectives() { return impl_->group; }
+int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device; }
+
+int Pipeline::stages() const { return impl_->options.stages; }
+const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
+const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
+const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
+int64_t Pipeline::step() const { return impl_->step; }
+void Pipeline::set_step(int64_t step) { impl_->step = step; }
+torch::optim::Optimizer* Pipeline::optimizer(int virtual_stage) {
+  return impl_->optimizers.at(virtual_stage).get();
+}
+torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) {
+  return impl_->stages.at(virtual_stage)->layers();
+}
+
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,191 @@
+// What-if tools (whatif.h).
+#include "train/whatif.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "partitioner/partition.h"
+#include "schedule/auto.h"
+#include "schedule/trace.h"
+
+namespace pipetrain::train {
+
+partitioner::CostFile transformer_costs(const TransformerShape& t) {
+  auto positive = [](const char* name, double v) {
+    if (!(v > 0) || !std::isfinite(v)) throw ConfigError(detail::concat("--", name, " must be a positive number, got ", v));
+  };
+  positive("layers", t.layers), positive("hidden", t.hidden), positive("seq", t.seq), positive("heads", t.heads);
+  positive("vocab", t.vocab), positive("micro-batch", t.micro_batch), positive("device-tflops", t.device_tflops);
+  positive("efficiency", t.efficiency), positive("bandwidth", t.bandwidth_gb_s), positive("bytes-per-value", t.bytes_per_value);
+  if (t.efficiency > 1) throw ConfigError(detail::concat("--efficiency is a share of the peak, at most 1, got ", t.efficiency));
+  if (t.latency_ms < 0) throw ConfigError(detail::concat("--latency-ms must be >= 0, got ", t.latency_ms));
+  if (t.hidden % t.heads != 0)
+    throw ConfigError(detail::concat("--hidden (", t.hidden, ") must be a multiple of --heads (", t.heads, ")"));
+  const double b = t.micro_batch, s = t.seq, h = t.hidden, a = t.heads, V = t.vocab, d = t.bytes_per_value;
+  const double flop_per_ms = t.device_tflops * 1e12 * t.efficiency / 1e3;
+  auto ms = [&](double flop) { return flop / flop_per_ms; };
+  partitioner::CostFile f;
+  f.bandwidth_gb_s = t.bandwidth_gb_s;
+  f.latency_ms = t.latency_ms;
+  f.split_given = true;
+  partitioner::LayerCost embed;
+  embed.name = "embedding";
+  embed.param_bytes = static_cast<int64_t>(4 * V * h);
+  embed.activation_bytes = static_cast<int64_t>(b * s * h * d);
+  embed.backward_input_ms = embed.backward_weight_ms = 0;
+  f.layers.push_back(embed);
+  for (int i = 0; i < t.layers; ++i) {
+    partitioner::LayerCost blk;
+    blk.name = detail::concat("block", i);
+    blk.forward_ms = ms(24 * b * s * h * h + 4 * b * s * s * h);
+    blk.backward_input_ms = ms(24 * b * s * h * h + 8 * b * s * s * h);
+    blk.backward_weight_ms = ms(24 * b * s * h * h);
+    blk.backward_ms = blk.backward_input_ms + blk.backward_weight_ms;
+    blk.param_bytes = static_cast<int64_t>(4 * (12 * h * h + 13 * h));
+    blk.activation_bytes = static_cast<int64_t>(b * s * h * d);
+    blk.saved_bytes = static_cast<int64_t>(s * b * h * (34 + 5 * a * s / h) * d / 2);
+    f.layers.push_back(blk);
+  }
+  partitioner::LayerCost head;
+  head.name = "head";
+  head.forward_ms = head.backward_input_ms = head.backward_weight_ms = ms(2 * b * s * h * V);
+  head.backward_ms = head.backward_input_ms + head.backward_weight_ms;
+  head.param_bytes = static_cast<int64_t>(4 * V * h);
+  head.activation_bytes = 4;  // the loss
+  head.saved_bytes = static_cast<int64_t>(b * s * V * 4 + b * s * h * d);
+  f.layers.push_back(head);
+  return f;
+}
+
+void write_cost_file(std::ostream& out, const partitioner::CostFile& f) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& c : f.layers) {
+    nlohmann::json e{{"name", c.name}, {"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms},
+                     {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
+                     {"saved_bytes", c.saved_bytes}};
+    if (c.backward_input_ms >= 0) e["backward_input_ms"] = c.backward_input_ms, e["backward_weight_ms"] = c.backward_weight_ms;
+    layers.push_back(e);
+  }
+  nlohmann::json j{{"layers", layers}, {"link", {{"bandwidth_gb_s", f.bandwidth_gb_s}, {"latency_ms", f.latency_ms}}}};
+  out << j.dump(1) << "\n";
+}
+
+SimulateReport simulate_cost_file(const SimulateOptions& o) {
+  SimulateReport r;
+  r.options = o;
+  const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
+  const int chunks = o.chunks > 0 ? o.chunks : schedule::uses_chunks(o.schedule) ? 2 : 1;
+  r.options.chunks = chunks;
+  schedule::check_supported(o.schedule, o.stages, o.micro_batches, chunks);
+  const int V = o.stages * chunks;
+  if (V > static_cast<int>(file.layers.size()))
+    throw ConfigError(detail::concat(o.costs_path, ": ", file.layers.size(), " layers cannot fill ", V, " virtual stages"));
+  const partitioner::Plan plan = partitioner::min_max(file.layers, V);
+  r.balance = plan.balance;
+  r.split = file.split_given ? "backward_input_ms and backward_weight_ms from the cost file"
+                             : "no backward_input_ms/backward_weight_ms in the cost file: B and W are half of backward_ms each";
+  schedule::Schedule shape{o.schedule, o.stages, o.micro_batches, chunks, {}, schedule::placement_of(o.schedule)};
+  schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
+  c.saved_bytes.assign(V, 0.0);
+  const bool split = schedule::splits_backward(o.schedule);
+  const auto off = partitioner::offsets(r.balance);
+  r.param_bytes.assign(o.stages, 0.0);
+  for (int v = 0; v < V; ++v) {
+    for (int i = off[v]; i < off[v + 1]; ++i) {
+      const auto& l = file.layers[i];
+      c.forward[v] += l.forward_ms;
+      c.recompute[v] += l.forward_ms;
+      const double bi = l.backward_input_ms >= 0 ? l.backward_input_ms : l.backward_ms / 2;
+      const double bw = l.backward_input_ms >= 0 ? l.backward_weight_ms : l.backward_ms / 2;
+      c.backward_input[v] += split ? bi : bi + bw;
+      if (split) c.backward_weight[v] += bw;
+      c.saved_bytes[v] += static_cast<double>(l.saved_bytes);
+      r.param_bytes[shape.device_of(v)] += static_cast<double>(l.param_bytes);
+    }
+    if (split && v == 0) c.backward_weight[0] += c.backward_input[0], c.backward_input[0] = 0;  // no input gradient
+    c.activation_bytes[v] = static_cast<double>(file.layers[off[v + 1] - 1].activation_bytes);
+  }
+  const double gb_s = o.bandwidth_gb_s >= 0 ? o.bandwidth_gb_s : file.bandwidth_gb_s;
+  c.bytes_per_ms = gb_s * 1e6;
+  c.latency_ms = o.latency_ms >= 0 ? o.latency_ms : file.latency_ms;
+  c.recomputed.assign(o.micro_batches, false);
+  for (int m = 0; m < o.micro_batches; ++m)
+    c.recomputed[m] = o.recompute == Recompute::Always || (o.recompute == Recompute::ExceptLast && m != o.micro_batches - 1);
+  if (o.schedule == "zb-auto") {
+    const double limit = o.memory_limit > 0 ? o.memory_limit : schedule::twice_1f1b_memory(o.stages, o.micro_batches, c);
+    r.schedule = schedule::make_zb_auto(o.stages, o.micro_batches, c, limit);
+  } else {
+    r.schedule = schedule::make_schedule(o.schedule, o.stages, o.micro_batches, chunks);
+  }
+  r.costs = c;
+  r.simulation = schedule::simulate(r.schedule, c);
+  r.peak_bytes.resize(o.stages);
+  for (int d = 0; d < o.stages; ++d)
+    r.peak_bytes[d] = r.simulation.peak_memory[d] + r.param_bytes[d] * (1 + o.state_factor);
+  return r;
+}
+
+namespace {
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, b >= 1 << 30 ? "%.2f GiB" : "%.1f MiB", b >= 1 << 30 ? b / (1 << 30) : b / (1 << 20));
+  return buf;
+}
+}  // namespace
+
+void print_simulation(std::ostream& out, const SimulateReport& r, bool json) {
+  const auto& sim = r.simulation;
+  const auto& o = r.options;
+  if (json) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (int d = 0; d < o.stages; ++d)
+      stages.push_back({{"stage", d}, {"busy_ms", sim.busy_ms[d]}, {"span_ms", sim.span_ms[d]},
+                        {"peak_in_flight", sim.peak_awaiting_weight[d]}, {"peak_activation_bytes", sim.peak_memory[d]},
+                        {"param_bytes", r.param_bytes[d]}, {"peak_memory_bytes", r.peak_bytes[d]}});
+    nlohmann::json j{{"schedule", o.schedule}, {"stages", o.stages}, {"micro_batches", o.micro_batches},
+                     {"chunks", o.chunks}, {"step_ms", sim.makespan_ms}, {"bubble", sim.bubble},
+                     {"balance", r.balance}, {"split", r.split}, {"peak_memory_bytes", r.peak_bytes},
+                     {"per_stage", stages}};
+    out << j.dump() << "\n";
+    return;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "simulate: %s, %d stages%s, %d micro-batches, recompute %s\n", o.schedule.c_str(),
+                o.stages, o.chunks > 1 ? detail::concat(" x ", o.chunks, " chunks").c_str() : "", o.micro_batches,
+                recompute_name(o.recompute));
+  out << line << "costs " << o.costs_path << " (" << r.split << ")\n";
+  out << "balance " << partitioner::to_string(r.balance) << "\n\n";
+  std::snprintf(line, sizeof line, "%-5s %10s %10s %9s %16s %14s %14s\n", "stage", "busy ms", "span ms", "in flight",
+                "peak activations", "parameters", "peak memory");
+  out << line;
+  for (int d = 0; d < o.stages; ++d) {
+    std::snprintf(line, sizeof line, "%-5d %10.2f %10.2f %9d %16s %14s %14s\n", d, sim.busy_ms[d], sim.span_ms[d],
+                  sim.peak_awaiting_weight[d], gib(sim.peak_memory[d]).c_str(), gib(r.param_bytes[d]).c_str(),
+                  gib(r.peak_bytes[d]).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "\nstep %.2f ms, bubble %.1f%%\n", sim.makespan_ms, 100 * sim.bubble);
+  out << line;
+}
+
+void write_simulation_trace(const std::string& path, const SimulateReport& r) {
+  schedule::TraceTimeline t{detail::concat("simulated: ", r.options.schedule, ", ", r.options.stages, " stages, ",
+                                           r.options.micro_batches, " micro-batches"),
+                            {}, "activation memory", r.simulation.memory};
+  for (const auto& stage : r.simulation.spans) {
+    t.spans.emplace_back();
+    for (const auto& s : stage)
+      t.spans.back().push_back({schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
+  }
+  std::ofstream out(path);
+  if (!out) throw ConfigError("--trace " + path + ": cannot write");
+  schedule::write_chrome_trace(out, {t});
+  if (!out) throw ConfigError("--trace " + path + ": write failed");
+}
+
+}  // namespace pipetrain::train
