@@ -2,6 +2,9 @@
 # Measured step time against the simulator, per schedule, for the MLP and GPT configs at 2 and
 # 4 stages and 8 and 16 micro-batches (`pipetrain bench` on each combination; one line each).
 # Usage: bench/schedules.sh [build dir] > bench/results/schedules.txt
+# SCHEDULES, KS, MS and RECOMPUTE (space-separated) narrow or widen the grid, and BALANCE
+# (default uniform) sets pipeline.balance, e.g.
+#   SCHEDULES="1f1b zb-h2 zb-v" KS=2 RECOMPUTE=never bench/schedules.sh build
 set -euo pipefail
 build=${1:-build}
 bin=$build/apps/pipetrain
@@ -10,12 +13,12 @@ echo "# $(date -u +%Y-%m-%d) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) c
 printf '%-5s %-17s %2s %3s %-12s %9s %9s %7s %9s %7s %9s %11s %11s\n' model schedule K M recompute \
   plain_ms pipe_ms speedup sim_ms sim_err prof_ms in_flight peak_MiB
 for model in mlp_bench gpt_small; do
-  for k in 2 4; do
-    for m in 8 16; do
-      for sched in gpipe 1f1b interleaved-1f1b zb-h1; do
-        for ckpt in never except_last; do
+  for k in ${KS:-2 4}; do
+    for m in ${MS:-8 16}; do
+      for sched in ${SCHEDULES:-gpipe 1f1b interleaved-1f1b zb-h1}; do
+        for ckpt in ${RECOMPUTE:-never except_last}; do
           sets=(--set pipeline.stages=$k --set pipeline.micro_batches=$m --set pipeline.schedule=$sched
-                --set pipeline.recompute=$ckpt --set pipeline.balance=uniform)
+                --set pipeline.recompute=$ckpt --set pipeline.balance=${BALANCE:-uniform})
           [ "$model" = gpt_small ] && sets+=(--set data.batch_size=64)
           out=$("$bin" bench "$here/configs/$model.json" "${sets[@]}" 2>&1) || {
             printf '%-5s %-17s %2s %3s %-12s %s\n' "${model%%_*}" "$sched" "$k" "$m" "$ckpt" \

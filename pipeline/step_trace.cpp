@@ -51,7 +51,7 @@ double bubble(const StepTrace& t) {
 
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();
-  std::vector<std::vector<double>> fwd(V), bin(V), bw(V), rec(V);
+  std::vector<std::vector<double>> fwd(V), bin(V), fused(V), bw(V), rec(V);
   std::vector<double> sends;
   double gaps = 0;
   size_t actions = 0;
@@ -68,7 +68,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
         case Op::Forward: fwd[vs].push_back(ms); break;
         case Op::Backward:
         case Op::BackwardInput:
-          bin[vs].push_back(ms - rc);
+          (sp.op == Op::Backward ? fused : bin)[vs].push_back(ms - rc);
           if (rc > 0) {
             rec[vs].push_back(rc);
             c.recomputed[sp.micro_batch] = true;
@@ -106,8 +106,14 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
   c.action_ms = actions ? gaps * 1e3 / static_cast<double>(actions) : 0.0;
   for (int v = 0; v < V; ++v) {
     c.forward[v] = median(fwd[v]);
-    c.backward_input[v] = median(bin[v]);
+    // A schedule that fuses some backwards of a virtual stage and splits others (dualpipev)
+    // gets both costs; one that only fuses has B = the fused backward and W = 0.
+    c.backward_input[v] = median(bin[v].empty() ? fused[v] : bin[v]);
     c.backward_weight[v] = median(bw[v]);
+    if (!bin[v].empty() && !fused[v].empty()) {
+      c.backward_fused.resize(V, -1.0);
+      c.backward_fused[v] = median(fused[v]);
+    }
     c.recompute[v] = median(rec[v]);
   }
   return c;

@@ -32,6 +32,7 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.recompute, "recompute", true);
   size_ok(c.activation_bytes, "activation_bytes", true);
   size_ok(c.saved_bytes, "saved_bytes", true);
+  size_ok(c.backward_fused, "backward_fused", true);
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
@@ -115,8 +116,10 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             break;
           case Op::Backward:
           case Op::BackwardInput: {
-            end = start + c.backward_input[vs] + (recomputed(a.micro_batch) ? c.recompute[vs] : 0.0) +
-                  (a.op == Op::Backward ? c.backward_weight[vs] : 0.0);
+            const bool fused_known = a.op == Op::Backward && !c.backward_fused.empty() && c.backward_fused[vs] >= 0;
+            end = start + (recomputed(a.micro_batch) ? c.recompute[vs] : 0.0) +
+                  (fused_known ? c.backward_fused[vs]
+                               : c.backward_input[vs] + (a.op == Op::Backward ? c.backward_weight[vs] : 0.0));
             --in_flight[r];
             if (a.op == Op::Backward) --awaiting[r], hold(r, end, -holds(vs, a.micro_batch));
             break;

@@ -26,6 +26,7 @@ struct Costs {
   std::vector<double> forward;
   std::vector<double> backward_input;   // B: the input-gradient part of the backward
   std::vector<double> backward_weight;  // W: the weight-gradient part; a fused backward costs B + W
+  std::vector<double> backward_fused;   // a fused backward where known apart (negative or empty: B + W)
   std::vector<double> recompute;        // extra forward in the backward of a recomputed micro-batch
   std::vector<bool> recomputed;        // per micro-batch; empty: none is recomputed
   std::vector<double> activation_bytes;  // the output of each virtual stage (its gradient is as large)

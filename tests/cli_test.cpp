@@ -33,7 +33,8 @@ using pipetrain::test::expect_clean_error;
 }  // namespace
 
 TEST(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "train ", "eval ", "generate ", "export ", "launch ", "bench ", "plan ", "partition "}) {
+  for (const char* sub : {"", "train ", "eval ", "generate ", "export ", "launch ", "bench ", "plan ", "partition ",
+                          "simulate ", "costs ", "costs transformer "}) {
     Result r = run(std::string(sub) + "--help");
     EXPECT_EQ(r.status, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
@@ -149,6 +150,68 @@ TEST(Cli, TrainWritesAChromeTrace) {
   EXPECT_EQ(text.find("\"step\":0"), std::string::npos) << "the first (warm-up) step is not traced";
   r = run("train " + cfg + " --quiet --trace /nonexistent/dir/t.json");
   expect_clean_error(r, "--trace /nonexistent/dir/t.json: cannot open for writing");
+}
+
+// `costs transformer` writes a cost file for hardware this machine lacks; `simulate` runs every
+// schedule on it and prints the step, the bubble and each stage's memory (as JSON with --json),
+// and a trace with memory counters; bad input is one line.
+TEST(Cli, CostsTransformerAndSimulate) {
+  const std::string dir = ::testing::TempDir() + "/pipetrain_cli_sim_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  const std::string costs = dir + "/gpt.json";
+  Result r = run("costs transformer --layers 16 --hidden 1024 --seq 1024 --heads 16 --vocab 32000 --micro-batch 2 "
+                 "--device-tflops 100 --efficiency 0.5 --bandwidth 25 --out " + costs);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("wrote 19 layers to " + costs), std::string::npos) << r.out;
+  // One block: F = 24bsh^2 + 4bs^2h FLOP at 50 TFLOP/s.
+  const double b = 2, sq = 1024, h = 1024;
+  const double block_f = (24 * b * sq * h * h + 4 * b * sq * sq * h) / 50e12 * 1e3;
+  std::ifstream in(costs);
+  const auto file = nlohmann::json::parse(in);
+  EXPECT_NEAR(file["layers"][1]["forward_ms"].get<double>(), block_f, 1e-9 * block_f);
+  EXPECT_DOUBLE_EQ(file["link"]["bandwidth_gb_s"].get<double>(), 25);
+  double step_1f1b = 0;
+  for (const char* kind : {"1f1b", "zb-h1", "zb-h2", "looped-bfs", "zb-v", "dualpipev", "zb-auto"}) {
+    r = run("simulate --costs " + costs + " --stages 4 --micro-batches 8 --json --schedule " + kind);
+    ASSERT_EQ(r.status, 0) << kind << ": " << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["schedule"], kind);
+    EXPECT_GT(j["step_ms"].get<double>(), 0) << kind;
+    EXPECT_GT(j["bubble"].get<double>(), 0) << kind;
+    EXPECT_LT(j["bubble"].get<double>(), 1) << kind;
+    ASSERT_EQ(j["peak_memory_bytes"].size(), 4u) << kind;
+    ASSERT_EQ(j["per_stage"].size(), 4u) << kind;
+    EXPECT_GT(j["per_stage"][0]["peak_activation_bytes"].get<double>(), 0) << kind;
+    if (std::string(kind) == "1f1b") step_1f1b = j["step_ms"].get<double>();
+    else if (std::string(kind) != "looped-bfs") EXPECT_LT(j["step_ms"].get<double>(), step_1f1b) << kind;
+  }
+  r = run("simulate --costs " + costs + " --stages 2 --micro-batches 4 --schedule zb-v --trace " + dir + "/t.json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* needle : {"simulate: zb-v, 2 stages x 2 chunks, 4 micro-batches", "from the cost file", "peak activations", "step "})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  std::ifstream trace(dir + "/t.json");
+  const auto t = nlohmann::json::parse(trace);
+  int counters = 0;
+  for (const auto& e : t["traceEvents"]) counters += e["ph"] == "C";
+  EXPECT_GT(counters, 8);
+  // A cost file without B and W: the split is assumed and said.
+  const std::string plain = dir + "/plain.json";
+  std::ofstream(plain) << R"([{"forward_ms": 1, "backward_ms": 2, "param_bytes": 4, "activation_bytes": 8},
+                              {"forward_ms": 1, "backward_ms": 2, "param_bytes": 4, "activation_bytes": 8}])";
+  r = run("simulate --costs " + plain + " --stages 2 --micro-batches 4 --schedule zb-h1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("B and W are half of backward_ms each"), std::string::npos) << r.out;
+  expect_clean_error(run("simulate --costs " + plain + " --stages 3 --micro-batches 4"), "2 layers cannot fill 3 virtual stages");
+  expect_clean_error(run("simulate --costs " + plain + " --stages 2 --micro-batches 3 --schedule dualpipev"),
+                     "dualpipev needs at least twice as many micro-batches as stages");
+  std::ofstream(plain) << R"([{"forward_ms": 1, "backward_ms": 2, "backward_input_ms": 1, "param_bytes": 4, "activation_bytes": 8}])";
+  expect_clean_error(run("simulate --costs " + plain + " --stages 1 --micro-batches 4"),
+                     "entry 0 (layer 0): backward_input_ms and backward_weight_ms go together");
+  std::ofstream(plain) << R"({"layers": [{"forward_ms": 1, "backward_ms": 2, "param_bytes": 4, "activation_bytes": 8}], "link": {"bandwidth_gb_s": -1}})";
+  expect_clean_error(run("simulate --costs " + plain + " --stages 1 --micro-batches 4"), "link: \"bandwidth_gb_s\" must be a number");
+  expect_clean_error(run("costs transformer --layers 2 --hidden 10 --seq 8 --heads 3 --vocab 5 --micro-batch 1"),
+                     "--hidden (10) must be a multiple of --heads (3)");
+  std::system(("rm -rf " + dir).c_str());
 }
 
 // `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;

@@ -283,7 +283,9 @@ TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
     int stages, micro_batches, chunks;
   };
   for (const Case& c : {Case{"gpipe", 4, 8, 1}, Case{"1f1b", 4, 8, 1}, Case{"zb-h1", 4, 8, 1},
-                        Case{"interleaved-1f1b", 2, 4, 2}, Case{"1f1b", 3, 2, 1}}) {
+                        Case{"interleaved-1f1b", 2, 4, 2}, Case{"1f1b", 3, 2, 1}, Case{"zb-h2", 4, 8, 1},
+                        Case{"looped-bfs", 2, 3, 2}, Case{"zb-v", 2, 5, 2}, Case{"dualpipev", 2, 4, 2},
+                        Case{"zb-auto", 3, 6, 1}}) {
     PipelineOptions o;
     o.stages = c.stages;
     o.micro_batches = c.micro_batches;
@@ -296,6 +298,25 @@ TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
     EXPECT_EQ(pipe.last_trace().peak_in_flight, sim.peak_in_flight) << c.kind;
     EXPECT_EQ(pipe.last_trace().peak_awaiting_weight, sim.peak_awaiting_weight) << c.kind;
   }
+}
+
+// dualpipev fuses some backwards of a virtual stage and splits others: the measured costs keep
+// the fused one apart, so the simulator does not charge a fused backward B + W twice over.
+TEST(Executor, MeasuredCostsKeepFusedAndSplitBackwardsApart) {
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = "dualpipev";
+  o.chunks = 2;
+  o.recompute = Recompute::Never;
+  Pipeline pipe(mlp(8, 4), o, mean_ce);
+  pipe.forward_backward(torch::randn({16, 8}), torch::randint(0, 8, {16}, torch::kLong));
+  const auto c = measured_costs(pipe.last_trace(), pipe.schedule());
+  ASSERT_EQ(c.backward_fused.size(), 4u);
+  int both = 0;
+  for (double f : c.backward_fused) both += f >= 0;
+  EXPECT_GT(both, 0);
+  EXPECT_NO_THROW(schedule::simulate(pipe.schedule(), c));
 }
 
 // A measured step turns into a timeline (a recompute span before each recomputing backward)

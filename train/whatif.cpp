@@ -34,14 +34,14 @@ partitioner::CostFile transformer_costs(const TransformerShape& t) {
   f.latency_ms = t.latency_ms;
   f.split_given = true;
   partitioner::LayerCost embed;
-  embed.name = "embedding";
+  embed.name = "embed";
   embed.param_bytes = static_cast<int64_t>(4 * V * h);
   embed.activation_bytes = static_cast<int64_t>(b * s * h * d);
   embed.backward_input_ms = embed.backward_weight_ms = 0;
   f.layers.push_back(embed);
   for (int i = 0; i < t.layers; ++i) {
     partitioner::LayerCost blk;
-    blk.name = detail::concat("block", i);
+    blk.name = detail::concat("block", i);  // the names and order of the gpt family's layers
     blk.forward_ms = ms(24 * b * s * h * h + 4 * b * s * s * h);
     blk.backward_input_ms = ms(24 * b * s * h * h + 8 * b * s * s * h);
     blk.backward_weight_ms = ms(24 * b * s * h * h);
@@ -51,6 +51,12 @@ partitioner::CostFile transformer_costs(const TransformerShape& t) {
     blk.saved_bytes = static_cast<int64_t>(s * b * h * (34 + 5 * a * s / h) * d / 2);
     f.layers.push_back(blk);
   }
+  partitioner::LayerCost norm;  // the final layer norm: memory-bound, no time at this scale
+  norm.name = "norm";
+  norm.param_bytes = static_cast<int64_t>(4 * 2 * h);
+  norm.activation_bytes = norm.saved_bytes = static_cast<int64_t>(b * s * h * d);
+  norm.backward_input_ms = norm.backward_weight_ms = 0;
+  f.layers.push_back(norm);
   partitioner::LayerCost head;
   head.name = "head";
   head.forward_ms = head.backward_input_ms = head.backward_weight_ms = ms(2 * b * s * h * V);
@@ -81,7 +87,11 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
   const int chunks = o.chunks > 0 ? o.chunks : schedule::uses_chunks(o.schedule) ? 2 : 1;
   r.options.chunks = chunks;
-  schedule::check_supported(o.schedule, o.stages, o.micro_batches, chunks);
+  try {
+    schedule::check_supported(o.schedule, o.stages, o.micro_batches, chunks);
+  } catch (const ScheduleError& e) {
+    throw ConfigError(e.what());  // the user's flags
+  }
   const int V = o.stages * chunks;
   if (V > static_cast<int>(file.layers.size()))
     throw ConfigError(detail::concat(o.costs_path, ": ", file.layers.size(), " layers cannot fill ", V, " virtual stages"));

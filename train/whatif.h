@@ -18,8 +18,10 @@ namespace pipetrain::train {
 //   block  F = 24bsh² + 4bs²h FLOP, B = 24bsh² + 8bs²h, W = 24bsh² (B and W: the input's and the
 //          weights' gradients); parameters 12h² + 13h; it keeps sbh(34 + 5as/h)·d/2 bytes for
 //          backward (Korthikanti et al., 2022) and passes on bsh·d bytes;
-//   embedding: V·h parameters, no time; head: F = B = W = 2bshV, V·h parameters, keeps the
-//          float32 logits.
+//   embed: V·h parameters, no time; norm: no time; head: F = B = W = 2bshV, V·h parameters,
+//          keeps the float32 logits.
+// The layers are named and ordered as the gpt family's (embed, block0.., norm, head), so `plan
+// CONFIG --costs` takes the file for a gpt config of the same depth.
 // Times are FLOP / (device_tflops · efficiency); parameters count 4 bytes (float32 masters).
 struct TransformerShape {
   int layers = 0, hidden = 0, seq = 0, heads = 0, vocab = 0, micro_batch = 1;
