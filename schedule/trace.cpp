@@ -2,6 +2,8 @@
 
 #include <iomanip>
 
+#include "schedule/simulate.h"
+
 namespace pipetrain::schedule {
 
 namespace {
@@ -43,6 +45,17 @@ void write_name(std::ostream& out, bool& first, const char* what, int pid, int t
   out << "}}";
 }
 }  // namespace
+
+TraceTimeline simulated_timeline(const Simulation& sim, std::string title) {
+  TraceTimeline t{std::move(title), {}, "activation memory", sim.memory};
+  for (const auto& stage : sim.spans) {
+    t.spans.emplace_back();
+    for (const auto& s : stage)
+      t.spans.back().push_back(s.finish ? TraceSpan{"optimizer", -1, 0, 0, s.start, s.end}
+                                        : TraceSpan{op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
+  }
+  return t;
+}
 
 void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& timelines, double min_idle_ms) {
   const auto precision = out.precision();

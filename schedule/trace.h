@@ -30,6 +30,11 @@ struct TraceTimeline {
   std::vector<std::vector<std::pair<double, double>>> counters;
 };
 
+struct Simulation;
+// A simulated step (simulate.h) as a timeline: its spans (the finishing work as "optimizer") and
+// each device's activation memory as counters.
+TraceTimeline simulated_timeline(const Simulation& sim, std::string title);
+
 // Writes one JSON object {"traceEvents": [...]} with a process per timeline and a thread per
 // stage. Spans shorter than `min_idle_ms` between two others are not reported as idle.
 void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& timelines,

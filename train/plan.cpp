@@ -180,16 +180,8 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
 }
 
 schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r) {
-  schedule::TraceTimeline t{detail::concat("simulated: ", c.pipeline.schedule, ", ", c.pipeline.stages, " stages, ",
-                                           c.pipeline.micro_batches, " micro-batches"),
-                            {}, "activation memory", r.simulation.memory};
-  for (const auto& stage : r.simulation.spans) {
-    t.spans.emplace_back();
-    for (const auto& s : stage)
-      t.spans.back().push_back(s.finish ? schedule::TraceSpan{"optimizer", -1, 0, 0, s.start, s.end}
-                                        : schedule::TraceSpan{schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
-  }
-  return t;
+  return schedule::simulated_timeline(r.simulation, detail::concat("simulated: ", c.pipeline.schedule, ", ", c.pipeline.stages,
+                                                                   " stages, ", c.pipeline.micro_batches, " micro-batches"));
 }
 
 void print_plan(std::ostream& out, const PlanReport& r) {

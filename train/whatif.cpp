@@ -184,14 +184,9 @@ void print_simulation(std::ostream& out, const SimulateReport& r, bool json) {
 }
 
 void write_simulation_trace(const std::string& path, const SimulateReport& r) {
-  schedule::TraceTimeline t{detail::concat("simulated: ", r.options.schedule, ", ", r.options.stages, " stages, ",
-                                           r.options.micro_batches, " micro-batches"),
-                            {}, "activation memory", r.simulation.memory};
-  for (const auto& stage : r.simulation.spans) {
-    t.spans.emplace_back();
-    for (const auto& s : stage)
-      t.spans.back().push_back({schedule::op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
-  }
+  const schedule::TraceTimeline t = schedule::simulated_timeline(
+      r.simulation, detail::concat("simulated: ", r.options.schedule, ", ", r.options.stages, " stages, ",
+                                   r.options.micro_batches, " micro-batches"));
   std::ofstream out(path);
   if (!out) throw ConfigError("--trace " + path + ": cannot write");
   schedule::write_chrome_trace(out, {t});
