@@ -28,6 +28,7 @@
 #include "train/generate.h"
 #include "train/plan.h"
 #include "train/whatif.h"
+#include "train/autoplan.h"
 #include "schedule/schedule.h"
 #include "schedule/trace.h"
 #include "stages/accelerator.h"
@@ -124,6 +125,8 @@ int main(int argc, char** argv) {
   train->add_option("--steps", steps, "Number of training steps (instead of train.steps)");
   train->add_option("--set", overrides, "Override a config key: key.path=value (repeatable)");
   train->add_option("--metrics", metrics_path, "Write one JSON object per step to this file");
+  bool train_auto = false;
+  train->add_flag("--auto", train_auto, "Plan first (plan --auto on pipeline.stages devices), print the plan, train it");
   train->add_flag("--quiet", quiet, "No progress line");
   std::string trace_path;
   int trace_steps = 1;
@@ -209,6 +212,17 @@ int main(int argc, char** argv) {
   plan->add_option("--save-costs", save_costs, "Write the profiled per-layer costs (a cost file for partition)");
   plan->add_option("--costs", plan_options.costs_path, "Use this cost file instead of profiling");
   plan->add_option("--repeat", plan_options.repeat, "Profiling runs per op (the median is used)")->check(CLI::PositiveNumber);
+  pt::AutoPlanOptions auto_options;
+  bool plan_auto = false;
+  plan->add_flag("--auto", plan_auto, "Search stages, micro-batches, schedule, recomputation, precision and balance");
+  plan->add_option("--devices", auto_options.devices, "--auto: devices to plan for (default pipeline.stages)")
+      ->check(CLI::Range(1, 4096));
+  plan->add_option("--memory-limit", auto_options.memory_limit, "--auto: bytes per device (one, or one per device)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  plan->add_option("--speeds", auto_options.speeds, "--auto: relative speed of each device")->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--top", auto_options.top, "--auto: plans to list (default 5)")->check(CLI::Range(1, 1000));
+  plan->add_option("--write-config", auto_options.write_config, "--auto: write the chosen plan as a config here");
 
   std::string costs_path;
   int partition_stages = 0;
@@ -322,6 +336,16 @@ int main(int argc, char** argv) {
     pt::Config config = pt::load_config(config_path, overrides, "--set");
     if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
     ProgressLine progress(quiet, config.train.log_every);
+    if (*train && train_auto) {
+      if (config.runtime.kind == "processes")
+        throw pipetrain::ConfigError("train --auto: plan with `plan --auto --write-config FILE` and launch the ranks on FILE "
+                                     "(each rank would profile on its own and could choose another plan)");
+      pt::AutoPlanOptions ao;
+      const pt::AutoPlanReport r = pt::auto_plan(config, ao);
+      pt::print_auto_plan(std::cout, r, 3);
+      std::cout << "\n" << std::flush;
+      config = r.chosen;
+    }
     if (*train) {
       pt::Job job = pt::prepare(config);
       train_options.metrics_path = metrics_path;
@@ -367,6 +391,13 @@ int main(int argc, char** argv) {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::printf("\n");
+    } else if (*plan && plan_auto) {
+      if (!plan_options.costs_path.empty())
+        throw pipetrain::ConfigError("plan --auto profiles this machine; --costs is not taken with it yet");
+      auto_options.repeat = plan_options.repeat == 5 ? 3 : plan_options.repeat;
+      const pt::AutoPlanReport r = pt::auto_plan(config, auto_options);
+      pt::print_auto_plan(std::cout, r, auto_options.top);
+      if (!auto_options.write_config.empty()) std::printf("wrote %s\n", auto_options.write_config.c_str());
     } else if (*plan) {
       pt::PlanReport r = pt::make_plan(config, plan_options);
       if (!save_costs.empty()) pipetrain::profiler::save_costs(save_costs, r.profile);

@@ -24,7 +24,8 @@ namespace pipetrain::schedule {
 Schedule make_zb_auto(int stages, int micro_batches, const Costs& costs, double memory_limit);
 
 // The default limit of zb-auto: twice the largest per-device peak of 1F1B with these costs (the
-// zero-bubble paper's ZB-2p setting); 2K without saved_bytes.
+// zero-bubble paper's ZB-2p setting), counting every micro-batch's saved bytes as the search does
+// (recomputed or not); 2K without saved_bytes.
 double twice_1f1b_memory(int stages, int micro_batches, const Costs& costs);
 
 // zb-v: the zero-bubble V schedule, two chunks per device in V placement, built by the same

@@ -214,6 +214,28 @@ TEST(Cli, CostsTransformerAndSimulate) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// `plan --auto` searches, lists the fastest plans and writes the winner as a config that trains
+// as written; a memory limit nothing fits names the least that would; `train --auto` plans first.
+TEST(Cli, AutoPlan) {
+  const std::string cfg = write_config("auto.json", kSmall);
+  const std::string out = ::testing::TempDir() + "/pipetrain_cli_auto_" + std::to_string(::getpid()) + ".json";
+  Result r = run("plan " + cfg + " --auto --devices 2 --top 4 --write-config " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* needle : {"plans simulated in", "rank", "samples/s", "peak/device", "chosen: ", "wrote " })
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  std::ifstream in(out);
+  const auto chosen = nlohmann::json::parse(in);
+  ASSERT_TRUE(chosen["pipeline"]["balance"].is_array()) << chosen.dump();
+  r = run("train " + out + " --steps 2 --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  expect_clean_error(run("plan " + cfg + " --auto --devices 2 --memory-limit 1000"), "the smallest needs ");
+  expect_clean_error(run("plan " + cfg + " --auto --devices 2 --speeds 1,2,3"), "--speeds: 3 speeds for 2 devices");
+  r = run("train " + cfg + " --auto --steps 2 --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
+  std::remove(out.c_str());
+}
+
 // `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;
 // --save-costs writes a cost file that `partition` reads back.
 TEST(Cli, PlanAndPartition) {

@@ -1,0 +1,105 @@
+// The auto-planner's search on fixed cost tables, where the best plan is known by hand.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/error.h"
+#include "train/autoplan.h"
+
+using namespace pipetrain;
+using namespace pipetrain::train;
+
+namespace {
+
+// Four equal layers whose costs are proportional to the micro-batch's rows (batch 8): per row,
+// forward 0.1 ms, backward 0.2 ms (B and W 0.1 each), 100 parameter bytes per layer and 10
+// saved bytes per row and layer; no optimizer time.
+struct Table {
+  std::map<int, profiler::Profile> by_m;
+  const profiler::Profile& operator()(int m, Precision) {
+    auto& p = by_m[m];
+    if (p.layers.empty()) {
+      const double rows = 8.0 / m;
+      for (int i = 0; i < 4; ++i) {
+        partitioner::LayerCost l;
+        l.name = "layer" + std::to_string(i);
+        l.forward_ms = 0.1 * rows, l.backward_ms = 0.2 * rows;
+        l.param_bytes = 100, l.activation_bytes = static_cast<int64_t>(rows), l.saved_bytes = static_cast<int64_t>(10 * rows);
+        p.layers.push_back(l);
+        p.backward_input_ms.push_back(0.1 * rows), p.backward_weight_ms.push_back(0.1 * rows);
+      }
+    }
+    return p;
+  }
+};
+
+SearchSpace space() {
+  SearchSpace s;
+  s.devices = 2, s.batch = 8, s.layers = 4;
+  s.micro_batches = {1, 2, 4, 8};
+  s.schedules = {"gpipe", "1f1b"};
+  s.recompute = {Recompute::Never};
+  s.precisions = {Precision::FP32};
+  s.balances = {"uniform"};
+  return s;
+}
+
+}  // namespace
+
+// Free transfers and costs proportional to rows: two stages and the most micro-batches win,
+// with the fill-drain step (M + K - 1) x (2 layers x 0.3 ms x 1 row) = 9 x 0.6 = 5.4 ms.
+TEST(AutoPlan, MostMicroBatchesOnEveryDeviceWin) {
+  Table t;
+  const SearchResult r = search_plans(space(), [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  ASSERT_FALSE(r.fitting.empty());
+  const Candidate& best = r.fitting.front();
+  EXPECT_EQ(best.stages, 2);
+  EXPECT_EQ(best.micro_batches, 8);
+  EXPECT_NEAR(best.step_ms, 9 * 0.6, 1e-9);
+  EXPECT_NEAR(best.samples_per_s, 8 / 5.4e-3, 1e-6);
+  // One stage: 4 layers x 0.3 ms x 8 rows = 9.6 ms at any micro-batch count.
+  for (const Candidate& c : r.fitting)
+    if (c.stages == 1) EXPECT_NEAR(c.step_ms, 9.6, 1e-9);
+  // 1 + 2 x 4 (one stage: gpipe only; two: gpipe and 1f1b at each M) = 12 candidates.
+  EXPECT_EQ(r.considered, 12u);
+}
+
+// Under a limit that gpipe's 8 held micro-batches break but 1f1b's 2 do not, 1f1b wins:
+// 2 layers x 100 bytes x (1 + 3) = 800 bytes of parameters and state, plus 20 bytes per held
+// micro-batch (gpipe 160: 960 in all; 1f1b 40: 840).
+TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
+  Table t;
+  SearchSpace s = space();
+  s.memory_limit = {900};
+  const SearchResult r = search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  const Candidate& best = r.fitting.front();
+  EXPECT_EQ(best.schedule, "1f1b");
+  EXPECT_EQ(best.micro_batches, 8);
+  EXPECT_NEAR(best.max_peak_bytes(), 840, 1e-9);
+  for (const Candidate& c : r.fitting) EXPECT_LE(c.max_peak_bytes(), 900);
+}
+
+TEST(AutoPlan, InfeasibleLimitNamesTheSmallestThatFits) {
+  Table t;
+  SearchSpace s = space();
+  s.memory_limit = {100};
+  try {
+    search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the smallest needs 840 bytes"), std::string::npos) << e.what();
+  }
+}
+
+// A slower second device: the time balance puts fewer layers on it.
+TEST(AutoPlan, DeviceSpeedsMoveLayers) {
+  Table t;
+  SearchSpace s = space();
+  s.balances = {"uniform", "time"};
+  s.speeds = {1.0, 1.0 / 3};
+  const SearchResult r = search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  const Candidate& best = r.fitting.front();
+  ASSERT_EQ(best.stages, 2);
+  EXPECT_EQ(best.balance_method, "time");
+  EXPECT_EQ(best.balance, (partitioner::Balance{3, 1}));
+}

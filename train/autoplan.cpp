@@ -1,0 +1,251 @@
+// The auto-planner's search (autoplan.h).
+#include "train/autoplan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "schedule/auto.h"
+#include "schedule/schedule.h"
+#include "schedule/simulate.h"
+#include "train/balance.h"
+#include "train/job.h"
+#include "train/plan.h"
+
+namespace pipetrain::train {
+
+double Candidate::max_peak_bytes() const {
+  return peak_bytes.empty() ? 0.0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
+}
+
+namespace {
+
+partitioner::Balance balance_for(const std::string& method, const profiler::Profile& p, int V,
+                                 const std::vector<double>& speeds_per_vs) {
+  if (method == "uniform") return partitioner::uniform(static_cast<int>(p.layers.size()), V);
+  if (method == "parameters") {
+    std::vector<double> w;
+    for (const auto& l : p.layers) w.push_back(static_cast<double>(l.param_bytes));
+    return partitioner::by_weights(w, V);
+  }
+  partitioner::Constraints k;
+  if (!speeds_per_vs.empty()) {
+    k.devices.resize(V);
+    for (int v = 0; v < V; ++v) k.devices[v].speed = speeds_per_vs[v];
+  }
+  return partitioner::min_max(p.layers, V, k).balance;
+}
+
+std::vector<int> chunk_options(const std::string& kind) {
+  if (schedule::placement_of(kind) == schedule::Placement::V) return {2};
+  if (schedule::uses_chunks(kind)) return {2, 4};
+  return {1};
+}
+
+}  // namespace
+
+SearchResult search_plans(const SearchSpace& sp,
+                          const std::function<const profiler::Profile&(int, Precision)>& profile) {
+  SearchResult out;
+  out.smallest_peak = -1;
+  double search_s = 0;
+  auto limit_of = [&](int device) {
+    if (sp.memory_limit.empty()) return 0.0;
+    return sp.memory_limit.size() == 1 ? sp.memory_limit[0] : sp.memory_limit.at(device);
+  };
+  for (Precision prec : sp.precisions)
+    for (int M : sp.micro_batches) {
+      if (M < 1 || M > sp.batch) continue;
+      const profiler::Profile& p = profile(M, prec);  // may profile: not counted as search time
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int K = 1; K <= sp.devices; ++K)
+        for (const std::string& kind : sp.schedules)
+          for (int v : chunk_options(kind)) {
+            try {
+              schedule::check_supported(kind, K, M, v);
+            } catch (const ScheduleError&) {
+              continue;
+            }
+            const int V = K * v;
+            if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
+            for (const std::string& method : sp.balances)
+              for (Recompute rc : sp.recompute) {
+                schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
+                std::vector<double> speed_vs;
+                if (!sp.speeds.empty())
+                  for (int vs = 0; vs < V; ++vs) speed_vs.push_back(sp.speeds.at(shape.device_of(vs)));
+                Candidate c;
+                c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
+                c.recompute = rc, c.precision = prec;
+                c.balance = balance_for(method, p, V, speed_vs);
+                const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc);
+                schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
+                if (!speed_vs.empty())
+                  for (int vs = 0; vs < V; ++vs) {
+                    costs.forward[vs] /= speed_vs[vs], costs.backward_input[vs] /= speed_vs[vs];
+                    costs.backward_weight[vs] /= speed_vs[vs], costs.recompute[vs] /= speed_vs[vs];
+                  }
+                const schedule::Simulation sim = schedule::simulate(s, costs);
+                c.step_ms = sim.makespan_ms;
+                c.bubble = sim.bubble;
+                c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
+                // Per device: parameters with their gradients and optimizer state, the
+                // activations held at the simulated peak, and (recomputing) one rebuilt graph.
+                const auto off = partitioner::offsets(c.balance);
+                std::vector<double> params(K, 0.0), rebuilt(K, 0.0);
+                for (int vs = 0; vs < V; ++vs) {
+                  double saved = 0;
+                  for (int i = off[vs]; i < off[vs + 1]; ++i) {
+                    params[shape.device_of(vs)] += static_cast<double>(p.layers[i].param_bytes);
+                    saved += static_cast<double>(p.layers[i].saved_bytes);
+                  }
+                  if (rc != Recompute::Never) rebuilt[shape.device_of(vs)] = std::max(rebuilt[shape.device_of(vs)], saved);
+                }
+                bool fits = true;
+                for (int d = 0; d < K; ++d) {
+                  c.peak_bytes.push_back(params[d] * (1 + sp.state_factor(prec)) + sim.peak_memory[d] + rebuilt[d]);
+                  const double limit = limit_of(d);
+                  if (limit > 0 && c.peak_bytes.back() > limit) fits = false;
+                }
+                ++out.considered;
+                if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
+                if (fits) out.fitting.push_back(std::move(c));
+              }
+          }
+      search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  out.seconds = search_s;
+  if (out.fitting.empty())
+    throw ConfigError(detail::concat("plan --auto: no plan of the ", out.considered, " considered fits the memory limit; ",
+                                     "the smallest needs ", static_cast<int64_t>(std::ceil(out.smallest_peak)),
+                                     " bytes on its fullest device"));
+  std::stable_sort(out.fitting.begin(), out.fitting.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.step_ms < b.step_ms; });
+  return out;
+}
+
+namespace {
+
+std::string mib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  return buf;
+}
+
+std::string describe(const Candidate& c) {
+  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" x ", c.chunks) : "", ", ", c.micro_batches,
+                        " micro-batches, ", c.schedule, ", recompute ", recompute_name(c.recompute), ", ",
+                        precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
+}
+
+}  // namespace
+
+AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
+  AutoPlanReport r;
+  const Job base = prepare(c);
+  SearchSpace sp;
+  sp.devices = o.devices > 0 ? o.devices : c.pipeline.stages;
+  sp.batch = c.data.batch_size;
+  sp.layers = static_cast<int>(base.model.layers->size());
+  for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
+  sp.schedules = schedule::schedule_kinds();
+  sp.recompute = {Recompute::Never, Recompute::ExceptLast, Recompute::Always};
+  sp.precisions = {Precision::FP32};
+  if (c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
+  sp.balances = {"uniform", "parameters", "time"};
+  if (!o.memory_limit.empty()) sp.memory_limit = o.memory_limit;
+  else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)
+    for (int64_t b : c.pipeline.memory_limit) sp.memory_limit.push_back(static_cast<double>(b));
+  if (sp.memory_limit.size() > 1 && static_cast<int>(sp.memory_limit.size()) != sp.devices)
+    throw ConfigError(detail::concat("--memory-limit: ", sp.memory_limit.size(), " limits for ", sp.devices, " devices"));
+  sp.speeds = !o.speeds.empty() ? o.speeds : c.pipeline.stages == sp.devices ? c.pipeline.speeds : std::vector<double>{};
+  if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
+    throw ConfigError(detail::concat("--speeds: ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
+  sp.state_factor = [&](Precision p) {
+    Config cc = c;
+    cc.train.precision = p;
+    return memory_model(cc, profiler::Profile{}).state_factor;
+  };
+  std::map<std::pair<int, int>, profiler::Profile> profiles;
+  const auto t0 = std::chrono::steady_clock::now();
+  r.result = search_plans(sp, [&](int m, Precision p) -> const profiler::Profile& {
+    auto& prof = profiles[{m, static_cast<int>(p)}];
+    if (prof.layers.empty()) {
+      Config cc = c;
+      cc.pipeline.micro_batches = m;
+      cc.train.precision = p;
+      cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = "gpipe";
+      cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
+      cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
+      prof = profile_job(prepare(cc), o.repeat);
+    }
+    return prof;
+  });
+  r.profile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - r.result.seconds;
+  // The winner as a config that runs as written: the explicit balance, not a method to redo.
+  const Candidate& best = r.result.fitting.front();
+  nlohmann::json root = c.root;
+  auto& pipe = root["pipeline"];
+  pipe["stages"] = best.stages;
+  pipe["micro_batches"] = best.micro_batches;
+  pipe["schedule"] = best.schedule;
+  pipe["chunks"] = best.chunks;
+  pipe["recompute"] = recompute_name(best.recompute);
+  pipe["balance"] = best.balance;
+  if (!sp.speeds.empty()) pipe["speeds"] = std::vector<double>(sp.speeds.begin(), sp.speeds.begin() + best.stages);
+  else pipe.erase("speeds");
+  pipe.erase("memory_limit");
+  root["train"]["precision"] = precision_name(best.precision);
+  r.chosen = parse_config(root, o.write_config.empty() ? "the chosen plan" : o.write_config);
+  if (!o.write_config.empty()) {
+    const std::string tmp = o.write_config + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::out | std::ios::trunc);
+      if (!f) throw ConfigError("--write-config " + o.write_config + ": cannot open for writing");
+      f << root.dump(2) << "\n";
+      if (!f.flush()) throw Error("--write-config " + o.write_config + ": write failed");
+    }
+    if (std::rename(tmp.c_str(), o.write_config.c_str()) != 0)
+      throw Error("--write-config " + o.write_config + ": cannot rename");
+  }
+  return r;
+}
+
+void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
+  const auto& f = r.result.fitting;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "plan --auto: %zu plans simulated in %.2f s (profiling %.1f s), %zu fit; the fastest %d:\n\n",
+                r.result.considered, r.result.seconds, r.profile_seconds, f.size(), std::min<int>(top, static_cast<int>(f.size())));
+  out << line;
+  std::snprintf(line, sizeof line, "%-4s %3s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K", "M",
+                "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
+  out << line;
+  for (int i = 0; i < top && i < static_cast<int>(f.size()); ++i) {
+    const Candidate& c = f[i];
+    std::string why;
+    auto pct = [](double x) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.1f%%", 100 * x);
+      return std::string(b);
+    };
+    if (i == 0) why = f.size() > 1 ? pct(f[1].step_ms / c.step_ms - 1) + " faster than the next" : "the only plan that fits";
+    else why = pct(c.step_ms / f[0].step_ms - 1) + " slower";
+    if (c.bubble < f[0].bubble && i > 0) why += ", less bubble";
+    if (c.max_peak_bytes() < f[0].max_peak_bytes() && i > 0) why += ", less memory";
+    const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : c.schedule;
+    std::snprintf(line, sizeof line, "%-4d %3d %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
+                  c.stages, c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
+                  c.balance_method.c_str(), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
+                  why.c_str());
+    out << line;
+  }
+  out << "\nchosen: " << describe(f.front()) << "\n";
+}
+
+}  // namespace pipetrain::train
