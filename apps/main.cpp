@@ -396,8 +396,12 @@ int main(int argc, char** argv) {
         throw pipetrain::ConfigError("plan --auto profiles this machine; --costs is not taken with it yet");
       auto_options.repeat = plan_options.repeat == 5 ? 3 : plan_options.repeat;
       const pt::AutoPlanReport r = pt::auto_plan(config, auto_options);
-      pt::print_auto_plan(std::cout, r, auto_options.top);
-      if (!auto_options.write_config.empty()) std::printf("wrote %s\n", auto_options.write_config.c_str());
+      if (plan_json) {
+        pt::print_auto_plan_json(std::cout, r);
+      } else {
+        pt::print_auto_plan(std::cout, r, auto_options.top);
+        if (!auto_options.write_config.empty()) std::printf("wrote %s\n", auto_options.write_config.c_str());
+      }
     } else if (*plan) {
       pt::PlanReport r = pt::make_plan(config, plan_options);
       if (!save_costs.empty()) pipetrain::profiler::save_costs(save_costs, r.profile);

@@ -248,4 +248,15 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
   out << "\nchosen: " << describe(f.front()) << "\n";
 }
 
+void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
+  for (const Candidate& c : r.result.fitting)
+    out << nlohmann::json{{"stages", c.stages}, {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
+                          {"schedule", c.schedule}, {"recompute", recompute_name(c.recompute)},
+                          {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},
+                          {"balance", c.balance}, {"step_ms", c.step_ms}, {"bubble", c.bubble},
+                          {"samples_per_s", c.samples_per_s}, {"peak_bytes", c.peak_bytes}}
+               .dump()
+        << "\n";
+}
+
 }  // namespace pipetrain::train

@@ -78,5 +78,9 @@ struct AutoPlanReport {
 
 AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& options);
 void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top);
+// Every plan that fits, fastest first, one JSON object per line: stages, micro_batches, chunks,
+// schedule, recompute, precision, balance_method, balance, step_ms, bubble, samples_per_s,
+// peak_bytes (per device).
+void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r);
 
 }  // namespace pipetrain::train
