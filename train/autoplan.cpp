@@ -62,6 +62,7 @@ SearchResult search_plans(const SearchSpace& sp,
     for (int M : sp.micro_batches) {
       if (M < 1 || M > sp.batch) continue;
       const profiler::Profile& p = profile(M, prec);  // may profile: not counted as search time
+      const double state = sp.state_factor(prec);
       const auto t0 = std::chrono::steady_clock::now();
       for (int K = 1; K <= sp.devices; ++K)
         for (const std::string& kind : sp.schedules)
@@ -85,11 +86,7 @@ SearchResult search_plans(const SearchSpace& sp,
                 c.balance = balance_for(method, p, V, speed_vs);
                 const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc);
                 schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
-                if (!speed_vs.empty())
-                  for (int vs = 0; vs < V; ++vs) {
-                    costs.forward[vs] /= speed_vs[vs], costs.backward_input[vs] /= speed_vs[vs];
-                    costs.backward_weight[vs] /= speed_vs[vs], costs.recompute[vs] /= speed_vs[vs];
-                  }
+                apply_speeds(costs, s, sp.speeds);
                 const schedule::Simulation sim = schedule::simulate(s, costs);
                 c.step_ms = sim.makespan_ms;
                 c.bubble = sim.bubble;
@@ -108,7 +105,7 @@ SearchResult search_plans(const SearchSpace& sp,
                 }
                 bool fits = true;
                 for (int d = 0; d < K; ++d) {
-                  c.peak_bytes.push_back(params[d] * (1 + sp.state_factor(prec)) + sim.peak_memory[d] + rebuilt[d]);
+                  c.peak_bytes.push_back(params[d] * (1 + state) + sim.peak_memory[d] + rebuilt[d]);
                   const double limit = limit_of(d);
                   if (limit > 0 && c.peak_bytes.back() > limit) fits = false;
                 }
@@ -166,11 +163,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   sp.speeds = !o.speeds.empty() ? o.speeds : c.pipeline.stages == sp.devices ? c.pipeline.speeds : std::vector<double>{};
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
     throw ConfigError(detail::concat("--speeds: ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
-  sp.state_factor = [&](Precision p) {
-    Config cc = c;
-    cc.train.precision = p;
-    return memory_model(cc, profiler::Profile{}).state_factor;
-  };
+  sp.state_factor = [&](Precision p) { return state_factor(c.optimizer, p); };
   std::map<std::pair<int, int>, profiler::Profile> profiles;
   const auto t0 = std::chrono::steady_clock::now();
   r.result = search_plans(sp, [&](int m, Precision p) -> const profiler::Profile& {

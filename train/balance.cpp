@@ -101,12 +101,17 @@ profiler::Profile profile_job(const Job& job, int repeat) {
   return p;
 }
 
+double state_factor(const OptimizerConfig& optimizer, Precision precision) {
+  // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
+  double f = optimizer.kind == "sgd" ? (optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
+  // A reduced precision also holds autocast's low-precision copy of every weight through the step.
+  if (precision != Precision::FP32) f += precision_bytes(precision) / 4.0;
+  return f;
+}
+
 partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& p) {
   partitioner::MemoryModel m;
-  // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
-  m.state_factor = c.optimizer.kind == "sgd" ? (c.optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
-  // A reduced precision also holds autocast's low-precision copy of every weight through the step.
-  if (c.train.precision != Precision::FP32) m.state_factor += precision_bytes(c.train.precision) / 4.0;
+  m.state_factor = state_factor(c.optimizer, c.train.precision);
   m.in_flight = in_flight(c);
   m.recompute = c.pipeline.recompute;
   // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the

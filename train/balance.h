@@ -16,6 +16,10 @@ namespace pipetrain::train {
 // count, with each layer's optimizer step.
 profiler::Profile profile_job(const Job& job, int repeat = 5);
 
+// Gradient and optimizer-state bytes per parameter byte for an optimizer and precision (SGD 1,
+// with momentum 2, Adam 3; bf16 and fp16 add autocast's weight copy).
+double state_factor(const OptimizerConfig& optimizer, Precision precision);
+
 // The memory model of the config: optimizer state per parameter byte, the schedule's peak
 // in-flight micro-batches per virtual stage, the recomputation mode and the input size.
 partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& p);

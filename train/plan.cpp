@@ -68,6 +68,26 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
   return c;
 }
 
+profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers) {
+  profiler::Profile p;
+  for (const auto& l : layers) {  // without a measured split, assume B and W halve the backward
+    const bool given = l.backward_input_ms >= 0;
+    p.backward_input_ms.push_back(given ? l.backward_input_ms : l.backward_ms / 2);
+    p.backward_weight_ms.push_back(given ? l.backward_weight_ms : l.backward_ms / 2);
+  }
+  p.layers = std::move(layers);
+  return p;
+}
+
+void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds) {
+  if (speeds.empty()) return;
+  for (int v = 0; v < s.virtual_stages(); ++v) {
+    const double speed = speeds.at(s.device_of(v));
+    costs.forward[v] /= speed, costs.backward_input[v] /= speed;
+    costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
+  }
+}
+
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
                                  const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute) {
   schedule::Schedule s = schedule::make_schedule(kind, stages, micro_batches, chunks);
@@ -80,15 +100,10 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   Job job = prepare(c);
   PlanReport r;
   if (!o.costs_path.empty()) {
-    r.profile.layers = partitioner::load_costs(o.costs_path);
+    r.profile = profile_of(partitioner::load_costs(o.costs_path));
     if (r.profile.layers.size() != job.model.layers->size())
       throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
                                        job.model.layers->size()));
-    for (const auto& l : r.profile.layers) {  // without a measured split, assume B and W halve it
-      const bool given = l.backward_input_ms >= 0;
-      r.profile.backward_input_ms.push_back(given ? l.backward_input_ms : l.backward_ms / 2);
-      r.profile.backward_weight_ms.push_back(given ? l.backward_weight_ms : l.backward_ms / 2);
-    }
     Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
     r.profile.input_bytes = static_cast<int64_t>(b.input.tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
   } else {
@@ -127,12 +142,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, r.profile, balance,
                                  recompute);
     auto costs = schedule_costs(r.profile, balance, s, recompute);
-    if (!cc.pipeline.speeds.empty())
-      for (int v = 0; v < s.virtual_stages(); ++v) {
-        const double speed = cc.pipeline.speeds[s.device_of(v)];
-        costs.forward[v] /= speed, costs.backward_input[v] /= speed;
-        costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
-      }
+    apply_speeds(costs, s, cc.pipeline.speeds);
     const auto sim = schedule::simulate(s, costs);
     row.step_ms = sim.makespan_ms;
     row.bubble = sim.bubble;

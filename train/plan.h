@@ -24,6 +24,12 @@ namespace pipetrain::train {
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
                                const schedule::Schedule& s, Recompute recompute);
 
+// A cost file's layers as a profile: B and W as the file gives them, else half the backward each.
+profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
+
+// Divides each virtual stage's compute costs by the speed of its device (empty: all 1).
+void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds);
+
 // The schedule plan and bench run for a kind: zb-auto is searched on the profiled costs under
 // twice 1F1B's activation memory; the others do not depend on costs.
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,

@@ -12,6 +12,7 @@
 #include "partitioner/partition.h"
 #include "schedule/auto.h"
 #include "schedule/trace.h"
+#include "train/plan.h"
 
 namespace pipetrain::train {
 
@@ -99,33 +100,15 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   r.balance = plan.balance;
   r.split = file.split_given ? "backward_input_ms and backward_weight_ms from the cost file"
                              : "no backward_input_ms/backward_weight_ms in the cost file: B and W are half of backward_ms each";
-  schedule::Schedule shape{o.schedule, o.stages, o.micro_batches, chunks, {}, schedule::placement_of(o.schedule)};
-  schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
-  c.saved_bytes.assign(V, 0.0);
-  const bool split = schedule::splits_backward(o.schedule);
+  const schedule::Schedule shape{o.schedule, o.stages, o.micro_batches, chunks, {}, schedule::placement_of(o.schedule)};
+  schedule::Costs c = schedule_costs(profile_of(file.layers), r.balance, shape, o.recompute);
   const auto off = partitioner::offsets(r.balance);
   r.param_bytes.assign(o.stages, 0.0);
-  for (int v = 0; v < V; ++v) {
-    for (int i = off[v]; i < off[v + 1]; ++i) {
-      const auto& l = file.layers[i];
-      c.forward[v] += l.forward_ms;
-      c.recompute[v] += l.forward_ms;
-      const double bi = l.backward_input_ms >= 0 ? l.backward_input_ms : l.backward_ms / 2;
-      const double bw = l.backward_input_ms >= 0 ? l.backward_weight_ms : l.backward_ms / 2;
-      c.backward_input[v] += split ? bi : bi + bw;
-      if (split) c.backward_weight[v] += bw;
-      c.saved_bytes[v] += static_cast<double>(l.saved_bytes);
-      r.param_bytes[shape.device_of(v)] += static_cast<double>(l.param_bytes);
-    }
-    if (split && v == 0) c.backward_weight[0] += c.backward_input[0], c.backward_input[0] = 0;  // no input gradient
-    c.activation_bytes[v] = static_cast<double>(file.layers[off[v + 1] - 1].activation_bytes);
-  }
+  for (int v = 0; v < V; ++v)
+    for (int i = off[v]; i < off[v + 1]; ++i) r.param_bytes[shape.device_of(v)] += static_cast<double>(file.layers[i].param_bytes);
   const double gb_s = o.bandwidth_gb_s >= 0 ? o.bandwidth_gb_s : file.bandwidth_gb_s;
   c.bytes_per_ms = gb_s * 1e6;
   c.latency_ms = o.latency_ms >= 0 ? o.latency_ms : file.latency_ms;
-  c.recomputed.assign(o.micro_batches, false);
-  for (int m = 0; m < o.micro_batches; ++m)
-    c.recomputed[m] = o.recompute == Recompute::Always || (o.recompute == Recompute::ExceptLast && m != o.micro_batches - 1);
   if (o.schedule == "zb-auto") {
     const double limit = o.memory_limit > 0 ? o.memory_limit : schedule::twice_1f1b_memory(o.stages, o.micro_batches, c);
     r.schedule = schedule::make_zb_auto(o.stages, o.micro_batches, c, limit);
