@@ -32,12 +32,12 @@ void install_faults_from_environment() {
   const std::string spec = env;
   const auto bad = [&](const std::string& why) {
     return ConfigError("PIPETRAIN_FAULT=" + printable(spec, 80) + ": " + why +
-                       " (expected POINT:RANK:STEP:kill|stop, POINT pipeline.step or checkpoint.shard)");
+                       " (expected POINT:RANK:STEP:kill|stop, POINT pipeline.step, pipeline.reduce or checkpoint.shard)");
   };
   const std::vector<std::string> parts = fields(spec, ':');
   if (parts.size() != 4) throw bad("four fields separated by ':'");
   const std::string point = parts[0];
-  if (point != "pipeline.step" && point != "checkpoint.shard") throw bad("unknown point " + printable(point, 40));
+  if (point != "pipeline.step" && point != "pipeline.reduce" && point != "checkpoint.shard") throw bad("unknown point " + printable(point, 40));
   int rank = 0;
   int64_t step = 0;
   try {

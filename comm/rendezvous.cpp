@@ -149,6 +149,7 @@ class Rendezvous {
   std::string key(const char* what, int rank) const { return prefix_ + what + "/" + std::to_string(rank); }
   void set(const char* what, const std::string& value) { store_->set(key(what, info_.rank), bytes(value)); }
   std::string get(const char* what, int rank) { return text(store_->get(key(what, rank))); }
+  const c10::intrusive_ptr<c10d::TCPStore>& store() const { return store_; }
 
   // Waits until every rank has set `what`; on timeout names those that did not.
   void wait_all(const char* what, const char* doing) {
@@ -192,7 +193,7 @@ class Rendezvous {
 
 std::vector<std::string> rendezvous(const RankInfo& info, const std::string& address,
                                     const std::string& config_hash, Deadline deadline,
-                                    const std::string& prefix) {
+                                    const std::string& prefix, const StoreHook& while_up) {
   Rendezvous rv(info, deadline, prefix);
   rv.set("address", encode_address_record(info.rank, address));
   rv.set("config", config_hash);
@@ -215,9 +216,19 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
     }
   }
 
-  // Rank 0 serves the store: it stays until every rank has read what it needed, also when the
-  // configurations differ, so that every rank reports the difference rather than a lost store.
+  // Rank 0 serves the store: it stays until every rank has read what it needed (and run its
+  // hook), also when the configurations differ or a hook failed, so that every rank reports its
+  // own reason rather than a lost store.
+  std::exception_ptr hook_error;
+  if (differ.empty() && while_up) {
+    try {
+      while_up(rv.store());
+    } catch (...) {
+      hook_error = std::current_exception();
+    }
+  }
   rv.set("done", "1");
+  if (hook_error) std::rethrow_exception(hook_error);
   if (info.rank == 0) rv.wait_all("done", "finish reading the rendezvous");
   if (!differ.empty())
     throw ConfigError(detail::concat("rendezvous: the configuration of rank", differ.size() > 1 ? "s " : " ",
@@ -228,12 +239,14 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
 }
 
 AddressExchange store_exchange(RankInfo info, std::string config_hash, Deadline deadline,
-                               std::string prefix) {
-  return [info = std::move(info), hash = std::move(config_hash), deadline, prefix = std::move(prefix)](
-             const std::string& mine) { return rendezvous(info, mine, hash, deadline, prefix); };
+                               std::string prefix, StoreHook while_up) {
+  return [info = std::move(info), hash = std::move(config_hash), deadline, prefix = std::move(prefix),
+          while_up = std::move(while_up)](const std::string& mine) {
+    return rendezvous(info, mine, hash, deadline, prefix, while_up);
+  };
 }
 
-std::string ucx_devices_towards(const std::string& host) {
+std::string interface_towards(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
@@ -265,6 +278,11 @@ std::string ucx_devices_towards(const std::string& host) {
     if (same) device = i->ifa_name;
   }
   ::freeifaddrs(ifs);
+  return device;
+}
+
+std::string ucx_devices_towards(const std::string& host) {
+  std::string device = interface_towards(host);
   if (device.empty()) return "";
   // RDMA ports: /sys/class/infiniband/<device>/ports/<n>.
   std::error_code ec;

@@ -13,7 +13,10 @@ namespace pipetrain {
 struct FaultPoint {
   const char* where;  // "pipeline.step": after a device's first action of a step;
                       // "checkpoint.shard": after a rank wrote a shard of a checkpoint
-  int rank;           // the device (pipeline.step) or rank (checkpoint.shard)
+                      // "pipeline.reduce": after a device started reducing a stage's gradients
+                      // across its copies (data parallelism)
+  int rank;           // the device (pipeline.step), or the rank (checkpoint.shard; pipeline.reduce
+                      // multi-process, where in-process it is the device)
   int64_t step;       // the pipeline step, or the checkpoint's training step
 };
 

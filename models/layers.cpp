@@ -118,6 +118,12 @@ void BatchNormImpl::commit() {
   reset_accumulators();
 }
 
+void BatchNormImpl::set_accumulated(int64_t count, torch::Tensor mean, torch::Tensor m2) {
+  count_ = count;
+  acc_mean_ = count ? std::move(mean) : torch::Tensor();
+  acc_m2_ = count ? std::move(m2) : torch::Tensor();
+}
+
 void BatchNormImpl::reset_accumulators() {
   count_ = 0;
   acc_mean_ = at::Tensor();
@@ -132,6 +138,12 @@ void for_each_batch_norm(torch::nn::Module& module, F f) {
     if (auto* bn = dynamic_cast<BatchNormImpl*>(m.get())) f(*bn);
 }
 }  // namespace
+
+std::vector<BatchNormImpl*> batch_norms(torch::nn::Module& module) {
+  std::vector<BatchNormImpl*> out;
+  for_each_batch_norm(module, [&out](BatchNormImpl& bn) { out.push_back(&bn); });
+  return out;
+}
 
 void commit_batch_norm(torch::nn::Module& module) {
   for_each_batch_norm(module, [](BatchNormImpl& bn) { bn.commit(); });

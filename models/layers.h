@@ -2,6 +2,9 @@
 // RNG context (common/rng.h) so their masks are independent of micro-batching.
 #pragma once
 
+#include <tuple>
+#include <vector>
+
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -71,6 +74,11 @@ class BatchNormImpl : public torch::nn::Cloneable<BatchNormImpl> {
   void reset_accumulators();
   // Values per channel accumulated since the last commit (samples times spatial positions).
   int64_t pending_count() const { return count_; }
+  // The accumulated statistics (count, per-channel mean and sum of squared deviations, float64;
+  // undefined tensors when the count is 0), and their replacement: e.g. merged with another
+  // copy's, so that the commit covers a batch split between data-parallel copies.
+  std::tuple<int64_t, torch::Tensor, torch::Tensor> accumulated() const { return {count_, acc_mean_, acc_m2_}; }
+  void set_accumulated(int64_t count, torch::Tensor mean, torch::Tensor m2);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
@@ -86,6 +94,8 @@ TORCH_MODULE(BatchNorm);
 
 // Every BatchNorm in `module` (itself included) commits, or discards, its accumulated statistics.
 void commit_batch_norm(torch::nn::Module& module);
+// Every BatchNorm in `module` (itself included), in module order.
+std::vector<BatchNormImpl*> batch_norms(torch::nn::Module& module);
 void reset_batch_norm(torch::nn::Module& module);
 
 // Conv2d 3x3 (same padding), optional BatchNorm (then the conv has no bias), ReLU, then an

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <map>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "pipeline/pipeline.h"
+#include "pipeline/replicas.h"
 #include "pipeline/worker.h"
 #include "stages/autocast.h"
 
@@ -46,6 +48,32 @@ struct Pipeline::Impl {
   int self = -1;
   std::vector<int> local;
   comm::Collectives group;
+
+  // Data parallelism: this pipeline is copy `replica` of `replicas`. device_groups[device]: the
+  // c10d group of the device's copies (for the devices run here); reducers[virtual stage]: its
+  // gradient reduction (null for a stage without parameters or run elsewhere). In-process, copy
+  // 0 (the caller's) drives copies 1..D-1 (`others`), each from a driver thread of its own.
+  int replicas = 1, replica = 0;
+  std::vector<comm::ProcessGroup> device_groups;
+  std::vector<std::unique_ptr<GradientReducer>> reducers;
+  std::vector<std::unique_ptr<Pipeline>> others;
+  std::vector<std::unique_ptr<Worker>> drivers;
+  OptimizerFactory factory;     // set_optimizer's
+  bool sync = true;             // reduce in the next forward-backward
+  double world_loss = 0;        // multi-process: the last step's loss summed over every copy
+  bool grads_reduced = true;    // the gradients held now are reduced (or need no reduction)
+  bool sharded() const { return options.shard_optimizer && replicas > 1; }
+  int peer(int device) const { return self < 0 ? device : device * replicas + replica; }  // its rank
+  void make_reducers();
+  void make_replicas(const torch::nn::Sequential& model, const stages::LossFn& loss);
+  void reduce_now();  // the gradients left unreduced, on every local device
+  void merge_batch_norm();
+  std::string abort_notice(int r);  // a peer's abort reason that reached this rank's endpoint, if any
+  std::unique_ptr<torch::optim::Optimizer> gather_optimizer(int vs);  // every BatchNorm's statistics of the step, merged over the copies
+  // Runs `f` on every copy's Impl in-process (copy 0 here, the others on their drivers).
+  void on_every_copy(const std::function<void(Impl&)>& f);
+  double run(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
+             double scale);
 
   // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
   // holds it, or finds it in transports[self].

@@ -24,11 +24,16 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
   impl_->init(std::move(model), std::move(options), std::move(loss), none);
 }
 
+Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-                   std::unique_ptr<comm::Transport> endpoint)
+                   std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup replicas)
     : impl_(std::make_unique<Impl>()) {
   if (!endpoint) throw ConfigError("pipeline: a multi-process pipeline needs a transport endpoint");
   try {
+    if (options.data_parallel > 1 && !replicas)
+      throw ConfigError("pipeline: data parallelism across processes needs the process group of this rank's copies");
+    impl_->device_groups.assign(std::max(1, options.stages), replicas);
     impl_->init(std::move(model), std::move(options), std::move(loss), endpoint);
   } catch (const std::exception& e) {
     // The peers are constructing too, or already waiting for this rank's part of the layout:
@@ -50,6 +55,9 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     throw ConfigError(detail::concat("pipeline: stages must be >= 1, got ", options.stages));
   if (options.micro_batches < 1)
     throw ConfigError(detail::concat("pipeline: micro_batches must be >= 1, got ", options.micro_batches));
+  if (options.data_parallel < 1)
+    throw ConfigError(detail::concat("pipeline: data_parallel must be >= 1, got ", options.data_parallel));
+  p.replicas = options.data_parallel;
   try {
     schedule::check_supported(options.schedule, options.stages, options.micro_batches, options.chunks);
   } catch (const ScheduleError& e) {
@@ -70,12 +78,15 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   p.balance = options.balance.empty() ? partitioner::uniform(layers, V) : options.balance;
   partitioner::check(p.balance, layers, V, "pipeline");
   p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches, options.chunks);
+  if (p.replicas > 1) p.sched = schedule::with_reductions(p.sched);
   schedule::validate(p.sched);
   if (endpoint) {
-    if (endpoint->world_size() != options.stages)
-      throw ConfigError(detail::concat("pipeline: ", options.stages, " stages need ", options.stages,
-                                       " ranks, one per stage, but this rank's world has ", endpoint->world_size()));
-    p.self = endpoint->rank();
+    if (endpoint->world_size() != options.stages * p.replicas)
+      throw ConfigError(detail::concat("pipeline: ", options.stages, " stages", p.replicas > 1 ? detail::concat(" x ", p.replicas, " copies") : "",
+                                       " need ", options.stages * p.replicas, " ranks, one per stage",
+                                       p.replicas > 1 ? " and copy" : "", ", but this rank's world has ", endpoint->world_size()));
+    p.self = endpoint->rank() / p.replicas;
+    p.replica = endpoint->rank() % p.replicas;
     p.local = {p.self};
     p.transports.resize(options.stages);
     p.transports[p.self] = std::move(endpoint);
@@ -110,7 +121,7 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     p.stages.push_back(std::make_unique<stages::Stage>(vs, V, slice, options.recompute));
     p.stages.back()->set_precision(options.precision);
   }
-  p.stages.back()->set_loss(std::move(loss));
+  p.stages.back()->set_loss(loss);
   if (p.self >= 0) {
     // Another rank trains those layers: their tensors are released here, so that a rank holds
     // only its own stages' parameters and buffers (the model was built whole, for the seed).
@@ -129,15 +140,25 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
   p.trace.peak_awaiting_weight.assign(options.stages, 0);
+  if (p.replicas > 1) {
+    if (p.self < 0 && p.replica == 0) p.make_replicas(model, loss);
+    p.make_reducers();
+  }
 }
 
 Pipeline::~Pipeline() = default;
 
 void Pipeline::set_optimizer(OptimizerFactory factory) {
-  for (size_t vs = 0; vs < impl_->stages.size(); ++vs) {
-    auto params = impl_->stages[vs]->layers()->parameters();
-    impl_->optimizers[vs] = params.empty() || !is_local_stage(static_cast<int>(vs)) ? nullptr : factory(params);
-  }
+  impl_->on_every_copy([&factory](Impl& p) {
+    p.factory = factory;
+    for (size_t vs = 0; vs < p.stages.size(); ++vs) {
+      auto params = p.stages[vs]->layers()->parameters();
+      if (params.empty() || !p.runs(static_cast<int>(vs)))
+        p.optimizers[vs] = nullptr;
+      else
+        p.optimizers[vs] = p.sharded() ? factory({p.reducers[vs]->shard()}) : factory(params);
+    }
+  });
 }
 
 void Pipeline::Impl::check_usable() const {
@@ -179,7 +200,17 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   peak = peak_w = 0;
   bool first_action = true;
   ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
+  std::vector<size_t> reducing;  // spans of the reductions started, by chunk
   for (const schedule::Action& a : sched.actions[r]) {
+    if (a.op == Op::Reduce) {
+      if (!sync) continue;  // accumulating: the gradients are reduced after a later batch
+      const double start = seconds_since(t0);
+      if (auto& reducer = reducers[sched.virtual_stage(r, a.chunk)]) reducer->start();
+      fault_point("pipeline.reduce", self >= 0 ? peer(r) : r, step);  // common/fault.h: a copy that dies mid-reduction
+      spans.push_back({a.op, -1, a.chunk, start, start, 0.0});
+      reducing.push_back(spans.size() - 1);
+      continue;
+    }
     const int m = a.micro_batch;
     const Key key{m, a.chunk};
     const int vs = sched.virtual_stage(r, a.chunk);
@@ -191,7 +222,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
         case Op::RecvActivation:
           received[key] = sched.device_of(vs - 1) == r
                               ? local.take(comm::Kind::Activation, m, a.chunk)
-                              : t.recv(sched.device_of(vs - 1), {comm::Kind::Activation, m, a.chunk, step}, deadline());
+                              : t.recv(peer(sched.device_of(vs - 1)), {comm::Kind::Activation, m, a.chunk, step}, deadline());
           break;
         case Op::Forward: {
           at::Tensor in = stage.is_first() ? inputs[m] : received.at(key);
@@ -207,13 +238,13 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
           if (sched.device_of(vs + 1) == r)
             local.put(comm::Kind::Activation, m, sched.chunk_of(vs + 1), outbox.at(key));
           else
-            t.send(sched.device_of(vs + 1), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
+            t.send(peer(sched.device_of(vs + 1)), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
           outbox.erase(key);
           break;
         case Op::RecvGrad:
           grads[key] = sched.device_of(vs + 1) == r
                            ? local.take(comm::Kind::Grad, m, a.chunk)
-                           : t.recv(sched.device_of(vs + 1), {comm::Kind::Grad, m, a.chunk, step}, deadline());
+                           : t.recv(peer(sched.device_of(vs + 1)), {comm::Kind::Grad, m, a.chunk, step}, deadline());
           break;
         case Op::Backward:
         case Op::BackwardInput: {
@@ -226,11 +257,13 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
         case Op::BackwardWeight:
           stage.backward_weight(m);
           break;
+        case Op::Reduce:  // handled above
+          break;
         case Op::SendGrad:
           if (sched.device_of(vs - 1) == r)
             local.put(comm::Kind::Grad, m, sched.chunk_of(vs - 1), outbox.at(key));
           else
-            t.send(sched.device_of(vs - 1), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
+            t.send(peer(sched.device_of(vs - 1)), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
           outbox.erase(key);
           break;
       }
@@ -250,18 +283,28 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
     if (first_action) fault_point("pipeline.step", r, step);  // common/fault.h
     first_action = false;
   }
+  // The optimizer needs the reductions: wait for them here, after the last action.
+  const double t0_s = std::chrono::duration<double>(t0.time_since_epoch()).count();
+  for (size_t i : reducing) {
+    Span& sp = spans[i];
+    auto& reducer = reducers[sched.virtual_stage(r, sp.chunk)];
+    sp.end = reducer ? reducer->finish(Deadline::after(options.timeout_s)) - t0_s : seconds_since(t0);
+  }
 }
 
 void Pipeline::Impl::step_optimizers(int r, Clock::time_point t0, double grad_scale) {
   const double start = seconds_since(t0);
   for (int c = 0; c < sched.chunks; ++c) {
-    stages::Stage& st = *stages[sched.virtual_stage(r, c)];
+    const int vs = sched.virtual_stage(r, c);
+    stages::Stage& st = *stages[vs];
     if (grad_scale != 1.0) {
       torch::NoGradGuard no_grad;
-      for (auto& p : st.layers()->parameters())
+      for (auto& p : sharded() && reducers[vs] ? std::vector<at::Tensor>{reducers[vs]->shard()} : st.layers()->parameters())
         if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
     }
-    if (auto& opt = optimizers[sched.virtual_stage(r, c)]) opt->step();
+    if (auto& opt = optimizers[vs]) opt->step();
+    // ZeRO-1: every copy's updated slice into every copy's parameters.
+    if (sharded() && reducers[vs]) reducers[vs]->gather_parameters(Deadline::after(options.timeout_s));
   }
   trace.optimizer[r] = {start, seconds_since(t0)};
 }
@@ -269,6 +312,9 @@ void Pipeline::Impl::step_optimizers(int r, Clock::time_point t0, double grad_sc
 double Pipeline::Impl::stage_grad_sq_norm(int r) const {
   double sum = 0;
   for (int c = 0; c < sched.chunks; ++c)
+    if (sharded() && reducers[sched.virtual_stage(r, c)])  // summed across the copies' slices
+      sum += reducers[sched.virtual_stage(r, c)]->grad_sq_norm(Deadline::after(options.timeout_s));
+    else
     for (const auto& p : stages[sched.virtual_stage(r, c)]->layers()->parameters())
       if (p.grad().defined()) {
         const double n = p.grad().norm().item<double>();  // no copy; NaN and inf carry through
@@ -283,6 +329,7 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
   check_usable();
   skipped = false;
+  reduce_now();
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
   // fp16: always, as the overflow check.
   if (self >= 0 || grad_clip > 0 || track_norm || check_finite || scaling()) {
@@ -292,9 +339,9 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
     for (int r : local)
       if (auto e = workers[r]->wait(); e && !error) error = e;
     if (error) std::rethrow_exception(error);
-    if (self >= 0) {  // every rank sums every rank's squares in the same order
+    if (self >= 0) {  // every rank sums every rank's squares in the same order (its own copy's)
       const auto all = group.all_gather(torch::tensor({sq[self]}, torch::kDouble), "the gradient norms");
-      for (int r = 0; r < options.stages; ++r) sq[r] = all[r].item<double>();
+      for (int r = 0; r < options.stages; ++r) sq[r] = all[peer(r)].item<double>();
     }
     // fp16: an overflow anywhere skips the step on every stage (all ranks saw the same squares).
     if (scaling() && !scaler.unscale(sq, scale)) {
@@ -325,23 +372,39 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   check_usable();
   const int M = options.micro_batches;
   const int64_t N = input.size(0);
-  if (N < M)
-    throw ConfigError(detail::concat("pipeline: batch of ", N, " samples cannot be split into ", M,
-                                     " micro-batches"));
   if (target.size(0) != N)
     throw ConfigError(detail::concat("pipeline: ", N, " inputs but ", target.size(0), " targets"));
-  inputs = input.tensor_split(M, 0);
-  targets = target.tensor_split(M, 0);
+  // Data parallelism: this copy's shard of the batch, and where it starts (the dropout streams
+  // follow the sample's place in the whole batch).
+  at::Tensor shard_input = input, shard_target = target;
+  int64_t first_sample = 0;
+  if (replicas > 1) {
+    const auto in = input.tensor_split(replicas, 0), tg = target.tensor_split(replicas, 0);
+    for (int d = 0; d < replica; ++d) first_sample += in[d].size(0);
+    shard_input = in[replica];
+    shard_target = tg[replica];
+  }
+  // Every copy checks the smallest shard (the last ones: N / D samples), so that all refuse the
+  // batch together rather than some waiting for the others' reductions.
+  if (N / replicas < M)
+    throw ConfigError(replicas > 1 ? detail::concat("pipeline: copy ", replicas - 1, "'s shard of ", N / replicas,
+                                                    " samples (a batch of ", N, " over ", replicas,
+                                                    " copies) cannot be split into ", M, " micro-batches")
+                                   : detail::concat("pipeline: batch of ", N, " samples cannot be split into ", M,
+                                                    " micro-batches"));
+  inputs = shard_input.tensor_split(M, 0);
+  targets = shard_target.tensor_split(M, 0);
   // fp16: the loss is scaled before backward (every rank holds the same scale).
   const double loss_scale = scaling() ? scaler.scale() : 1.0;
   offsets.assign(M, 0);
   weights.assign(M, 0);
   losses.assign(M, 0);
   for (int m = 0; m < M; ++m) {
-    offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : 0;
+    offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : first_sample;
     weights[m] = scale * loss_scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
   }
   accumulate_grads = accumulate;
+  grads_reduced = replicas == 1 || sync;
 
   const auto t0 = Clock::now();
   step_t0 = t0;
@@ -354,7 +417,13 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   for (int r : local)
     workers[r]->submit([this, r, t0] {
       try {
-        run_stage(r, t0);
+        try {
+          run_stage(r, t0);
+        } catch (const ReductionError& e) {
+          const std::string cause = abort_notice(r);
+          if (cause.empty()) throw;
+          throw ReductionError(e.peer(), detail::concat(e.what(), "; meanwhile ", cause));
+        }
       } catch (const std::exception& e) {
         int none = -1;
         first_failure.compare_exchange_strong(none, r);  // before the abort wakes the peers
@@ -373,6 +442,8 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     // Each rank also sends what it measured (peaks and spans), so that rank 0's trace and
     // metrics cover every stage, as in one process. Times are from each rank's own step start.
     if (failed >= 0) fail(detail::concat("step ", step, " failed"), errors[failed]);
+    // Every rank of the world takes part; a rank reads its own copy's stages, and the losses
+    // of every copy's last stage.
     std::vector<double> result = losses;
     result.push_back(trace.peak_in_flight[self]);
     result.push_back(trace.peak_awaiting_weight[self]);
@@ -380,11 +451,20 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
       result.insert(result.end(), {double(static_cast<int>(sp.op)), double(sp.micro_batch), double(sp.chunk), sp.start,
                                    sp.end, sp.recompute});
     const auto all = group.all_gather(torch::tensor(result, torch::kDouble), "the step's losses");
-    for (int d = 0; d < options.stages; ++d) {
-      const at::Tensor& t = all[d];
+    auto malformed = [&](int rank, const at::Tensor& t) {
       if (t.numel() < M + 2 || (t.numel() - M - 2) % 6 != 0)
-        fail(detail::concat("rank ", d, " sent a malformed step result"),
-             std::make_exception_ptr(Error(detail::concat("rank ", d, " sent a step result of ", t.numel(), " values"))));
+        fail(detail::concat("rank ", rank, " sent a malformed step result"),
+             std::make_exception_ptr(Error(detail::concat("rank ", rank, " sent a step result of ", t.numel(), " values"))));
+    };
+    world_loss = 0;
+    for (int c = 0; c < replicas; ++c) {  // every copy's last stage, in copy order
+      const int rank = last_device() * replicas + c;
+      malformed(rank, all[rank]);
+      for (int m = 0; m < M; ++m) world_loss += all[rank].data_ptr<double>()[m];
+    }
+    for (int d = 0; d < options.stages; ++d) {
+      const at::Tensor& t = all[peer(d)];
+      malformed(peer(d), t);
       const double* v = t.data_ptr<double>();
       if (d == last_device()) losses.assign(v, v + M);
       if (d == self) continue;
@@ -392,9 +472,9 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
       trace.peak_awaiting_weight[d] = static_cast<int>(v[M + 1]);
       trace.spans[d].clear();
       for (int64_t i = M + 2; i + 5 < t.numel(); i += 6) {
-        if (!(v[i] >= 0 && v[i] <= static_cast<int>(schedule::Op::SendGrad)))
-          fail(detail::concat("rank ", d, " sent a malformed step result"),
-               std::make_exception_ptr(Error(detail::concat("rank ", d, " sent an unknown action code ", v[i]))));
+        if (!(v[i] >= 0 && v[i] <= static_cast<int>(schedule::Op::Reduce)))
+          fail(detail::concat("rank ", peer(d), " sent a malformed step result"),
+               std::make_exception_ptr(Error(detail::concat("rank ", peer(d), " sent an unknown action code ", v[i]))));
         trace.spans[d].push_back({static_cast<schedule::Op>(static_cast<int>(v[i])), static_cast<int>(v[i + 1]),
                                   static_cast<int>(v[i + 2]), v[i + 3], v[i + 4], v[i + 5]});
       }
@@ -402,6 +482,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.
+  if (failed < 0 && replicas > 1) merge_batch_norm();  // over the whole batch, as one device sees it
   for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs) {
     if (!runs(vs)) continue;  // another rank's
     if (failed >= 0)
@@ -430,33 +511,38 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   ++step;
   double loss = 0;
   for (double l : losses) loss += l;
+  if (self >= 0 && replicas > 1) loss = world_loss;
   return loss / loss_scale;
 }
 
 double Pipeline::train_step(const at::Tensor& input, const at::Tensor& target) {
-  return impl_->run_step(input, target, /*apply_optimizer=*/true);
+  return impl_->run(input, target, /*apply_optimizer=*/true, false, 1.0);
 }
 
 double Pipeline::forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate, double scale) {
-  return impl_->run_step(input, target, /*apply_optimizer=*/false, accumulate, scale);
+  return impl_->run(input, target, /*apply_optimizer=*/false, accumulate, scale);
 }
 
 double Pipeline::step_optimizer() {
-  impl_->grad_norm = impl_->step_all(impl_->step_t0);
-  impl_->trace.wall = seconds_since(impl_->step_t0);
+  impl_->on_every_copy([](Impl& p) {
+    p.grad_norm = p.step_all(p.step_t0);
+    p.trace.wall = seconds_since(p.step_t0);
+  });
   return impl_->grad_norm;
 }
 
 void Pipeline::set_grad_clip(double max_norm) {
   if (!(max_norm >= 0) || !std::isfinite(max_norm))
     throw ConfigError(detail::concat("pipeline: gradient clip must be a finite number >= 0, got ", max_norm));
-  impl_->grad_clip = max_norm;
+  impl_->on_every_copy([max_norm](Impl& p) { p.grad_clip = max_norm; });
 }
 
 void Pipeline::set_learning_rate(double lr) {
-  for (auto& opt : impl_->optimizers)
-    if (opt)
-      for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+  impl_->on_every_copy([lr](Impl& p) {
+    for (auto& opt : p.optimizers)
+      if (opt)
+        for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+  });
 }
 
 double Pipeline::last_grad_norm() const { return impl_->grad_norm; }
@@ -464,9 +550,15 @@ double Pipeline::loss_scale() const { return impl_->scaling() ? impl_->scaler.sc
 int64_t Pipeline::loss_scale_good_steps() const { return impl_->scaling() ? impl_->scaler.good_steps() : 0; }
 bool Pipeline::last_step_skipped() const { return impl_->skipped; }
 void Pipeline::restore_loss_scale(double scale, int64_t good_steps) {
-  if (impl_->scaling()) impl_->scaler.restore(scale, good_steps);
+  impl_->on_every_copy([=](Impl& p) {
+    if (p.scaling()) p.scaler.restore(scale, good_steps);
+  });
 }
-void Pipeline::track_grad_norm(bool on) { impl_->track_norm = on; }
-void Pipeline::check_finite_grads(bool on) { impl_->check_finite = on; }
+void Pipeline::track_grad_norm(bool on) {
+  impl_->on_every_copy([on](Impl& p) { p.track_norm = on; });
+}
+void Pipeline::check_finite_grads(bool on) {
+  impl_->on_every_copy([on](Impl& p) { p.check_finite = on; });
+}
 
 }  // namespace pipetrain::pipeline

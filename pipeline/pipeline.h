@@ -19,6 +19,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "comm/collectives.h"
+#include "comm/process_group.h"
 #include "comm/transport.h"
 #include "common/error.h"
 #include "common/precision.h"
@@ -47,6 +48,15 @@ struct PipelineOptions {
   Precision precision = Precision::FP32;
   LossScaleOptions loss_scale;  // fp16 only
   comm::TransportOptions transport;
+  // Data parallelism (pipeline/replicas.h): D copies of the pipeline, copy d training on the
+  // d-th of D near-equal, consecutive shards of every batch; each stage's gradients are summed
+  // across its D copies after its last backward, so a step equals one device's step on the whole
+  // batch. In-process the copies are more stage threads of this process (D x stages), copy 0
+  // being the caller's model; multi-process the world holds stages x D ranks, pipeline outer and
+  // data inner: rank = device * D + copy.
+  int data_parallel = 1;
+  bool shard_optimizer = false;     // ZeRO stage 1: each copy keeps the optimizer state of 1/D of a stage's parameters
+  int64_t bucket_bytes = 25 << 20;  // gradients reduced per operation
 };
 
 using OptimizerFactory =
@@ -77,14 +87,40 @@ class Pipeline {
   // parameters and buffers become empty tensors). Any rank's failure, this constructor's included,
   // fails the call on every rank (a peer that fails or dies at once, one that stops answering after
   // options.timeout_s), naming the rank; after a failed step the pipeline cannot be used again.
+  //
+  // With options.data_parallel = D > 1 the endpoint's world holds stages x D ranks (rank =
+  // device * D + copy) and `replicas` is the c10d group of the D ranks that run this rank's
+  // device (comm/process_group.h); the loss, the gradient norm and the control plane are then
+  // those of the whole world.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-           std::unique_ptr<comm::Transport> endpoint);
+           std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup replicas = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // Each stage gets its own optimizer over its own parameters.
+  // Each stage gets its own optimizer over its own parameters (with a sharded optimizer: over
+  // one tensor, this copy's slice of the stage's flattened parameters).
   void set_optimizer(OptimizerFactory factory);
+
+  // Data parallelism: whether the next forward_backward reduces the gradients across the copies
+  // (default on). Turn it off for all but the last of several accumulated batches, as DDP's
+  // no_sync; step_optimizer() reduces gradients left unreduced.
+  void sync_gradients(bool on);
+  int data_parallel() const;  // D
+  int replica() const;        // this process's copy (multi-process); 0 in-process
+  // After parameters, buffers or optimizer state were loaded (into copy 0 in-process, into every
+  // rank multi-process): copies 1..D-1 of an in-process pipeline take copy 0's, and a sharded
+  // optimizer's slices are read again from the parameters.
+  void sync_copies();
+  // Sharded optimizer (checkpoints): an optimizer over the virtual stage's own parameters that
+  // holds the whole state, gathered from every copy's slice. Collective: every copy (rank) that
+  // runs the stage calls it, for the same stages in the same order. Null when not sharded.
+  std::unique_ptr<torch::optim::Optimizer> gathered_optimizer(int virtual_stage);
+  // Sharded: an optimizer over the stage's parameters without state (to load a checkpoint
+  // into), and every local copy's slice of such an optimizer's state.
+  std::unique_ptr<torch::optim::Optimizer> unsharded_optimizer(int virtual_stage);
+  void scatter_optimizer(int virtual_stage, torch::optim::Optimizer& full);
+  bool sharded_optimizer() const;
 
   // Zeroes gradients, runs forward and backward of every micro-batch, and (when an optimizer
   // is set) steps it. Returns the batch's mean loss.
@@ -123,7 +159,7 @@ class Pipeline {
   at::Tensor predict(const at::Tensor& input);
 
   // Multi-process runtime (in-process, every device is local and these are trivial):
-  int rank() const;                  // this process's device; -1 in-process
+  int rank() const;                  // this process's rank (device * D + copy); -1 in-process
   bool is_local(int device) const;   // whether this process runs `device`
   bool is_local_stage(int virtual_stage) const;
   // The control plane among the ranks (comm/collectives.h: all-gather, broadcast, barrier,
@@ -132,7 +168,7 @@ class Pipeline {
   // makes the same calls in the same order, interleaved with the pipeline's. Aborting it ends the
   // pipeline on every rank (peers fail at once, naming this rank). In-process: a group of one.
   comm::Collectives& collectives();
-  int rank_of(int device) const;  // the rank of the process that runs `device`; in-process 0
+  int rank_of(int device) const;  // the rank that runs `device` (copy 0's); in-process 0
 
   int stages() const;  // devices; each runs `chunks` virtual stages
   const partitioner::Balance& balance() const;  // layers per virtual stage
@@ -146,6 +182,7 @@ class Pipeline {
 
  private:
   struct Impl;
+  explicit Pipeline(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -12,6 +12,8 @@ namespace pipetrain::pipeline {
 at::Tensor Pipeline::predict(const at::Tensor& input) {
   Impl& p = *impl_;
   p.check_usable();
+  // Data parallelism: the copies hold the same parameters; copy 0 alone evaluates.
+  if (p.replica > 0) return at::Tensor();
   const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
   const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
   std::vector<at::Tensor> outputs(M);
@@ -32,7 +34,7 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
             at::Tensor x = vs == 0 ? parts[m]
                            : p.sched.device_of(vs - 1) == r
                                ? local.take(comm::Kind::Activation, m, c)
-                               : t.recv(p.sched.device_of(vs - 1), {comm::Kind::Activation, m, c, tag_step},
+                               : t.recv(p.peer(p.sched.device_of(vs - 1)), {comm::Kind::Activation, m, c, tag_step},
                                         Deadline::after(p.options.timeout_s));
             try {
               x = p.stages[vs]->forward_only(x);
@@ -45,7 +47,7 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
             else if (p.sched.device_of(vs + 1) == r)
               local.put(comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), x);
             else
-              t.send(p.sched.device_of(vs + 1), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
+              t.send(p.peer(p.sched.device_of(vs + 1)), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
           }
       } catch (const std::exception& e) {
         int none = -1;
@@ -66,19 +68,21 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
   return M == 1 ? outputs[0] : torch::cat(outputs, 0);
 }
 
-int Pipeline::rank() const { return impl_->self; }
+int Pipeline::rank() const { return impl_->self < 0 ? -1 : impl_->peer(impl_->self); }
 bool Pipeline::is_local(int device) const { return impl_->is_local_device(device); }
 bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
 
 comm::Collectives& Pipeline::collectives() { return impl_->group; }
-int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device; }
+int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device * impl_->replicas; }
 
 int Pipeline::stages() const { return impl_->options.stages; }
 const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
 const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
 const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
 int64_t Pipeline::step() const { return impl_->step; }
-void Pipeline::set_step(int64_t step) { impl_->step = step; }
+void Pipeline::set_step(int64_t step) {
+  impl_->on_every_copy([step](Impl& p) { p.step = step; });
+}
 torch::optim::Optimizer* Pipeline::optimizer(int virtual_stage) {
   return impl_->optimizers.at(virtual_stage).get();
 }

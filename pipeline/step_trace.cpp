@@ -51,19 +51,25 @@ double bubble(const StepTrace& t) {
 
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();
-  std::vector<std::vector<double>> fwd(V), bin(V), fused(V), bw(V), rec(V);
+  std::vector<std::vector<double>> fwd(V), bin(V), fused(V), bw(V), rec(V), red(V);
   std::vector<double> sends;
   double gaps = 0;
   size_t actions = 0;
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
   c.recomputed.assign(s.micro_batches, false);
-  for (size_t r = 0; r < t.spans.size(); ++r)
+  for (size_t r = 0; r < t.spans.size(); ++r) {
+    double previous_end = 0;
     for (size_t i = 0; i < t.spans[r].size(); ++i) {
       const Span& sp = t.spans[r][i];
-      gaps += sp.start - (i ? t.spans[r][i - 1].end : 0.0);
-      ++actions;
       const int vs = s.virtual_stage(static_cast<int>(r), sp.chunk);
       const double ms = (sp.end - sp.start) * 1e3, rc = sp.recompute * 1e3;
+      if (sp.op == Op::Reduce) {  // from its start to its end, beside the actions after it
+        red[vs].push_back(ms);
+        continue;
+      }
+      gaps += sp.start - previous_end;
+      previous_end = sp.end;
+      ++actions;
       switch (sp.op) {
         case Op::Forward: fwd[vs].push_back(ms); break;
         case Op::Backward:
@@ -80,6 +86,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
         default: break;
       }
     }
+  }
   c.send_ms = median(sends);
   // Delivery latency: for each receive that had to wait, from the end of the matching send to
   // the end of the receive (the wake-up of the waiting stage).
@@ -115,6 +122,10 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
       c.backward_fused[v] = median(fused[v]);
     }
     c.recompute[v] = median(rec[v]);
+    if (!red[v].empty()) {
+      c.reduce_ms.resize(V, 0.0);
+      c.reduce_ms[v] = median(red[v]);
+    }
   }
   return c;
 }

@@ -51,11 +51,13 @@ const char* op_name(Op op) {
     case Op::BackwardInput: return "backward_input";
     case Op::BackwardWeight: return "backward_weight";
     case Op::SendGrad: return "send_grad";
+    case Op::Reduce: return "reduce";
   }
   return "?";
 }
 
 std::string to_string(const Action& a) {
+  if (a.op == Op::Reduce) return detail::concat(op_name(a.op), "(chunk ", a.chunk, ")");
   return detail::concat(op_name(a.op), "(mb ", a.micro_batch,
                         a.chunk ? detail::concat(", chunk ", a.chunk) : "", ")");
 }
@@ -63,6 +65,20 @@ std::string to_string(const Action& a) {
 bool is_compute(Op op) {
   return op == Op::Forward || op == Op::Backward || op == Op::BackwardInput ||
          op == Op::BackwardWeight;
+}
+
+Schedule with_reductions(Schedule s) {
+  if (s.reduces) return s;
+  for (auto& list : s.actions)
+    for (int c = s.chunks - 1; c >= 0; --c) {
+      size_t last = list.size();
+      for (size_t i = 0; i < list.size(); ++i)
+        if (list[i].chunk == c && (list[i].op == Op::Backward || list[i].op == Op::BackwardWeight)) last = i;
+      if (last == list.size()) throw ScheduleError(detail::concat("schedule: chunk ", c, " has no backward to reduce after"));
+      list.insert(list.begin() + static_cast<std::ptrdiff_t>(last) + 1, Action{Op::Reduce, -1, c});
+    }
+  s.reduces = true;
+  return s;
 }
 
 std::vector<std::string> schedule_kinds() {

@@ -28,6 +28,10 @@ enum class Op {
   BackwardInput,   // B: the input gradient only; keeps what W needs
   BackwardWeight,  // W: the weight gradients, from what B kept, without redoing B's work
   SendGrad,        // send the gradient of this stage's input to the previous virtual stage
+  // Data parallelism: start reducing this virtual stage's gradients across its replicas (right
+  // after its last backward part, micro_batch -1). It runs beside the actions after it; the
+  // optimizer steps once it has finished.
+  Reduce,
 };
 
 struct Action {
@@ -53,6 +57,7 @@ struct Schedule {
   int chunks = 1;  // virtual stages per device
   std::vector<std::vector<Action>> actions;  // actions[stage]
   Placement placement = Placement::Loop;
+  bool reduces = false;  // with_reductions(): one Reduce per virtual stage
 
   int virtual_stages() const { return stages * chunks; }
   int virtual_stage(int stage, int chunk) const {
@@ -106,6 +111,10 @@ Schedule make_looped_bfs(int stages, int micro_batches, int chunks);
 // micro-batch with the backward of another (listed one after the other: the executor runs them in
 // turn), and the last micro-batches' backwards are split to fill the drain. Needs M >= 2K.
 Schedule make_dualpipev(int stages, int micro_batches);
+
+// `s` with a Reduce action (data parallelism) for each virtual stage right after its last
+// backward part (fused backward or W) on its device.
+Schedule with_reductions(Schedule s);
 
 // Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
 // on its device, that each compute has its input (received or local) before it runs, that every

@@ -33,6 +33,7 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.activation_bytes, "activation_bytes", true);
   size_ok(c.saved_bytes, "saved_bytes", true);
   size_ok(c.backward_fused, "backward_fused", true);
+  size_ok(c.reduce_ms, "reduce_ms", true);
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
@@ -54,6 +55,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   out.peak_memory.assign(K, 0.0);
   out.memory.assign(K, {{0.0, 0.0}});
   std::vector<double> clock(K, 0.0), held(K, 0.0), first_start(K, -1.0), last_end(K, 0.0);
+  std::vector<double> link_free(K, 0.0);  // when each device's link has finished its reductions
   std::vector<int> in_flight(K, 0), awaiting(K, 0);
   std::vector<size_t> pc(K, 0);
   // Delivery time of each message: (destination, receive op, micro-batch, chunk there).
@@ -129,6 +131,17 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             --awaiting[r];
             hold(r, end, -holds(vs, a.micro_batch));
             break;
+          case Op::Reduce: {
+            const double cost = c.reduce_ms.empty() ? 0.0 : c.reduce_ms[vs];
+            const double from = std::max(start, link_free[r]);
+            link_free[r] = from + cost;
+            out.spans[r].push_back({a.op, a.micro_batch, a.chunk, from, link_free[r]});
+            clock[r] = start;
+            ++pc[r];
+            --remaining;
+            moved = true;
+            continue;
+          }
         }
         if (is_compute(a.op)) {
           out.busy_ms[r] += end - start;
@@ -149,6 +162,12 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   double busy = 0;
   // The finishing work (optimizer steps) starts when every device has run its list, as in the
   // executor, which steps no optimizer before the whole step has succeeded.
+  out.exposed_reduce_ms.assign(K, 0.0);
+  const double lists_done = *std::max_element(clock.begin(), clock.end());
+  for (int r = 0; r < K; ++r) {
+    out.exposed_reduce_ms[r] = std::max(0.0, link_free[r] - lists_done);
+    clock[r] = std::max(clock[r], link_free[r]);
+  }
   const double all_done = *std::max_element(clock.begin(), clock.end());
   for (int r = 0; r < K; ++r) {
     out.span_ms[r] = first_start[r] < 0 ? 0.0 : last_end[r] - first_start[r];

@@ -8,7 +8,11 @@
 //
 // Memory: a micro-batch holds Costs::saved_bytes[vs] on its device from its forward on virtual
 // stage vs to its last backward part there (the fused backward, or W); a recomputed one holds
-// only its input (the previous virtual stage's activation_bytes) in between. Without
+// only its input (the previous virtual stage's activation_bytes) in between.
+//
+// Reductions (Op::Reduce, data parallelism) cost the device only action_ms to start; they run
+// on the device's link, one after another, and the step (and its finishing work) ends once
+// every reduction has. Without
 // saved_bytes, each held micro-batch chunk counts 1.
 // Nothing here depends on libtorch.
 #pragma once
@@ -36,6 +40,9 @@ struct Costs {
   double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
   double action_ms = 0;     // bookkeeping the executor spends around every action
   std::vector<double> finish_ms;  // per device: work once every device has run its list (the optimizer step); empty: none
+  // Per virtual stage: its Reduce (data parallelism), which runs on the device's link beside
+  // the later actions, one reduction at a time; the finishing work waits for it. Empty: free.
+  std::vector<double> reduce_ms;
 
   // Equal costs on every virtual stage, no recomputation, free transfers.
   static Costs uniform(int virtual_stages, double forward, double backward_input, double backward_weight);
@@ -59,6 +66,7 @@ struct Simulation {
   std::vector<double> peak_memory;       // per device: most activation memory held (bytes, or chunks without saved_bytes)
   std::vector<std::vector<std::pair<double, double>>> memory;  // per device: (ms, held) at each change
   std::vector<std::vector<SimSpan>> spans;  // spans[device], in list order
+  std::vector<double> exposed_reduce_ms;   // per device: how long its reductions outlast every device's last action
 };
 
 // Throws ScheduleError when the cost table does not fit the schedule or the lists deadlock.

@@ -70,7 +70,15 @@ void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& tim
       write_name(out, first, "thread_name", pid, tid, "stage " + std::to_string(r));
       double last_end = -1;
       int64_t last_step = 0;
+      bool reduces = false;
       for (const TraceSpan& s : t.spans[r]) {
+        if (s.name == "reduce") {  // beside the stage's compute: a row of its own
+          const int link = static_cast<int>(t.spans.size() + r);
+          if (!reduces) write_name(out, first, "thread_name", pid, link, "stage " + std::to_string(r) + " reduce");
+          reduces = true;
+          write_event(out, first, s, pid, link);
+          continue;
+        }
         if (last_end >= 0 && s.step == last_step && s.start_ms - last_end >= min_idle_ms)
           write_event(out, first, TraceSpan{"idle", -1, 0, s.step, last_end, s.start_ms}, pid, tid);
         write_event(out, first, s, pid, tid);

@@ -15,6 +15,7 @@ using Key = std::pair<int, int>;
 struct StageState {
   std::set<Key> received_act, forwarded, sent_act, received_grad, fused, input_done, weight_done,
       sent_grad;
+  std::set<int> reduced;  // chunks
 };
 
 [[noreturn]] void fail(int stage, size_t index, const Action& a, const std::string& why) {
@@ -28,6 +29,15 @@ void check_local_order(const Schedule& s, int r) {
   const int V = s.virtual_stages();
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
+    if (a.op == Op::Reduce) {
+      if (!s.reduces) fail(r, i, a, "a reduction in a schedule without data parallelism");
+      if (a.chunk < 0 || a.chunk >= s.chunks) fail(r, i, a, "chunk out of range");
+      for (int m = 0; m < s.micro_batches; ++m)
+        if (!st.fused.count({m, a.chunk}) && !st.weight_done.count({m, a.chunk}))
+          fail(r, i, a, detail::concat("before the last backward part of micro-batch ", m));
+      if (!st.reduced.insert(a.chunk).second) fail(r, i, a, "repeated");
+      continue;
+    }
     if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches) fail(r, i, a, "micro-batch out of range");
     if (a.chunk < 0 || a.chunk >= s.chunks) fail(r, i, a, "chunk out of range");
     const Key k{a.micro_batch, a.chunk};
@@ -71,8 +81,14 @@ void check_local_order(const Schedule& s, int r) {
         if (!backwarded) fail(r, i, a, "sent before its backward");
         once(st.sent_grad);
         break;
+      case Op::Reduce:
+        break;
     }
   }
+  if (s.reduces)
+    for (int c = 0; c < s.chunks; ++c)
+      if (!st.reduced.count(c))
+        throw ScheduleError(detail::concat("schedule: stage ", r, " never reduces chunk ", c, "'s gradients"));
   for (int c = 0; c < s.chunks; ++c)
     for (int m = 0; m < s.micro_batches; ++m) {
       const Key k{m, c};
@@ -103,6 +119,7 @@ std::string short_name(const Action& a) {
     case Op::BackwardInput: op = "Bi"; break;
     case Op::BackwardWeight: op = "W"; break;
     case Op::SendGrad: op = "sg"; break;
+    case Op::Reduce: return detail::concat("R", a.chunk ? detail::concat(".", a.chunk) : "");
   }
   return detail::concat(op, a.micro_batch, a.chunk ? detail::concat(".", a.chunk) : "");
 }

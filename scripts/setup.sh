@@ -9,11 +9,13 @@ source "$root/scripts/env.sh"
 
 # ucx-utils: ucx_perftest for the transport benchmark; openmpi: mpirun launches; fortunes: the
 # text the byte-level language model config trains on; iproute2: the two-namespace test makes
-# its network with `ip`; clang and libclang-rt-14-dev: the fuzz targets (libFuzzer, sanitizers).
+# its network with `ip`; clang and libclang-rt-14-dev: the fuzz targets (libFuzzer, sanitizers);
+# libgloo-dev: the declarations of libtorch's Gloo process group (the wheel has the library, not
+# gloo's headers).
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   nlohmann-json3-dev libcli11-dev googletest libgtest-dev
-  libucx-dev ucx-utils
+  libucx-dev ucx-utils libgloo-dev
   openmpi-bin libopenmpi-dev iproute2
   dataset-fashion-mnist
   fortunes

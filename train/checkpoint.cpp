@@ -300,10 +300,14 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
   std::vector<double> written;  // (virtual stage, bytes, crc32) of each shard this rank wrote
   for (int vs = 0; vs < V; ++vs) {
     if (!pipe.is_local_stage(vs)) continue;
+    // Data parallelism: copy 0 writes its stages (every copy holds the same); a sharded
+    // optimizer's state is gathered from every copy first, and written whole.
+    std::unique_ptr<torch::optim::Optimizer> gathered = pipe.gathered_optimizer(vs);
+    if (pipe.replica() != 0) continue;
     torch::nn::Sequential& layers = pipe.stage_layers(vs);
     c10::Dict<std::string, at::Tensor> d;
     for (auto& [n, t] : named_state(*layers)) d.insert(n, t.detach().contiguous());
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) save_optimizer(*opt, *layers, d);
+    if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizer(vs)) save_optimizer(*opt, *layers, d);
     if (vs == 0) {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -457,7 +461,11 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   const std::string kind = m.value("optimizer", config.optimizer.kind);
   bool optimizers = false;
   for (int vs = 0; vs < V; ++vs)
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+    if (auto full = pipe.unsharded_optimizer(vs)) {  // a sharded optimizer takes its slices
+      load_optimizer(*full, kind, *pipe.stage_layers(vs), saved, dir);
+      pipe.scatter_optimizer(vs, *full);
+      optimizers = true;
+    } else if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
       load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
       optimizers = true;
     }
@@ -473,6 +481,7 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
       throw CheckpointError("checkpoint " + dir + ": the generator state cannot be restored (" + e.what_without_backtrace() + ")");
     }
   }
+  pipe.sync_copies();  // data parallelism: every copy (and a sharded optimizer's slice) follows
   pipe.set_step(m.at("pipeline_step").get<int64_t>());
   // fp16 continues with the loss scale it had; from another precision it starts afresh.
   if (config.train.precision == Precision::FP16 && m.value("precision", "fp32") == "fp16")

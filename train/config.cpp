@@ -166,11 +166,20 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     for (double v : c.pipeline.speeds)
       if (!(v > 0) || !std::isfinite(v)) pipe.fail("speeds", detail::concat("every speed must be > 0, got ", v));
   }
+  c.pipeline.data_parallel = static_cast<int>(pipe.get_int("data_parallel", 1, 1, 4096));
+  c.pipeline.bucket_bytes = pipe.get_int("bucket_bytes", c.pipeline.bucket_bytes, 1, int64_t(1) << 40);
   pipe.finish();
   if (c.pipeline.micro_batches > c.data.batch_size)
     pipe.fail("micro_batches", detail::concat(c.pipeline.micro_batches,
                                               " micro-batches exceed data.batch_size ", c.data.batch_size,
                                               " (each micro-batch needs at least one sample)"));
+  // Each copy's shard of a batch is cut into the micro-batches: the smallest shard needs one
+  // sample per micro-batch.
+  if (c.pipeline.data_parallel > 1 && c.data.batch_size / c.pipeline.data_parallel < c.pipeline.micro_batches)
+    pipe.fail("data_parallel", detail::concat(c.pipeline.data_parallel, " copies split data.batch_size ", c.data.batch_size,
+                                              " into shards of ", c.data.batch_size / c.pipeline.data_parallel,
+                                              " samples or more, fewer than the ", c.pipeline.micro_batches,
+                                              " micro-batches each is cut into"));
 
   JsonReader opt = top.child("optimizer");
   c.optimizer.kind = opt.get_choice("kind", c.optimizer.kind, {"sgd", "adam", "adamw"});
@@ -201,6 +210,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.train.checkpoint_every = train.get_int("checkpoint_every", c.train.checkpoint_every, 0, int64_t(1) << 40);
   c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
   c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
+  c.train.shard_optimizer = train.get_bool("shard_optimizer", c.train.shard_optimizer);
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
   if (c.train.precision == Precision::FP16)
     train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "

@@ -40,6 +40,11 @@ struct PipelineConfig {
   std::vector<int> balance;            // layers per virtual stage when balance_method is "list"
   std::vector<int64_t> memory_limit;   // bytes per device (stage); empty or 0: no limit
   std::vector<double> speeds;          // relative device speeds; empty: all equal
+  // Data parallelism: copies of the whole pipeline, each on its own shard of every batch, the
+  // gradients of every stage summed across its copies (pipeline.h). Processes: the launcher
+  // starts stages x data_parallel ranks, rank = stage * data_parallel + copy.
+  int data_parallel = 1;
+  int64_t bucket_bytes = 25 << 20;  // gradients per reduction operation
 };
 
 struct OptimizerConfig {
@@ -73,6 +78,9 @@ struct TrainConfig {
   // Compute dtype of the forward (autocast): fp32 | bf16 | fp16 (GPU only). Weights, gradients
   // and optimizer state stay float32 (master weights).
   Precision precision = Precision::FP32;
+  // Data parallelism: each copy keeps the optimizer state of 1/data_parallel of every stage's
+  // parameters (ZeRO stage 1: reduce-scatter, step the slice, all-gather).
+  bool shard_optimizer = false;
 };
 
 struct RuntimeConfig {

@@ -37,7 +37,11 @@ Job prepare(const Config& c) {
   o.chunks = c.pipeline.chunks;
   o.recompute = c.pipeline.recompute;
   o.precision = c.train.precision;
-  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages);
+  // In-process every copy's stages are threads of this process.
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == "processes" ? 1 : c.pipeline.data_parallel));
+  o.data_parallel = c.pipeline.data_parallel;
+  o.shard_optimizer = c.train.shard_optimizer;
+  o.bucket_bytes = c.pipeline.bucket_bytes;
   o.timeout_s = c.runtime.timeout_s;
   o.seed = c.train.seed;
   o.transport.max_message_bytes = c.runtime.max_message_bytes;

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "comm/launcher_env.h"
+#include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
 #include "train/balance.h"
@@ -45,7 +46,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   if (job.options.balance.empty()) job.options.balance = resolve_balance(job);
   if (c.runtime.kind != "processes") {
     match_stage_threads(job);
-    warn_if_oversubscribed(job, c.pipeline.stages, note);
+    warn_if_oversubscribed(job, c.pipeline.stages * c.pipeline.data_parallel, note);
     // Started by a launcher but in-process: each rank runs the whole pipeline on its own.
     comm::RankInfo info;
     try {
@@ -59,9 +60,12 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
     return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
   }
   const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
-  if (info.world_size != c.pipeline.stages)
-    throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage, but pipeline.stages is ",
-                                     c.pipeline.stages, " and the launcher (", info.launcher, ") started ", info.world_size,
+  const int D = c.pipeline.data_parallel;
+  if (info.world_size != c.pipeline.stages * D)
+    throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage",
+                                     D > 1 ? " and copy" : "", ", but pipeline.stages is ", c.pipeline.stages,
+                                     D > 1 ? detail::concat(" x pipeline.data_parallel ", D, " = ", c.pipeline.stages * D) : "",
+                                     " and the launcher (", info.launcher, ") started ", info.world_size,
                                      " rank", info.world_size == 1 ? "" : "s",
                                      info.launcher == "none" ? " (start the ranks with pipetrain launch, torchrun-style variables, mpirun or srun)" : ""));
   // Each host's cores are shared by the ranks on it, not by all stages.
@@ -72,9 +76,20 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   // UCX listens only on the interface by which this host reaches rank 0's, not on every one.
   job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);
   const Deadline deadline = Deadline::after(c.runtime.timeout_s);
+  // Data parallelism: the ranks of one stage (pipeline outer, data inner: rank = stage * D +
+  // copy) form a Gloo group through the rendezvous store, on the interface towards rank 0.
+  comm::ProcessGroup copies;
+  comm::StoreHook join_copies;
+  if (D > 1)
+    join_copies = [&copies, &info, D, &c](const c10::intrusive_ptr<c10d::Store>& store) {
+      const int stage = info.rank / D;
+      copies = comm::make_gloo_group(store, detail::concat("pipetrain/stage", stage, "/copies/"), info.rank % D, D,
+                                     comm::interface_towards(info.master_addr), c.runtime.timeout_s);
+    };
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
-                                               comm::store_exchange(info, run_fingerprint(c, run_options), deadline));
-  return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint));
+                                               comm::store_exchange(info, run_fingerprint(c, run_options), deadline,
+                                                                    "pipetrain", join_copies));
+  return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint), copies);
 }
 
 }  // namespace pipetrain::train

@@ -201,6 +201,7 @@ double run_step(Job& job, Pipeline& pipe, int64_t s, double lr, std::string& ski
   double loss = 0;
   for (int64_t a = 0; a < A; ++a) {
     Batch b = to_model(job, job.data.train_batch(s * A + a, B, c.train.seed));
+    pipe.sync_gradients(a == A - 1);  // data parallelism: reduce once, after the last batch
     loss += pipe.forward_backward(b.input, b.target, /*accumulate=*/a > 0, 1.0 / static_cast<double>(A));
   }
   skipped.clear();

@@ -1,0 +1,96 @@
+// Data parallelism inside the engine: D replicas of the pipeline, each training on its own
+// shard of every batch, with each virtual stage's gradients reduced across its D copies over a
+// c10d process group (comm/process_group.h: Gloo on the CPU).
+//
+// The reduction of a virtual stage starts at the schedule's Reduce action, right after that
+// stage's last backward part (schedule::with_reductions), and runs on the group's own thread
+// beside the actions still to come; the optimizer waits for it. The gradients go in buckets
+// (one flat tensor each) of at most `bucket_bytes`, summed: each replica's loss already weights
+// its micro-batches by their share of the whole batch, so the sum is the gradient of the
+// batch's mean loss, exactly as one device computes it.
+//
+// Sharded optimizer state (ZeRO stage 1): the stage's parameters are flattened (padded to a
+// multiple of D) and replica d owns the d-th slice. The gradients are reduce-scattered, so each
+// replica receives only the sum of its slice; its optimizer holds state for that slice alone
+// and steps it; the updated slices are then all-gathered back into every replica's parameters.
+//
+// c10d's DDP Reducer is not used: it reduces at the end of every backward pass, where a
+// pipeline step runs one backward per micro-batch and must reduce once, after the last.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/process_group.h"
+#include "common/deadline.h"
+#include "common/error.h"
+
+namespace pipetrain::pipeline {
+
+// A reduction that failed: a copy died, closed, aborted or did not answer in time.
+class ReductionError : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
+struct ReplicaInfo {
+  int replicas = 1, replica = 0;
+  std::string name;    // what the group does, for errors: "stage 1's gradient reduction"
+  std::string others;  // who the other members are, for errors: "rank 3", "one of ranks 1, 3"
+  int peer = -1;       // the other member's rank when there is only one (errors name it)
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(comm::ProcessGroup group, ReplicaInfo info, std::vector<at::Tensor> params, bool shard,
+                  int64_t bucket_bytes);
+
+  // Starts reducing the gradients now in the parameters; they must not change before finish().
+  // A parameter without a gradient (the same on every replica) is left out.
+  void start();
+  bool started() const { return !works_.empty(); }
+  // Waits for the reduction and puts its result in place: each parameter's .grad holds the sum
+  // over the replicas, or (sharded) shard().grad() holds the sum of this replica's slice.
+  // Returns when the last of its operations completed (steady clock, seconds since epoch).
+  double finish(Deadline deadline);
+
+  bool sharded() const { return shard_; }
+  // Sharded: this replica's slice of the flattened parameters, the optimizer's one parameter.
+  const at::Tensor& shard() const { return shard_param_; }
+  // Sharded: the squared norm of the whole stage's reduced gradient (summed over the replicas).
+  double grad_sq_norm(Deadline deadline);
+  // Sharded: after the optimizer stepped the slice, every replica's slice into the parameters.
+  void gather_parameters(Deadline deadline);
+  // Sharded: the slice of the parameters into shard() (after the parameters were loaded).
+  void refresh_shard();
+  // Sharded: full per-parameter tensors from every replica's slice of a per-element state tensor
+  // of the shard's shape (e.g. Adam's exp_avg), and the reverse.
+  std::vector<at::Tensor> gather_state(const at::Tensor& slice, Deadline deadline);
+  at::Tensor slice_of(const std::vector<at::Tensor>& full) const;
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+
+ private:
+  [[noreturn]] void fail(const std::exception& e);
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, Deadline deadline);
+  at::Tensor flat_parameters() const;
+
+  comm::ProcessGroup group_;
+  ReplicaInfo info_;
+  std::vector<at::Tensor> params_;
+  bool shard_;
+  int64_t bucket_bytes_;
+  // Unsharded: buckets of parameter indices and their flat gradients in flight.
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<at::Tensor> flats_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::shared_ptr<std::atomic<double>> done_at_ = std::make_shared<std::atomic<double>>(0.0);
+  // Sharded.
+  int64_t numel_ = 0, padded_ = 0;
+  at::Tensor shard_param_, shard_grad_;
+};
+
+}  // namespace pipetrain::pipeline

@@ -1,0 +1,324 @@
+// Data parallelism: D copies of a K-stage pipeline, each on its own shard of every batch, equal
+// one device training on the whole batch: the loss of every step and every parameter after
+// several optimizer steps (float64, 1e-10), with the shards uneven, with and without the sharded
+// optimizer (ZeRO-1), for split and interleaved schedules, with dropout and BatchNorm. The copies
+// run as threads of one Pipeline (Gloo over loopback) and as one Pipeline per rank, the code
+// path of runtime.kind processes (ranks as threads here: one world endpoint each over the local
+// transport or UCX, and one Gloo group per stage).
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <memory>
+#include <ostream>
+#include <stdexcept>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "comm/process_group.h"
+#include "comm/transport.h"
+#include "common/rng.h"
+#include "models/layers.h"
+#include "models/model.h"
+#include "pipeline/pipeline.h"
+#include "schedule/schedule.h"
+#include "schedule/simulate.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+
+namespace {
+
+json family_config(const std::string& family) {
+  if (family == "mlp")
+    return {{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", 4}, {"out", 5}, {"dropout", 0.2}};
+  if (family == "cnn")
+    return {{"family", "cnn"}, {"image_size", 8}, {"channels", 2}, {"hidden", 8}, {"classes", 3}, {"dropout", 0.3}};
+  return {{"family", "gpt"}, {"vocab_size", 11}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
+          {"n_layers", 3}, {"d_ff", 16}, {"dropout", 0.2}};
+}
+
+models::Model build(const std::string& family) {
+  JsonReader r(family_config(family), "model", "test");
+  models::Model m = models::build(r, /*seed=*/42);
+  m.layers->to(torch::kDouble);
+  return m;
+}
+
+struct Batch {
+  at::Tensor input, target;
+};
+
+Batch make_batch(const models::Model& m, int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> shape{n};
+  shape.insert(shape.end(), m.sample_shape.begin(), m.sample_shape.end());
+  if (m.token_input)
+    return {torch::randint(0, m.classes, shape, gen, torch::kLong), torch::randint(0, m.classes, shape, gen, torch::kLong)};
+  return {torch::randn(shape, gen).to(torch::kDouble), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
+}
+
+at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+double rel_error(const at::Tensor& got, const at::Tensor& want) {
+  return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
+}
+
+pipeline::OptimizerFactory adam() {
+  return [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  };
+}
+pipeline::OptimizerFactory sgd() {
+  return [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01));
+  };
+}
+
+struct Case {
+  std::string family, schedule;
+  int stages, copies, micro_batches;
+  int64_t batch;
+  bool shard = false;
+  bool ranks = false;  // one Pipeline per rank (the processes code path)
+  std::string transport = "local";
+  std::string optimizer = "adamw";
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.family << " " << c.schedule << " " << c.stages << " stages x " << c.copies << " copies, " << c.micro_batches
+      << " micro-batches of a batch of " << c.batch << (c.shard ? ", sharded" : "") << (c.ranks ? ", ranks over " : ", threads over ")
+      << c.transport << ", " << c.optimizer;
+}
+
+constexpr int kSteps = 3;
+
+// One device, the whole batch: the reference losses, the model after kSteps optimizer steps.
+std::vector<double> reference(models::Model& m, const Case& c) {
+  auto opt = (c.optimizer == "sgd" ? sgd() : adam())(m.layers->parameters());
+  std::vector<double> losses;
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = make_batch(m, c.batch, 100 + s);
+    opt->zero_grad();
+    at::Tensor l;
+    {
+      RngContextGuard rng(RngContext{0, s, 0});  // the pipeline's dropout streams (seed 0, step s)
+      l = mean_ce(m.layers->forward(b.input), b.target);
+    }
+    l.backward();
+    losses.push_back(l.item<double>());
+    opt->step();
+    models::commit_batch_norm(*m.layers);
+  }
+  return losses;
+}
+
+pipeline::PipelineOptions options(const Case& c) {
+  pipeline::PipelineOptions o;
+  o.stages = c.stages;
+  o.micro_batches = c.micro_batches;
+  o.schedule = c.schedule;
+  o.chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
+  o.data_parallel = c.copies;
+  o.shard_optimizer = c.shard;
+  o.bucket_bytes = 512;  // several buckets per stage
+  o.transport.backend = c.transport;
+  o.timeout_s = 60;
+  return o;
+}
+
+void expect_same(const models::Model& got, const models::Model& want, const std::string& who) {
+  auto g = got.layers->named_parameters(), w = want.layers->named_parameters();
+  int compared = 0;
+  for (const auto& p : w) {
+    const at::Tensor& t = g[p.key()];
+    if (t.numel() == 0) continue;  // another rank's stage
+    EXPECT_LT(rel_error(t, p.value()), 1e-10) << who << ": parameter " << p.key();
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << who;
+  auto gb = got.layers->named_buffers(), wb = want.layers->named_buffers();
+  for (const auto& b : wb) {
+    if (gb[b.key()].numel() > 0 && b.value().is_floating_point())
+      EXPECT_LT(rel_error(gb[b.key()], b.value()), 1e-10) << who << ": buffer " << b.key();
+  }
+}
+
+class DataParallel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
+  const Case& c = GetParam();
+  if (!comm::has_transport_backend(c.transport)) GTEST_SKIP() << c.transport << " is not compiled in";
+  models::Model want = build(c.family);
+  const std::vector<double> want_losses = reference(want, c);
+  const pipeline::PipelineOptions o = options(c);
+  const auto factory = c.optimizer == "sgd" ? sgd() : adam();
+
+  if (!c.ranks) {
+    models::Model got = build(c.family);
+    pipeline::Pipeline pipe(got.layers, o, mean_ce);
+    pipe.set_optimizer(factory);
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch b = make_batch(got, c.batch, 100 + s);
+      EXPECT_NEAR(pipe.train_step(b.input, b.target), want_losses[s], 1e-10 * std::abs(want_losses[s])) << "step " << s;
+    }
+    expect_same(got, want, "copy 0");
+    // Every stage reduced its gradients once per step, after its last backward part.
+    int reduces = 0;
+    for (const auto& spans : pipe.last_trace().spans)
+      for (const auto& sp : spans)
+        if (sp.op == schedule::Op::Reduce) {
+          ++reduces;
+          EXPECT_GE(sp.end, sp.start);
+        }
+    EXPECT_EQ(reduces, c.stages * o.chunks);
+    return;
+  }
+
+  const int world = c.stages * c.copies;
+  auto endpoints = comm::make_transport_group(o.transport, world);
+  auto groups = comm::make_local_gloo_groups(c.stages, c.copies, o.timeout_s);
+  std::vector<models::Model> models;
+  for (int r = 0; r < world; ++r) models.push_back(build(c.family));
+  std::vector<std::vector<double>> losses(world);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]), groups[r / c.copies][r % c.copies]);
+        EXPECT_EQ(pipe.rank(), r);
+        EXPECT_EQ(pipe.replica(), r % c.copies);
+        pipe.set_optimizer(factory);
+        for (int s = 0; s < kSteps; ++s) {
+          const Batch b = make_batch(models[r], c.batch, 100 + s);
+          losses[r].push_back(pipe.train_step(b.input, b.target));
+        }
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (errors[r]) {
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+      continue;
+    }
+    for (int s = 0; s < kSteps; ++s)
+      EXPECT_NEAR(losses[r][s], want_losses[s], 1e-10 * std::abs(want_losses[s])) << "rank " << r << " step " << s;
+    expect_same(models[r], want, "rank " + std::to_string(r));
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // Threads: D=2 x K=2, D=2 x K=1, D=3 x K=2 with an uneven shard (11 = 4 + 4 + 3), each with and
+  // without the sharded optimizer; a split backward (the reduction after the last W), an
+  // interleaved schedule (one reduction per chunk), BatchNorm (statistics merged over copies).
+  for (bool shard : {false, true}) {
+    out.push_back({"mlp", "1f1b", 2, 2, 2, 12, shard});
+    out.push_back({"mlp", "gpipe", 1, 2, 2, 8, shard, false, "local", "sgd"});
+    out.push_back({"gpt", "zb-h1", 2, 3, 2, 11, shard});
+    out.push_back({"mlp", "interleaved-1f1b", 2, 2, 2, 12, shard, false, "local", "sgd"});
+    out.push_back({"cnn", "1f1b", 2, 2, 2, 12, shard});
+  }
+  // The processes code path: ranks over the local transport and over UCX, with Gloo.
+  out.push_back({"mlp", "1f1b", 2, 2, 2, 12, false, true});
+  out.push_back({"gpt", "zb-h1", 2, 3, 3, 20, true, true});
+  out.push_back({"cnn", "gpipe", 2, 2, 2, 12, false, true, "ucx"});
+  out.push_back({"mlp", "1f1b", 2, 2, 2, 12, true, true, "ucx", "sgd"});
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = c.family + "_" + c.schedule + "_K" + std::to_string(c.stages) + "_D" + std::to_string(c.copies) +
+                  (c.shard ? "_sharded" : "") + (c.ranks ? "_ranks_" : "_threads_") + c.transport + "_" + c.optimizer;
+  for (char& ch : s)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, DataParallel, ::testing::ValuesIn(cases()), case_name);
+
+// Accumulated batches: no reduction until the last (sync off), then one; the step equals one
+// device on the mean loss of the batches.
+TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
+  models::Model want = build("mlp"), got = build("mlp");
+  const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
+  auto opt = sgd()(want.layers->parameters());
+  {
+    RngContextGuard rng(RngContext{0, 0, 0});
+    (mean_ce(want.layers->forward(b0.input), b0.target) * 0.5).backward();
+  }
+  {
+    RngContextGuard rng(RngContext{0, 1, 0});
+    (mean_ce(want.layers->forward(b1.input), b1.target) * 0.5).backward();
+  }
+  opt->step();
+  Case c{"mlp", "1f1b", 2, 2, 2, 8};
+  pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+  pipe.set_optimizer(sgd());
+  pipe.sync_gradients(false);
+  pipe.forward_backward(b0.input, b0.target, false, 0.5);
+  for (const auto& spans : pipe.last_trace().spans)
+    for (const auto& sp : spans) EXPECT_NE(sp.op, schedule::Op::Reduce);
+  pipe.sync_gradients(true);
+  pipe.forward_backward(b1.input, b1.target, true, 0.5);
+  pipe.step_optimizer();
+  expect_same(got, want, "after two accumulated batches");
+}
+
+TEST(DataParallelErrors, ShardsSmallerThanTheMicroBatches) {
+  models::Model m = build("mlp");
+  Case c{"mlp", "1f1b", 2, 3, 4, 10};
+  pipeline::Pipeline pipe(m.layers, options(c), mean_ce);
+  const Batch b = make_batch(m, 10, 1);
+  try {
+    pipe.train_step(b.input, b.target);
+    FAIL() << "a shard of 3 samples was cut into 4 micro-batches";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("copy 2's shard of 3 samples (a batch of 10 over 3 copies)"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The schedule's Reduce actions: after each chunk's last backward part, validated, simulated
+// beside the later actions (the step ends when the last reduction has).
+TEST(DataParallelSchedule, ReductionsFollowTheLastBackwardAndOverlap) {
+  for (const std::string kind : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "dualpipev"}) {
+    const int chunks = schedule::uses_chunks(kind) ? 2 : 1;
+    schedule::Schedule s = schedule::with_reductions(schedule::make_schedule(kind, 2, 4, chunks));
+    EXPECT_NO_THROW(schedule::validate(s)) << kind;
+    for (const auto& list : s.actions) {
+      int reduces = 0;
+      for (const auto& a : list) reduces += a.op == schedule::Op::Reduce;
+      EXPECT_EQ(reduces, chunks) << kind;
+    }
+  }
+  schedule::Schedule s = schedule::with_reductions(schedule::make_1f1b(2, 4));
+  // A reduction moved before the last backward is refused.
+  auto broken = s;
+  auto& list = broken.actions[0];
+  auto it = std::find_if(list.begin(), list.end(), [](const schedule::Action& a) { return a.op == schedule::Op::Reduce; });
+  std::rotate(it - 1, it, it + 1);
+  EXPECT_THROW(schedule::validate(broken), ScheduleError);
+  // Device 1 (the last stage) finishes its backwards first: its reduction is hidden behind
+  // device 0's remaining work; device 0's is exposed.
+  schedule::Costs costs = schedule::Costs::uniform(2, 1.0, 1.0, 1.0);
+  costs.reduce_ms = {3.0, 3.0};
+  const auto with = schedule::simulate(s, costs);
+  costs.reduce_ms = {0.0, 0.0};
+  const auto without = schedule::simulate(s, costs);
+  EXPECT_NEAR(with.makespan_ms, without.makespan_ms + 3.0, 1e-9);
+  EXPECT_NEAR(with.exposed_reduce_ms[0], 3.0, 1e-9);
+  EXPECT_LT(with.exposed_reduce_ms[1], 3.0);
+}
+
+}  // namespace
