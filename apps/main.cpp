@@ -190,6 +190,8 @@ int main(int argc, char** argv) {
   std::string bench_json;
   bench->add_option("--stages", sweep.stages, "Sweep these stage counts (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber);
   bench->add_option("--micro-batches", sweep.micro_batches, "Sweep these micro-batch counts")->delimiter(',')->check(CLI::PositiveNumber);
+  bench->add_option("--data-parallel", sweep.data_parallel, "Sweep these data-parallel copy counts (pipeline.data_parallel)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
   bench->add_option("--recompute", sweep.recompute, "Sweep these recomputation modes")
       ->delimiter(',')->check(CLI::IsMember(pipetrain::recompute_modes()));
   std::string old_recompute_flag;
@@ -416,7 +418,8 @@ int main(int argc, char** argv) {
       else
         pt::print_plan(std::cout, r);
     } else if (*bench) {
-      const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.recompute.empty() ||
+      const bool sweeping = !sweep.stages.empty() || !sweep.micro_batches.empty() || !sweep.data_parallel.empty() ||
+                            !sweep.recompute.empty() ||
                             !sweep.schedules.empty() || !sweep.precisions.empty() || !bench_json.empty();
       if (!sweeping) {
         pt::BenchResult r = pt::run_bench(config, bench_options);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -68,6 +69,28 @@ std::vector<std::vector<ProcessGroup>> make_local_gloo_groups(int count, int siz
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return groups;
+}
+
+namespace {
+std::mutex& start_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> all_reduce(c10d::Backend& group, std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::mutex> one_at_a_time(start_mutex());
+  return group.allreduce(tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> reduce_scatter(c10d::Backend& group, at::Tensor& out, at::Tensor& in) {
+  std::lock_guard<std::mutex> one_at_a_time(start_mutex());
+  return group._reduce_scatter_base(out, in);
+}
+
+c10::intrusive_ptr<c10d::Work> all_gather(c10d::Backend& group, at::Tensor& out, at::Tensor& in) {
+  std::lock_guard<std::mutex> one_at_a_time(start_mutex());
+  return group._allgather_base(out, in);
 }
 
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, Deadline deadline) {

@@ -35,6 +35,16 @@ ProcessGroup make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const
 // connected over the loopback interface), all made at once. Returns groups[g][member].
 std::vector<std::vector<ProcessGroup>> make_local_gloo_groups(int count, int size, double timeout_s);
 
+// The collectives data parallelism uses, started on `group` (each returns at once; wait_work
+// waits). They start one at a time in a process: c10d's flight recorder (on by default,
+// TORCH_FR_BUFFER_SIZE) records every collective in process-wide state that it does not lock
+// on its first sight of a group (FlightRecorder::recordWithResetEnabled in torch 2.11), so groups
+// of one process (the threads runtime's copies) starting their first collectives together
+// corrupted it.
+c10::intrusive_ptr<c10d::Work> all_reduce(c10d::Backend& group, std::vector<at::Tensor>& tensors);  // sum, in place
+c10::intrusive_ptr<c10d::Work> reduce_scatter(c10d::Backend& group, at::Tensor& out, at::Tensor& in);  // sum, member i's slice
+c10::intrusive_ptr<c10d::Work> all_gather(c10d::Backend& group, at::Tensor& out, at::Tensor& in);  // every member's `in`, in order
+
 // Waits for `work` until `deadline`: TimeoutError when it passes, TransportError with the
 // backend's reason when the operation failed (a member died, closed or aborted); neither names
 // a peer (-1), which the caller knows better.

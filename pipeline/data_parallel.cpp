@@ -113,8 +113,12 @@ void Pipeline::Impl::make_reducers() {
     info.others = others_here.size() == 1 ? detail::concat(ranks ? "rank " : "copy ", others_here[0])
                                           : detail::concat("one of ", ranks ? "ranks " : "copies ", list(others_here));
     if (self >= 0 && others_here.size() == 1) info.peer = others_here[0];
-    reducers[vs] = std::make_unique<GradientReducer>(device_groups.at(device), info, std::move(params),
-                                                     options.shard_optimizer, options.bucket_bytes);
+    using SR = PipelineOptions::ShardReduction;
+    const auto& group = device_groups.at(device);
+    const bool scatter = options.shard_reduction == SR::Auto ? group->getBackendName() != "gloo"
+                                                             : options.shard_reduction == SR::ReduceScatter;
+    reducers[vs] = std::make_unique<GradientReducer>(group, info, std::move(params), options.shard_optimizer,
+                                                     options.bucket_bytes, scatter);
   }
 }
 
@@ -155,7 +159,7 @@ void Pipeline::Impl::merge_batch_norm() {
         }
         at::Tensor all = torch::empty({replicas * (1 + 2 * F)}, torch::kDouble);
         try {
-          comm::wait_work(device_groups.at(r)->_allgather_base(all, mine), Deadline::after(options.timeout_s));
+          comm::wait_work(comm::all_gather(*device_groups.at(r), all, mine), Deadline::after(options.timeout_s));
         } catch (const std::exception& e) {
           throw TransportError(-1, detail::concat("stage ", r, ": merging BatchNorm statistics across the copies: ", e.what()));
         }

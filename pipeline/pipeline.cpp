@@ -460,7 +460,9 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     for (int c = 0; c < replicas; ++c) {  // every copy's last stage, in copy order
       const int rank = last_device() * replicas + c;
       malformed(rank, all[rank]);
-      for (int m = 0; m < M; ++m) world_loss += all[rank].data_ptr<double>()[m];
+      double copy = 0;  // each copy's sum first, then the copies in order: as in-process
+      for (int m = 0; m < M; ++m) copy += all[rank].data_ptr<double>()[m];
+      world_loss += copy;
     }
     for (int d = 0; d < options.stages; ++d) {
       const at::Tensor& t = all[peer(d)];

@@ -15,9 +15,9 @@ double now_s() { return std::chrono::duration<double>(Clock::now().time_since_ep
 }  // namespace
 
 GradientReducer::GradientReducer(comm::ProcessGroup group, ReplicaInfo info, std::vector<at::Tensor> params,
-                                 bool shard, int64_t bucket_bytes)
+                                 bool shard, int64_t bucket_bytes, bool scatter)
     : group_(std::move(group)), info_(std::move(info)), params_(std::move(params)), shard_(shard),
-      bucket_bytes_(std::max<int64_t>(1, bucket_bytes)) {
+      bucket_bytes_(std::max<int64_t>(1, bucket_bytes)), scatter_(scatter) {
   if (shard_) {
     for (const auto& p : params_) {
       if (p.scalar_type() != params_.front().scalar_type())
@@ -103,9 +103,14 @@ void GradientReducer::start() {
       parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
     if (padded_ > numel_) parts.push_back(at::zeros({padded_ - numel_}, params_.front().options()));
     at::Tensor flat = torch::cat(parts);
-    shard_grad_ = at::empty({padded_ / info_.replicas}, flat.options());
     flats_.push_back(flat);
-    record(group_->_reduce_scatter_base(shard_grad_, flat));
+    if (scatter_) {
+      shard_grad_ = at::empty({padded_ / info_.replicas}, flat.options());
+      record(comm::reduce_scatter(*group_, shard_grad_, flat));
+    } else {
+      std::vector<at::Tensor> whole{flat};
+      record(comm::all_reduce(*group_, whole));
+    }
     return;
   }
   for (const auto& bucket : buckets_) {
@@ -118,7 +123,7 @@ void GradientReducer::start() {
     }
     std::vector<at::Tensor> flat{torch::cat(parts)};
     flats_.push_back(flat[0]);
-    record(group_->allreduce(flat));
+    record(comm::all_reduce(*group_, flat));
   }
 }
 
@@ -127,6 +132,10 @@ double GradientReducer::finish(Deadline deadline) {
   torch::NoGradGuard no_grad;
   if (shard_) {
     if (!works_.empty()) {
+      if (!scatter_) {  // the whole sum arrived: keep this replica's slice
+        const int64_t s = padded_ / info_.replicas;
+        shard_grad_ = flats_.front().narrow(0, info_.replica * s, s).clone();
+      }
       shard_param_.mutable_grad() = shard_grad_;
       // The local, unreduced gradients are not needed any more.
       for (auto& p : params_) p.mutable_grad() = at::Tensor();
@@ -155,7 +164,7 @@ double GradientReducer::grad_sq_norm(Deadline deadline) {
     const double n = shard_param_.grad().norm().item<double>();
     sq[0].fill_(n * n);
   }
-  wait(group_->allreduce(sq), deadline);
+  wait(comm::all_reduce(*group_, sq), deadline);
   return sq[0].item<double>();
 }
 
@@ -163,7 +172,7 @@ void GradientReducer::gather_parameters(Deadline deadline) {
   torch::NoGradGuard no_grad;
   at::Tensor all = at::empty({padded_}, shard_param_.options());
   at::Tensor mine = shard_param_.detach();
-  wait(group_->_allgather_base(all, mine), deadline);
+  wait(comm::all_gather(*group_, all, mine), deadline);
   int64_t offset = 0;
   for (auto& p : params_) {
     p.detach().copy_(all.narrow(0, offset, p.numel()).view_as(p));
@@ -174,7 +183,7 @@ void GradientReducer::gather_parameters(Deadline deadline) {
 std::vector<at::Tensor> GradientReducer::gather_state(const at::Tensor& slice, Deadline deadline) {
   at::Tensor all = at::empty({padded_}, slice.options());
   at::Tensor mine = slice.detach().contiguous();
-  wait(group_->_allgather_base(all, mine), deadline);
+  wait(comm::all_gather(*group_, all, mine), deadline);
   std::vector<at::Tensor> out;
   int64_t offset = 0;
   for (const auto& p : params_) {

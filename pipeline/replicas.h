@@ -10,9 +10,11 @@
 // batch's mean loss, exactly as one device computes it.
 //
 // Sharded optimizer state (ZeRO stage 1): the stage's parameters are flattened (padded to a
-// multiple of D) and replica d owns the d-th slice. The gradients are reduce-scattered, so each
-// replica receives only the sum of its slice; its optimizer holds state for that slice alone
-// and steps it; the updated slices are then all-gathered back into every replica's parameters.
+// multiple of D) and replica d owns the d-th slice. The gradients are reduce-scattered (or
+// all-reduced, each replica keeping its slice, where the backend's all-reduce is the faster:
+// Gloo's), so each replica holds only the sum of its slice; its optimizer holds state for that
+// slice alone and steps it; the updated slices are then all-gathered back into every replica's
+// parameters.
 //
 // c10d's DDP Reducer is not used: it reduces at the end of every backward pass, where a
 // pipeline step runs one backward per micro-batch and must reduce once, after the last.
@@ -46,8 +48,10 @@ struct ReplicaInfo {
 
 class GradientReducer {
  public:
+  // `scatter` (sharded only): reduce-scatter the flat gradients; otherwise all-reduce them and
+  // keep this replica's slice.
   GradientReducer(comm::ProcessGroup group, ReplicaInfo info, std::vector<at::Tensor> params, bool shard,
-                  int64_t bucket_bytes);
+                  int64_t bucket_bytes, bool scatter = true);
 
   // Starts reducing the gradients now in the parameters; they must not change before finish().
   // A parameter without a gradient (the same on every replica) is left out.
@@ -83,6 +87,7 @@ class GradientReducer {
   std::vector<at::Tensor> params_;
   bool shard_;
   int64_t bucket_bytes_;
+  bool scatter_;
   // Unsharded: buckets of parameter indices and their flat gradients in flight.
   std::vector<std::vector<size_t>> buckets_;
   std::vector<at::Tensor> flats_;

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "train/autoplan.h"
+#include "train/balance.h"
 
 using namespace pipetrain;
 using namespace pipetrain::train;
@@ -15,11 +16,11 @@ namespace {
 // forward 0.1 ms, backward 0.2 ms (B and W 0.1 each), 100 parameter bytes per layer and 10
 // saved bytes per row and layer; no optimizer time.
 struct Table {
-  std::map<int, profiler::Profile> by_m;
-  const profiler::Profile& operator()(int m, Precision) {
-    auto& p = by_m[m];
+  std::map<int64_t, profiler::Profile> by_rows;
+  const profiler::Profile& operator()(int64_t r, Precision) {
+    auto& p = by_rows[r];
     if (p.layers.empty()) {
-      const double rows = 8.0 / m;
+      const double rows = static_cast<double>(r);
       for (int i = 0; i < 4; ++i) {
         partitioner::LayerCost l;
         l.name = "layer" + std::to_string(i);
@@ -50,7 +51,7 @@ SearchSpace space() {
 // with the fill-drain step (M + K - 1) x (2 layers x 0.3 ms x 1 row) = 9 x 0.6 = 5.4 ms.
 TEST(AutoPlan, MostMicroBatchesOnEveryDeviceWin) {
   Table t;
-  const SearchResult r = search_plans(space(), [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  const SearchResult r = search_plans(space(), [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   ASSERT_FALSE(r.fitting.empty());
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.stages, 2);
@@ -71,7 +72,7 @@ TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
   Table t;
   SearchSpace s = space();
   s.memory_limit = {900};
-  const SearchResult r = search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.schedule, "1f1b");
   EXPECT_EQ(best.micro_batches, 8);
@@ -84,7 +85,7 @@ TEST(AutoPlan, InfeasibleLimitNamesTheSmallestThatFits) {
   SearchSpace s = space();
   s.memory_limit = {100};
   try {
-    search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+    search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("the smallest needs 840 bytes"), std::string::npos) << e.what();
@@ -97,9 +98,68 @@ TEST(AutoPlan, DeviceSpeedsMoveLayers) {
   SearchSpace s = space();
   s.balances = {"uniform", "time"};
   s.speeds = {1.0, 1.0 / 3};
-  const SearchResult r = search_plans(s, [&](int m, Precision p) -> const profiler::Profile& { return t(m, p); });
+  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   ASSERT_EQ(best.stages, 2);
   EXPECT_EQ(best.balance_method, "time");
   EXPECT_EQ(best.balance, (partitioner::Balance{3, 1}));
+}
+
+// Data parallelism: two copies of one stage each run half the batch with no bubble,
+// 4 layers x 0.3 ms x 4 rows = 4.8 ms, against the two-stage pipeline's 5.4 ms; a reduction that
+// costs more than the difference hands the win back to the pipeline (one stage: its reduction
+// follows its last backward, exposed whole).
+TEST(AutoPlan, DataParallelWinsUntilItsReductionCostsMoreThanTheBubble) {
+  Table t;
+  SearchSpace s = space();
+  s.max_data_parallel = 2;
+  auto profile = [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); };
+  SearchResult r = search_plans(s, profile);
+  EXPECT_EQ(r.fitting.front().data_parallel, 2);
+  EXPECT_EQ(r.fitting.front().stages, 1);
+  EXPECT_NEAR(r.fitting.front().step_ms, 4.8, 1e-9);
+  // 400 gradient bytes at 400 bytes/ms + 1 ms: a 2 ms all-reduce, 6.8 ms in all (sharded: a 1 ms
+  // reduce-scatter, and a 1 ms all-gather after the optimizer).
+  s.link = [](int) {
+    profiler::ReduceLink link;
+    link.all_reduce = {1.0, 400.0};
+    link.reduce_scatter = link.all_gather = {0.5, 800.0};
+    return link;
+  };
+  r = search_plans(s, profile);
+  EXPECT_EQ(r.fitting.front().data_parallel, 1);
+  EXPECT_EQ(r.fitting.front().stages, 2);
+  bool seen = false;
+  for (const Candidate& c : r.fitting)
+    if (c.data_parallel == 2 && c.micro_batches == 1) {
+      EXPECT_NEAR(c.step_ms, 6.8, 1e-9) << c.schedule << (c.sharded ? " sharded" : "");
+      EXPECT_NEAR(c.exposed_reduce_ms, c.sharded ? 1.0 : 2.0, 1e-9);
+      seen = true;
+    }
+  EXPECT_TRUE(seen);
+}
+
+// Sharding the optimizer state is what lets two copies of the whole model fit: Adam keeps 3
+// bytes per parameter byte, two copies add the reduction's buffer (4), sharded across two the
+// state and the slice make it 1 + 1 + (2 + 1) / 2 = 3.5; 400 parameter bytes and 160 bytes
+// of activations: 2160 against 1960.
+TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
+  Table t;
+  SearchSpace s = space();
+  s.max_data_parallel = 2;
+  s.schedules = {"gpipe"};
+  s.memory_limit = {2000};
+  OptimizerConfig adam;
+  adam.kind = "adam";
+  s.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(adam, p, D, sharded); };
+  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+  bool sharded = false;
+  for (const Candidate& c : r.fitting) {
+    EXPECT_FALSE(c.data_parallel == 2 && !c.sharded) << "2160 bytes do not fit 2000";
+    if (c.data_parallel == 2 && c.sharded) {
+      EXPECT_NEAR(c.max_peak_bytes(), 1960, 1e-9);
+      sharded = true;
+    }
+  }
+  EXPECT_TRUE(sharded);
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -234,6 +235,74 @@ TEST(Cli, AutoPlan) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
   std::remove(out.c_str());
+}
+
+// Data parallelism in plan, bench and the auto-planner: plan charges each stage's reduction on
+// the measured link and counts the sharded optimizer's memory; bench times copies side by side
+// with the plain loop and reports the reduction and the optimizer state; plan --auto searches
+// copies and sharding and writes a winner that trains.
+TEST(Cli, DataParallelInPlanBenchAndAutoPlan) {
+  const std::string cfg = write_config("dp.json", kSmall);
+  const std::string adam = " --set optimizer.kind=adam --set pipeline.data_parallel=2 --json --repeat 1";
+  Result whole = run("plan " + cfg + adam);
+  Result sharded = run("plan " + cfg + adam + " --set train.shard_optimizer=true");
+  ASSERT_EQ(whole.status, 0) << whole.out;
+  ASSERT_EQ(sharded.status, 0) << sharded.out;
+  const auto w = nlohmann::json::parse(whole.out), z = nlohmann::json::parse(sharded.out);
+  EXPECT_EQ(w["data_parallel"]["copies"], 2);
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"})
+    EXPECT_GT(w["data_parallel"][op]["gb_s"].get<double>(), 0.0) << op;
+  EXPECT_FALSE(w["data_parallel"]["sharded_optimizer"].get<bool>());
+  EXPECT_TRUE(z["data_parallel"]["sharded_optimizer"].get<bool>());
+  for (size_t s = 0; s < w["stages"].size(); ++s) {
+    EXPECT_GT(w["stages"][s]["reduce_ms"].get<double>(), 0.0) << whole.out;
+    // Adam: 1 + 1 + 2 = 4 bytes per parameter byte besides it, sharded 1 + 1 + 3/2 = 3.5.
+    EXPECT_LT(z["stages"][s]["peak_memory_bytes"].get<int64_t>(), w["stages"][s]["peak_memory_bytes"].get<int64_t>());
+  }
+  Result text = run("plan " + cfg + " --repeat 1 --set pipeline.data_parallel=2");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("2 stages x 2 data-parallel copies"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("data parallel: 2 copies; all-reduce "), std::string::npos) << text.out;
+
+  const std::string out = ::testing::TempDir() + "/pipetrain_cli_dp_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(out.c_str());
+  Result r = run("bench " + cfg + " --stages 1 --data-parallel 1,2 --warmup 0 --repeat 2 --json " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[2/2] K=1 D=2 M=2"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  std::string line;
+  std::map<int, nlohmann::json> by_copies;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    by_copies[j["data_parallel"].get<int>()] = j;
+  }
+  ASSERT_EQ(by_copies.size(), 2u);
+  EXPECT_FALSE(by_copies[1].contains("reduce_ms"));
+  EXPECT_GT(by_copies[2]["reduce_ms"].get<double>(), 0.0) << by_copies[2].dump();
+  EXPECT_GE(by_copies[2]["exposed_reduce_ms"].get<double>(), 0.0);
+  EXPECT_GT(by_copies[2]["pipeline_samples_per_s"].get<double>(), 0.0);
+  r = run("bench " + cfg + " --set pipeline.stages=1 --set pipeline.data_parallel=2 --warmup 0 --repeat 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("data parallel: the longest stage's reduction "), std::string::npos) << r.out;
+
+  const std::string chosen = ::testing::TempDir() + "/pipetrain_cli_dp_" + std::to_string(::getpid()) + ".json";
+  r = run("plan " + cfg + " --auto --devices 2 --json --write-config " + chosen);
+  ASSERT_EQ(r.status, 0) << r.out;
+  int copies = 0, shards = 0;
+  std::istringstream plans(r.out);
+  while (std::getline(plans, line))
+    if (line.rfind("{", 0) == 0) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_LE(j["stages"].get<int>() * j["data_parallel"].get<int>(), 2) << line;
+      copies += j["data_parallel"].get<int>() == 2;
+      shards += j["shard_optimizer"].get<bool>();
+    }
+  EXPECT_GT(copies, 0) << r.out;
+  EXPECT_GT(shards, 0) << r.out;
+  r = run("train " + chosen + " --steps 2 --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  std::remove(out.c_str());
+  std::remove(chosen.c_str());
 }
 
 // `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;

@@ -58,23 +58,63 @@ void expect_same(const std::map<int, json>& a, const std::map<int, json>& b, dou
     }
 }
 
+// In float64, so that two copies equal one copy on the whole batch to 1e-10 (only the order of
+// the sums differs), and processes equal threads bit for bit.
 TEST(DataParallelProcesses, LaunchedRanksEqualThreadsAndOneCopy) {
   const std::string cfg = write_file("dp.json", kConfig);
   for (const char* shard : {"false", "true"}) {
     SCOPED_TRACE(std::string("shard_optimizer ") + shard);
-    const std::string set = std::string(" --set train.shard_optimizer=") + shard;
+    const std::string set = std::string(" --set runtime.dtype=float64 --set train.shard_optimizer=") + shard;
     const std::string mt = temp("dp_threads.jsonl"), mp = temp("dp_processes.jsonl"), m1 = temp("dp_one.jsonl");
     Result t = run("train " + cfg + " --quiet --metrics " + mt + set);
     ASSERT_EQ(t.status, 0) << t.out;
     Result p = run("launch --nproc 4 -- train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes" + set);
     ASSERT_EQ(p.status, 0) << p.out;
     EXPECT_NE(p.out.find("[rank 0] test accuracy"), std::string::npos) << p.out;
-    Result one = run("train " + cfg + " --quiet --metrics " + m1 + " --set pipeline.data_parallel=1");
+    Result one = run("train " + cfg + " --quiet --metrics " + m1 + " --set runtime.dtype=float64 --set pipeline.data_parallel=1");
     ASSERT_EQ(one.status, 0) << one.out;
     expect_same(read_steps(mt), read_steps(mp), 0, "threads against processes");
-    // One copy on the whole batch: float32, so the summation order shows (~1e-6).
-    expect_same(read_steps(m1), read_steps(mt), 1e-4, "one copy against two");
+    expect_same(read_steps(m1), read_steps(mt), 1e-10, "one copy against two");
   }
+}
+
+// The other launchers: mpirun (OpenMPI's variables) and Slurm's (srun's variables, set by hand
+// here: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the node list naming this host) give the same
+// training as the threads runtime, bit for bit.
+TEST(DataParallelProcesses, MpirunAndSlurmVariablesEqualThreads) {
+  const std::string cfg = write_file("dp_launchers.json", kConfig);
+  const std::string mt = temp("dp_launchers_threads.jsonl");
+  Result t = run("train " + cfg + " --quiet --metrics " + mt);
+  ASSERT_EQ(t.status, 0) << t.out;
+  const auto threads = read_steps(mt);
+
+  if (shell("command -v mpirun").status == 0) {
+    const std::string mp = temp("dp_mpirun.jsonl");
+    const std::string port = std::to_string(free_port());
+    Result p = shell("MASTER_PORT=" + port + " timeout -s KILL 150 mpirun --allow-run-as-root --oversubscribe -np 4 -x MASTER_PORT " +
+                     pipetrain_binary() + " train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes 2>&1");
+    ASSERT_EQ(p.status, 0) << p.out;
+    expect_same(threads, read_steps(mp), 0, "mpirun");
+  } else {
+    ADD_FAILURE() << "mpirun is not installed (scripts/setup.sh installs openmpi-bin)";
+  }
+
+  const std::string ms = temp("dp_slurm.jsonl");
+  const int port = free_port();
+  std::vector<Rank> ranks;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < 4; ++r) {
+    std::map<std::string, std::string> env{{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "4"},
+                                           {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_NTASKS_PER_NODE", "4"},
+                                           {"SLURM_JOB_NODELIST", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                                           {"PIPETRAIN_FAULT", ""}};
+    std::vector<std::string> argv{pipetrain_binary(), "train", cfg, "--quiet", "--set", "runtime.kind=processes"};
+    if (r == 0) argv.insert(argv.end(), {"--metrics", ms});
+    ranks.push_back(spawn(argv, env, temp("dp_slurm_" + std::to_string(r) + ".txt")));
+  }
+  ASSERT_TRUE(wait_ranks(ranks, {}, t0, 120)) << ranks[0].out();
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(ranks[r].status, 0) << "rank " << r << ": " << ranks[r].out();
+  expect_same(threads, read_steps(ms), 0, "Slurm's variables");
 }
 
 TEST(DataParallelProcesses, WrongWorldSizeIsOneLineError) {

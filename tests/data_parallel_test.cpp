@@ -85,12 +85,13 @@ struct Case {
   bool ranks = false;  // one Pipeline per rank (the processes code path)
   std::string transport = "local";
   std::string optimizer = "adamw";
+  bool scatter = false;  // sharded: a reduce-scatter (the default on Gloo is an all-reduce)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.family << " " << c.schedule << " " << c.stages << " stages x " << c.copies << " copies, " << c.micro_batches
       << " micro-batches of a batch of " << c.batch << (c.shard ? ", sharded" : "") << (c.ranks ? ", ranks over " : ", threads over ")
-      << c.transport << ", " << c.optimizer;
+      << c.transport << ", " << c.optimizer << (c.scatter ? ", reduce-scatter" : "");
 }
 
 constexpr int kSteps = 3;
@@ -123,6 +124,7 @@ pipeline::PipelineOptions options(const Case& c) {
   o.chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
   o.data_parallel = c.copies;
   o.shard_optimizer = c.shard;
+  if (c.scatter) o.shard_reduction = pipeline::PipelineOptions::ShardReduction::ReduceScatter;
   o.bucket_bytes = 512;  // several buckets per stage
   o.transport.backend = c.transport;
   o.timeout_s = 60;
@@ -233,13 +235,17 @@ std::vector<Case> cases() {
   out.push_back({"gpt", "zb-h1", 2, 3, 3, 20, true, true});
   out.push_back({"cnn", "gpipe", 2, 2, 2, 12, false, true, "ucx"});
   out.push_back({"mlp", "1f1b", 2, 2, 2, 12, true, true, "ucx", "sgd"});
+  // The sharded reduction as a reduce-scatter (other backends' default).
+  out.push_back({"gpt", "zb-h1", 2, 3, 2, 11, true, false, "local", "adamw", true});
+  out.push_back({"mlp", "1f1b", 2, 2, 2, 12, true, true, "local", "sgd", true});
   return out;
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::string s = c.family + "_" + c.schedule + "_K" + std::to_string(c.stages) + "_D" + std::to_string(c.copies) +
-                  (c.shard ? "_sharded" : "") + (c.ranks ? "_ranks_" : "_threads_") + c.transport + "_" + c.optimizer;
+                  (c.shard ? "_sharded" : "") + (c.ranks ? "_ranks_" : "_threads_") + c.transport + "_" + c.optimizer +
+                  (c.scatter ? "_reduce_scatter" : "");
   for (char& ch : s)
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;

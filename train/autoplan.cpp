@@ -41,6 +41,18 @@ partitioner::Balance balance_for(const std::string& method, const profiler::Prof
   return partitioner::min_max(p.layers, V, k).balance;
 }
 
+// The speed of each of K stages whose D copies run on devices d * D + r: its slowest copy's
+// (every copy waits for the others' reductions). Empty: all 1.
+std::vector<double> stage_speeds(const std::vector<double>& device_speeds, int K, int D) {
+  if (device_speeds.empty()) return {};
+  std::vector<double> out(K);
+  for (int d = 0; d < K; ++d) {
+    out[d] = device_speeds.at(d * D);
+    for (int r = 1; r < D; ++r) out[d] = std::min(out[d], device_speeds.at(d * D + r));
+  }
+  return out;
+}
+
 std::vector<int> chunk_options(const std::string& kind) {
   if (schedule::placement_of(kind) == schedule::Placement::V) return {2};
   if (schedule::uses_chunks(kind)) return {2, 4};
@@ -50,7 +62,7 @@ std::vector<int> chunk_options(const std::string& kind) {
 }  // namespace
 
 SearchResult search_plans(const SearchSpace& sp,
-                          const std::function<const profiler::Profile&(int, Precision)>& profile) {
+                          const std::function<const profiler::Profile&(int64_t, Precision)>& profile) {
   SearchResult out;
   out.smallest_peak = -1;
   double search_s = 0;
@@ -58,71 +70,87 @@ SearchResult search_plans(const SearchSpace& sp,
     if (sp.memory_limit.empty()) return 0.0;
     return sp.memory_limit.size() == 1 ? sp.memory_limit[0] : sp.memory_limit.at(device);
   };
+  std::map<int, profiler::ReduceLink> links;
+  for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices; ++D)
+    if (D > 1 && D <= sp.batch) links[D] = sp.link(D);  // may measure: not counted as search time
   for (Precision prec : sp.precisions)
-    for (int M : sp.micro_batches) {
-      if (M < 1 || M > sp.batch) continue;
-      const profiler::Profile& p = profile(M, prec);  // may profile: not counted as search time
-      const double state = sp.state_factor(prec);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int K = 1; K <= sp.devices; ++K)
-        for (const std::string& kind : sp.schedules)
-          for (int v : chunk_options(kind)) {
-            try {
-              schedule::check_supported(kind, K, M, v);
-            } catch (const ScheduleError&) {
-              continue;
-            }
-            const int V = K * v;
-            if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
-            for (const std::string& method : sp.balances)
-              for (Recompute rc : sp.recompute) {
-                schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
-                std::vector<double> speed_vs;
-                if (!sp.speeds.empty())
-                  for (int vs = 0; vs < V; ++vs) speed_vs.push_back(sp.speeds.at(shape.device_of(vs)));
-                Candidate c;
-                c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
-                c.recompute = rc, c.precision = prec;
-                c.balance = balance_for(method, p, V, speed_vs);
-                const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc);
-                schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
-                apply_speeds(costs, s, sp.speeds);
-                const schedule::Simulation sim = schedule::simulate(s, costs);
-                c.step_ms = sim.makespan_ms;
-                c.bubble = sim.bubble;
-                c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
-                // Per device: parameters with their gradients and optimizer state, the
-                // activations held at the simulated peak, and (recomputing) one rebuilt graph.
-                const auto off = partitioner::offsets(c.balance);
-                std::vector<double> params(K, 0.0), rebuilt(K, 0.0);
-                for (int vs = 0; vs < V; ++vs) {
-                  double saved = 0;
-                  for (int i = off[vs]; i < off[vs + 1]; ++i) {
-                    params[shape.device_of(vs)] += static_cast<double>(p.layers[i].param_bytes);
-                    saved += static_cast<double>(p.layers[i].saved_bytes);
-                  }
-                  if (rc != Recompute::Never) rebuilt[shape.device_of(vs)] = std::max(rebuilt[shape.device_of(vs)], saved);
-                }
-                bool fits = true;
-                for (int d = 0; d < K; ++d) {
-                  c.peak_bytes.push_back(params[d] * (1 + state) + sim.peak_memory[d] + rebuilt[d]);
-                  const double limit = limit_of(d);
-                  if (limit > 0 && c.peak_bytes.back() > limit) fits = false;
-                }
-                ++out.considered;
-                if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
-                if (fits) out.fitting.push_back(std::move(c));
+    for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices && D <= sp.batch; ++D)
+      for (int M : sp.micro_batches) {
+        const int64_t shard = (sp.batch + D - 1) / D;  // the largest copy's samples
+        if (M < 1 || M > sp.batch / D) continue;       // every copy's shard needs M samples
+        const profiler::Profile& p = profile((shard + M - 1) / M, prec);  // may profile: not search time
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int K = 1; K * D <= sp.devices; ++K) {
+          const std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
+          for (const std::string& kind : sp.schedules)
+            for (int v : chunk_options(kind)) {
+              try {
+                schedule::check_supported(kind, K, M, v);
+              } catch (const ScheduleError&) {
+                continue;
               }
-          }
-      search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
+              const int V = K * v;
+              if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
+              for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+                for (const std::string& method : sp.balances)
+                  for (Recompute rc : sp.recompute) {
+                    schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
+                    std::vector<double> speed_vs;
+                    if (!speeds.empty())
+                      for (int vs = 0; vs < V; ++vs) speed_vs.push_back(speeds.at(shape.device_of(vs)));
+                    Candidate c;
+                    c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
+                    c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded;
+                    c.balance = balance_for(method, p, V, speed_vs);
+                    const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc, D);
+                    schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
+                    apply_speeds(costs, s, speeds);
+                    if (D > 1) add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D)});
+                    const schedule::Simulation sim = schedule::simulate(s, costs);
+                    c.step_ms = sim.makespan_ms;
+                    c.bubble = sim.bubble;
+                    for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
+                    c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
+                    // Per device: parameters with their gradients and optimizer state, the
+                    // activations held at the simulated peak, and (recomputing) one rebuilt graph.
+                    const double state = sp.state_factor(prec, D, sharded);
+                    const auto off = partitioner::offsets(c.balance);
+                    std::vector<double> params(K, 0.0), rebuilt(K, 0.0);
+                    for (int vs = 0; vs < V; ++vs) {
+                      double saved = 0;
+                      for (int i = off[vs]; i < off[vs + 1]; ++i) {
+                        params[shape.device_of(vs)] += static_cast<double>(p.layers[i].param_bytes);
+                        saved += static_cast<double>(p.layers[i].saved_bytes);
+                      }
+                      if (rc != Recompute::Never) rebuilt[shape.device_of(vs)] = std::max(rebuilt[shape.device_of(vs)], saved);
+                    }
+                    bool fits = true;
+                    for (int d = 0; d < K; ++d) {
+                      c.peak_bytes.push_back(params[d] * (1 + state) + sim.peak_memory[d] + rebuilt[d]);
+                      // Copy r of device d runs on device d * D + r, as a rank's device: each
+                      // copy is held to that device's limit.
+                      for (int r = 0; r < D; ++r) {
+                        const double limit = limit_of(d * D + r);
+                        if (limit > 0 && c.peak_bytes.back() > limit) fits = false;
+                      }
+                    }
+                    ++out.considered;
+                    if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
+                    if (fits) out.fitting.push_back(std::move(c));
+                  }
+            }
+        }
+        search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
   out.seconds = search_s;
   if (out.fitting.empty())
     throw ConfigError(detail::concat("plan --auto: no plan of the ", out.considered, " considered fits the memory limit; ",
                                      "the smallest needs ", static_cast<int64_t>(std::ceil(out.smallest_peak)),
                                      " bytes on its fullest device"));
   std::stable_sort(out.fitting.begin(), out.fitting.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.step_ms < b.step_ms; });
+                   [](const Candidate& a, const Candidate& b) {  // at equal speed, the least memory
+                     return a.step_ms != b.step_ms ? a.step_ms < b.step_ms : a.max_peak_bytes() < b.max_peak_bytes();
+                   });
   return out;
 }
 
@@ -135,7 +163,11 @@ std::string mib(double b) {
 }
 
 std::string describe(const Candidate& c) {
-  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" x ", c.chunks) : "", ", ", c.micro_batches,
+  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" x ", c.chunks) : "",
+                        c.data_parallel > 1 ? detail::concat(" x ", c.data_parallel, " data-parallel copies",
+                                                             c.sharded ? " (sharded optimizer)" : "")
+                                            : "",
+                        ", ", c.micro_batches,
                         " micro-batches, ", c.schedule, ", recompute ", recompute_name(c.recompute), ", ",
                         precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
 }
@@ -146,7 +178,8 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   AutoPlanReport r;
   const Job base = prepare(c);
   SearchSpace sp;
-  sp.devices = o.devices > 0 ? o.devices : c.pipeline.stages;
+  sp.devices = o.devices > 0 ? o.devices : c.pipeline.stages * c.pipeline.data_parallel;
+  sp.max_data_parallel = sp.devices;
   sp.batch = c.data.batch_size;
   sp.layers = static_cast<int>(base.model.layers->size());
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
@@ -156,26 +189,27 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   if (c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
   sp.balances = {"uniform", "parameters", "time"};
   if (!o.memory_limit.empty()) sp.memory_limit = o.memory_limit;
-  else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)
+  else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)  // the config's, per stage
     for (int64_t b : c.pipeline.memory_limit) sp.memory_limit.push_back(static_cast<double>(b));
   if (sp.memory_limit.size() > 1 && static_cast<int>(sp.memory_limit.size()) != sp.devices)
     throw ConfigError(detail::concat("--memory-limit: ", sp.memory_limit.size(), " limits for ", sp.devices, " devices"));
   sp.speeds = !o.speeds.empty() ? o.speeds : c.pipeline.stages == sp.devices ? c.pipeline.speeds : std::vector<double>{};
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
     throw ConfigError(detail::concat("--speeds: ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
-  sp.state_factor = [&](Precision p) { return state_factor(c.optimizer, p); };
-  std::map<std::pair<int, int>, profiler::Profile> profiles;
+  sp.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(c.optimizer, p, D, sharded); };
+  sp.link = [](int D) { return reduce_link(D, nullptr); };
+  std::map<std::pair<int64_t, int>, profiler::Profile> profiles;
   const auto t0 = std::chrono::steady_clock::now();
-  r.result = search_plans(sp, [&](int m, Precision p) -> const profiler::Profile& {
-    auto& prof = profiles[{m, static_cast<int>(p)}];
+  r.result = search_plans(sp, [&](int64_t rows, Precision p) -> const profiler::Profile& {
+    auto& prof = profiles[{rows, static_cast<int>(p)}];
     if (prof.layers.empty()) {
       Config cc = c;
-      cc.pipeline.micro_batches = m;
+      cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
       cc.train.precision = p;
       cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = "gpipe";
       cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
       cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
-      prof = profile_job(prepare(cc), o.repeat);
+      prof = profile_job(prepare(cc), o.repeat, rows);
     }
     return prof;
   });
@@ -190,7 +224,9 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   pipe["chunks"] = best.chunks;
   pipe["recompute"] = recompute_name(best.recompute);
   pipe["balance"] = best.balance;
-  if (!sp.speeds.empty()) pipe["speeds"] = std::vector<double>(sp.speeds.begin(), sp.speeds.begin() + best.stages);
+  pipe["data_parallel"] = best.data_parallel;
+  root["train"]["shard_optimizer"] = best.sharded;
+  if (!sp.speeds.empty()) pipe["speeds"] = stage_speeds(sp.speeds, best.stages, best.data_parallel);
   else pipe.erase("speeds");
   pipe.erase("memory_limit");
   root["train"]["precision"] = precision_name(best.precision);
@@ -216,8 +252,8 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
                 "plan --auto: %zu plans simulated in %.2f s (profiling %.1f s), %zu fit; the fastest %d:\n\n",
                 r.result.considered, r.result.seconds, r.profile_seconds, f.size(), std::min<int>(top, static_cast<int>(f.size())));
   out << line;
-  std::snprintf(line, sizeof line, "%-4s %3s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K", "M",
-                "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
+  std::snprintf(line, sizeof line, "%-4s %3s %4s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K", "D",
+                "M", "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
   out << line;
   for (int i = 0; i < top && i < static_cast<int>(f.size()); ++i) {
     const Candidate& c = f[i];
@@ -232,21 +268,26 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
     if (c.bubble < f[0].bubble && i > 0) why += ", less bubble";
     if (c.max_peak_bytes() < f[0].max_peak_bytes() && i > 0) why += ", less memory";
     const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : c.schedule;
-    std::snprintf(line, sizeof line, "%-4d %3d %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
-                  c.stages, c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
+    const std::string copies = detail::concat(c.data_parallel, c.sharded ? "z" : "");
+    std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
+                  c.stages, copies.c_str(), c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
                   c.balance_method.c_str(), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
                   why.c_str());
     out << line;
   }
   out << "\nchosen: " << describe(f.front()) << "\n";
+  if (std::any_of(f.begin(), f.begin() + std::min<size_t>(f.size(), top), [](const Candidate& c) { return c.data_parallel > 1; }))
+    out << "(K stages x D data-parallel copies, z: optimizer state sharded across the copies)\n";
 }
 
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
   for (const Candidate& c : r.result.fitting)
-    out << nlohmann::json{{"stages", c.stages}, {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
+    out << nlohmann::json{{"stages", c.stages}, {"data_parallel", c.data_parallel}, {"shard_optimizer", c.sharded},
+                          {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
                           {"schedule", c.schedule}, {"recompute", recompute_name(c.recompute)},
                           {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},
                           {"balance", c.balance}, {"step_ms", c.step_ms}, {"bubble", c.bubble},
+                          {"exposed_reduce_ms", c.exposed_reduce_ms},
                           {"samples_per_s", c.samples_per_s}, {"peak_bytes", c.peak_bytes}}
                .dump()
         << "\n";

@@ -1,5 +1,6 @@
-// The auto-planner's search: every combination of stage count, micro-batch count, schedule (and
-// chunks), recomputation mode, precision and balance method that the build runs, each predicted
+// The auto-planner's search: every combination of stage count, data-parallel copies (and
+// whether their optimizer state is sharded), micro-batch count, schedule (and chunks),
+// recomputation mode, precision and balance method that the build runs, each predicted
 // by the simulator on profiled per-layer costs (step, bubble, peak memory per device), the ones
 // that do not fit the memory limit dropped, the rest ranked by predicted samples per second.
 // The search itself takes the profiles from a callback, so it runs on measured profiles
@@ -14,13 +15,15 @@
 #include "common/precision.h"
 #include "common/recompute.h"
 #include "partitioner/partition.h"
+#include "profiler/collectives.h"
 #include "profiler/profile.h"
 #include "train/config.h"
 
 namespace pipetrain::train {
 
 struct SearchSpace {
-  int devices = 1;        // stage counts 1..devices (one data-parallel replica)
+  int devices = 1;        // stages x copies <= devices
+  int max_data_parallel = 1;  // copies of the pipeline (each on batch / copies samples)
   int64_t batch = 1;      // samples per step
   int layers = 1;
   std::vector<int> micro_batches;          // each <= batch
@@ -30,18 +33,24 @@ struct SearchSpace {
   std::vector<std::string> balances;       // uniform, parameters, time
   std::vector<double> memory_limit;        // bytes per device (one entry: all alike); empty or 0: none
   std::vector<double> speeds;              // relative device speeds; empty: all 1
-  // Gradient + optimizer bytes per parameter byte for a precision (e.g. Adam 3, + 0.5 for bf16).
-  std::function<double(Precision)> state_factor = [](Precision) { return 3.0; };
+  // Bytes per parameter byte besides the parameter for a precision, copies and sharding (as
+  // train::state_factor: e.g. Adam 3, + 0.5 for bf16, + 1 for the reduction's buffer).
+  std::function<double(Precision, int, bool)> state_factor = [](Precision, int, bool) { return 3.0; };
+  // The reduction's link among D copies (train::reduce_link); default free.
+  std::function<profiler::ReduceLink(int)> link = [](int) { return profiler::ReduceLink{}; };
 };
 
 struct Candidate {
   int stages = 1, micro_batches = 1, chunks = 1;
+  int data_parallel = 1;
+  bool sharded = false;  // the copies' optimizer state
   std::string schedule, balance_method;
   Recompute recompute = Recompute::Never;
   Precision precision = Precision::FP32;
   partitioner::Balance balance;
   double step_ms = 0, bubble = 0, samples_per_s = 0;
-  std::vector<double> peak_bytes;  // per device
+  double exposed_reduce_ms = 0;    // how long the reductions outlast the schedule's lists
+  std::vector<double> peak_bytes;  // per device (each copy's alike)
   double max_peak_bytes() const;
 };
 
@@ -52,15 +61,17 @@ struct SearchResult {
   double seconds = 0;              // the search's own time, profiling excluded
 };
 
-// `profile(M, precision)` gives the per-layer costs of one micro-batch of batch/M samples (with
-// B/W split and optimizer times). Throws ConfigError naming the smallest memory that would fit
-// when no candidate fits the limit.
+// `profile(rows, precision)` gives the per-layer costs of one micro-batch of `rows` samples (with
+// B/W split and optimizer times); a plan of D copies and M micro-batches is costed on its
+// largest micro-batch, ceil(ceil(batch / D) / M) samples. Throws ConfigError naming the smallest
+// memory that would fit when no candidate fits the limit.
 SearchResult search_plans(const SearchSpace& space,
-                          const std::function<const profiler::Profile&(int, Precision)>& profile);
+                          const std::function<const profiler::Profile&(int64_t, Precision)>& profile);
 
 // `pipetrain plan CONFIG --auto`: the config's model and data, profiled for each micro-batch
-// count and precision searched, over every schedule kind, recomputation mode and balance method
-// the build has, on 1..devices stages.
+// size and precision searched, over every schedule kind, recomputation mode and balance method
+// the build has, on 1..devices stages times 1..devices/stages data-parallel copies (sharded or
+// not), the reduction's link measured here for each copy count (or the cost file's).
 struct AutoPlanOptions {
   int devices = 0;                     // 0: the config's pipeline.stages
   std::vector<double> memory_limit;    // bytes per device (one: all); empty: the config's, else none
@@ -78,9 +89,9 @@ struct AutoPlanReport {
 
 AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& options);
 void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top);
-// Every plan that fits, fastest first, one JSON object per line: stages, micro_batches, chunks,
-// schedule, recompute, precision, balance_method, balance, step_ms, bubble, samples_per_s,
-// peak_bytes (per device).
+// Every plan that fits, fastest first, one JSON object per line: stages, data_parallel,
+// shard_optimizer, micro_batches, chunks, schedule, recompute, precision, balance_method,
+// balance, step_ms, bubble, exposed_reduce_ms, samples_per_s, peak_bytes (per device).
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r);
 
 }  // namespace pipetrain::train

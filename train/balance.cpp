@@ -47,11 +47,17 @@ partitioner::Constraints constraints(const Config& c, const profiler::Profile* p
   return k;
 }
 
-profiler::Profile profile_job(const Job& job, int repeat) {
+profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
   const Config& c = job.config;
   Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
-  at::Tensor x = b.input.tensor_split(c.pipeline.micro_batches, 0)[0];
-  at::Tensor y = b.target.tensor_split(c.pipeline.micro_batches, 0)[0];
+  // A micro-batch of the first copy's shard (data parallelism), as its stages see it.
+  const int D = c.pipeline.data_parallel;
+  at::Tensor x = b.input.tensor_split(D, 0)[0].tensor_split(c.pipeline.micro_batches, 0)[0];
+  at::Tensor y = b.target.tensor_split(D, 0)[0].tensor_split(c.pipeline.micro_batches, 0)[0];
+  if (rows > 0) {
+    PIPETRAIN_CHECK(rows <= b.input.size(0), "profile_job: ", rows, " rows of a batch of ", b.input.size(0));
+    x = b.input.narrow(0, 0, rows), y = b.target.narrow(0, 0, rows);
+  }
   profiler::ProfileOptions o;
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
@@ -101,9 +107,17 @@ profiler::Profile profile_job(const Job& job, int repeat) {
   return p;
 }
 
-double state_factor(const OptimizerConfig& optimizer, Precision precision) {
-  // Gradient, plus optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
-  double f = optimizer.kind == "sgd" ? (optimizer.momentum != 0 ? 2.0 : 1.0) : 3.0;
+double state_factor(const OptimizerConfig& optimizer, Precision precision, int data_parallel, bool sharded) {
+  // Optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
+  double state = optimizer.kind == "sgd" ? (optimizer.momentum != 0 ? 1.0 : 0.0) : 2.0;
+  double f = 1.0;  // the gradient
+  if (data_parallel > 1) {
+    f += 1.0;  // the reduction's flat copy of the gradients, from a stage's Reduce to its end
+    // Sharded: a copy holds the state of its slice, and that slice of the parameters as the
+    // optimizer's own tensor.
+    if (sharded) state = (state + 1.0) / data_parallel;
+  }
+  f += state;
   // A reduced precision also holds autocast's low-precision copy of every weight through the step.
   if (precision != Precision::FP32) f += precision_bytes(precision) / 4.0;
   return f;
@@ -111,7 +125,7 @@ double state_factor(const OptimizerConfig& optimizer, Precision precision) {
 
 partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& p) {
   partitioner::MemoryModel m;
-  m.state_factor = state_factor(c.optimizer, c.train.precision);
+  m.state_factor = state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, c.train.shard_optimizer);
   m.in_flight = in_flight(c);
   m.recompute = c.pipeline.recompute;
   // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the

@@ -12,13 +12,17 @@
 
 namespace pipetrain::train {
 
-// One micro-batch of the job's training data, profiled layer by layer with the stage's thread
-// count, with each layer's optimizer step.
-profiler::Profile profile_job(const Job& job, int repeat = 5);
+// One micro-batch of the job's training data (of the first copy's shard with data
+// parallelism), profiled layer by layer with the stage's thread count, with each layer's
+// optimizer step. `rows` > 0: a micro-batch of that many samples instead.
+profiler::Profile profile_job(const Job& job, int repeat = 5, int64_t rows = 0);
 
-// Gradient and optimizer-state bytes per parameter byte for an optimizer and precision (SGD 1,
-// with momentum 2, Adam 3; bf16 and fp16 add autocast's weight copy).
-double state_factor(const OptimizerConfig& optimizer, Precision precision);
+// Bytes a device holds through a step per parameter byte, besides the parameter: its gradient
+// and the optimizer state (SGD 1, with momentum 2, Adam 3); bf16 and fp16 add autocast's weight
+// copy. With D > 1 data-parallel copies, the reduction's flat copy of the gradients adds 1, and
+// a sharded optimizer keeps 1/D of the state and of the parameters (its slice) per copy.
+double state_factor(const OptimizerConfig& optimizer, Precision precision, int data_parallel = 1,
+                    bool sharded = false);
 
 // The memory model of the config: optimizer state per parameter byte, the schedule's peak
 // in-flight micro-batches per virtual stage, the recomputation mode and the input size.

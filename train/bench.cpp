@@ -75,6 +75,36 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   return m;
 }
 
+// The longest stage's reduction in a step, and how much of it outlasted every stage's last
+// other action, in seconds.
+std::pair<double, double> reduction_times(const StepTrace& t) {
+  double lists_end = 0;
+  for (const auto& spans : t.spans)
+    for (const pipeline::Span& sp : spans)
+      if (sp.op != schedule::Op::Reduce) lists_end = std::max(lists_end, sp.end);
+  double longest = 0, outlasting = 0;
+  for (const auto& spans : t.spans) {
+    double busy = 0, end = 0;
+    for (const pipeline::Span& sp : spans)
+      if (sp.op == schedule::Op::Reduce) busy += sp.end - sp.start, end = std::max(end, sp.end);
+    longest = std::max(longest, busy);
+    outlasting = std::max(outlasting, std::max(0.0, end - lists_end));
+  }
+  return {longest, outlasting};
+}
+
+// Bytes of the tensors in one parameter's optimizer state.
+int64_t state_bytes(const torch::optim::OptimizerParamState& s) {
+  int64_t n = 0;
+  auto add = [&n](const at::Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&s)) add(sgd->momentum_buffer());
+  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s))
+    add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+  if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
+    add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
+  return n;
+}
+
 void set_rates(BenchMeasure& m, int64_t batch) {
   m.samples_per_s = batch / m.median_step_s;
   m.max_samples_per_s = batch / m.min_step_s;
@@ -125,7 +155,13 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   std::vector<std::pair<double, double>> wall_bubble;
   std::vector<double> walls, simulated;
   std::vector<std::pair<double, double>> sim_bubbles;  // (wall, simulated bubble)
+  std::vector<double> reduces, exposed;
   for (const StepTrace& t : traces) {
+    if (c.pipeline.data_parallel > 1) {
+      const auto [reduce, outlasting] = reduction_times(t);
+      reduces.push_back(reduce * 1e3);
+      exposed.push_back(outlasting * 1e3);
+    }
     wall_bubble.push_back({t.wall, bubble(t)});
     walls.push_back(t.wall);
     const auto sim = schedule::simulate(pipe.schedule(), measured_costs(t, pipe.schedule()));
@@ -146,17 +182,27 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);
+  r.prediction.reduce_ms = median(reduces);
+  r.prediction.exposed_reduce_ms = median(exposed);
+  for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs)
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs))
+      for (const auto& [key, state] : opt->state()) r.prediction.optimizer_state_bytes += state_bytes(*state);
   if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
   const profiler::Profile profile = profile_job(job);
-  const auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
+  auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
+  add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
+                 {c.pipeline.data_parallel, pipe.sharded_optimizer(), reduce_link(c.pipeline.data_parallel, nullptr)});
   r.prediction.profiled_step_s = schedule::simulate(pipe.schedule(), costs).makespan_ms / 1e3;
   return r;
 }
 
 void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
-  out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, " << c.pipeline.micro_batches
+  const int D = c.pipeline.data_parallel;
+  out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, "
+      << (D > 1 ? detail::concat(D, " data-parallel copies", c.train.shard_optimizer ? " (sharded optimizer)" : "", ", ") : "")
+      << c.pipeline.micro_batches
       << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
       << ", precision " << precision_name(c.train.precision)
       << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
@@ -175,7 +221,8 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   }
   const double K = c.pipeline.stages, M = c.pipeline.micro_batches;
   out << std::fixed << std::setprecision(3) << "pipeline / plain (same threads per stage): "
-      << r.pipeline.samples_per_s / r.baseline.samples_per_s << "x (ideal K*M/(M+K-1) = " << K * M / (M + K - 1)
+      << r.pipeline.samples_per_s / r.baseline.samples_per_s << "x (ideal " << (D > 1 ? "D*" : "")
+      << "K*M/(M+K-1) = " << D * K * M / (M + K - 1)
       << "x); pipeline / plain (all cores): " << r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s
       << "x; measured bubble " << r.pipeline.bubble << " (fill-drain " << (K - 1) / (M + K - 1) << ")\n";
   const BenchPrediction& p = r.prediction;
@@ -189,7 +236,13 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
         << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%)";
   out << "; peak in-flight micro-batches " << join(in_flight, "/") << "\n";
   out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
-      << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages)\n";
+      << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages"
+      << (D > 1 ? ", every copy" : "") << ")\n";
+  if (D > 1)
+    out << "data parallel: the longest stage's reduction " << p.reduce_ms << " ms ("
+        << 100 * p.reduce_ms / (p.measured_step_s * 1e3) << "% of the step), " << p.exposed_reduce_ms
+        << " ms of it after the last action (" << (p.reduce_ms > 0 ? std::max(0.0, 100 * (1 - p.exposed_reduce_ms / p.reduce_ms)) : 0.0)
+        << "% hidden); optimizer state of copy 0 " << p.optimizer_state_bytes / (1024.0 * 1024.0) << " MiB\n";
 }
 
 }  // namespace pipetrain::train
@@ -245,10 +298,12 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
   const nlohmann::json machine = machine_json();
   const std::vector<std::string> precisions =
       o.precisions.empty() ? std::vector<std::string>{precision_name(base.train.precision)} : o.precisions;
-  const size_t total =
-      o.stages.size() * o.micro_batches.size() * o.recompute.size() * o.schedules.size() * precisions.size();
+  const std::vector<int> copies = o.data_parallel.empty() ? std::vector<int>{base.pipeline.data_parallel} : o.data_parallel;
+  const size_t total = o.stages.size() * copies.size() * o.micro_batches.size() * o.recompute.size() *
+                       o.schedules.size() * precisions.size();
   size_t done = 0;
   for (int k : o.stages)
+    for (int d : copies)
     for (int m : o.micro_batches)
       for (const auto& mode : o.recompute)
         for (const auto& sched : o.schedules) {
@@ -259,6 +314,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
             std::vector<std::string> sets = overrides;
             sets.push_back("train.precision=" + precision);
             sets.push_back("pipeline.stages=" + std::to_string(k));
+            sets.push_back("pipeline.data_parallel=" + std::to_string(d));
             sets.push_back("pipeline.micro_batches=" + std::to_string(m));
             sets.push_back("pipeline.recompute=" + mode);
             sets.push_back("pipeline.schedule=" + sched);
@@ -266,10 +322,11 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
             sets.push_back("pipeline.chunks=" + std::to_string(chunks));
             if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
               sets.push_back("pipeline.balance=uniform");
-            nlohmann::json line{{"config_file", path}, {"stages", k}, {"micro_batches", m}, {"schedule", sched},
+            nlohmann::json line{{"config_file", path}, {"stages", k}, {"data_parallel", d}, {"micro_batches", m}, {"schedule", sched},
                                 {"chunks", chunks}, {"recompute", mode}, {"precision", precision}};
             char head[200];
-            std::snprintf(head, sizeof head, "[%zu/%zu] K=%d M=%d %s %s%s%s: ", done, total, k, m, sched.c_str(),
+            std::snprintf(head, sizeof head, "[%zu/%zu] K=%d%s M=%d %s %s%s%s: ", done, total, k,
+                          d > 1 ? detail::concat(" D=", d).c_str() : "", m, sched.c_str(),
                           mode.c_str(), o.precisions.empty() ? "" : " ", o.precisions.empty() ? "" : precision.c_str());
             try {
               const Config c = load_config(path, sets, o.override_flag);
@@ -287,7 +344,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               line["pipeline_samples_per_s_range"] = {r.pipeline.min_samples_per_s, r.pipeline.max_samples_per_s};
               line["speedup"] = r.pipeline.samples_per_s / r.baseline.samples_per_s;
               line["speedup_all_cores"] = r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s;
-              line["ideal_speedup"] = K * M / (M + (K - 1) / v);
+              line["ideal_speedup"] = d * K * M / (M + (K - 1) / v);
               line["bubble_measured"] = r.pipeline.bubble;
               line["bubble_predicted"] = r.prediction.simulated_bubble;
               line["bubble_formula"] = (K - 1) / (v * M + K - 1);
@@ -298,10 +355,19 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               line["baseline_peak_memory_bytes"] = r.baseline.peak_rss_bytes;
               line["peak_tensor_bytes"] = r.prediction.pipeline_peak_tensor_bytes;
               line["baseline_peak_tensor_bytes"] = r.prediction.baseline_peak_tensor_bytes;
+              line["shard_optimizer"] = c.train.shard_optimizer;
+              line["optimizer_state_bytes"] = r.prediction.optimizer_state_bytes;
+              if (d > 1) {
+                line["reduce_ms"] = r.prediction.reduce_ms;
+                line["exposed_reduce_ms"] = r.prediction.exposed_reduce_ms;
+              }
               progress << head << std::fixed << std::setprecision(2) << line["speedup"].get<double>() << "x (ideal "
                        << line["ideal_speedup"].get<double>() << "x), bubble " << r.pipeline.bubble << " measured / "
                        << r.prediction.simulated_bubble << " simulated, peak tensors "
                        << r.prediction.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB";
+              if (d > 1)
+                progress << ", reduction " << r.prediction.reduce_ms << " ms (" << r.prediction.exposed_reduce_ms
+                         << " ms exposed)";
               if (first) {  // step-time speedup of this precision over the first one, plain and pipeline
                 line["plain_speedup_vs_" + precisions[0]] = first->baseline.median_step_s / r.baseline.median_step_s;
                 line["pipeline_speedup_vs_" + precisions[0]] = first->pipeline.median_step_s / r.pipeline.median_step_s;

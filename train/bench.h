@@ -35,6 +35,11 @@ struct BenchPrediction {
   // Largest total of live tensor bytes allocated during one extra, untimed step (a counting
   // allocator: activations, gradients, optimizer temporaries; not the parameters).
   int64_t pipeline_peak_tensor_bytes = 0, baseline_peak_tensor_bytes = 0;
+  // Data parallelism, medians over the timed steps: the longest stage's reduction (from its
+  // Reduce action to its completion), and how much of it outlasted every stage's last action
+  // (the rest was hidden behind compute); the optimizer state bytes copy 0 holds.
+  double reduce_ms = 0, exposed_reduce_ms = 0;
+  int64_t optimizer_state_bytes = 0;
 };
 
 struct BenchResult {
@@ -48,8 +53,8 @@ struct BenchResult {
 BenchResult run_bench(const Config& config, const BenchOptions& options);
 void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 
-// A sweep: run_bench for every combination of stage count, micro-batch count, recomputation
-// mode, schedule and precision (the precisions of one combination back to back, each compared
+// A sweep: run_bench for every combination of stage count, data-parallel copies, micro-batch
+// count, recomputation mode, schedule and precision (the precisions of one combination back to back, each compared
 // with the first), applied as overrides on top of `overrides` to the config file.
 // Combinations the config cannot run (too few layers or samples, an interleaved schedule
 // whose micro-batch count is not a multiple of the stages) are reported as skipped. One line
@@ -58,6 +63,7 @@ void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
 // config. A list balance whose length does not match a stage count is replaced by `uniform`.
 struct SweepOptions {
   std::vector<int> stages, micro_batches;
+  std::vector<int> data_parallel;       // pipeline.data_parallel values; empty: the config's
   std::vector<std::string> recompute, schedules;
   std::vector<std::string> precisions;  // train.precision values; empty: the config's
   BenchOptions bench;

@@ -89,26 +89,66 @@ void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std
 }
 
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute) {
+                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute,
+                                 int data_parallel) {
   schedule::Schedule s = schedule::make_schedule(kind, stages, micro_batches, chunks);
-  if (kind != "zb-auto") return s;
-  const auto costs = schedule_costs(p, balance, s, recompute);
-  return schedule::make_zb_auto(stages, micro_batches, costs, schedule::twice_1f1b_memory(stages, micro_batches, costs));
+  if (kind == "zb-auto") {
+    const auto costs = schedule_costs(p, balance, s, recompute);
+    s = schedule::make_zb_auto(stages, micro_batches, costs, schedule::twice_1f1b_memory(stages, micro_batches, costs));
+  }
+  return data_parallel > 1 ? schedule::with_reductions(std::move(s)) : s;
+}
+
+void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
+                    const schedule::Schedule& s, const DataParallelPlan& dp) {
+  if (dp.copies < 2) return;
+  const auto off = partitioner::offsets(balance);
+  const int V = s.virtual_stages();
+  costs.reduce_ms.assign(V, 0.0);
+  if (costs.finish_ms.empty()) costs.finish_ms.assign(s.stages, 0.0);
+  for (int v = 0; v < V; ++v) {
+    double bytes = 0, optimizer_ms = 0;
+    for (int i = off[v]; i < off[v + 1]; ++i) {
+      bytes += static_cast<double>(p.layers[i].param_bytes);
+      if (!p.optimizer_ms.empty()) optimizer_ms += p.optimizer_ms[i];
+    }
+    if (bytes == 0) continue;  // no parameters: nothing to reduce
+    if (!dp.sharded) {
+      costs.reduce_ms[v] = dp.link.all_reduce.time_ms(bytes);
+      continue;
+    }
+    costs.reduce_ms[v] = dp.link.shard_reduce().time_ms(bytes);
+    double& finish = costs.finish_ms[s.device_of(v)];
+    finish += dp.link.all_gather.time_ms(bytes) - optimizer_ms + optimizer_ms / dp.copies;
+  }
+}
+
+profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) {
+  if (copies < 2) return {};
+  if (file && file->bandwidth_gb_s > 0) return profiler::ring_link(copies, file->latency_ms, file->bandwidth_gb_s * 1e6);
+  return profiler::measure_reductions(copies);
 }
 
 PlanReport make_plan(const Config& c, const PlanOptions& o) {
   Job job = prepare(c);
   PlanReport r;
+  const int D = c.pipeline.data_parallel;
   if (!o.costs_path.empty()) {
-    r.profile = profile_of(partitioner::load_costs(o.costs_path));
+    const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
+    r.profile = profile_of(file.layers);
     if (r.profile.layers.size() != job.model.layers->size())
       throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
                                        job.model.layers->size()));
     Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
-    r.profile.input_bytes = static_cast<int64_t>(b.input.tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
+    r.profile.input_bytes =
+        static_cast<int64_t>(b.input.tensor_split(D, 0)[0].tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
+    r.data_parallel.link = reduce_link(D, &file);
   } else {
     r.profile = profile_job(job, o.repeat);
+    r.data_parallel.link = reduce_link(D, nullptr);
   }
+  r.data_parallel.copies = D;
+  r.data_parallel.sharded = c.train.shard_optimizer && D > 1;
   r.balance = choose_balance(c, job.model.layers, &r.profile);
   const auto recompute = c.pipeline.recompute;
   const auto names = models::layer_names(job.model.layers);
@@ -140,9 +180,10 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
     const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, r.profile, balance,
-                                 recompute);
+                                 recompute, D);
     auto costs = schedule_costs(r.profile, balance, s, recompute);
     apply_speeds(costs, s, cc.pipeline.speeds);
+    add_reductions(costs, r.profile, balance, s, r.data_parallel);
     const auto sim = schedule::simulate(s, costs);
     row.step_ms = sim.makespan_ms;
     row.bubble = sim.bubble;
@@ -156,6 +197,11 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   auto configured = simulate_config(c, r.balance);
   r.configured = configured.first;
   r.simulation = configured.second;
+  if (D > 1) {
+    schedule::Costs costs = schedule::Costs::uniform(static_cast<int>(r.stages.size()), 0, 0, 0);
+    add_reductions(costs, r.profile, r.balance, shape, r.data_parallel);
+    for (size_t v = 0; v < r.stages.size(); ++v) r.stages[v].reduce_ms = costs.reduce_ms[v];
+  }
   if (o.compare) {
     // Every schedule with its own balance by the same method (interleaved: 2 chunks unless the
     // config sets more).
@@ -182,8 +228,9 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     }
   }
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
-                             c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "", ", ",
-                             c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
+                             c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
+                             D > 1 ? detail::concat(" x ", D, " data-parallel copies", r.data_parallel.sharded ? " (sharded optimizer)" : "") : "",
+                             ", ", c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
                              ", recompute ", recompute_name(c.pipeline.recompute), ", balance ", c.pipeline.balance_method,
                              ", precision ", precision_name(c.train.precision));
   return r;
@@ -212,6 +259,30 @@ void print_plan(std::ostream& out, const PlanReport& r) {
   std::snprintf(line, sizeof line, "\npredicted step %.2f ms, bubble %.1f%% (%s)\n", r.configured.step_ms,
                 100 * r.configured.bubble, r.configured.kind.c_str());
   out << line;
+  if (r.data_parallel.copies > 1) {
+    const auto& dp = r.data_parallel;
+    std::vector<std::string> per_stage;
+    for (const auto& s : r.stages) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.2f", s.reduce_ms);
+      per_stage.push_back(ms);
+    }
+    double exposed = 0;
+    for (double e : r.simulation.exposed_reduce_ms) exposed = std::max(exposed, e);
+    const auto& fit = dp.sharded ? dp.link.shard_reduce() : dp.link.all_reduce;
+    std::snprintf(line, sizeof line,
+                  "data parallel: %d copies%s; %s %.2f GB/s + %.3f ms; reduce ms per stage %s, "
+                  "%.2f ms of it outlasts the lists\n",
+                  dp.copies, dp.sharded ? ", sharded optimizer" : "",
+                  dp.sharded && !dp.link.shard_by_all_reduce ? "reduce-scatter" : "all-reduce",
+                  fit.bytes_per_ms / 1e6, fit.latency_ms, join(per_stage, "/").c_str(), exposed);
+    out << line;
+    if (dp.sharded) {
+      std::snprintf(line, sizeof line, "after the optimizer steps its 1/%d: all-gather %.2f GB/s + %.3f ms\n", dp.copies,
+                    dp.link.all_gather.bytes_per_ms / 1e6, dp.link.all_gather.latency_ms);
+      out << line;
+    }
+  }
   if (!r.profile.backward_input_ms.empty()) {
     double fused = 0, b = 0, w = 0;
     for (size_t i = 0; i < r.profile.layers.size(); ++i) {
@@ -244,6 +315,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
 
 void print_plan_json(std::ostream& out, const PlanReport& r) {
   using nlohmann::json;
+  auto fit_json = [](const profiler::LinkFit& f) { return json{{"gb_s", f.bytes_per_ms / 1e6}, {"latency_ms", f.latency_ms}}; };
   auto schedule_json = [](const ScheduleRow& s) {
     json j{{"schedule", s.kind}, {"chunks", s.chunks}};
     if (!s.error.empty()) {
@@ -261,9 +333,15 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
     stages.push_back({{"stage", s.stage}, {"chunk", s.chunk}, {"first_layer", s.first_layer},
                       {"last_layer", s.last_layer}, {"param_bytes", s.params}, {"time_ms", s.time_ms},
                       {"activation_bytes", s.activation_bytes}, {"peak_memory_bytes", s.peak_bytes},
-                      {"share_of_bottleneck", s.share}});
+                      {"share_of_bottleneck", s.share}, {"reduce_ms", s.reduce_ms}});
   json j{{"summary", r.summary}, {"balance", r.balance}, {"stages", stages},
          {"predicted", schedule_json(r.configured)}};
+  if (r.data_parallel.copies > 1)
+    j["data_parallel"] = {{"copies", r.data_parallel.copies}, {"sharded_optimizer", r.data_parallel.sharded},
+                          {"all_reduce", fit_json(r.data_parallel.link.all_reduce)},
+                          {"reduce_scatter", fit_json(r.data_parallel.link.reduce_scatter)},
+                          {"all_gather", fit_json(r.data_parallel.link.all_gather)},
+                          {"exposed_reduce_ms", r.simulation.exposed_reduce_ms}};
   if (!r.compared.empty()) {
     j["compare"] = json::array();
     for (const auto& s : r.compared) j["compare"].push_back(schedule_json(s));

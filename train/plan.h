@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "partitioner/partition.h"
+#include "profiler/collectives.h"
 #include "profiler/profile.h"
 #include "train/balance.h"
 #include "train/job.h"
@@ -31,9 +32,30 @@ profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
 void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds);
 
 // The schedule plan and bench run for a kind: zb-auto is searched on the profiled costs under
-// twice 1F1B's activation memory; the others do not depend on costs.
+// twice 1F1B's activation memory; the others do not depend on costs. With data parallelism
+// (data_parallel > 1) it has its Reduce actions (schedule::with_reductions).
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute);
+                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute,
+                                 int data_parallel = 1);
+
+// Data parallelism as the planner models it: D copies, the optimizer state sharded or not, and
+// the measured (or filed) speed of the reduction.
+struct DataParallelPlan {
+  int copies = 1;
+  bool sharded = false;
+  profiler::ReduceLink link;
+};
+
+// Adds data parallelism's costs to `costs` of schedule `s` (with its Reduce actions): each
+// virtual stage's Reduce is an all-reduce of its gradient bytes (its parameter bytes) on the
+// link; sharded, the link's shard reduction (Gloo: the all-reduce; else a reduce-scatter), and
+// the finishing work steps 1/D of the parameters and all-gathers them. Nothing for one copy.
+void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
+                    const schedule::Schedule& s, const DataParallelPlan& dp);
+
+// The reduction's link for D copies: the cost file's link when it gives a bandwidth (as ring
+// collectives), else measured here (profiler::measure_reductions); free for one copy.
+profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file);
 
 struct StageRow {
   int stage = 0, chunk = 0;
@@ -43,6 +65,7 @@ struct StageRow {
   int64_t activation_bytes = 0;  // its output, one micro-batch
   int64_t peak_bytes = 0;      // predicted: parameters, state, activations held at the peak
   double share = 0;            // time_ms / bottleneck
+  double reduce_ms = 0;        // data parallelism: its gradients' reduction across the copies
 };
 
 struct ScheduleRow {
@@ -62,6 +85,7 @@ struct PlanReport {
   ScheduleRow configured;
   std::vector<ScheduleRow> compared;  // with --compare: every schedule on the same balance
   schedule::Simulation simulation;    // the configured schedule's
+  DataParallelPlan data_parallel;     // the config's copies and the reduction's link
 };
 
 struct PlanOptions {
