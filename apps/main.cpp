@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
   pt::AutoPlanOptions auto_options;
   bool plan_auto = false;
   plan->add_flag("--auto", plan_auto, "Search stages, micro-batches, schedule, recomputation, precision and balance");
-  plan->add_option("--devices", auto_options.devices, "--auto: devices to plan for (default pipeline.stages)")
+  plan->add_option("--devices", auto_options.devices, "--auto: devices to plan for (default pipeline.stages x pipeline.data_parallel, or the cost file's devices)")
       ->check(CLI::Range(1, 4096));
   plan->add_option("--memory-limit", auto_options.memory_limit, "--auto: bytes per device (one, or one per device)")
       ->delimiter(',')->check(CLI::PositiveNumber);
@@ -305,14 +305,14 @@ int main(int argc, char** argv) {
     if (*costs) {
       const auto file = pt::transformer_costs(shape);
       if (costs_out.empty()) {
-        pt::write_cost_file(std::cout, file);
+        pipetrain::partitioner::write_cost_file(std::cout, file);
       } else {
         // Written beside the target and renamed over it: a failed write leaves no half file.
         const std::string tmp = costs_out + ".tmp";
         {
           std::ofstream f(tmp, std::ios::out | std::ios::trunc);
           if (!f) throw pipetrain::ConfigError("--out " + costs_out + ": cannot open for writing");
-          pt::write_cost_file(f, file);
+          pipetrain::partitioner::write_cost_file(f, file);
           if (!f.flush()) throw pipetrain::Error("--out " + costs_out + ": write failed");
         }
         if (std::rename(tmp.c_str(), costs_out.c_str()) != 0) throw pipetrain::Error("--out " + costs_out + ": cannot rename");
@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
     } else if (*eval) {
       if (eval_batches >= 0) config.train.eval_batches = eval_batches;
       pt::Job job = pt::prepare(config);
-      const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
+      const pt::CheckpointState st = pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers, job.model.ties);
       const pt::TrainResult r = pt::evaluate_model(job, [&](const std::string& text) { progress.note(text); });
       if (r.rank > 0) {
         // runtime.kind processes: rank 0 reports
@@ -387,15 +387,14 @@ int main(int argc, char** argv) {
       }
     } else if (*generate) {
       pt::Job job = pt::prepare(config);  // one process: no balance needed
-      pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers);
+      pt::load_weights(pt::find_checkpoint(checkpoint_path), config, job.model.layers, job.model.ties);
       gen_options.seq_len = job.model.sample_shape.empty() ? 0 : job.model.sample_shape.back();
       const std::string text = pt::generate(job.model.layers, prompt, gen_options);
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::printf("\n");
     } else if (*plan && plan_auto) {
-      if (!plan_options.costs_path.empty())
-        throw pipetrain::ConfigError("plan --auto profiles this machine; --costs is not taken with it yet");
+      auto_options.costs_path = plan_options.costs_path;
       auto_options.repeat = plan_options.repeat == 5 ? 3 : plan_options.repeat;
       const pt::AutoPlanReport r = pt::auto_plan(config, auto_options);
       if (plan_json) {

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""The auto-planner against measurement: for each config, a measured grid (`pipetrain bench`
-over stage count, micro-batch count, schedule and recomputation mode, uniform balance, fp32)
-and the planner's prediction for the same plans (`pipetrain plan --auto --json`). Prints, per
-config, where the planner's pick ranks among the measured plans, its measured step against the
-best measured step (the regret), and the Spearman rank correlation of predicted against
-measured steps over the grid.
+"""The auto-planner against measurement. For each config, a measured grid (`pipetrain bench`
+over stage count, data-parallel copies, micro-batch count, schedule, recomputation mode,
+balance and precision on 2 devices) and the planner's prediction for the same plans
+(`pipetrain plan --auto --devices 2 --json`). Prints, per config:
+
+- speed: where the planner's pick ranks among the measured plans, its measured step against
+  the best measured step (the regret), and the Spearman rank correlation of predicted against
+  measured steps over the grid;
+- memory: each measured plan's peak per device (its tensors, parameters and optimizer state)
+  against the planner's prediction, and a tight limit (just below what the fastest plan needs
+  without recomputation or 1F1B): the planner's pick under it, measured, must stay under it.
 
   python3 bench/planner_regret.py BUILD_DIR [CONFIG ...] > bench/results/planner_regret.md
 """
@@ -17,9 +22,11 @@ import tempfile
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 configs = sys.argv[2:] or ["configs/mlp_bench.json", "configs/gpt_small.json", "configs/fashion_mnist_cnn.json"]
 binary = os.path.join(build, "apps", "pipetrain")
-MBS = "2,4,8"
-SCHEDULES = "gpipe,1f1b,zb-h1,zb-h2,dualpipev"
+MBS = "2,8"
+SCHEDULES = "gpipe,1f1b,zb-h1,dualpipev"
 RECOMPUTE = "never,except_last"
+PRECISIONS = "fp32,bf16"
+MIB = 1 << 20
 
 
 def ranks(values):
@@ -46,48 +53,112 @@ def spearman(a, b):
     return cov / (va * vb)
 
 
-def measure(config, out, stages, schedules):
-    subprocess.run([binary, "bench", config, "--set", "pipeline.balance=uniform", "--stages", stages,
-                    "--micro-batches", MBS, "--schedule", schedules, "--recompute", RECOMPUTE, "--json", out],
+def bench(config, out, *args):
+    subprocess.run([binary, "bench", config, "--recompute", RECOMPUTE, "--micro-batches", MBS,
+                    "--warmup", "2", "--repeat", "6", "--json", out, *args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def key_of(j, balance):
+    return (j["stages"], j.get("data_parallel", 1), j.get("shard_optimizer", False), j["micro_batches"], j["schedule"],
+            j["chunks"], j["recompute"], j["precision"], balance)
+
+
+def name(k):
+    copies = f" D={k[1]}{'z' if k[2] else ''}" if k[1] > 1 else ""
+    return f"K={k[0]}{copies} M={k[3]} {k[4]} {k[6]} {k[7]} {k[8]}"
+
+
+def measure_grid(config, d):
+    """Every plan of the grid: {key: bench JSON line}."""
+    measured = {}
+    for balance in ("uniform", "time"):
+        out = os.path.join(d, f"grid_{balance}.jsonl")
+        common = ["--set", f"pipeline.balance={balance}", "--set", "runtime.intra_op_threads=1"]
+        if balance == "uniform":  # one stage splits nothing: measured once; both precisions
+            common += ["--precision", PRECISIONS]
+            bench(config, out, *common, "--stages", "1", "--data-parallel", "1,2", "--schedule", "gpipe")
+        bench(config, out, *common, "--stages", "2", "--schedule", SCHEDULES)
+        for line in open(out):
+            j = json.loads(line)
+            if "skipped" not in j:
+                measured[key_of(j, balance)] = j
+    return measured
+
+
+def auto_plans(config, *args):
+    lines = subprocess.run([binary, "plan", config, "--auto", "--devices", "2", "--json",
+                            "--set", "runtime.intra_op_threads=1", *args],
+                           check=True, capture_output=True, text=True).stdout.splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 print("# The auto-planner against measurement")
 print()
-print("`python3 bench/planner_regret.py build` on a 2-core machine; measured with `pipetrain bench` (median of")
-print(f"10 steps), micro-batches {MBS}, schedules {SCHEDULES}, recompute {RECOMPUTE}, 1 and 2 stages (1: gpipe),")
-print("uniform balance, fp32; predicted with `pipetrain plan --auto --devices 2 --json` on the same plans.")
+print("`python3 bench/planner_regret.py build` on a 2-core machine. Measured with `pipetrain bench` (median of")
+print(f"6 steps after 2 of warm-up, one thread per stage and copy): 1 stage (1 or 2 copies, gpipe) and 2 stages")
+print(f"(schedules {SCHEDULES}), micro-batches {MBS}, recompute {RECOMPUTE}, precisions {PRECISIONS} with the uniform")
+print("balance and fp32 with the time balance (2 stages);")
+print("predicted with `pipetrain plan --auto --devices 2 --json` on the same plans. Peak memory per device: the")
+print("tensors its stage allocated in a step (a counting allocator, by thread) plus its parameters and optimizer state.")
 print()
-print("| config | plans | pick (predicted fastest) | pick's measured rank | pick measured | best measured | regret | Spearman |")
-print("|---|---|---|---|---|---|---|---|")
+speed_rows, memory_rows, limit_rows = [], [], []
 for config in configs:
     with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "grid.jsonl")
-        measure(config, out, "1", "gpipe")
-        measure(config, out, "2", SCHEDULES)
-        measured = {}
-        for line in open(out):
-            j = json.loads(line)
-            if "skipped" in j:
-                continue
-            key = (j["stages"], j["micro_batches"], j["schedule"], j["chunks"], j["recompute"])
-            measured[key] = j["step_ms"]
-    plans = subprocess.run([binary, "plan", config, "--auto", "--devices", "2", "--json"], check=True,
-                           capture_output=True, text=True).stdout.splitlines()
-    predicted = {}
-    for line in plans:
-        j = json.loads(line)
-        if j["precision"] != "fp32" or j["balance_method"] != "uniform":
-            continue
-        key = (j["stages"], j["micro_batches"], j["schedule"], j["chunks"], j["recompute"])
-        predicted[key] = j["step_ms"]
-    keys = sorted(k for k in measured if k in predicted)
-    pick = min(keys, key=lambda k: predicted[k])
-    by_measured = sorted(keys, key=lambda k: measured[k])
-    best = by_measured[0]
-    rank = by_measured.index(pick) + 1
-    rho = spearman([predicted[k] for k in keys], [measured[k] for k in keys])
-    name = lambda k: f"K={k[0]} M={k[1]} {k[2]} {k[4]}"
-    print(f"| {os.path.basename(config)} | {len(keys)} | {name(pick)} | {rank} of {len(keys)} | {measured[pick]:.1f} ms "
-          f"(predicted {predicted[pick]:.1f}) | {measured[best]:.1f} ms ({name(best)}) | "
-          f"{100 * (measured[pick] / measured[best] - 1):+.1f}% | {rho:.2f} |", flush=True)
+        measured = measure_grid(config, d)
+        plans = auto_plans(config)
+        predicted = {}
+        for j in plans:
+            if j["balance_method"] in ("uniform", "time"):
+                predicted[key_of(j, j["balance_method"])] = j
+        keys = sorted(k for k in measured if k in predicted and not (k[0] == 1 and k[8] == "time"))
+        step = lambda k: measured[k]["step_ms"]
+        pick = min(keys, key=lambda k: predicted[k]["step_ms"])
+        by_measured = sorted(keys, key=step)
+        best = by_measured[0]
+        rho = spearman([predicted[k]["step_ms"] for k in keys], [step(k) for k in keys])
+        cfg = os.path.basename(config)
+        speed_rows.append(f"| {cfg} | {len(keys)} | {name(pick)} | {by_measured.index(pick) + 1} of {len(keys)} | "
+                          f"{step(pick):.1f} ms (predicted {predicted[pick]['step_ms']:.1f}) | {step(best):.1f} ms "
+                          f"({name(best)}) | {100 * (step(pick) / step(best) - 1):+.1f}% | {rho:.2f} |")
+
+        # Memory: measured peak per device against predicted, over the grid.
+        ratios = []
+        for k in keys:
+            for got, want in zip(measured[k]["device_peak_bytes"], predicted[k]["peak_bytes"]):
+                ratios.append(got / want)
+        ratios.sort()
+        over = sum(r > 1 for r in ratios)
+        memory_rows.append(f"| {cfg} | {len(ratios)} | {ratios[0]:.2f} | {ratios[len(ratios) // 2]:.2f} | "
+                           f"{ratios[-1]:.2f} | {over} |")
+
+        # A tight limit: just below the least memory of the plans without recomputation or 1F1B.
+        free = [j for j in plans if j["recompute"] == "never" and j["schedule"] != "1f1b"]
+        limit = int(min(max(j["peak_bytes"]) for j in free)) - 1
+        chosen = os.path.join(d, "chosen.json")
+        tight = auto_plans(config, "--memory-limit", str(limit), "--write-config", chosen)
+        top = tight[0]
+        out = os.path.join(d, "chosen.jsonl")
+        subprocess.run([binary, "bench", chosen, "--warmup", "2", "--repeat", "6", "--json", out], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        got = json.loads(open(out).readline())
+        peak = max(got["device_peak_bytes"])
+        tk = key_of(top, top["balance_method"])
+        limit_rows.append(f"| {cfg} | {limit / MIB:.2f} | {name(tk)} | {max(top['peak_bytes']) / MIB:.2f} | "
+                          f"{peak / MIB:.2f} | {'yes' if peak <= limit else 'NO'} |")
+    print(f"done: {cfg}", file=sys.stderr, flush=True)
+
+print("## Speed\n")
+print("| config | plans | pick (predicted fastest) | pick's measured rank | pick measured | best measured | regret | Spearman |")
+print("|---|---|---|---|---|---|---|---|")
+print("\n".join(speed_rows))
+print("\n## Memory per device, measured / predicted\n")
+print("| config | devices x plans | min | median | max | measured above predicted |")
+print("|---|---|---|---|---|---|")
+print("\n".join(memory_rows))
+print("\n## Under a tight limit (MiB per device)\n")
+print("The limit is 1 byte below the least any plan needs without recomputation or 1F1B; the pick is")
+print("written with `--write-config` and measured with `bench` on that config.\n")
+print("| config | limit | pick | predicted peak | measured peak | within the limit |")
+print("|---|---|---|---|---|---|")
+print("\n".join(limit_rows))

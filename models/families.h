@@ -8,5 +8,6 @@ namespace pipetrain::models {
 Model build_mlp(JsonReader& model);
 Model build_cnn(JsonReader& model);
 Model build_gpt(JsonReader& model);
+Model build_unet(JsonReader& model);
 
 }  // namespace pipetrain::models

@@ -32,7 +32,39 @@ CostFile parse_cost_file(const std::string& text, const std::string& path) {
   CostFile file;
   if (top.is_object()) {
     for (const auto& [key, value] : top.items())
-      if (key != "layers" && key != "link") throw ConfigError(path + ": unknown key \"" + printable(key, 40) + "\" (expected layers, link)");
+      if (key != "layers" && key != "link" && key != "micro_batch" && key != "input_bytes" && key != "devices")
+        throw ConfigError(path + ": unknown key \"" + printable(key, 40) +
+                          "\" (expected layers, link, micro_batch, input_bytes, devices)");
+    auto count = [&](const char* key, double max) -> int64_t {
+      if (!top.contains(key)) return 0;
+      const auto& v = top[key];
+      if (!v.is_number_integer() || v.get<double>() < 1 || v.get<double>() > max)
+        throw ConfigError(detail::concat(path, ": \"", key, "\" must be an integer from 1 to ", max, ", got ", describe(v)));
+      return v.get<int64_t>();
+    };
+    file.micro_batch = count("micro_batch", 1 << 30);
+    file.input_bytes = count("input_bytes", 1152921504606846976.0);
+    if (top.contains("devices")) {
+      const auto& list = top["devices"];
+      if (!list.is_array() || list.empty() || list.size() > 65536)
+        throw ConfigError(path + ": \"devices\" must be a non-empty array of objects with speed and bandwidth_gb_s");
+      for (size_t d = 0; d < list.size(); ++d) {
+        const auto& e = list[d];
+        const std::string where = detail::concat(path, ": devices[", d, "]");
+        if (!e.is_object()) throw ConfigError(where + ": expected an object with speed and bandwidth_gb_s");
+        DeviceCost dev;
+        for (const auto& [key, value] : e.items()) {
+          if (key != "speed" && key != "bandwidth_gb_s")
+            throw ConfigError(where + ": unknown key \"" + printable(key, 40) + "\" (expected speed, bandwidth_gb_s)");
+          const double v = value.is_number() ? value.get<double>() : -1;
+          if (!value.is_number() || !std::isfinite(v) || v <= 0 || v > 1e6)
+            throw ConfigError(detail::concat(where, ": \"", key, "\" must be a number above 0 and up to 1e6, got ",
+                                             describe(value)));
+          (key == "speed" ? dev.speed : dev.bandwidth_gb_s) = v;
+        }
+        file.devices.push_back(dev);
+      }
+    }
     if (top.contains("link")) {
       const auto& link = top["link"];
       if (!link.is_object()) throw ConfigError(path + ": \"link\" must be an object with bandwidth_gb_s and latency_ms");
@@ -92,6 +124,49 @@ CostFile parse_cost_file(const std::string& text, const std::string& path) {
   file.split_given = split == static_cast<int>(costs.size());
   file.layers = std::move(costs);
   return file;
+}
+
+void write_cost_file(std::ostream& out, const CostFile& f) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& c : f.layers) {
+    nlohmann::json e{{"name", c.name}, {"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms},
+                     {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
+                     {"saved_bytes", c.saved_bytes}};
+    if (c.backward_input_ms >= 0) e["backward_input_ms"] = c.backward_input_ms, e["backward_weight_ms"] = c.backward_weight_ms;
+    layers.push_back(e);
+  }
+  nlohmann::json j{{"layers", layers}};
+  if (f.bandwidth_gb_s > 0 || f.latency_ms > 0)
+    j["link"] = {{"bandwidth_gb_s", f.bandwidth_gb_s}, {"latency_ms", f.latency_ms}};
+  if (f.micro_batch > 0) j["micro_batch"] = f.micro_batch;
+  if (f.input_bytes > 0) j["input_bytes"] = f.input_bytes;
+  if (!f.devices.empty()) {
+    j["devices"] = nlohmann::json::array();
+    for (const auto& d : f.devices) {
+      nlohmann::json e{{"speed", d.speed}};
+      if (d.bandwidth_gb_s > 0) e["bandwidth_gb_s"] = d.bandwidth_gb_s;
+      j["devices"].push_back(e);
+    }
+  }
+  out << j.dump(1) << "\n";
+}
+
+CostFile scaled_to_rows(const CostFile& file, int64_t rows, const std::string& path) {
+  if (file.micro_batch < 1)
+    throw ConfigError(path + ": the file gives no \"micro_batch\" (the samples per micro-batch its costs are for), "
+                      "which scaling them to other micro-batch sizes needs");
+  const double r = static_cast<double>(rows) / static_cast<double>(file.micro_batch);
+  auto bytes = [r](int64_t b) { return static_cast<int64_t>(std::llround(static_cast<double>(b) * r)); };
+  CostFile out = file;
+  out.micro_batch = rows;
+  out.input_bytes = bytes(file.input_bytes);
+  for (auto& c : out.layers) {
+    c.forward_ms *= r, c.backward_ms *= r;
+    if (c.backward_input_ms >= 0) c.backward_input_ms *= r, c.backward_weight_ms *= r;
+    c.activation_bytes = bytes(c.activation_bytes);
+    c.saved_bytes = bytes(c.saved_bytes);
+  }
+  return out;
 }
 
 }  // namespace pipetrain::partitioner

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <tuple>
+#include <unordered_set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "pipeline/replicas.h"
 #include "pipeline/worker.h"
 #include "stages/autocast.h"
+#include "stages/stage.h"
 
 namespace pipetrain::pipeline {
 
@@ -28,11 +30,31 @@ struct ClearAutocastCache {  // on the thread that ran the forwards (stages/auto
   ~ClearAutocastCache() { stages::clear_autocast_cache(); }
 };
 
+struct LocalHandoff {
+  std::map<std::tuple<int, int, int>, at::Tensor> held;  // (kind, micro-batch, chunk there)
+  void put(comm::Kind kind, int m, int chunk, at::Tensor t) { held[{static_cast<int>(kind), m, chunk}] = std::move(t); }
+  at::Tensor take(comm::Kind kind, int m, int chunk) {
+    auto it = held.find({static_cast<int>(kind), m, chunk});
+    if (it == held.end()) throw Error(detail::concat("pipeline: nothing handed over for micro-batch ", m, " chunk ", chunk));
+    at::Tensor t = std::move(it->second);
+    held.erase(it);
+    return t;
+  }
+};
+
+using Skips = stages::Skips;
+
 struct Pipeline::Impl {
   PipelineOptions options;
   torch::nn::Sequential model;
   partitioner::Balance balance;
-  schedule::Schedule sched;
+  schedule::Schedule sched;  // this step's: the configured one, or one for fewer micro-batches
+  schedule::Schedule configured;
+  std::map<int, schedule::Schedule> fewer;  // by micro-batch count, made on first use
+  int fewest = 0;  // the fewest micro-batches since the last optimizer step
+  // The schedule for `m` micro-batches (m < the configured count: the kind's schedule for the
+  // most micro-batches it supports up to m; the same placement and chunks).
+  const schedule::Schedule& schedule_for(int m);
   std::vector<std::unique_ptr<stages::Stage>> stages;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<std::unique_ptr<comm::Transport>> transports;
@@ -75,6 +97,34 @@ struct Pipeline::Impl {
   double run(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
              double scale);
 
+  // Tied parameters (PipelineOptions::ties, ties.cpp): each group's members, in order, with the
+  // virtual stage that runs each (a member run by another rank holds a released tensor); the
+  // members after the first, which the gradient norm leaves out; checkpoints' (follower, leader)
+  // names ("layer.parameter").
+  struct TiedParam {
+    int vs;
+    at::Tensor param;
+  };
+  std::vector<std::vector<TiedParam>> tie_groups;
+  std::unordered_set<const c10::TensorImpl*> tie_followers;
+  std::vector<std::pair<std::string, std::string>> tied_names;
+  void init_ties(const torch::nn::Sequential& model);
+  // Sums each group's gradients in member order and gives every member the sum (every rank takes
+  // part, each the same exchanges). Before the norm and the optimizers.
+  void sum_tied_grads();
+
+  // Skip connections: the names crossing the cut after each virtual stage (models/skip.h).
+  std::vector<std::vector<std::string>> crossing;
+  void check_crossing() const;
+  // Micro-batch m's message across the cut after virtual stage `boundary`, towards virtual stage
+  // `to_vs` (kind Activation: forward; Grad: backward): the tensor, then the skips crossing
+  // there in name order, each on a channel of its own (messages.cpp).
+  void send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step, const at::Tensor& t,
+                   const Skips& skips, LocalHandoff& local);
+  // The same message received on this device's chunk `chunk_here`, from virtual stage `from_vs`.
+  at::Tensor recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m, int64_t tag_step,
+                         Skips* skips, LocalHandoff& local);
+
   // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
   // holds it, or finds it in transports[self].
   void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
@@ -110,16 +160,5 @@ struct Pipeline::Impl {
 // Hands tensors between two virtual stages of one device (the turn of a V placement, or a
 // device that holds consecutive chunks): no transfer, the sending action leaves it here and the
 // receiving action takes it.
-struct LocalHandoff {
-  std::map<std::tuple<int, int, int>, at::Tensor> held;  // (kind, micro-batch, chunk there)
-  void put(comm::Kind kind, int m, int chunk, at::Tensor t) { held[{static_cast<int>(kind), m, chunk}] = std::move(t); }
-  at::Tensor take(comm::Kind kind, int m, int chunk) {
-    auto it = held.find({static_cast<int>(kind), m, chunk});
-    if (it == held.end()) throw Error(detail::concat("pipeline: nothing handed over for micro-batch ", m, " chunk ", chunk));
-    at::Tensor t = std::move(it->second);
-    held.erase(it);
-    return t;
-  }
-};
 
 }  // namespace pipetrain::pipeline

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/fault.h"
 #include "models/layers.h"
+#include "models/skip.h"
 #include "pipeline/impl.h"
 
 namespace pipetrain::pipeline {
@@ -77,9 +78,16 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
                                      " need at least ", V, " layers but the model has only ", layers));
   p.balance = options.balance.empty() ? partitioner::uniform(layers, V) : options.balance;
   partitioner::check(p.balance, layers, V, "pipeline");
+  // Skip connections: declared by the layers, or given by hand for layers that do not declare.
+  if (!options.skips.empty()) models::check_skips(options.skips, layers, "pipeline: skips");
+  p.crossing = models::skips_crossing(options.skips.empty() ? models::skips_of(model) : options.skips,
+                                      partitioner::offsets(p.balance));
+  p.check_crossing();
+  p.init_ties(model);
   p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches, options.chunks);
   if (p.replicas > 1) p.sched = schedule::with_reductions(p.sched);
   schedule::validate(p.sched);
+  p.configured = p.sched;
   if (endpoint) {
     if (endpoint->world_size() != options.stages * p.replicas)
       throw ConfigError(detail::concat("pipeline: ", options.stages, " stages", p.replicas > 1 ? detail::concat(" x ", p.replicas, " copies") : "",
@@ -135,7 +143,10 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   p.optimizers.resize(V);
   if (p.self < 0) p.transports = comm::make_transport_group(options.transport, options.stages);
   p.workers.resize(options.stages);
-  for (int r : p.local) p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads);
+  // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
+  for (int r : p.local)
+    p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads,
+                                            (p.self >= 0 ? 0 : p.replica) * options.stages + r);
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
@@ -178,8 +189,7 @@ void Pipeline::Impl::fail(const std::string& what, std::exception_ptr error) {
 }
 
 void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
-  comm::Transport& t = *transports[r];
-  const int M = options.micro_batches;
+  const int M = sched.micro_batches;
   std::vector<stages::Stage*> mine;  // this device's virtual stages, by chunk
   for (int c = 0; c < sched.chunks; ++c) mine.push_back(stages[sched.virtual_stage(r, c)].get());
   for (stages::Stage* st : mine) {
@@ -192,6 +202,7 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
   // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
   using Key = std::pair<int, int>;
   std::map<Key, at::Tensor> received, outbox, grads;
+  std::map<Key, Skips> received_skips, outbox_skips, grad_skips;  // the skips crossing with each
   LocalHandoff local;  // between this device's own virtual stages
   auto& spans = trace.spans[r];
   spans.clear();
@@ -216,42 +227,47 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
     const int vs = sched.virtual_stage(r, a.chunk);
     stages::Stage& stage = *stages[vs];
     const double start = seconds_since(t0);
-    const auto deadline = [&] { return Deadline::after(options.timeout_s); };
     try {
       switch (a.op) {
         case Op::RecvActivation:
-          received[key] = sched.device_of(vs - 1) == r
-                              ? local.take(comm::Kind::Activation, m, a.chunk)
-                              : t.recv(peer(sched.device_of(vs - 1)), {comm::Kind::Activation, m, a.chunk, step}, deadline());
+          received[key] = recv_across(r, comm::Kind::Activation, vs - 1, a.chunk, vs - 1, m, step,
+                                      &received_skips[key], local);
           break;
         case Op::Forward: {
           at::Tensor in = stage.is_first() ? inputs[m] : received.at(key);
           received.erase(key);
-          at::Tensor out = stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(), weights[m]);
-          if (stage.is_last())
+          Skips passed_on;
+          at::Tensor out = stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(), weights[m],
+                                         received_skips[key], &passed_on);
+          received_skips.erase(key);
+          if (stage.is_last()) {
             losses[m] = out.item<double>();
-          else
+          } else {
             outbox[key] = out;
+            outbox_skips[key] = std::move(passed_on);
+          }
           break;
         }
         case Op::SendActivation:
-          if (sched.device_of(vs + 1) == r)
-            local.put(comm::Kind::Activation, m, sched.chunk_of(vs + 1), outbox.at(key));
-          else
-            t.send(peer(sched.device_of(vs + 1)), {comm::Kind::Activation, m, sched.chunk_of(vs + 1), step}, outbox.at(key));
+          send_across(r, comm::Kind::Activation, vs + 1, vs, m, step, outbox.at(key), outbox_skips[key], local);
           outbox.erase(key);
+          outbox_skips.erase(key);
           break;
         case Op::RecvGrad:
-          grads[key] = sched.device_of(vs + 1) == r
-                           ? local.take(comm::Kind::Grad, m, a.chunk)
-                           : t.recv(peer(sched.device_of(vs + 1)), {comm::Kind::Grad, m, a.chunk, step}, deadline());
+          grads[key] = recv_across(r, comm::Kind::Grad, vs + 1, a.chunk, vs, m, step, &grad_skips[key], local);
           break;
         case Op::Backward:
         case Op::BackwardInput: {
           at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(key);
           grads.erase(key);
-          at::Tensor gin = a.op == Op::Backward ? stage.backward(m, g) : stage.backward_input(m, g);
-          if (!stage.is_first()) outbox[key] = gin;
+          Skips skip_grads_in;
+          at::Tensor gin = a.op == Op::Backward ? stage.backward(m, g, grad_skips[key], &skip_grads_in)
+                                                : stage.backward_input(m, g, grad_skips[key], &skip_grads_in);
+          grad_skips.erase(key);
+          if (!stage.is_first()) {
+            outbox[key] = gin;
+            outbox_skips[key] = std::move(skip_grads_in);
+          }
           break;
         }
         case Op::BackwardWeight:
@@ -260,11 +276,9 @@ void Pipeline::Impl::run_stage(int r, Clock::time_point t0) {
         case Op::Reduce:  // handled above
           break;
         case Op::SendGrad:
-          if (sched.device_of(vs - 1) == r)
-            local.put(comm::Kind::Grad, m, sched.chunk_of(vs - 1), outbox.at(key));
-          else
-            t.send(peer(sched.device_of(vs - 1)), {comm::Kind::Grad, m, sched.chunk_of(vs - 1), step}, outbox.at(key));
+          send_across(r, comm::Kind::Grad, vs - 1, vs - 1, m, step, outbox.at(key), outbox_skips[key], local);
           outbox.erase(key);
+          outbox_skips.erase(key);
           break;
       }
     } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
@@ -316,7 +330,7 @@ double Pipeline::Impl::stage_grad_sq_norm(int r) const {
       sum += reducers[sched.virtual_stage(r, c)]->grad_sq_norm(Deadline::after(options.timeout_s));
     else
     for (const auto& p : stages[sched.virtual_stage(r, c)]->layers()->parameters())
-      if (p.grad().defined()) {
+      if (p.grad().defined() && !tie_followers.count(p.unsafeGetTensorImpl())) {  // a tied weight counts once
         const double n = p.grad().norm().item<double>();  // no copy; NaN and inf carry through
         sum += n * n;
       }
@@ -330,6 +344,7 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
   check_usable();
   skipped = false;
   reduce_now();
+  sum_tied_grads();
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
   // fp16: always, as the overflow check.
   if (self >= 0 || grad_clip > 0 || track_norm || check_finite || scaling()) {
@@ -370,10 +385,17 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
 double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
                                 bool accumulate, double scale) {
   check_usable();
-  const int M = options.micro_batches;
   const int64_t N = input.size(0);
   if (target.size(0) != N)
     throw ConfigError(detail::concat("pipeline: ", N, " inputs but ", target.size(0), " targets"));
+  if (N < replicas)
+    throw ConfigError(detail::concat("pipeline: a batch of ", N, " sample", N == 1 ? "" : "s", " cannot be shared by ",
+                                     replicas, " copies"));
+  // A batch smaller than the micro-batch count (an epoch's last) runs as fewer micro-batches:
+  // every copy decides alike, from the smallest shard (N / D samples).
+  sched = schedule_for(static_cast<int>(std::min<int64_t>(configured.micro_batches, N / replicas)));
+  const int M = sched.micro_batches;
+  fewest = accumulate ? std::min(fewest, M) : M;
   // Data parallelism: this copy's shard of the batch, and where it starts (the dropout streams
   // follow the sample's place in the whole batch).
   at::Tensor shard_input = input, shard_target = target;
@@ -384,14 +406,6 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     shard_input = in[replica];
     shard_target = tg[replica];
   }
-  // Every copy checks the smallest shard (the last ones: N / D samples), so that all refuse the
-  // batch together rather than some waiting for the others' reductions.
-  if (N / replicas < M)
-    throw ConfigError(replicas > 1 ? detail::concat("pipeline: copy ", replicas - 1, "'s shard of ", N / replicas,
-                                                    " samples (a batch of ", N, " over ", replicas,
-                                                    " copies) cannot be split into ", M, " micro-batches")
-                                   : detail::concat("pipeline: batch of ", N, " samples cannot be split into ", M,
-                                                    " micro-batches"));
   inputs = shard_input.tensor_split(M, 0);
   targets = shard_target.tensor_split(M, 0);
   // fp16: the loss is scaled before backward (every rank holds the same scale).

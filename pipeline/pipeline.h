@@ -23,6 +23,8 @@
 #include "comm/transport.h"
 #include "common/error.h"
 #include "common/precision.h"
+#include "models/model.h"
+#include "models/skip.h"
 #include "pipeline/loss_scale.h"
 #include "partitioner/partition.h"
 #include "pipeline/step_trace.h"
@@ -55,6 +57,14 @@ struct PipelineOptions {
   // being the caller's model; multi-process the world holds stages x D ranks, pipeline outer and
   // data inner: rank = device * D + copy.
   int data_parallel = 1;
+  // Skip connections (models/skip.h): empty, the layers declare them (models::SkipDeclaring);
+  // else the skips of layers that stash and pop without declaring.
+  std::vector<models::Skip> skips;
+  // Tied parameters (models::Tie): each member keeps its own tensor on its own stage; after the
+  // backward of a step their gradients are summed (in member order, on every rank alike) and
+  // every member takes the same update, so they stay equal bit for bit. The first member is the
+  // one that counts in the gradient norm and that checkpoints and exports store.
+  std::vector<models::Tie> ties;
   bool shard_optimizer = false;     // ZeRO stage 1: each copy keeps the optimizer state of 1/D of a stage's parameters
   // How a sharded optimizer's gradients are reduced: a reduce-scatter, or an all-reduce of which
   // each copy keeps its slice (the same bytes held). Auto: the all-reduce on Gloo, whose
@@ -181,6 +191,14 @@ class Pipeline {
   const schedule::Schedule& schedule() const;
   const StepTrace& last_trace() const;
   int64_t step() const;  // forward-backward passes run so far: the step of the dropout streams
+  // The fewest micro-batches a forward-backward ran since the last optimizer step: fewer than
+  // configured when a batch (an epoch's last) had fewer samples than micro-batches, each of its
+  // micro-batches then holding one sample (or as the schedule kind allows, e.g. a multiple of
+  // the stages for interleaved-1f1b). Its loss and gradients are still one device's on it.
+  int fewest_micro_batches() const;
+  // Tied parameters (PipelineOptions::ties): (follower, first member) names, "layer.parameter",
+  // for checkpoints, which store a tie once.
+  const std::vector<std::pair<std::string, std::string>>& tied_names() const;
   void set_step(int64_t step);  // continues the streams of a resumed run
   // The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
   torch::optim::Optimizer* optimizer(int virtual_stage);

@@ -31,23 +31,19 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
         for (int m = 0; m < M; ++m)
           for (int c = 0; c < p.sched.chunks; ++c) {
             const int vs = p.sched.virtual_stage(r, c);
+            Skips skips;
             at::Tensor x = vs == 0 ? parts[m]
-                           : p.sched.device_of(vs - 1) == r
-                               ? local.take(comm::Kind::Activation, m, c)
-                               : t.recv(p.peer(p.sched.device_of(vs - 1)), {comm::Kind::Activation, m, c, tag_step},
-                                        Deadline::after(p.options.timeout_s));
+                                   : p.recv_across(r, comm::Kind::Activation, vs - 1, c, vs - 1, m, tag_step, &skips, local);
             try {
-              x = p.stages[vs]->forward_only(x);
+              x = p.stages[vs]->forward_only(x, skips, &skips);
             } catch (const c10::Error& e) {
               throw Error(detail::concat("stage ", r, ": forward (evaluation) of micro-batch ", m, ": ",
                                          e.what_without_backtrace()));
             }
             if (vs == V - 1)
               outputs[m] = x;
-            else if (p.sched.device_of(vs + 1) == r)
-              local.put(comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), x);
             else
-              t.send(p.peer(p.sched.device_of(vs + 1)), {comm::Kind::Activation, m, p.sched.chunk_of(vs + 1), tag_step}, x);
+              p.send_across(r, comm::Kind::Activation, vs + 1, vs, m, tag_step, x, skips, local);
           }
       } catch (const std::exception& e) {
         int none = -1;
@@ -80,6 +76,7 @@ const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }
 const schedule::Schedule& Pipeline::schedule() const { return impl_->sched; }
 const StepTrace& Pipeline::last_trace() const { return impl_->trace; }
 int64_t Pipeline::step() const { return impl_->step; }
+int Pipeline::fewest_micro_batches() const { return impl_->fewest ? impl_->fewest : impl_->configured.micro_batches; }
 void Pipeline::set_step(int64_t step) {
   impl_->on_every_copy([step](Impl& p) { p.step = step; });
 }

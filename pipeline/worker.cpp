@@ -2,10 +2,13 @@
 
 #include <ATen/Parallel.h>
 
+#include "common/memory_account.h"
+
 namespace pipetrain::pipeline {
 
-Worker::Worker(std::string name, int intra_op_threads)
-    : name_(std::move(name)), intra_op_threads_(intra_op_threads), thread_([this] { loop(); }) {}
+Worker::Worker(std::string name, int intra_op_threads, int memory_account)
+    : name_(std::move(name)), intra_op_threads_(intra_op_threads), account_(memory_account),
+      thread_([this] { loop(); }) {}
 
 Worker::~Worker() {
   {
@@ -39,6 +42,7 @@ void Worker::loop() {
   // first so the explicit setting below is the one that sticks for this thread.
   at::get_num_threads();
   at::set_num_threads(intra_op_threads_);
+  memory_account() = account_;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return has_job_ || stop_; });

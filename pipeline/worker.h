@@ -15,7 +15,8 @@ namespace pipetrain::pipeline {
 
 class Worker {
  public:
-  Worker(std::string name, int intra_op_threads);
+  // `memory_account`: the thread's common/memory_account.h (its device), -1 for none.
+  Worker(std::string name, int intra_op_threads, int memory_account = -1);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -29,6 +30,7 @@ class Worker {
 
   std::string name_;
   int intra_op_threads_;
+  int account_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;

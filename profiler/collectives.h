@@ -11,7 +11,10 @@ namespace pipetrain::profiler {
 struct LinkFit {
   double latency_ms = 0;
   double bytes_per_ms = 0;  // 0: free
-  double time_ms(double bytes) const { return bytes_per_ms > 0 ? latency_ms + bytes / bytes_per_ms : 0.0; }
+  // `speed`: this link's bandwidth relative to the fitted one.
+  double time_ms(double bytes, double speed = 1) const {
+    return bytes_per_ms > 0 ? latency_ms + bytes / (bytes_per_ms * speed) : 0.0;
+  }
 };
 
 // Each fit takes the whole flat tensor's bytes (a reduce-scatter's input, an all-gather's output).

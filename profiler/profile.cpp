@@ -1,6 +1,7 @@
 #include "profiler/profile.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/memory_account.h"
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "common/stats.h"
@@ -50,6 +52,8 @@ class CountingAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     ++generation_;  // allocations of earlier counters no longer count when freed
     live_ = peak_ = 0;
+    account_live_.fill(0);
+    account_peak_.fill(0);
   }
   int64_t live() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -59,18 +63,32 @@ class CountingAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
   }
+  int64_t peak(int account) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return account_peak_[slot(account)];
+  }
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
     peak_ = live_;
+    account_peak_ = account_live_;
   }
+
+  static constexpr int kAccounts = 256;
 
  private:
   static CountingAllocator& self();
+  // Accounts 0..kAccounts-2 have their own slot; the rest (and -1) share the last one.
+  static size_t slot(int account) {
+    return account >= 0 && account < kAccounts - 1 ? static_cast<size_t>(account) : kAccounts - 1;
+  }
   void count(void* data, size_t n) {
+    const size_t a = slot(memory_account());
     std::lock_guard<std::mutex> lock(mu_);
-    sizes_[data] = {n, generation_};
+    sizes_[data] = {n, generation_, a};
     live_ += static_cast<int64_t>(n);
     peak_ = std::max(peak_, live_);
+    account_live_[a] += static_cast<int64_t>(n);
+    account_peak_[a] = std::max(account_peak_[a], account_live_[a]);
   }
   static void release(void* data) {
     CountingAllocator& a = self();
@@ -78,16 +96,25 @@ class CountingAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(a.mu_);
       auto it = a.sizes_.find(data);
       if (it != a.sizes_.end()) {
-        if (it->second.second == a.generation_) a.live_ -= static_cast<int64_t>(it->second.first);
+        if (it->second.generation == a.generation_) {
+          a.live_ -= static_cast<int64_t>(it->second.bytes);
+          a.account_live_[it->second.account] -= static_cast<int64_t>(it->second.bytes);
+        }
         a.sizes_.erase(it);
       }
     }
     c10::free_cpu(data);
   }
+  struct Allocation {
+    size_t bytes;
+    uint64_t generation;
+    size_t account;  // the allocating thread's slot: a tensor freed elsewhere still leaves its owner
+  };
   std::mutex mu_;
-  std::unordered_map<void*, std::pair<size_t, uint64_t>> sizes_;  // address -> (bytes, generation)
+  std::unordered_map<void*, Allocation> sizes_;
   uint64_t generation_ = 0;
   int64_t live_ = 0, peak_ = 0;
+  std::array<int64_t, kAccounts> account_live_{}, account_peak_{};
 };
 
 CountingAllocator& counting() {
@@ -119,6 +146,7 @@ MemoryCounter::~MemoryCounter() {
 }
 int64_t MemoryCounter::live() const { return counting().live(); }
 int64_t MemoryCounter::peak() const { return counting().peak(); }
+int64_t MemoryCounter::peak(int account) const { return counting().peak(account); }
 void MemoryCounter::reset_peak() { counting().reset_peak(); }
 
 Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
@@ -128,9 +156,12 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
   at::set_num_threads(std::max(1, o.intra_op_threads));
   Profile p;
   p.input_bytes = static_cast<int64_t>(input.nbytes());
+  p.micro_batch = input.dim() > 0 ? input.size(0) : 1;
   const int L = static_cast<int>(model->size());
   auto children = model->named_children();
   at::Tensor x = input;
+  // Skip connections (common/skip.h): the skips open before each layer, and after it.
+  stages::Skips skips, skips_out, skip_grads;
   try {
     for (int i = 0; i < L; ++i) {
       torch::nn::Sequential one;
@@ -158,28 +189,32 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
             // and shared by every micro-batch (the memory model counts it once, with the
             // parameters); it must not count as what this micro-batch keeps for backward.
             if (o.precision != Precision::FP32) {
-              const at::Tensor warm = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
-              stage.backward(0, last ? at::Tensor() : torch::zeros_like(warm));
+              stages::Skips left, zero;
+              const at::Tensor warm = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0, skips, &left);
+              for (const auto& [name, t] : left) zero[name] = torch::zeros_like(t);
+              stage.backward(0, last ? at::Tensor() : torch::zeros_like(warm), zero);
             }
             counter = std::make_unique<MemoryCounter>();
             before = counter->live();
           }
           auto t0 = std::chrono::steady_clock::now();
-          out = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0);
+          out = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0, skips, &skips_out);
           const double f = ms_since(t0);
           if (counter) {
             c.saved_bytes = counter->live() - before;
             counter.reset();
           }
           if (!last && !grad.defined()) grad = torch::randn_like(out);
+          for (const auto& [name, t] : skips_out)
+            if (!skip_grads.count(name)) skip_grads[name] = torch::randn_like(t);
           if (split == 0) {
             if (timed) fwd.push_back(f);
             t0 = std::chrono::steady_clock::now();
-            stage.backward(0, grad);
+            stage.backward(0, grad, skip_grads);
             if (timed) bwd.push_back(ms_since(t0));
           } else {
             t0 = std::chrono::steady_clock::now();
-            stage.backward_input(0, grad);
+            stage.backward_input(0, grad, skip_grads);
             const double b = ms_since(t0);
             t0 = std::chrono::steady_clock::now();
             stage.backward_weight(0);
@@ -189,12 +224,16 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       }
       c.forward_ms = median(fwd);
       c.backward_ms = median(bwd);
+      // What crosses a cut after this layer: its output and the skips still open.
       c.activation_bytes = last ? 0 : static_cast<int64_t>(out.nbytes());
+      for (const auto& [name, t] : skips_out) c.activation_bytes += static_cast<int64_t>(t.nbytes());
       p.layers.push_back(c);
       p.backward_input_ms.push_back(median(bin));
       p.backward_weight_ms.push_back(median(bw));
       for (auto& param : one->parameters()) param.mutable_grad() = at::Tensor();
       x = out.detach();
+      skips = skips_out;
+      skip_grads.clear();
     }
   } catch (...) {
     at::set_num_threads(threads);
@@ -205,17 +244,17 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
 }
 
 void save_costs(const std::string& path, const Profile& p) {
-  nlohmann::json j = nlohmann::json::array();
+  partitioner::CostFile file;
+  file.layers = p.layers;
   for (size_t i = 0; i < p.layers.size(); ++i) {
-    const LayerCost& c = p.layers[i];
-    j.push_back({{"name", c.name}, {"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms},
-                 {"backward_input_ms", p.backward_input_ms[i]}, {"backward_weight_ms", p.backward_weight_ms[i]},
-                 {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
-                 {"saved_bytes", c.saved_bytes}});
+    file.layers[i].backward_input_ms = p.backward_input_ms[i];
+    file.layers[i].backward_weight_ms = p.backward_weight_ms[i];
   }
+  file.micro_batch = p.micro_batch;
+  file.input_bytes = p.input_bytes;
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   if (!out) throw ConfigError(path + ": cannot open for writing");
-  out << j.dump(1) << "\n";
+  partitioner::write_cost_file(out, file);
   if (!out) throw Error(path + ": write failed");
 }
 

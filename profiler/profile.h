@@ -31,6 +31,7 @@ struct Profile {
   std::vector<double> backward_input_ms, backward_weight_ms;  // B and W of each layer
   std::vector<double> optimizer_ms;                           // optimizer step of each layer; empty: not measured
   int64_t input_bytes = 0;                                    // one micro-batch of model input
+  int64_t micro_batch = 0;                                    // its samples
 };
 
 // `input` and `target` are one micro-batch; `loss` turns the last layer's output into a loss.
@@ -42,13 +43,15 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
 void save_costs(const std::string& path, const Profile& profile);
 
 // Live and peak bytes of CPU tensors allocated while counting is on (a process-wide counting
-// allocator, installed on first use).
+// allocator, installed on first use); also per memory account (common/memory_account.h: the
+// device of the thread that allocated, a pipeline's stage), accounts 0 to 254.
 class MemoryCounter {
  public:
   MemoryCounter();   // starts counting from zero
   ~MemoryCounter();  // stops counting
   int64_t live() const;
   int64_t peak() const;
+  int64_t peak(int account) const;  // of the tensors threads of that account allocated
   void reset_peak();
 };
 

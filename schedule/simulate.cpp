@@ -34,6 +34,9 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.saved_bytes, "saved_bytes", true);
   size_ok(c.backward_fused, "backward_fused", true);
   size_ok(c.reduce_ms, "reduce_ms", true);
+  if (!c.device_bytes_per_ms.empty() && c.device_bytes_per_ms.size() != static_cast<size_t>(s.stages))
+    throw ScheduleError(detail::concat("simulate: costs.device_bytes_per_ms has ", c.device_bytes_per_ms.size(), " entries for ",
+                                       s.stages, " stages"));
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
@@ -65,7 +68,10 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     if (s.device_of(from_vs) == s.device_of(to_vs)) return 0.0;
     const int boundary = std::min(from_vs, to_vs);  // output of `boundary` or its gradient
     double bytes = c.activation_bytes.empty() ? 0.0 : c.activation_bytes[boundary];
-    return c.latency_ms + (c.bytes_per_ms > 0 ? bytes / c.bytes_per_ms : 0.0);
+    const double bw = c.device_bytes_per_ms.empty()
+                          ? c.bytes_per_ms
+                          : std::min(c.device_bytes_per_ms[s.device_of(from_vs)], c.device_bytes_per_ms[s.device_of(to_vs)]);
+    return c.latency_ms + (bw > 0 ? bytes / bw : 0.0);
   };
 
   auto recomputed = [&](int m) { return !c.recomputed.empty() && c.recomputed[m] && !c.recompute.empty(); };

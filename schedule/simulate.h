@@ -37,6 +37,8 @@ struct Costs {
   std::vector<double> saved_bytes;       // what a micro-batch keeps on each virtual stage for its backward; empty: count 1
   double latency_ms = 0;
   double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
+  // Per device: its own bandwidth (a transfer runs at the slower end's); empty: bytes_per_ms.
+  std::vector<double> device_bytes_per_ms;
   double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
   double action_ms = 0;     // bookkeeping the executor spends around every action
   std::vector<double> finish_ms;  // per device: work once every device has run its list (the optimizer step); empty: none

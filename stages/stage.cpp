@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "common/recompute.h"
 #include "stages/autocast.h"
 
@@ -42,10 +43,22 @@ at::Tensor Stage::as_leaf(const at::Tensor& input) const {
   return input.detach().requires_grad_(true);
 }
 
-at::Tensor Stage::run(const Saved& s) {
+Skips Stage::as_leaves(const Skips& skips) const {
+  Skips out;
+  for (const auto& [name, t] : skips) out[name] = t.is_floating_point() ? t.detach().requires_grad_(true) : t;
+  return out;
+}
+
+at::Tensor Stage::run(const Saved& s, Skips* left) {
   RngContextGuard rng(s.rng);
   AutocastGuard autocast(precision_, s.input.device().type());
+  SkipScope<at::Tensor> skips(s.skips_in);
   at::Tensor out = layers_->forward(s.input);
+  Skips rest = skips.take();
+  if (is_last() && !rest.empty())
+    throw Error(detail::concat("stage ", index_, " (the last): skip '", rest.begin()->first,
+                               "' is still stashed after the last layer; a later layer must pop it"));
+  if (left) *left = std::move(rest);
   if (!is_last()) return out;
   PIPETRAIN_CHECK(loss_, "the last stage has no loss function");
   // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).
@@ -54,13 +67,16 @@ at::Tensor Stage::run(const Saved& s) {
   return loss * s.weight;
 }
 
-at::Tensor Stage::forward_only(const at::Tensor& input) {
+at::Tensor Stage::forward_only(const at::Tensor& input, const Skips& skips_in, Skips* skips_out) {
   AutocastGuard autocast(precision_, input.device().type());
-  return layers_->forward(input);
+  SkipScope<at::Tensor> skips(skips_in);
+  at::Tensor out = layers_->forward(input);
+  if (skips_out) *skips_out = skips.take();
+  return out;
 }
 
-at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset,
-                          const at::Tensor& target, double weight) {
+at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset, const at::Tensor& target,
+                          double weight, const Skips& skips_in, Skips* skips_out) {
   PIPETRAIN_CHECK(!saved_.count(m), "stage ", index_, " ran forward twice for micro-batch ", m);
   PIPETRAIN_CHECK(!is_last() || target.defined(), "the last stage needs targets");
   Saved s;
@@ -68,15 +84,20 @@ at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset,
   s.weight = weight;
   s.rng = RngContext{seed_, step_, sample_offset};
   at::Tensor result;
+  Skips left;
   if (recomputes(m)) {
     torch::NoGradGuard no_grad;
     s.input = input;
-    result = run(s);
+    s.skips_in = skips_in;
+    result = run(s, &left);
   } else {
     s.input = as_leaf(input);
-    s.output = run(s);
+    s.skips_in = as_leaves(skips_in);
+    s.output = run(s, &s.skips_out);
     result = s.output.detach();
+    for (const auto& [name, t] : s.skips_out) left[name] = t.detach();
   }
+  if (skips_out) *skips_out = std::move(left);
   saved_.emplace(m, std::move(s));
   return result;
 }
@@ -92,22 +113,57 @@ Stage::Saved Stage::take(int m) {
     const auto t0 = std::chrono::steady_clock::now();
     RecomputeGuard replay;  // the forward already counted this micro-batch (BatchNorm statistics)
     s.input = as_leaf(s.input);
-    s.output = run(s);
+    s.skips_in = as_leaves(s.skips_in);
+    s.output = run(s, &s.skips_out);
     last_recompute_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return s;
 }
 
-at::Tensor Stage::backward(int m, const at::Tensor& grad_output) {
-  Saved s = take(m);
+bool Stage::passes_through(const Saved& s, const std::string& name) {
+  auto in = s.skips_in.find(name), out = s.skips_out.find(name);
+  return in != s.skips_in.end() && out != s.skips_out.end() &&
+         in->second.unsafeGetTensorImpl() == out->second.unsafeGetTensorImpl();
+}
+
+void Stage::backward_roots(const Saved& s, const at::Tensor& grad_output, const Skips& skip_grads,
+                           std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads) const {
   if (s.output.requires_grad()) {
-    if (is_last()) {
-      s.output.backward();
-    } else {
-      PIPETRAIN_CHECK(grad_output.defined(), "stage ", index_, " needs an output gradient");
-      s.output.backward(grad_output);
-    }
+    PIPETRAIN_CHECK(is_last() || grad_output.defined(), "stage ", index_, " needs an output gradient");
+    roots.push_back(s.output);
+    grads.push_back(is_last() ? torch::ones_like(s.output) : grad_output);
   }
+  for (const auto& [name, t] : s.skips_out) {
+    if (passes_through(s, name) || !t.requires_grad()) continue;
+    auto g = skip_grads.find(name);
+    PIPETRAIN_CHECK(g != skip_grads.end() && g->second.defined(), "stage ", index_, " needs the gradient of skip '",
+                    name, "' for micro-batch backward");
+    roots.push_back(t);
+    grads.push_back(g->second);
+  }
+}
+
+void Stage::skip_grads_of(const Saved& s, const Skips& skip_grads, const std::map<std::string, at::Tensor>& computed,
+                          Skips* out) const {
+  if (!out) return;
+  out->clear();
+  for (const auto& [name, leaf] : s.skips_in) {
+    if (!leaf.is_floating_point()) continue;
+    const Skips& from = passes_through(s, name) ? skip_grads : computed;
+    auto g = from.find(name);
+    (*out)[name] = g != from.end() && g->second.defined() ? g->second : torch::zeros_like(leaf);
+  }
+}
+
+at::Tensor Stage::backward(int m, const at::Tensor& grad_output, const Skips& skip_grads, Skips* skip_grads_in) {
+  Saved s = take(m);
+  std::vector<at::Tensor> roots, grads;
+  backward_roots(s, grad_output, skip_grads, roots, grads);
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
+  std::map<std::string, at::Tensor> computed;
+  for (const auto& [name, leaf] : s.skips_in)
+    if (leaf.requires_grad()) computed[name] = leaf.grad();
+  skip_grads_of(s, skip_grads, computed, skip_grads_in);
   if (is_first() || !s.input.requires_grad()) return {};
   at::Tensor g = s.input.grad();
   return g.defined() ? g : torch::zeros_like(s.input);
@@ -141,32 +197,45 @@ struct Capture : torch::autograd::FunctionPreHook {
 struct Stage::WeightWork {
   std::vector<std::shared_ptr<Node>> nodes;         // intermediates, with their weight branches
   std::vector<std::shared_ptr<variable_list>> grads;  // gradient that reached each intermediate
-  at::Tensor output, grad_output;                   // whole backward (stage input needs no grad)
+  // The whole backward, when no input of the stage needs a gradient: its roots and their gradients.
+  std::vector<at::Tensor> outputs, grad_outputs;
 };
 
 Stage::~Stage() = default;
 
-at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output) {
-  PIPETRAIN_CHECK(is_last() || grad_output.defined(), "stage ", index_, " needs an output gradient");
+at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output, const Skips& skip_grads, Skips* skip_grads_in) {
   PIPETRAIN_CHECK(!weight_work_.count(m), "stage ", index_, " ran backward_input twice for micro-batch ", m);
   Saved s = take(m);
   auto work = std::make_unique<WeightWork>();
-  const bool need_input = !is_first() && s.input.requires_grad();
-  at::Tensor result;
-  if (s.output.requires_grad() && !need_input) {
-    work->output = s.output;
-    work->grad_output = is_last() ? torch::ones_like(s.output) : grad_output;
-  } else if (s.output.requires_grad()) {
+  std::vector<at::Tensor> roots, root_grads;
+  backward_roots(s, grad_output, skip_grads, roots, root_grads);
+  // What needs a gradient here: the input (not on the first stage) and the skips the layers used.
+  std::vector<std::string> input_names;
+  std::vector<at::Tensor> inputs;
+  if (!is_first() && s.input.requires_grad()) input_names.push_back(""), inputs.push_back(s.input);
+  for (const auto& [name, leaf] : s.skips_in)
+    if (leaf.requires_grad() && !passes_through(s, name)) input_names.push_back(name), inputs.push_back(leaf);
+  std::map<std::string, at::Tensor> computed;  // by input name ("" the stage input)
+  if (!roots.empty() && inputs.empty()) {
+    work->outputs = roots;
+    work->grad_outputs = root_grads;
+  } else if (!roots.empty()) {
     namespace impl = torch::autograd::impl;
-    const Edge root = impl::gradient_edge(s.output);
-    const Edge input_edge = impl::gradient_edge(s.input);
+    std::vector<Edge> root_edges, input_edges;
+    for (const auto& r : roots) root_edges.push_back(impl::gradient_edge(r));
+    std::unordered_set<Node*> input_nodes;
+    for (const auto& t : inputs) {
+      input_edges.push_back(impl::gradient_edge(t));
+      input_nodes.insert(input_edges.back().function.get());
+    }
     std::unordered_set<Node*> param_nodes;
     for (const auto& p : layers_->parameters())
       if (auto acc = impl::try_get_grad_accumulator(p)) param_nodes.insert(acc.get());
 
-    // Which nodes reach the input and which reach a parameter (iterative post-order walk).
+    // Which nodes reach an input and which reach a parameter (iterative post-order walk).
     std::unordered_map<Node*, std::pair<bool, bool>> reach;  // node -> (input, parameter)
-    std::vector<std::pair<Node*, bool>> stack{{root.function.get(), false}};
+    std::vector<std::pair<Node*, bool>> stack;
+    for (const Edge& r : root_edges) stack.push_back({r.function.get(), false});
     std::vector<Node*> order;
     while (!stack.empty()) {
       auto [n, expanded] = stack.back();
@@ -176,7 +245,7 @@ at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output) {
         for (const Edge& e : n->next_edges()) {
           Node* c = e.function.get();
           if (!c) continue;
-          in |= c == input_edge.function.get() || reach[c].first;
+          in |= input_nodes.count(c) > 0 || reach[c].first;
           par |= param_nodes.count(c) > 0 || reach[c].second;
         }
         reach[n] = {in, par};
@@ -189,52 +258,54 @@ at::Tensor Stage::backward_input(int m, const at::Tensor& grad_output) {
       for (const Edge& e : n->next_edges())
         if (e.function && !reach.count(e.function.get())) stack.push_back({e.function.get(), false});
     }
+    bool any_input = false;
+    for (const Edge& r : root_edges) any_input |= input_nodes.count(r.function.get()) > 0 || reach[r.function.get()].first;
 
-    if (!reach[root.function.get()].first) {
-      // The output does not depend on the input through differentiable ops: the input gradient
-      // is zero and the whole backward is weight work.
-      work->output = s.output;
-      work->grad_output = is_last() ? torch::ones_like(s.output) : grad_output;
-      weight_work_.emplace(m, std::move(work));
-      return torch::zeros_like(s.input);
-    }
-    std::vector<std::pair<Node*, Capture*>> hooks;
-    for (Node* n : order) {
-      if (!reach[n].first) continue;
-      bool branches = false;
-      for (const Edge& e : n->next_edges()) {
-        Node* c = e.function.get();
-        if (c && (param_nodes.count(c) || (reach[c].second && !reach[c].first))) branches = true;
+    if (!any_input) {
+      // The outputs do not depend on the inputs through differentiable ops: the input gradients
+      // are zero and the whole backward is weight work.
+      work->outputs = roots;
+      work->grad_outputs = root_grads;
+    } else {
+      std::vector<std::pair<Node*, Capture*>> hooks;
+      for (Node* n : order) {
+        if (!reach[n].first) continue;
+        bool branches = false;
+        for (const Edge& e : n->next_edges()) {
+          Node* c = e.function.get();
+          if (c && (param_nodes.count(c) || (reach[c].second && !reach[c].first))) branches = true;
+        }
+        if (!branches) continue;
+        auto hook = std::make_unique<Capture>();
+        hooks.push_back({n, hook.get()});
+        work->grads.push_back(hook->grads);
+        work->nodes.push_back(n->shared_from_this());
+        n->add_pre_hook(std::move(hook));
       }
-      if (!branches) continue;
-      auto hook = std::make_unique<Capture>();
-      hooks.push_back({n, hook.get()});
-      work->grads.push_back(hook->grads);
-      work->nodes.push_back(n->shared_from_this());
-      n->add_pre_hook(std::move(hook));
-    }
 
-    const at::Tensor g = is_last() ? torch::ones_like(s.output) : grad_output;
-    auto& engine = torch::autograd::Engine::get_default_engine();
-    variable_list out = engine.execute({root}, {g}, /*keep_graph=*/true, /*create_graph=*/false,
-                                       /*accumulate_grad=*/false, {input_edge});
-    result = out.at(0);
+      auto& engine = torch::autograd::Engine::get_default_engine();
+      variable_list out = engine.execute(root_edges, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
+                                         /*accumulate_grad=*/false, input_edges);
+      for (size_t i = 0; i < input_names.size(); ++i) computed[input_names[i]] = out.at(i);
 
-    // Detach the intermediates from the input path: W must not push gradients down it again,
-    // and the rest of the graph (activations only B needed) is released with `s`.
-    for (auto& [n, hook] : hooks) {
-      auto& pre = n->pre_hooks();
-      pre.erase(std::remove_if(pre.begin(), pre.end(), [h = hook](const auto& p) { return p.get() == h; }),
-                pre.end());
-      for (Edge& e : n->next_edges()) {
-        Node* c = e.function.get();
-        if (c && (c == input_edge.function.get() || reach[c].first)) e = Edge();
+      // Detach the intermediates from the input path: W must not push gradients down it again,
+      // and the rest of the graph (activations only B needed) is released with `s`.
+      for (auto& [n, hook] : hooks) {
+        auto& pre = n->pre_hooks();
+        pre.erase(std::remove_if(pre.begin(), pre.end(), [h = hook](const auto& p) { return p.get() == h; }),
+                  pre.end());
+        for (Edge& e : n->next_edges()) {
+          Node* c = e.function.get();
+          if (c && (input_nodes.count(c) || reach[c].first)) e = Edge();
+        }
       }
     }
   }
   weight_work_.emplace(m, std::move(work));
+  skip_grads_of(s, skip_grads, computed, skip_grads_in);
   if (is_first() || !s.input.requires_grad()) return {};
-  return result.defined() ? result : torch::zeros_like(s.input);
+  auto g = computed.find("");
+  return g != computed.end() && g->second.defined() ? g->second : torch::zeros_like(s.input);
 }
 
 void Stage::backward_weight(int m) {
@@ -243,8 +314,8 @@ void Stage::backward_weight(int m) {
                   " backward_weight for micro-batch ", m, " without its backward_input");
   std::unique_ptr<WeightWork> work = std::move(it->second);
   weight_work_.erase(it);
-  if (work->output.defined()) {
-    work->output.backward(work->grad_output);
+  if (!work->outputs.empty()) {
+    torch::autograd::backward(work->outputs, work->grad_outputs);
     return;
   }
   namespace impl = torch::autograd::impl;

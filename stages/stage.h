@@ -6,6 +6,11 @@
 // Under a reduced precision (common/precision.h) every forward, recomputation included, runs
 // under autocast on the calling thread (stages/autocast.h); backward runs in the dtypes the
 // forward chose.
+//
+// Skip connections (common/skip.h, models/skip.h): besides its input a stage may receive named skip tensors
+// stashed by earlier stages, and besides its output pass on those its layers stashed or did not
+// pop; backward takes the gradients of the skips it passed on and gives those of the skips it
+// received. A skip that only passes through keeps its gradient unchanged.
 #pragma once
 
 #include <functional>
@@ -19,11 +24,13 @@
 #include "common/precision.h"
 #include "common/recompute.h"
 #include "common/rng.h"
+#include "common/skip.h"
 
 namespace pipetrain::stages {
 
 // Mean loss of one micro-batch; the stage scales it by the micro-batch's share of the batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+using Skips = SkipMap<at::Tensor>;  // named skip tensors (common/skip.h)
 
 class Stage {
  public:
@@ -40,8 +47,8 @@ class Stage {
   Precision precision() const { return precision_; }
 
   // Runs the layers' forward as a stage forward does (under the precision's autocast), without
-  // keeping anything: evaluation and profiling.
-  at::Tensor forward_only(const at::Tensor& input);
+  // keeping anything: evaluation and profiling. `skips_out`: the skips it passes on.
+  at::Tensor forward_only(const at::Tensor& input, const Skips& skips_in = {}, Skips* skips_out = nullptr);
 
   // Starts a step: forgets any state of the previous one, and the calling thread's autocast
   // cache (weights cast before an optimizer step must not be used after it).
@@ -52,12 +59,18 @@ class Stage {
   // Runs micro-batch `m`. `sample_offset` is its first sample's index in the mini-batch (for the
   // RNG context). On the last stage `target` and `weight` (the micro-batch's share of the batch)
   // give the loss, and the returned tensor is the weighted loss; elsewhere it is the output.
+  // `skips_in`: the skips that crossed into this stage; `skips_out` receives those it passes on
+  // (detached). The last stage passes none on (an error naming a skip left unpopped).
   at::Tensor forward(int m, const at::Tensor& input, int64_t sample_offset,
-                     const at::Tensor& target = {}, double weight = 1.0);
+                     const at::Tensor& target = {}, double weight = 1.0, const Skips& skips_in = {},
+                     Skips* skips_out = nullptr);
 
   // Backpropagates micro-batch `m` given the gradient of its output (undefined on the last
-  // stage) and returns the gradient of its input (undefined on the first stage).
-  at::Tensor backward(int m, const at::Tensor& grad_output);
+  // stage) and returns the gradient of its input (undefined on the first stage). `skip_grads`:
+  // the gradients of the skips it passed on; `skip_grads_in` receives those of the skips it
+  // received (zeros where none reached them).
+  at::Tensor backward(int m, const at::Tensor& grad_output, const Skips& skip_grads = {},
+                      Skips* skip_grads_in = nullptr);
 
   // Zero-bubble split of backward(). backward_input() computes only the gradient of the input
   // and keeps, for backward_weight(), the autograd nodes where the weight gradients branch off
@@ -65,7 +78,8 @@ class Stage {
   // released. backward_weight() then runs only those branches, so no work is done twice. On a
   // stage whose input needs no gradient (the first stage), B does nothing and W is the whole
   // backward.
-  at::Tensor backward_input(int m, const at::Tensor& grad_output);
+  at::Tensor backward_input(int m, const at::Tensor& grad_output, const Skips& skip_grads = {},
+                            Skips* skip_grads_in = nullptr);
   void backward_weight(int m);
 
   // Micro-batches whose activations or inputs are still held (forward done, backward not).
@@ -86,11 +100,21 @@ class Stage {
     at::Tensor target;
     double weight = 1.0;
     RngContext rng;
+    Skips skips_in;   // as `input`: leaves, or raw
+    Skips skips_out;  // as `output`: what the layers passed on (a skip only passing through is its leaf)
   };
   struct WeightWork;  // defined in stage.cpp: autograd nodes and gradients kept for W
   Saved take(int m);  // removes micro-batch m's saved state, rebuilding the graph if recomputed
-  at::Tensor run(const Saved& s);
+  at::Tensor run(const Saved& s, Skips* left);  // `left`: the skips the layers pass on
   at::Tensor as_leaf(const at::Tensor& input) const;
+  Skips as_leaves(const Skips& skips) const;
+  // The roots of a backward (the output and the skips it produced) with their gradients, and
+  // the gradients of the received skips that only passed through.
+  void backward_roots(const Saved& s, const at::Tensor& grad_output, const Skips& skip_grads,
+                      std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads) const;
+  static bool passes_through(const Saved& s, const std::string& name);
+  void skip_grads_of(const Saved& s, const Skips& skip_grads, const std::map<std::string, at::Tensor>& computed,
+                     Skips* out) const;
 
   int index_, num_stages_;
   torch::nn::Sequential layers_;

@@ -163,3 +163,18 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
   }
   EXPECT_TRUE(sharded);
 }
+
+// Transfers between stages cost time on the slower end's link: one device with a slow link
+// (0.1 byte/ms: 10 ms for a micro-batch's one-byte activation) makes one stage the better plan.
+TEST(AutoPlan, ASlowDeviceLinkKeepsTheModelOnOneDevice) {
+  Table t;
+  SearchSpace s = space();
+  auto profile = [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); };
+  s.bytes_per_ms = 1000;
+  s.device_bytes_per_ms = {1000, 1000};
+  EXPECT_EQ(search_plans(s, profile).fitting.front().stages, 2);
+  s.device_bytes_per_ms = {1000, 0.1};
+  const SearchResult r = search_plans(s, profile);
+  EXPECT_EQ(r.fitting.front().stages, 1);
+  EXPECT_NEAR(r.fitting.front().step_ms, 9.6, 1e-9);
+}

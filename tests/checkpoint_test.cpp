@@ -125,6 +125,43 @@ TEST(Checkpoint, ContinuesExactlyOnAnyStageCount) {
   }
 }
 
+// A tied weight (the gpt's head tied to its token embedding) is stored once, under the
+// embedding's name, with its optimizer state; it loads into another stage count, the head taking
+// the embedding's value and state, and training continues exactly; the export holds it once.
+TEST(Checkpoint, ATiedWeightIsStoredOnceAndContinuesOnAnotherStageCount) {
+  const std::string dir = temp_dir("tied");
+  json tied = make_config(R"({"kind": "adamw", "lr": 0.01, "weight_decay": 0.1})");
+  tied["model"]["tie_embeddings"] = true;
+  Config c = parse_config(tied, "cfg.json", {"pipeline.stages=3"});
+  Trainee a(c);
+  ASSERT_EQ(a.pipe->tied_names().size(), 1u);
+  for (int s = 0; s < 2; ++s) a.step(s);
+  const std::string saved = save_checkpoint(dir, c, *a.pipe, 2, 2, 3);
+  std::vector<double> expected;
+  for (int s = 2; s < 4; ++s) expected.push_back(a.step(s));
+
+  const std::string out = dir + "/model.pt";
+  const size_t n = export_checkpoint(saved, out);
+  EXPECT_EQ(n, a.job.model.layers->named_parameters().size() - 1 + a.job.model.layers->named_buffers().size());
+  const std::string script = dir + "/keys.py";
+  std::ofstream(script) << "import sys, torch\nprint(' '.join(torch.load(sys.argv[1], weights_only=True).keys()))\n";
+  const auto keys = pipetrain::test::shell(std::string(PIPETRAIN_PYTHON) + " " + script + " " + out + " 2>&1");
+  ASSERT_EQ(keys.status, 0) << keys.out;
+  EXPECT_NE(keys.out.find("embed.tok.weight"), std::string::npos) << keys.out;
+  EXPECT_EQ(keys.out.find("head.linear.weight"), std::string::npos) << keys.out;
+
+  Config other = parse_config(tied, "cfg.json", {"pipeline.stages=2"});
+  Trainee b(other);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : b.job.model.layers->parameters()) p.add_(torch::randn_like(p));
+  }
+  load_checkpoint(saved, other, *b.pipe);
+  for (int s = 2; s < 4; ++s) EXPECT_NEAR(b.step(s), expected[s - 2], 1e-12) << "step " << s + 1;
+  auto named = b.job.model.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(named["embed.tok.weight"], named["head.linear.weight"]));
+}
+
 // Without the optimizer state a resumed Adam run differs: the test above can fail.
 TEST(Checkpoint, OptimizerStateIsWhatMakesItExact) {
   const std::string dir = temp_dir("optstate");

@@ -60,6 +60,56 @@ TEST(Cli, TrainsAndWritesMetrics) {
   EXPECT_EQ(steps, 3);
 }
 
+namespace {
+// The losses of a metrics file, by step.
+std::vector<double> metric_losses(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("event")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+}  // namespace
+
+// An epoch of 20 samples in batches of 8 ends with a batch of 4, fewer than the 8 micro-batches:
+// it is trained, as 4 micro-batches (said once), and every step, that one included, equals one
+// device's step (one stage, one micro-batch) in float64; with data.drop_last the epoch has two
+// batches and the third step starts the next epoch.
+TEST(Cli, AnEpochsShortLastBatchIsTrained) {
+  const std::string cfg = write_config("short.json", R"({
+    "model": {"family": "mlp", "in": 8, "width": 8, "layers": 3, "out": 4, "dropout": 0.2},
+    "data": {"kind": "synthetic", "batch_size": 8, "samples": 20, "test_samples": 8},
+    "pipeline": {"stages": 2, "micro_batches": 8, "schedule": "1f1b"},
+    "optimizer": {"kind": "adam", "lr": 0.01},
+    "runtime": {"dtype": "float64"},
+    "train": {"steps": 5}
+  })");
+  const std::string pipe = cfg + ".pipe.jsonl", one = cfg + ".one.jsonl", drop = cfg + ".drop.jsonl";
+  Result r = run("train " + cfg + " --metrics " + pipe);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string note = "note: step 3 trains an epoch's last batch, of 4 samples, fewer than its 8 micro-batches need: it runs as 4";
+  EXPECT_NE(r.out.find(note), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("note: step 5"), std::string::npos) << "said once: " << r.out;
+  r = run("train " + cfg + " --metrics " + one + " --set pipeline.stages=1 --set pipeline.micro_batches=1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto a = metric_losses(pipe), b = metric_losses(one);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-10 * b[i]) << "step " << i + 1;
+  r = run("train " + cfg + " --metrics " + drop + " --set data.drop_last=true");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("an epoch's last batch"), std::string::npos) << r.out;
+  const auto d = metric_losses(drop);
+  ASSERT_EQ(d.size(), 5u);
+  EXPECT_EQ(d[0], a[0]);
+  EXPECT_EQ(d[1], a[1]);
+  EXPECT_NE(d[2], a[2]);  // the next epoch's first batch instead of the short one
+  for (const auto& f : {pipe, one, drop}) std::remove(f.c_str());
+}
+
 // Accumulation, warm-up with cosine decay and clipping from the config: the metrics show the
 // learning rate of each step and a clipped run still trains.
 TEST(Cli, TrainingControls) {
@@ -303,6 +353,64 @@ TEST(Cli, DataParallelInPlanBenchAndAutoPlan) {
   EXPECT_EQ(r.status, 0) << r.out;
   std::remove(out.c_str());
   std::remove(chosen.c_str());
+}
+
+// plan --auto on a cost file plans for hardware this machine lacks, without building the model:
+// a 7B GPT (28 GB of float32 weights, more than this machine holds) on 8 devices of 80 GB, two
+// of them at half speed with a slower link; the winner fits, names the devices' speeds, and
+// the transfers and reductions are costed on the file's link. A file without micro_batch cannot
+// be scaled to other micro-batch sizes: one line says so.
+TEST(Cli, AutoPlanFromACostFile) {
+  const std::string dir = ::testing::TempDir() + "/pipetrain_cli_autocosts_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  const std::string costs = dir + "/gpt7b.json";
+  Result r = run("costs transformer --layers 32 --hidden 4096 --seq 4096 --heads 32 --vocab 50257 --micro-batch 1 "
+                 "--device-tflops 989 --efficiency 0.45 --bandwidth 50 --out " + costs);
+  ASSERT_EQ(r.status, 0) << r.out;
+  nlohmann::json file;
+  {
+    std::ifstream in(costs);
+    file = nlohmann::json::parse(in);
+  }
+  EXPECT_EQ(file["micro_batch"], 1);
+  file["devices"] = nlohmann::json::array();
+  for (int d = 0; d < 8; ++d)
+    file["devices"].push_back(d < 6 ? nlohmann::json{{"speed", 1.0}} : nlohmann::json{{"speed", 0.5}, {"bandwidth_gb_s", 10}});
+  std::ofstream(costs) << file.dump();
+  const std::string cfg = write_config("gpt7b.json", R"({
+    "model": {"family": "gpt", "vocab_size": 50257, "seq_len": 4096, "d_model": 4096, "n_heads": 32, "n_layers": 32},
+    "data": {"kind": "synthetic", "batch_size": 32},
+    "pipeline": {"stages": 8},
+    "optimizer": {"kind": "adamw"}
+  })");
+  const std::string chosen = dir + "/chosen.json";
+  r = run("plan " + cfg + " --auto --costs " + costs + " --memory-limit 80000000000 --top 3 --write-config " + chosen);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
+  std::ifstream in(chosen);
+  const auto c = nlohmann::json::parse(in);
+  const int K = c["pipeline"]["stages"], D = c["pipeline"]["data_parallel"];
+  EXPECT_LE(K * D, 8) << c.dump();
+  EXPECT_GE(K, 2) << "28 GB of weights with Adam's state do not fit one 80 GB device: " << c.dump();
+  ASSERT_TRUE(c["pipeline"]["speeds"].is_array()) << c.dump();
+  EXPECT_EQ(c["pipeline"]["speeds"].size(), static_cast<size_t>(K));
+  r = run("plan " + cfg + " --auto --costs " + costs + " --memory-limit 80000000000 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::istringstream plans(r.out);
+  std::string line;
+  int n = 0;
+  while (std::getline(plans, line)) {
+    const auto j = nlohmann::json::parse(line);
+    for (double peak : j["peak_bytes"]) EXPECT_LE(peak, 80e9) << line;
+    EXPECT_EQ(j["precision"], "fp32") << line;
+    ++n;
+  }
+  EXPECT_GT(n, 10);
+  expect_clean_error(run("plan " + cfg + " --auto --costs " + costs + " --devices 4"), "--devices: 4 devices, but ");
+  file.erase("micro_batch");
+  std::ofstream(costs) << file.dump();
+  expect_clean_error(run("plan " + cfg + " --auto --costs " + costs), "the file gives no \"micro_batch\"");
+  std::system(("rm -rf " + dir).c_str());
 }
 
 // `plan` profiles, partitions and simulates; --compare lists every schedule; --json is JSON;

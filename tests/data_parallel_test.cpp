@@ -281,17 +281,30 @@ TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
   expect_same(got, want, "after two accumulated batches");
 }
 
-TEST(DataParallelErrors, ShardsSmallerThanTheMicroBatches) {
-  models::Model m = build("mlp");
+// A batch whose smallest shard has fewer samples than the micro-batch count (an epoch's last)
+// runs as fewer micro-batches on every copy, and still equals one device's step on it.
+TEST(DataParallelPartialBatch, ShardsSmallerThanTheMicroBatchesRunAsFewer) {
+  models::Model want = build("mlp"), got = build("mlp");
+  const Batch b = make_batch(want, 10, 1);
+  auto opt = sgd()(want.layers->parameters());
+  at::Tensor l;
+  {
+    RngContextGuard rng(RngContext{0, 0, 0});
+    l = mean_ce(want.layers->forward(b.input), b.target);
+  }
+  l.backward();
+  opt->step();
   Case c{"mlp", "1f1b", 2, 3, 4, 10};
-  pipeline::Pipeline pipe(m.layers, options(c), mean_ce);
-  const Batch b = make_batch(m, 10, 1);
+  pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+  pipe.set_optimizer(sgd());
+  EXPECT_NEAR(pipe.train_step(b.input, b.target), l.item<double>(), 1e-10 * l.item<double>());
+  EXPECT_EQ(pipe.fewest_micro_batches(), 3);  // 10 over 3 copies: shards of 4, 3 and 3
+  expect_same(got, want, "after a step of 3 micro-batches per copy");
   try {
-    pipe.train_step(b.input, b.target);
-    FAIL() << "a shard of 3 samples was cut into 4 micro-batches";
+    pipe.train_step(b.input.narrow(0, 0, 2), b.target.narrow(0, 0, 2));
+    FAIL() << "2 samples shared by 3 copies";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("copy 2's shard of 3 samples (a batch of 10 over 3 copies)"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("a batch of 2 samples cannot be shared by 3 copies"), std::string::npos) << e.what();
   }
 }
 

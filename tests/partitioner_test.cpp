@@ -5,8 +5,10 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "common/error.h"
+#include "partitioner/cost_file.h"
 #include "partitioner/partition.h"
 
 using namespace pipetrain;
@@ -483,4 +485,60 @@ TEST(ByWeights, IsExactMinMax) {
   EXPECT_EQ(by_weights({4, 0, 0, 4}, 2), (Balance{1, 3}));
   EXPECT_THROW(by_weights({1, -1}, 1), ConfigError);
   EXPECT_THROW(by_weights({1, 2}, 3), ConfigError);
+}
+
+// A cost file's object form: the micro-batch its costs are for, the input bytes and the devices
+// survive a write and a read; scaling to another micro-batch size scales times and activation
+// bytes, not parameters; every bad field is a one-line error naming the file and the field.
+TEST(CostFile, RoundTripScalingAndErrors) {
+  CostFile f;
+  f.layers = layers_of({1, 2});
+  f.layers[0].param_bytes = 100, f.layers[0].activation_bytes = 40, f.layers[0].saved_bytes = 80;
+  f.layers[0].backward_input_ms = 0.5, f.layers[0].backward_weight_ms = 1.5;
+  f.layers[1].backward_input_ms = 1, f.layers[1].backward_weight_ms = 3;
+  f.bandwidth_gb_s = 25, f.latency_ms = 0.02, f.micro_batch = 4, f.input_bytes = 64;
+  f.devices = {{1.0, 0.0}, {0.5, 10.0}};
+  std::ostringstream out;
+  write_cost_file(out, f);
+  const CostFile back = parse_cost_file(out.str(), "f.json");
+  ASSERT_EQ(back.layers.size(), 2u);
+  EXPECT_EQ(back.micro_batch, 4);
+  EXPECT_EQ(back.input_bytes, 64);
+  EXPECT_EQ(back.bandwidth_gb_s, 25);
+  ASSERT_EQ(back.devices.size(), 2u);
+  EXPECT_EQ(back.devices[1].speed, 0.5);
+  EXPECT_EQ(back.devices[1].bandwidth_gb_s, 10);
+  EXPECT_EQ(back.devices[0].bandwidth_gb_s, 0);  // the link's
+  EXPECT_TRUE(back.split_given);
+
+  const CostFile half = scaled_to_rows(back, 2, "f.json");
+  EXPECT_EQ(half.micro_batch, 2);
+  EXPECT_EQ(half.input_bytes, 32);
+  EXPECT_DOUBLE_EQ(half.layers[0].forward_ms, back.layers[0].forward_ms / 2);
+  EXPECT_DOUBLE_EQ(half.layers[0].backward_weight_ms, 0.75);
+  EXPECT_EQ(half.layers[0].activation_bytes, 20);
+  EXPECT_EQ(half.layers[0].saved_bytes, 40);
+  EXPECT_EQ(half.layers[0].param_bytes, 100);
+
+  auto expect_error = [](const std::string& text, const std::string& part) {
+    try {
+      parse_cost_file(text, "c.json");
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  const std::string layer = R"([{"forward_ms": 1, "backward_ms": 1, "param_bytes": 1, "activation_bytes": 1}])";
+  expect_error(R"({"layers": )" + layer + R"(, "micro_batch": 0})", "c.json: \"micro_batch\" must be an integer from 1");
+  expect_error(R"({"layers": )" + layer + R"(, "micro_batch": 2.5})", "\"micro_batch\" must be an integer");
+  expect_error(R"({"layers": )" + layer + R"(, "devices": []})", "\"devices\" must be a non-empty array");
+  expect_error(R"({"layers": )" + layer + R"(, "devices": [{"speed": 0}]})", "c.json: devices[0]: \"speed\" must be a number above 0");
+  expect_error(R"({"layers": )" + layer + R"(, "devices": [{"speed": 1}, {"fast": 1}]})", "devices[1]: unknown key \"fast\"");
+  expect_error(R"({"layers": )" + layer + R"(, "stages": 2})", "unknown key \"stages\"");
+  try {
+    scaled_to_rows(parse_cost_file(layer, "c.json"), 2, "c.json");
+    ADD_FAILURE() << "scaled without a micro_batch";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: the file gives no \"micro_batch\""), std::string::npos) << e.what();
+  }
 }

@@ -272,7 +272,10 @@ TEST(Pipeline, BadOptionsAreErrors) {
   o.balance = {};
   o.micro_batches = 4;
   Pipeline pipe(model, o, mean_ce);
-  EXPECT_THROW(pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {3}, torch::kLong)), ConfigError);
+  // Fewer samples than micro-batches (an epoch's short last batch) run as fewer micro-batches.
+  pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {3}, torch::kLong));
+  EXPECT_EQ(pipe.fewest_micro_batches(), 3);
+  EXPECT_THROW(pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {2}, torch::kLong)), ConfigError);
 }
 
 // The executor holds as many micro-batches at once as the simulator predicts from the same

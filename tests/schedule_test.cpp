@@ -197,6 +197,11 @@ TEST(Simulator, TransfersAndRecomputationCost) {
   c.activation_bytes = {1000, 0};
   c.bytes_per_ms = 1000;  // 1 ms per transfer of stage 0's output (and its gradient)
   EXPECT_NEAR(simulate(make_gpipe(2, 1), c).makespan_ms, 6 + 2 * 1.5, 1e-12);
+  // Per-device bandwidths: a transfer runs at its slower end's (device 1 at 250 bytes/ms: 4 ms).
+  c.device_bytes_per_ms = {1000, 250};
+  EXPECT_NEAR(simulate(make_gpipe(2, 1), c).makespan_ms, 6 + 2 * 4.5, 1e-12);
+  c.device_bytes_per_ms = {1000};
+  EXPECT_THROW(simulate(make_gpipe(2, 1), c), ScheduleError);
   Costs r = Costs::uniform(2, 1, 1, 1);
   r.recompute = {1, 1};
   r.recomputed = {true};

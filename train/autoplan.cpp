@@ -41,8 +41,8 @@ partitioner::Balance balance_for(const std::string& method, const profiler::Prof
   return partitioner::min_max(p.layers, V, k).balance;
 }
 
-// The speed of each of K stages whose D copies run on devices d * D + r: its slowest copy's
-// (every copy waits for the others' reductions). Empty: all 1.
+// The speed (or bandwidth) of each of K stages whose D copies run on devices d * D + r: its
+// slowest copy's (every copy waits for the others' reductions). Empty: all alike.
 std::vector<double> stage_speeds(const std::vector<double>& device_speeds, int K, int D) {
   if (device_speeds.empty()) return {};
   std::vector<double> out(K);
@@ -82,6 +82,10 @@ SearchResult search_plans(const SearchSpace& sp,
         const auto t0 = std::chrono::steady_clock::now();
         for (int K = 1; K * D <= sp.devices; ++K) {
           const std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
+          // Each stage's bandwidth: its copies' slowest device's.
+          std::vector<double> stage_bw = stage_speeds(sp.device_bytes_per_ms, K, D), link_speed;
+          if (!stage_bw.empty() && sp.bytes_per_ms > 0)
+            for (double bw : stage_bw) link_speed.push_back(bw / sp.bytes_per_ms);
           for (const std::string& kind : sp.schedules)
             for (int v : chunk_options(kind)) {
               try {
@@ -105,33 +109,22 @@ SearchResult search_plans(const SearchSpace& sp,
                     const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc, D);
                     schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
                     apply_speeds(costs, s, speeds);
-                    if (D > 1) add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D)});
+                    costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;
+                    costs.device_bytes_per_ms = stage_bw;
+                    if (D > 1) add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D), link_speed});
                     const schedule::Simulation sim = schedule::simulate(s, costs);
                     c.step_ms = sim.makespan_ms;
                     c.bubble = sim.bubble;
                     for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
                     c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
-                    // Per device: parameters with their gradients and optimizer state, the
-                    // activations held at the simulated peak, and (recomputing) one rebuilt graph.
-                    const double state = sp.state_factor(prec, D, sharded);
-                    const auto off = partitioner::offsets(c.balance);
-                    std::vector<double> params(K, 0.0), rebuilt(K, 0.0);
-                    for (int vs = 0; vs < V; ++vs) {
-                      double saved = 0;
-                      for (int i = off[vs]; i < off[vs + 1]; ++i) {
-                        params[shape.device_of(vs)] += static_cast<double>(p.layers[i].param_bytes);
-                        saved += static_cast<double>(p.layers[i].saved_bytes);
-                      }
-                      if (rc != Recompute::Never) rebuilt[shape.device_of(vs)] = std::max(rebuilt[shape.device_of(vs)], saved);
-                    }
+                    c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded));
                     bool fits = true;
                     for (int d = 0; d < K; ++d) {
-                      c.peak_bytes.push_back(params[d] * (1 + state) + sim.peak_memory[d] + rebuilt[d]);
                       // Copy r of device d runs on device d * D + r, as a rank's device: each
                       // copy is held to that device's limit.
                       for (int r = 0; r < D; ++r) {
                         const double limit = limit_of(d * D + r);
-                        if (limit > 0 && c.peak_bytes.back() > limit) fits = false;
+                        if (limit > 0 && c.peak_bytes[d] > limit) fits = false;
                       }
                     }
                     ++out.considered;
@@ -163,7 +156,7 @@ std::string mib(double b) {
 }
 
 std::string describe(const Candidate& c) {
-  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" x ", c.chunks) : "",
+  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" (", c.chunks, " chunks each)") : "",
                         c.data_parallel > 1 ? detail::concat(" x ", c.data_parallel, " data-parallel copies",
                                                              c.sharded ? " (sharded optimizer)" : "")
                                             : "",
@@ -176,41 +169,68 @@ std::string describe(const Candidate& c) {
 
 AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   AutoPlanReport r;
-  const Job base = prepare(c);
+  const bool filed = !o.costs_path.empty();
+  partitioner::CostFile file;
   SearchSpace sp;
-  sp.devices = o.devices > 0 ? o.devices : c.pipeline.stages * c.pipeline.data_parallel;
+  if (filed) {
+    file = partitioner::load_cost_file(o.costs_path);
+    if (file.micro_batch < 1) partitioner::scaled_to_rows(file, 1, o.costs_path);  // names what is missing
+    sp.layers = static_cast<int>(file.layers.size());
+  } else {
+    sp.layers = static_cast<int>(prepare(c).model.layers->size());
+  }
+  const int file_devices = static_cast<int>(file.devices.size());
+  sp.devices = o.devices > 0 ? o.devices : file_devices > 0 ? file_devices : c.pipeline.stages * c.pipeline.data_parallel;
+  if (file_devices > 0 && file_devices != sp.devices)
+    throw ConfigError(detail::concat("--devices: ", sp.devices, " devices, but ", o.costs_path, " describes ", file_devices));
   sp.max_data_parallel = sp.devices;
   sp.batch = c.data.batch_size;
-  sp.layers = static_cast<int>(base.model.layers->size());
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
   sp.schedules = schedule::schedule_kinds();
   sp.recompute = {Recompute::Never, Recompute::ExceptLast, Recompute::Always};
-  sp.precisions = {Precision::FP32};
-  if (c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
+  // A cost file holds the costs of one precision: the config's.
+  sp.precisions = {filed ? c.train.precision : Precision::FP32};
+  if (!filed && c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
   sp.balances = {"uniform", "parameters", "time"};
   if (!o.memory_limit.empty()) sp.memory_limit = o.memory_limit;
   else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)  // the config's, per stage
     for (int64_t b : c.pipeline.memory_limit) sp.memory_limit.push_back(static_cast<double>(b));
   if (sp.memory_limit.size() > 1 && static_cast<int>(sp.memory_limit.size()) != sp.devices)
     throw ConfigError(detail::concat("--memory-limit: ", sp.memory_limit.size(), " limits for ", sp.devices, " devices"));
-  sp.speeds = !o.speeds.empty() ? o.speeds : c.pipeline.stages == sp.devices ? c.pipeline.speeds : std::vector<double>{};
+  if (!o.speeds.empty()) sp.speeds = o.speeds;
+  else if (file_devices > 0)
+    for (const auto& d : file.devices) sp.speeds.push_back(d.speed);
+  else if (c.pipeline.stages == sp.devices) sp.speeds = c.pipeline.speeds;
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
     throw ConfigError(detail::concat("--speeds: ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
   sp.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(c.optimizer, p, D, sharded); };
-  sp.link = [](int D) { return reduce_link(D, nullptr); };
+  if (filed) {
+    sp.latency_ms = file.latency_ms;
+    sp.bytes_per_ms = file.bandwidth_gb_s * 1e6;
+    for (const auto& d : file.devices) sp.device_bytes_per_ms.push_back(d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s * 1e6 : sp.bytes_per_ms);
+    sp.link = [&file](int D) { return reduce_link(D, &file); };
+  } else {
+    sp.link = [](int D) { return reduce_link(D, nullptr); };
+  }
   std::map<std::pair<int64_t, int>, profiler::Profile> profiles;
   const auto t0 = std::chrono::steady_clock::now();
   r.result = search_plans(sp, [&](int64_t rows, Precision p) -> const profiler::Profile& {
     auto& prof = profiles[{rows, static_cast<int>(p)}];
-    if (prof.layers.empty()) {
-      Config cc = c;
-      cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
-      cc.train.precision = p;
-      cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = "gpipe";
-      cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
-      cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
-      prof = profile_job(prepare(cc), o.repeat, rows);
+    if (!prof.layers.empty()) return prof;
+    if (filed) {
+      const partitioner::CostFile scaled = partitioner::scaled_to_rows(file, rows, o.costs_path);
+      prof = profile_of(scaled.layers);
+      prof.input_bytes = scaled.input_bytes;
+      prof.micro_batch = rows;
+      return prof;
     }
+    Config cc = c;
+    cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
+    cc.train.precision = p;
+    cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = "gpipe";
+    cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
+    cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
+    prof = profile_job(prepare(cc), o.repeat, rows);
     return prof;
   });
   r.profile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - r.result.seconds;

@@ -38,6 +38,10 @@ struct SearchSpace {
   std::function<double(Precision, int, bool)> state_factor = [](Precision, int, bool) { return 3.0; };
   // The reduction's link among D copies (train::reduce_link); default free.
   std::function<profiler::ReduceLink(int)> link = [](int) { return profiler::ReduceLink{}; };
+  // Transfers between stages: latency and bandwidth (0: free), and per device its own bandwidth
+  // (empty: all bytes_per_ms), which also scales its reductions relative to `link`.
+  double latency_ms = 0, bytes_per_ms = 0;
+  std::vector<double> device_bytes_per_ms;
 };
 
 struct Candidate {
@@ -71,9 +75,13 @@ SearchResult search_plans(const SearchSpace& space,
 // `pipetrain plan CONFIG --auto`: the config's model and data, profiled for each micro-batch
 // size and precision searched, over every schedule kind, recomputation mode and balance method
 // the build has, on 1..devices stages times 1..devices/stages data-parallel copies (sharded or
-// not), the reduction's link measured here for each copy count (or the cost file's).
+// not), the reduction's link measured here for each copy count. With a cost file: its layers
+// scaled to each micro-batch size (it must give its micro_batch), its link for transfers and
+// reductions (ring collectives), its devices' speeds and bandwidths, the config's precision
+// only; the model is not built, so a config whose model does not fit this machine plans too.
 struct AutoPlanOptions {
-  int devices = 0;                     // 0: the config's pipeline.stages
+  std::string costs_path;              // plan on this cost file (partitioner/cost_file.h) instead of profiling
+  int devices = 0;                     // 0: the config's pipeline.stages x data_parallel (or the file's devices)
   std::vector<double> memory_limit;    // bytes per device (one: all); empty: the config's, else none
   std::vector<double> speeds;          // empty: the config's pipeline.speeds
   int top = 5;

@@ -130,7 +130,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   auto baseline = [&](const std::string& name, int threads) {
     at::set_num_threads(threads);
     SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed,
-                       c.train.precision);
+                       c.train.precision, job.model.ties);
     BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
     set_rates(m, B);
     if (threads == per_stage) {
@@ -179,6 +179,18 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     profiler::MemoryCounter counter;
     pipe.train_step(batches[0].input, batches[0].target);
     r.prediction.pipeline_peak_tensor_bytes = counter.peak();
+    // Copy 0's stage r allocates into account r (pipeline.cpp).
+    for (int d = 0; d < pipe.stages(); ++d) r.prediction.device_peak_bytes.push_back(counter.peak(d));
+  }
+  for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs) {
+    int64_t& held = r.prediction.device_peak_bytes[pipe.schedule().device_of(vs)];
+    for (const auto& p : pipe.stage_layers(vs)->parameters()) held += static_cast<int64_t>(p.nbytes());
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+      for (const auto& [key, state] : opt->state()) held += state_bytes(*state);
+      if (pipe.sharded_optimizer())  // the slice it steps, the optimizer's own tensor
+        for (const auto& group : opt->param_groups())
+          for (const auto& p : group.params()) held += static_cast<int64_t>(p.nbytes());
+    }
   }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);
@@ -194,7 +206,11 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
   add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
                  {c.pipeline.data_parallel, pipe.sharded_optimizer(), reduce_link(c.pipeline.data_parallel, nullptr)});
-  r.prediction.profiled_step_s = schedule::simulate(pipe.schedule(), costs).makespan_ms / 1e3;
+  const schedule::Simulation sim = schedule::simulate(pipe.schedule(), costs);
+  r.prediction.profiled_step_s = sim.makespan_ms / 1e3;
+  r.prediction.predicted_device_peak_bytes =
+      device_peak_bytes(profile, pipe.balance(), pipe.schedule(), sim, job.options.recompute,
+                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.sharded_optimizer()));
   return r;
 }
 
@@ -235,6 +251,11 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
     out << "; from profiled layer costs " << p.profiled_step_s * 1e3 << " ms (" << std::showpos
         << 100 * (p.profiled_step_s / p.measured_step_s - 1) << std::noshowpos << "%)";
   out << "; peak in-flight micro-batches " << join(in_flight, "/") << "\n";
+  std::vector<std::string> measured_mib, predicted_mib;
+  for (int64_t b : p.device_peak_bytes) measured_mib.push_back(detail::concat(std::lround(b / 1048576.0)));
+  for (double b : p.predicted_device_peak_bytes) predicted_mib.push_back(detail::concat(std::lround(b / 1048576.0)));
+  out << "peak memory per device (MiB: its tensors, parameters and optimizer state): " << join(measured_mib, "/")
+      << (predicted_mib.empty() ? "" : "; predicted " + join(predicted_mib, "/")) << "\n";
   out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
       << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages"
       << (D > 1 ? ", every copy" : "") << ")\n";
@@ -356,6 +377,9 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               line["peak_tensor_bytes"] = r.prediction.pipeline_peak_tensor_bytes;
               line["baseline_peak_tensor_bytes"] = r.prediction.baseline_peak_tensor_bytes;
               line["shard_optimizer"] = c.train.shard_optimizer;
+              line["device_peak_bytes"] = r.prediction.device_peak_bytes;
+              if (!r.prediction.predicted_device_peak_bytes.empty())
+                line["predicted_device_peak_bytes"] = r.prediction.predicted_device_peak_bytes;
               line["optimizer_state_bytes"] = r.prediction.optimizer_state_bytes;
               if (d > 1) {
                 line["reduce_ms"] = r.prediction.reduce_ms;

@@ -40,6 +40,11 @@ struct BenchPrediction {
   // (the rest was hidden behind compute); the optimizer state bytes copy 0 holds.
   double reduce_ms = 0, exposed_reduce_ms = 0;
   int64_t optimizer_state_bytes = 0;
+  // Per device (copy 0's stages) at the peak of the counted step: the tensors its worker
+  // allocated (activations, gradients, temporaries) plus its parameters and optimizer state;
+  // and what `plan --auto` predicts for it (with a profile).
+  std::vector<int64_t> device_peak_bytes;
+  std::vector<double> predicted_device_peak_bytes;
 };
 
 struct BenchResult {

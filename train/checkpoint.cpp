@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -185,8 +186,31 @@ void refuse_leftovers(const std::map<std::string, at::Tensor>& saved, const std:
 // The optimizer keys its per-parameter state by the parameter's TensorImpl.
 void* state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
-void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10::Dict<std::string, at::Tensor>& d) {
+// Tied parameters (Pipeline::tied_names) are stored once, under the tie's first member: the
+// followers' names are left out when saving, and filled from the first member's when loading.
+using TiedNames = std::vector<std::pair<std::string, std::string>>;  // (follower, first member)
+
+std::set<std::string> followers_of(const TiedNames& tied) {
+  std::set<std::string> out;
+  for (const auto& [follower, leader] : tied) out.insert(follower);
+  return out;
+}
+
+void fill_tied(std::map<std::string, at::Tensor>& saved, const TiedNames& tied) {
+  for (const auto& [follower, leader] : tied) {
+    if (auto it = saved.find(leader); it != saved.end() && !saved.count(follower)) saved.emplace(follower, it->second);
+    const std::string from = kOptimizerPrefix + leader + "/", to = kOptimizerPrefix + follower + "/";
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (auto it = saved.lower_bound(from); it != saved.end() && it->first.rfind(from, 0) == 0; ++it)
+      state.emplace_back(to + it->first.substr(from.size()), it->second);
+    for (auto& entry : state) saved.insert(std::move(entry));
+  }
+}
+
+void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10::Dict<std::string, at::Tensor>& d,
+                    const std::set<std::string>& left_out) {
   for (const auto& p : layers.named_parameters()) {
+    if (left_out.count(p.key())) continue;
     auto it = opt.state().find(state_key(p.value()));
     if (it == opt.state().end()) continue;
     const std::string base = kOptimizerPrefix + p.key() + "/";
@@ -306,8 +330,11 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     if (pipe.replica() != 0) continue;
     torch::nn::Sequential& layers = pipe.stage_layers(vs);
     c10::Dict<std::string, at::Tensor> d;
-    for (auto& [n, t] : named_state(*layers)) d.insert(n, t.detach().contiguous());
-    if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizer(vs)) save_optimizer(*opt, *layers, d);
+    const std::set<std::string> followers = followers_of(pipe.tied_names());
+    for (auto& [n, t] : named_state(*layers))
+      if (!followers.count(n)) d.insert(n, t.detach().contiguous());
+    if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizer(vs))
+      save_optimizer(*opt, *layers, d, followers);
     if (vs == 0) {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -443,6 +470,7 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   if (!diff.empty())
     throw CheckpointError("checkpoint " + dir + " was written by a different run: " + diff);
   std::map<std::string, at::Tensor> saved = read_shards(dir, m);
+  fill_tied(saved, pipe.tied_names());
   const int V = static_cast<int>(pipe.balance().size());
   for (int vs = 0; vs < V; ++vs) {
     if (pipe.is_local_stage(vs)) {
@@ -489,7 +517,8 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   return state_of(dir, m);
 }
 
-CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model) {
+CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model,
+                             const std::vector<models::Tie>& ties) {
   const json m = read_manifest(dir);
   const json& identity = m.at("identity");
   if (!identity.contains("model"))
@@ -498,6 +527,12 @@ CheckpointState load_weights(const std::string& dir, const Config& config, torch
   const std::string diff = first_difference(saved_model, now, "");
   if (!diff.empty()) throw CheckpointError("checkpoint " + dir + " holds a different model: " + diff);
   std::map<std::string, at::Tensor> saved = read_shards(dir, m);
+  TiedNames tied;
+  const auto names = models::layer_names(model);
+  for (const models::Tie& tie : ties)
+    for (size_t i = 1; i < tie.size(); ++i)
+      tied.emplace_back(names.at(tie[i].layer) + "." + tie[i].name, names.at(tie[0].layer) + "." + tie[0].name);
+  fill_tied(saved, tied);
   copy_named(named_state(*model), saved, dir);
   refuse_leftovers(saved, dir);
   return state_of(dir, m);

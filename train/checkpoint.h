@@ -64,7 +64,8 @@ std::string find_checkpoint(const std::string& path);
 CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pipeline& pipe);
 
 // Parameters and buffers only, into a whole model; only the model section must match.
-CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model);
+CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model,
+                             const std::vector<models::Tie>& ties = {});
 
 // Writes the merged parameters and buffers of the whole model, in layer order, as one
 // torch.load-readable dict of named tensors (written atomically); returns how many tensors.

@@ -95,6 +95,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   if (c.data.test_fraction <= 0.0 || c.data.test_fraction >= 1.0)
     data.fail("test_fraction", detail::concat("must be between 0 and 1 (exclusive), got ", c.data.test_fraction));
   c.data.stride = data.get_int("stride", c.data.stride, 0, int64_t(1) << 40);
+  c.data.drop_last = data.get_bool("drop_last", c.data.drop_last);
   data.finish();
 
   JsonReader pipe = top.child("pipeline");
@@ -211,6 +212,10 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
   c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
   c.train.shard_optimizer = train.get_bool("shard_optimizer", c.train.shard_optimizer);
+  if (c.train.shard_optimizer && c.pipeline.data_parallel > 1 && c.model.is_object() &&
+      c.model.contains("tie_embeddings") && c.model["tie_embeddings"].is_boolean() && c.model["tie_embeddings"].get<bool>())
+    train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
+                                  "over whole tensors, which sharding splits");
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
   if (c.train.precision == Precision::FP16)
     train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "

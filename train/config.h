@@ -25,6 +25,9 @@ struct DataConfig {
   int64_t test_samples = 1024;  // synthetic test split size
   double test_fraction = 0.1;   // text: the last share of the file's bytes held out for testing
   int64_t stride = 0;           // text: bytes between training windows; 0: model.seq_len
+  // Whether an epoch's last, smaller batch is skipped; trained by default (its step equals one
+  // device's step on those samples).
+  bool drop_last = false;
 };
 
 struct PipelineConfig {

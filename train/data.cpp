@@ -86,6 +86,7 @@ at::Tensor read_idx(const std::string& file) {
 
 Batch Dataset::make(const Split& s, const at::Tensor& index) const {
   Batch b{s.inputs.index_select(0, index), s.targets.index_select(0, index)};
+  if (b.target.scalar_type() == torch::kByte) b.target = b.target.to(torch::kLong);  // per-pixel targets, held as bytes
   if (images_u8) b.input = (b.input.to(torch::kFloat) / 255.0 - kFashionMean) / kFashionStd;
   if (tokens && b.input.scalar_type() == torch::kByte) {
     b.input = b.input.to(torch::kLong);
@@ -94,15 +95,24 @@ Batch Dataset::make(const Split& s, const at::Tensor& index) const {
   return b;
 }
 
-Batch Dataset::train_batch(int64_t step, int64_t batch_size, uint64_t seed) const {
-  const int64_t per_epoch = train.size() / batch_size;
+int64_t Dataset::batches_per_epoch(int64_t batch_size, bool drop_last) const {
+  return drop_last ? train.size() / batch_size : (train.size() + batch_size - 1) / batch_size;
+}
+
+int64_t Dataset::train_batch_size(int64_t step, int64_t batch_size, bool drop_last) const {
+  const int64_t pos = step % batches_per_epoch(batch_size, drop_last);
+  return std::min(batch_size, train.size() - pos * batch_size);
+}
+
+Batch Dataset::train_batch(int64_t step, int64_t batch_size, uint64_t seed, bool drop_last) const {
+  const int64_t per_epoch = batches_per_epoch(batch_size, drop_last);
   const int64_t epoch = step / per_epoch, pos = step % per_epoch;
   if (epoch != order_epoch_) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(epoch));
     order_ = torch::randperm(train.size(), gen, torch::kLong);
     order_epoch_ = epoch;
   }
-  return make(train, order_.narrow(0, pos * batch_size, batch_size));
+  return make(train, order_.narrow(0, pos * batch_size, train_batch_size(step, batch_size, drop_last)));
 }
 
 int64_t Dataset::test_batches(int64_t batch_size) const {
@@ -210,6 +220,12 @@ Dataset load_fashion(const Config& c) {
   return d;
 }
 
+// Per-pixel targets of a segmentation: [N, H, W] uint8, the sample's label + 1 where `on`, else 0.
+at::Tensor pixel_targets(const at::Tensor& on, const at::Tensor& labels) {
+  const at::Tensor cls = (labels.to(torch::kLong) + 1).view({-1, 1, 1}).expand_as(on);
+  return torch::where(on, cls, torch::zeros_like(cls)).to(torch::kUInt8).contiguous();
+}
+
 // A classification task with a hidden linear teacher: label = argmax(W x) over a fixed
 // random projection, so it is learnable and deterministic in the seed.
 Dataset make_synthetic(const Config& c, const models::Model& model) {
@@ -241,8 +257,11 @@ Dataset make_synthetic(const Config& c, const models::Model& model) {
   } else {
     all.inputs = torch::randn(shape, gen);
     const int64_t features = all.inputs[0].numel();
-    auto teacher = torch::randn({features, model.classes}, gen);
+    // Per-pixel targets: the sample's class + 1 where its first channel is positive, else 0.
+    const int64_t classes = model.pixel_targets ? model.classes - 1 : model.classes;
+    auto teacher = torch::randn({features, classes}, gen);
     all.targets = all.inputs.reshape({n, features}).matmul(teacher).argmax(1);
+    if (model.pixel_targets) all.targets = pixel_targets(all.inputs.select(1, 0) > 0, all.targets);
   }
   d.train = {all.inputs.narrow(0, 0, c.data.samples), all.targets.narrow(0, 0, c.data.samples)};
   d.test = {all.inputs.narrow(0, c.data.samples, c.data.test_samples),
@@ -260,6 +279,15 @@ Dataset load_dataset(const Config& c, const models::Model& model) {
   Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c)
               : c.data.kind == "text"        ? load_text(c, model)
                                              : make_synthetic(c, model);
+  if (model.pixel_targets && c.data.kind == "fashion-mnist") {
+    // A segmentation of the images: each pixel brighter than a fifth of full scale is the
+    // item's class + 1, the rest background (0).
+    for (Split* s : {&d.train, &d.test}) s->targets = pixel_targets(s->inputs.select(1, 0) > 51, s->targets);
+    d.classes = 11;
+    d.name = "fashion-mnist (pixels)";
+  } else if (model.pixel_targets && c.data.kind == "text") {
+    throw ConfigError(c.where("data.kind") + ": a per-pixel model needs images (fashion-mnist or synthetic)");
+  }
   if (d.tokens != model.token_input || numel(d.sample_shape) != numel(model.sample_shape))
     throw ConfigError(c.where("data.kind") + ": data set " + d.name + " gives samples of shape " +
                       c10::str(c10::IntArrayRef(d.sample_shape)) + (d.tokens ? " (tokens)" : "") +

@@ -40,9 +40,13 @@ class Dataset {
   double baseline_loss = 0;
   std::string baseline_name;
 
-  // Training batch `step` (0-based): epochs are shuffled by (seed, epoch); a last partial batch
-  // of an epoch is skipped so every step has batch_size samples.
-  Batch train_batch(int64_t step, int64_t batch_size, uint64_t seed) const;
+  // Training batch `step` (0-based): epochs are shuffled by (seed, epoch). An epoch's last
+  // batch holds what is left (fewer than batch_size samples when batch_size does not divide the
+  // split), or with `drop_last` is skipped so that every batch is full.
+  Batch train_batch(int64_t step, int64_t batch_size, uint64_t seed, bool drop_last = false) const;
+  // The samples of training batch `step` (without making it).
+  int64_t train_batch_size(int64_t step, int64_t batch_size, bool drop_last = false) const;
+  int64_t batches_per_epoch(int64_t batch_size, bool drop_last = false) const;
   // Test batch `index` (the last one may be smaller); `count` gives how many there are.
   Batch test_batch(int64_t index, int64_t batch_size) const;
   int64_t test_batches(int64_t batch_size) const;

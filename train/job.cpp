@@ -48,6 +48,7 @@ Job prepare(const Config& c) {
   o.transport.backend = c.runtime.transport;
   o.transport.detect_peer_failure = c.runtime.detect_peer_failure;
   o.balance = c.pipeline.balance;  // a method other than a list: train/balance.h resolves it
+  o.ties = job.model.ties;
   return job;
 }
 

@@ -113,14 +113,33 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
       if (!p.optimizer_ms.empty()) optimizer_ms += p.optimizer_ms[i];
     }
     if (bytes == 0) continue;  // no parameters: nothing to reduce
+    const double speed = dp.link_speed.empty() ? 1.0 : dp.link_speed.at(s.device_of(v));
     if (!dp.sharded) {
-      costs.reduce_ms[v] = dp.link.all_reduce.time_ms(bytes);
+      costs.reduce_ms[v] = dp.link.all_reduce.time_ms(bytes, speed);
       continue;
     }
-    costs.reduce_ms[v] = dp.link.shard_reduce().time_ms(bytes);
+    costs.reduce_ms[v] = dp.link.shard_reduce().time_ms(bytes, speed);
     double& finish = costs.finish_ms[s.device_of(v)];
-    finish += dp.link.all_gather.time_ms(bytes) - optimizer_ms + optimizer_ms / dp.copies;
+    finish += dp.link.all_gather.time_ms(bytes, speed) - optimizer_ms + optimizer_ms / dp.copies;
   }
+}
+
+std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
+                                      const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
+                                      double state_factor) {
+  const auto off = partitioner::offsets(balance);
+  std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), peak(s.stages);
+  for (int vs = 0; vs < s.virtual_stages(); ++vs) {
+    const int d = s.device_of(vs);
+    double saved = 0;
+    for (int i = off[vs]; i < off[vs + 1]; ++i) {
+      params[d] += static_cast<double>(p.layers[i].param_bytes);
+      saved += static_cast<double>(p.layers[i].saved_bytes);
+    }
+    if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
+  }
+  for (int d = 0; d < s.stages; ++d) peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d];
+  return peak;
 }
 
 profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) {

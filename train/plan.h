@@ -44,6 +44,7 @@ struct DataParallelPlan {
   int copies = 1;
   bool sharded = false;
   profiler::ReduceLink link;
+  std::vector<double> link_speed;  // per device (stage): its copies' slowest link relative to `link`; empty: 1
 };
 
 // Adds data parallelism's costs to `costs` of schedule `s` (with its Reduce actions): each
@@ -52,6 +53,13 @@ struct DataParallelPlan {
 // the finishing work steps 1/D of the parameters and all-gathers them. Nothing for one copy.
 void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
                     const schedule::Schedule& s, const DataParallelPlan& dp);
+
+// Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
+// (train::state_factor), the activations `sim` held at their peak, and when recomputing one
+// rebuilt graph (its largest virtual stage's saved bytes).
+std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
+                                      const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
+                                      double state_factor);
 
 // The reduction's link for D copies: the cost file's link when it gives a bandwidth (as ring
 // collectives), else measured here (profiler::measure_reductions); free for one copy.

@@ -192,17 +192,30 @@ Checkpoints open_checkpoints(const Config& c, const TrainOptions& o, Pipeline& p
   return k;
 }
 
-// One optimizer step over train.accumulate batches, each batch's loss weighing 1/accumulate.
-// A non-finite loss or gradient skips the update or stops the run (train.on_nonfinite); either
-// way no parameter changes. Returns the loss; `skipped` says why an update was skipped.
+// The samples of optimizer step s: its train.accumulate batches (an epoch's last may be short).
+int64_t step_samples(const Job& job, int64_t s) {
+  const Config& c = job.config;
+  int64_t n = 0;
+  for (int64_t a = 0; a < c.train.accumulate; ++a)
+    n += job.data.train_batch_size(s * c.train.accumulate + a, c.data.batch_size, c.data.drop_last);
+  return n;
+}
+
+// One optimizer step over train.accumulate batches, each batch's loss weighing its share of the
+// step's samples (1/accumulate when the batches are full), so that the step is one device's on
+// all of them. A non-finite loss or gradient skips the update or stops the run
+// (train.on_nonfinite); either way no parameter changes. Returns the loss; `skipped` says why an
+// update was skipped.
 double run_step(Job& job, Pipeline& pipe, int64_t s, double lr, std::string& skipped) {
   const Config& c = job.config;
   const int64_t A = c.train.accumulate, B = c.data.batch_size;
+  const double total = static_cast<double>(step_samples(job, s));
   double loss = 0;
   for (int64_t a = 0; a < A; ++a) {
-    Batch b = to_model(job, job.data.train_batch(s * A + a, B, c.train.seed));
+    Batch b = to_model(job, job.data.train_batch(s * A + a, B, c.train.seed, c.data.drop_last));
     pipe.sync_gradients(a == A - 1);  // data parallelism: reduce once, after the last batch
-    loss += pipe.forward_backward(b.input, b.target, /*accumulate=*/a > 0, 1.0 / static_cast<double>(A));
+    // n / total: for full batches exactly 1 / A (division rounds the same real number).
+    loss += pipe.forward_backward(b.input, b.target, /*accumulate=*/a > 0, static_cast<double>(b.input.size(0)) / total);
   }
   skipped.clear();
   if (!std::isfinite(loss)) {
@@ -276,7 +289,8 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 
   const auto start = Clock::now();
-  const int64_t samples = c.train.accumulate * c.data.batch_size;
+  int64_t trained = 0;  // samples
+  bool told_fewer = false;
   for (int64_t s = first; s < last_step; ++s) {
     const auto t0 = Clock::now();
     StepReport r;
@@ -292,7 +306,20 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     r.loss_scale = pipe.loss_scale();
     r.step_s = std::chrono::duration<double>(t1 - t0).count();
     r.elapsed_s = std::chrono::duration<double>(t1 - start).count();
-    r.samples = samples;
+    r.samples = step_samples(job, s);
+    trained += r.samples;
+    if (!told_fewer && pipe.fewest_micro_batches() < job.options.micro_batches) {
+      told_fewer = true;
+      int64_t smallest = c.data.batch_size;
+      for (int64_t a = 0; a < c.train.accumulate; ++a)
+        smallest = std::min(smallest, job.data.train_batch_size(s * c.train.accumulate + a, c.data.batch_size, c.data.drop_last));
+      tell([&](TrainObserver& o) {
+        o.note(detail::concat("note: step ", s + 1, " trains an epoch's last batch, of ", smallest, " samples",
+                              c.pipeline.data_parallel > 1 ? " over the copies" : "", ", fewer than its ",
+                              job.options.micro_batches, " micro-batches need: it runs as ", pipe.fewest_micro_batches(),
+                              " (said once; data.drop_last skips such batches)"));
+      });
+    }
     r.stage_busy_ms = pipeline::stage_busy_ms(pipe.last_trace());
     r.trace = &pipe.last_trace();
     tell([&](TrainObserver& o) { o.stepped(r); });
@@ -319,7 +346,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   }
   if (result.stopped_at == 0 && last_step < steps) result.stopped_at = last_step;
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  result.samples_per_s = result.seconds > 0 ? static_cast<double>(result.losses.size() * samples) / result.seconds : 0;
+  result.samples_per_s = result.seconds > 0 ? static_cast<double>(trained) / result.seconds : 0;
   tell([&](TrainObserver& o) { o.ended(result); });
   if (result.stopped_at > 0) return result;
   evaluate(job, pipe, result);

@@ -34,6 +34,8 @@ partitioner::CostFile transformer_costs(const TransformerShape& t) {
   f.bandwidth_gb_s = t.bandwidth_gb_s;
   f.latency_ms = t.latency_ms;
   f.split_given = true;
+  f.micro_batch = t.micro_batch;
+  f.input_bytes = static_cast<int64_t>(b * s * 8);  // int64 token ids
   partitioner::LayerCost embed;
   embed.name = "embed";
   embed.param_bytes = static_cast<int64_t>(4 * V * h);
@@ -69,18 +71,6 @@ partitioner::CostFile transformer_costs(const TransformerShape& t) {
   return f;
 }
 
-void write_cost_file(std::ostream& out, const partitioner::CostFile& f) {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& c : f.layers) {
-    nlohmann::json e{{"name", c.name}, {"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms},
-                     {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
-                     {"saved_bytes", c.saved_bytes}};
-    if (c.backward_input_ms >= 0) e["backward_input_ms"] = c.backward_input_ms, e["backward_weight_ms"] = c.backward_weight_ms;
-    layers.push_back(e);
-  }
-  nlohmann::json j{{"layers", layers}, {"link", {{"bandwidth_gb_s", f.bandwidth_gb_s}, {"latency_ms", f.latency_ms}}}};
-  out << j.dump(1) << "\n";
-}
 
 SimulateReport simulate_cost_file(const SimulateOptions& o) {
   SimulateReport r;
@@ -96,7 +86,17 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   const int V = o.stages * chunks;
   if (V > static_cast<int>(file.layers.size()))
     throw ConfigError(detail::concat(o.costs_path, ": ", file.layers.size(), " layers cannot fill ", V, " virtual stages"));
-  const partitioner::Plan plan = partitioner::min_max(file.layers, V);
+  // The file's devices: their speeds in the partition and the step, their bandwidths on the links.
+  std::vector<double> speeds;
+  if (!file.devices.empty()) {
+    if (static_cast<int>(file.devices.size()) != o.stages)
+      throw ConfigError(detail::concat(o.costs_path, ": ", file.devices.size(), " devices for ", o.stages, " stages"));
+    for (const auto& d : file.devices) speeds.push_back(d.speed);
+  }
+  const schedule::Schedule layout{o.schedule, o.stages, o.micro_batches, chunks, {}, schedule::placement_of(o.schedule)};
+  partitioner::Constraints k;
+  for (int v = 0; v < V && !speeds.empty(); ++v) k.devices.push_back({speeds[layout.device_of(v)], 0});
+  const partitioner::Plan plan = partitioner::min_max(file.layers, V, k);
   r.balance = plan.balance;
   r.split = file.split_given ? "backward_input_ms and backward_weight_ms from the cost file"
                              : "no backward_input_ms/backward_weight_ms in the cost file: B and W are half of backward_ms each";
@@ -109,6 +109,9 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   const double gb_s = o.bandwidth_gb_s >= 0 ? o.bandwidth_gb_s : file.bandwidth_gb_s;
   c.bytes_per_ms = gb_s * 1e6;
   c.latency_ms = o.latency_ms >= 0 ? o.latency_ms : file.latency_ms;
+  apply_speeds(c, shape, speeds);
+  if (!file.devices.empty() && o.bandwidth_gb_s < 0)
+    for (const auto& d : file.devices) c.device_bytes_per_ms.push_back((d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s : gb_s) * 1e6);
   if (o.schedule == "zb-auto") {
     const double limit = o.memory_limit > 0 ? o.memory_limit : schedule::twice_1f1b_memory(o.stages, o.micro_batches, c);
     r.schedule = schedule::make_zb_auto(o.stages, o.micro_batches, c, limit);

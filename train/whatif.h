@@ -31,7 +31,6 @@ struct TransformerShape {
 };
 
 partitioner::CostFile transformer_costs(const TransformerShape& shape);
-void write_cost_file(std::ostream& out, const partitioner::CostFile& file);
 
 struct SimulateOptions {
   std::string costs_path;

@@ -1,0 +1,62 @@
+// The skip context of a thread: named values (tensors) that a layer stashes and a later layer
+// pops during one forward of a layer list (a skip connection, models/skip.h). A pipeline stage
+// opens a scope holding the skips that crossed into it and takes what is left when its layers
+// are done (stages/stage.h). A template over the value type, so that this vocabulary needs no
+// tensor library; the models and stages instantiate it with at::Tensor, and being a template its
+// thread-local context is one object in the program.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "common/error.h"
+
+namespace pipetrain {
+
+template <typename T>
+using SkipMap = std::map<std::string, T>;
+
+template <typename T>
+class SkipScope {
+ public:
+  explicit SkipScope(SkipMap<T> skips = {}) : skips_(std::move(skips)), previous_(current()) { current() = &skips_; }
+  ~SkipScope() { current() = previous_; }
+  SkipScope(const SkipScope&) = delete;
+  SkipScope& operator=(const SkipScope&) = delete;
+  // What is left in the scope: the skips stashed and not popped, and those passing through.
+  SkipMap<T> take() { return std::exchange(skips_, SkipMap<T>()); }
+
+  // The innermost open scope of this thread, or null.
+  static SkipMap<T>*& current() {
+    thread_local SkipMap<T>* open = nullptr;
+    return open;
+  }
+
+ private:
+  SkipMap<T> skips_;
+  SkipMap<T>* previous_;
+};
+
+// Puts `value` under `name` in the thread's open scope.
+template <typename T>
+void stash_skip(const std::string& name, T value) {
+  SkipMap<T>* s = SkipScope<T>::current();
+  if (!s) throw Error("stash('" + name + "'): no skip context is open on this thread");
+  if (!s->emplace(name, std::move(value)).second)
+    throw Error("stash('" + name + "'): a value is already stashed under that name");
+}
+
+// Takes the value stashed under `name` out of the thread's open scope.
+template <typename T>
+T pop_skip(const std::string& name) {
+  SkipMap<T>* s = SkipScope<T>::current();
+  if (!s) throw Error("pop('" + name + "'): no skip context is open on this thread");
+  auto it = s->find(name);
+  if (it == s->end()) throw Error("pop('" + name + "'): nothing was stashed under that name");
+  T value = std::move(it->second);
+  s->erase(it);
+  return value;
+}
+
+}  // namespace pipetrain

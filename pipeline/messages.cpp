@@ -1,0 +1,93 @@
+// Pipeline (pipeline.h): what crosses a stage boundary — an activation or its gradient with
+// the skips that cross the same cut (models/skip.h) — and the schedule of a step with fewer
+// micro-batches than configured.
+#include "common/error.h"
+#include "common/strings.h"
+#include "pipeline/impl.h"
+
+namespace pipetrain::pipeline {
+
+namespace {
+// Part i of a message (0: the tensor, i >= 1: the i-th crossing skip in name order) travels on
+// its own channel: the chunk in the low 8 bits, the part above them.
+int channel(int chunk, int part) { return chunk + (part << 8); }
+
+std::string join_keys(const Skips& skips) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : skips) names.push_back(name);
+  return join(names, ", ");
+}
+}  // namespace
+
+void Pipeline::Impl::check_crossing() const {
+  for (size_t b = 0; b < crossing.size(); ++b)
+    if (crossing[b].size() > 62)
+      throw ConfigError(detail::concat("pipeline: ", crossing[b].size(), " skips cross the cut after virtual stage ", b,
+                                       "; at most 62 can"));
+  if (options.chunks > 255) throw ConfigError(detail::concat("pipeline: at most 255 chunks, got ", options.chunks));
+}
+
+void Pipeline::Impl::send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step,
+                                 const at::Tensor& t, const Skips& skips, LocalHandoff& local) {
+  const int device = sched.device_of(to_vs), chunk = sched.chunk_of(to_vs);
+  auto put = [&](int part, const at::Tensor& x) {
+    if (device == r)
+      local.put(kind, m, channel(chunk, part), x);
+    else
+      transports[r]->send(peer(device), {kind, m, channel(chunk, part), tag_step}, x);
+  };
+  const auto& names = crossing.at(boundary);
+  if (skips.size() != names.size())
+    throw Error(detail::concat("stage ", r, ": ", skips.size(), skips.size() == 1 ? " skip crosses" : " skips cross",
+                               " the cut after virtual stage ", boundary, " (", join_keys(skips), ") where the layer list declares ",
+                               names.empty() ? std::string("none") : detail::concat(names.size(), " (", join(names, ", "), ")"),
+                               " (layers that stash or pop say so, models::SkipDeclaring, or PipelineOptions::skips lists them)"));
+  for (const auto& name : names)
+    if (!skips.count(name))
+      throw Error(detail::concat("stage ", r, ": skip '", name, "' should cross the cut after virtual stage ", boundary,
+                                 " but was not passed on"));
+  // Checked before anything is sent, so that the next stage does not go on without the skips.
+  put(0, t);
+  for (size_t i = 0; i < names.size(); ++i) put(static_cast<int>(i) + 1, skips.at(names[i]));
+}
+
+at::Tensor Pipeline::Impl::recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m,
+                                       int64_t tag_step, Skips* skips, LocalHandoff& local) {
+  const int device = sched.device_of(from_vs);
+  auto get = [&](int part) {
+    if (device == r) return local.take(kind, m, channel(chunk_here, part));
+    return transports[r]->recv(peer(device), {kind, m, channel(chunk_here, part), tag_step}, Deadline::after(options.timeout_s));
+  };
+  at::Tensor t = get(0);
+  const auto& names = crossing.at(boundary);
+  for (size_t i = 0; i < names.size(); ++i) (*skips)[names[i]] = get(static_cast<int>(i) + 1);
+  return t;
+}
+
+const schedule::Schedule& Pipeline::Impl::schedule_for(int m) {
+  if (m >= configured.micro_batches) return configured;
+  auto it = fewer.find(m);
+  if (it != fewer.end()) return it->second;
+  for (int k = m; k >= 1; --k) {
+    try {
+      schedule::check_supported(options.schedule, options.stages, k, options.chunks);
+    } catch (const ScheduleError&) {
+      continue;
+    }
+    schedule::Schedule s = schedule::make_schedule(options.schedule, options.stages, k, options.chunks);
+    if (replicas > 1) s = schedule::with_reductions(std::move(s));
+    schedule::validate(s);
+    return fewer.emplace(m, std::move(s)).first->second;
+  }
+  std::string why;
+  try {
+    schedule::check_supported(options.schedule, options.stages, m, options.chunks);
+  } catch (const ScheduleError& e) {
+    why = e.what();
+  }
+  throw ConfigError(detail::concat("pipeline: a batch that splits into at most ", m, " micro-batches", replicas > 1 ? " per copy" : "",
+                                   " (fewer samples than the ", configured.micro_batches, " configured) cannot run as ",
+                                   options.schedule, ": ", why, " (an epoch's last batch: data.drop_last skips it)"));
+}
+
+}  // namespace pipetrain::pipeline

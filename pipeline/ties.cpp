@@ -1,0 +1,84 @@
+// Pipeline (pipeline.h): tied parameters. Each member of a tie keeps its own tensor on the stage
+// that runs its layer; once every stage has finished its list (and the gradients are reduced
+// across data-parallel copies), the members' gradients are summed in member order and every
+// member takes the sum, so each member's optimizer makes the same update: one weight's update,
+// as one device holding one shared tensor makes it. Across ranks the sum goes through the
+// control plane, in the same order on every rank.
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "models/model.h"
+#include "pipeline/impl.h"
+
+namespace pipetrain::pipeline {
+
+void Pipeline::Impl::init_ties(const torch::nn::Sequential& model) {
+  if (options.ties.empty()) return;
+  if (sharded())
+    throw ConfigError("pipeline: a sharded optimizer (shard_optimizer) does not take tied parameters: the tie's "
+                      "gradients are summed over whole tensors, which sharding splits");
+  const auto names = models::layer_names(model);
+  const auto off = partitioner::offsets(balance);
+  const int layers = static_cast<int>(model->size());
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < options.ties.size(); ++g) {
+    const models::Tie& tie = options.ties[g];
+    const std::string where = detail::concat("pipeline: tie ", g);
+    if (tie.size() < 2) throw ConfigError(where + ": a tie needs at least two parameters");
+    std::vector<TiedParam> members;
+    for (const models::ParamRef& ref : tie) {
+      if (ref.layer < 0 || ref.layer >= layers)
+        throw ConfigError(detail::concat(where, ": layer ", ref.layer, " outside the model's ", layers, " layers"));
+      auto params = model->ptr(ref.layer)->named_parameters();
+      const at::Tensor* p = params.find(ref.name);
+      if (!p)
+        throw ConfigError(detail::concat(where, ": layer ", ref.layer, " (", names[ref.layer], ") has no parameter '",
+                                         ref.name, "'"));
+      int vs = 0;
+      while (off[vs + 1] <= ref.layer) ++vs;
+      if (!members.empty()) {
+        const at::Tensor& first = members.front().param;
+        if (p->sizes() != first.sizes() || p->scalar_type() != first.scalar_type())
+          throw ConfigError(detail::concat(where, ": ", names[ref.layer], ".", ref.name, " is ", c10::toString(p->scalar_type()),
+                                           " ", p->sizes(), ", ", names[tie[0].layer], ".", tie[0].name, " ",
+                                           c10::toString(first.scalar_type()), " ", first.sizes()));
+        if (p->unsafeGetTensorImpl() == first.unsafeGetTensorImpl())
+          throw ConfigError(detail::concat(where, ": ", names[ref.layer], ".", ref.name,
+                                           " is the same tensor as the tie's first member; each member keeps its own"));
+        p->copy_(first);  // equal from the start
+        tie_followers.insert(p->unsafeGetTensorImpl());
+        tied_names.emplace_back(names[ref.layer] + "." + ref.name, names[tie[0].layer] + "." + tie[0].name);
+      }
+      members.push_back({vs, *p});
+    }
+    tie_groups.push_back(std::move(members));
+  }
+}
+
+void Pipeline::Impl::sum_tied_grads() {
+  torch::NoGradGuard no_grad;
+  for (const auto& members : tie_groups) {
+    std::vector<at::Tensor> grads;
+    for (const TiedParam& t : members) {
+      at::Tensor g;
+      if (runs(t.vs)) g = t.param.grad().defined() ? t.param.grad() : torch::zeros_like(t.param);
+      if (self >= 0) {  // every rank sends what it has (nothing for another rank's member)
+        const auto all = group.all_gather(g.defined() ? g.reshape({-1}) : at::empty({0}, t.param.options()),
+                                          "a tied parameter's gradients");
+        g = all.at(peer(sched.device_of(t.vs)));
+        if (g.numel() != t.param.numel() && runs(t.vs))
+          throw Error("pipeline: a tied parameter's gradient arrived with the wrong size");
+      }
+      grads.push_back(g);
+    }
+    at::Tensor sum = grads[0].clone();
+    for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i].reshape(sum.sizes()));
+    for (const TiedParam& t : members)
+      if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).clone();
+  }
+}
+
+const std::vector<std::pair<std::string, std::string>>& Pipeline::tied_names() const { return impl_->tied_names; }
+
+}  // namespace pipetrain::pipeline
