@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
                     "Write the measured timeline of the second step (Chrome trace JSON, for Perfetto)");
   train->add_option("--trace-steps", trace_steps, "Steps to put in the --trace timeline")->check(CLI::PositiveNumber);
   pt::TrainOptions train_options;
+  train->add_option("--tensorboard", train_options.tensorboard_dir,
+                    "Write a TensorBoard log (loss, learning rate, gradient norm, samples/s, stage busy time and bubble, "
+                    "peak memory per device, test results) into this directory (instead of train.tensorboard)");
   train->add_option("--checkpoint-dir", train_options.checkpoint_dir,
                     "Save checkpoints here (every train.checkpoint_every steps, at the end, and on SIGINT/SIGTERM)");
   train->add_flag("--resume", train_options.resume, "Continue from the latest complete checkpoint in the checkpoint directory");
@@ -354,7 +357,7 @@ int main(int argc, char** argv) {
       train_options.trace_path = trace_path;
       train_options.trace_steps = trace_steps;
       train_options.observers = {&progress};
-      train_options.names = {"--checkpoint-dir", "--resume", "--until-step", "--metrics", "--trace"};
+      train_options.names = {"--checkpoint-dir", "--resume", "--until-step", "--metrics", "--trace", "--tensorboard"};
       // SIGINT/SIGTERM finish the step and save, when the run saves checkpoints.
       std::optional<StopSignals> signals;
       if (!train_options.checkpoint_dir.empty() || !config.train.checkpoint_dir.empty()) signals.emplace();

@@ -22,42 +22,45 @@
 
 namespace pipetrain::comm {
 
-// The channel (MessageId::chunk) of each operation's control messages.
+/// The channel (MessageId::chunk) of each operation's control messages.
 enum class Collective : int { AllGather = 1, Broadcast = 2, Barrier = 3 };
 
-// The message that operation `op` with sequence number `seq` sends; part of the wire protocol
-// (a peer that forges one is answered as any other malformed message).
+/// The message that operation `op` with sequence number `seq` sends; part of the wire protocol
+/// (a peer that forges one is answered as any other malformed message).
 MessageId collective_message(Collective op, int64_t seq, const char* what = nullptr);
 
+/// The control plane among the ranks of a world (see the file's first comment).
 class Collectives {
  public:
-  // A group of one: rank 0 of 1.
+  /// A group of one: rank 0 of 1.
   Collectives() = default;
-  // The group of `endpoint`'s world; `endpoint` outlives this object. Each wait ends after
-  // `timeout_s` at most.
+  /// The group of `endpoint`'s world; `endpoint` outlives this object. Each wait ends after
+  /// `timeout_s` at most.
   Collectives(Transport& endpoint, double timeout_s);
 
-  int rank() const { return t_ ? t_->rank() : 0; }
-  int world_size() const { return t_ ? t_->world_size() : 1; }
+  int rank() const { return t_ ? t_->rank() : 0; }               ///< this rank
+  int world_size() const { return t_ ? t_->world_size() : 1; }  ///< the ranks in the group
 
-  // Every rank's `mine`, indexed by rank. `what` names the exchange in errors ("the step's
-  // losses"); a string with static storage.
+  /// Every rank's `mine`, indexed by rank. `what` names the exchange in errors ("the step's
+  /// losses"); a string with static storage.
   std::vector<at::Tensor> all_gather(const at::Tensor& mine, const char* what);
+  /// all_gather() of a few numbers.
   std::vector<std::vector<double>> all_gather(const std::vector<double>& mine, const char* what);
-  // `root`'s `value` on every rank (the others' argument is ignored).
+  /// `root`'s `value` on every rank (the others' argument is ignored).
   at::Tensor broadcast(const at::Tensor& value, int root, const char* what);
+  /// broadcast() of a few numbers.
   std::vector<double> broadcast(const std::vector<double>& values, int root, const char* what);
-  // True on every rank when `flag` is true on any.
+  /// True on every rank when `flag` is true on any.
   bool any(bool flag, const char* what);
-  // Returns when every rank has called it.
+  /// Returns when every rank has called it.
   void barrier(const char* what = "a barrier");
 
-  // Ends the group on every rank: peers waiting now or later fail at once with `reason`, naming
-  // this rank. The first reason is kept; a group of one only records it.
+  /// Ends the group on every rank: peers waiting now or later fail at once with `reason`, naming
+  /// this rank. The first reason is kept; a group of one only records it.
   void abort(const std::string& reason);
-  // Why the group can no longer be used (its first failure or abort); "" while it can.
+  /// Why the group can no longer be used (its first failure or abort); "" while it can.
   const std::string& failure() const { return failure_; }
-  int64_t sequence() const { return seq_; }  // collectives run so far
+  int64_t sequence() const { return seq_; }  ///< collectives run so far
 
  private:
   std::vector<at::Tensor> all_to_all(Collective op, const at::Tensor& mine, const char* what);

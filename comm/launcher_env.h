@@ -20,27 +20,29 @@
 
 namespace pipetrain::comm {
 
+/// Variables by name.
 using Environment = std::map<std::string, std::string>;
 
+/// A rank's identity, as a launcher gives it.
 struct RankInfo {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 0;  // ranks on this host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
-                             // SLURM_NTASKS_PER_NODE); 0: not known
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  std::string launcher = "none";  // "torchrun", "openmpi", "slurm" or "none" (a single process)
+  int rank = 0;         ///< RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID
+  int world_size = 1;   ///< WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS
+  int local_rank = 0;   ///< this rank's place among those on its host
+  int local_world_size = 0;  ///< ranks on this host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
+                             ///< SLURM_NTASKS_PER_NODE); 0: not known
+  std::string master_addr = "127.0.0.1";  ///< rank 0's host (MASTER_ADDR, or Slurm's first node)
+  int master_port = 29500;                ///< rank 0's store (MASTER_PORT)
+  std::string launcher = "none";  ///< "torchrun", "openmpi", "slurm" or "none" (a single process)
 };
 
-// Throws ConfigError naming the variable for a missing, malformed or inconsistent value.
+/// Throws ConfigError naming the variable for a missing, malformed or inconsistent value.
 RankInfo rank_from_env(const Environment& env);
 
-// This process's environment, for rank_from_env.
+/// This process's environment, for rank_from_env.
 Environment process_environment();
 
-// The first host of a Slurm host list: "a,b" -> "a", "node[01-04,07]" -> "node01",
-// "rack[2-3]-n[5-6]" -> "rack2-n5". Throws ConfigError for an empty or unbalanced list.
+/// The first host of a Slurm host list: "a,b" -> "a", "node[01-04,07]" -> "node01",
+/// "rack[2-3]-n[5-6]" -> "rack2-n5". Throws ConfigError for an empty or unbalanced list.
 std::string first_slurm_host(const std::string& nodelist);
 
 }  // namespace pipetrain::comm

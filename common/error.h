@@ -6,49 +6,53 @@
 #include <stdexcept>
 #include <string>
 
+/// Everything pipetrain defines: errors, deadlines and skips here; the rest in its folders' namespaces.
 namespace pipetrain {
 
-// Base of every error pipetrain throws on purpose. what() is one line meant for the user.
+/// Base of every error pipetrain throws on purpose. what() is one line meant for the user.
 class Error : public std::runtime_error {
  public:
+  /// `msg`: one printable line, what went wrong and where.
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
-// Bad configuration or command-line input; the message starts with where (file or flag, key path).
+/// Bad configuration or command-line input; the message starts with where (file or flag, key path).
 class ConfigError : public Error {
  public:
   using Error::Error;
 };
 
-// Bad data file or data-set request.
+/// Bad data file or data-set request.
 class DataError : public Error {
  public:
   using Error::Error;
 };
 
-// A schedule that breaks its contract (missing action, unmatched send, deadlock).
+/// A schedule that breaks its contract (missing action, unmatched send, deadlock).
 class ScheduleError : public Error {
  public:
   using Error::Error;
 };
 
-// A message could not be sent or received; names the peer rank.
+/// A message could not be sent or received; names the peer rank.
 class TransportError : public Error {
  public:
+  /// `peer`: the rank at fault (-1 when none can be told).
   TransportError(int peer, const std::string& msg) : Error(msg), peer_(peer) {}
+  /// The rank at fault, or -1.
   int peer() const { return peer_; }
 
  private:
   int peer_;
 };
 
-// A deadline passed while waiting on a peer.
+/// A deadline passed while waiting on a peer.
 class TimeoutError : public TransportError {
  public:
   using TransportError::TransportError;
 };
 
-// Broken internal invariant: a bug in pipetrain, reported with file:line.
+/// Broken internal invariant: a bug in pipetrain, reported with file:line.
 class InternalError : public Error {
  public:
   using Error::Error;

@@ -33,8 +33,18 @@ void JsonReader::fail(const std::string& key, const std::string& msg) const {
 
 bool JsonReader::has(const std::string& key) const { return obj_.is_object() && obj_.contains(key); }
 
+namespace {
+std::set<std::string>*& key_recorder() {
+  static std::set<std::string>* into = nullptr;
+  return into;
+}
+}  // namespace
+
+void record_keys(std::set<std::string>* into) { key_recorder() = into; }
+
 const json* JsonReader::find(const std::string& key) {
   known_.insert(key);
+  if (key_recorder()) key_recorder()->insert(full(key));
   if (!has(key)) return nullptr;
   const json& v = obj_.at(key);
   return v.is_null() ? nullptr : &v;

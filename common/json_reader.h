@@ -65,6 +65,11 @@ class JsonReader {
   std::set<std::string> known_;
 };
 
+// While `into` is set (not null), every reader records the full path of each key it is asked
+// for: the manual's check lists every config key this way (tests/docs_test.cpp). Not
+// thread-safe; for tools, not for runs.
+void record_keys(std::set<std::string>* into);
+
 // Deeper nesting than this is refused: no config, manifest or cost file needs it.
 constexpr int kMaxJsonDepth = 64;
 

@@ -14,20 +14,23 @@
 
 namespace pipetrain {
 
+/// Named skip values (tensors).
 template <typename T>
 using SkipMap = std::map<std::string, T>;
 
+/// An open skip context of the calling thread, for its lifetime (the previous one after).
 template <typename T>
 class SkipScope {
  public:
+  /// Opens a context holding `skips`.
   explicit SkipScope(SkipMap<T> skips = {}) : skips_(std::move(skips)), previous_(current()) { current() = &skips_; }
   ~SkipScope() { current() = previous_; }
   SkipScope(const SkipScope&) = delete;
   SkipScope& operator=(const SkipScope&) = delete;
-  // What is left in the scope: the skips stashed and not popped, and those passing through.
+  /// What is left in the scope: the skips stashed and not popped, and those passing through.
   SkipMap<T> take() { return std::exchange(skips_, SkipMap<T>()); }
 
-  // The innermost open scope of this thread, or null.
+  /// The innermost open scope of this thread, or null.
   static SkipMap<T>*& current() {
     thread_local SkipMap<T>* open = nullptr;
     return open;
@@ -38,7 +41,7 @@ class SkipScope {
   SkipMap<T>* previous_;
 };
 
-// Puts `value` under `name` in the thread's open scope.
+/// Puts `value` under `name` in the thread's open scope.
 template <typename T>
 void stash_skip(const std::string& name, T value) {
   SkipMap<T>* s = SkipScope<T>::current();
@@ -47,7 +50,7 @@ void stash_skip(const std::string& name, T value) {
     throw Error("stash('" + name + "'): a value is already stashed under that name");
 }
 
-// Takes the value stashed under `name` out of the thread's open scope.
+/// Takes the value stashed under `name` out of the thread's open scope.
 template <typename T>
 T pop_skip(const std::string& name) {
   SkipMap<T>* s = SkipScope<T>::current();

@@ -12,39 +12,42 @@
 
 #include "common/json_reader.h"
 
+/// Models as layer lists: the families built from configs and the description of a user's layers.
 namespace pipetrain::models {
 
-// A parameter of one layer of a list: the layer's index and the parameter's name within it
-// (e.g. {0, "tok.weight"}).
+/// A parameter of one layer of a list: the layer's index and the parameter's name within it
+/// (e.g. {0, "tok.weight"}).
 struct ParamRef {
-  int layer = 0;
-  std::string name;
+  int layer = 0;     ///< the layer's index in the list
+  std::string name;  ///< the parameter's name within the layer, e.g. "linear.weight"
 };
-// Parameters that are one weight (a language model's token embedding and output head): each
-// layer keeps its own tensor, equal at the start; a trainer sums their gradients and applies the
-// same update to each, so they stay equal (pipeline.h).
+/// Parameters that are one weight (a language model's token embedding and output head): each
+/// layer keeps its own tensor, equal at the start; a trainer sums their gradients and applies the
+/// same update to each, so they stay equal (pipeline.h).
 using Tie = std::vector<ParamRef>;
 
+/// A model family's build: the layer list and what its data must look like.
 struct Model {
-  torch::nn::Sequential layers;
-  std::vector<int64_t> sample_shape;  // shape of one input sample, e.g. {1, 28, 28} or {seq_len}
-  bool token_input = false;           // input holds integer token ids rather than floats
-  int64_t classes = 0;                // size of the output's last dimension
-  bool pixel_targets = false;         // one class per pixel of the image (a segmentation), not per sample
-  std::vector<Tie> ties;
+  torch::nn::Sequential layers;       ///< named layers, in order
+  std::vector<int64_t> sample_shape;  ///< shape of one input sample, e.g. {1, 28, 28} or {seq_len}
+  bool token_input = false;           ///< input holds integer token ids rather than floats
+  int64_t classes = 0;                ///< size of the output's last dimension
+  bool pixel_targets = false;         ///< one class per pixel of the image (a segmentation), not per sample
+  std::vector<Tie> ties;              ///< parameters that are one weight (the gpt's tie_embeddings)
 };
 
-// Reads the family's keys from `model` (the reader of the `model` object, without `family`).
+/// Reads the family's keys from `model` (the reader of the `model` object, without `family`).
 using Builder = std::function<Model(JsonReader& model)>;
 
-// Adds or replaces a family (a user's own model family, for example).
+/// Adds or replaces a family (a user's own model family, for example).
 void register_family(const std::string& name, Builder builder);
+/// The names of the registered families, in registration order.
 std::vector<std::string> families();
 
-// Reads `model.family`, builds it with torch's generator seeded by `seed`, and checks the keys.
+/// Reads `model.family`, builds it with torch's generator seeded by `seed`, and checks the keys.
 Model build(JsonReader& model, uint64_t seed);
 
-// Layer names in order, e.g. {"embed", "block0", ..., "norm", "head"}.
+/// Layer names in order, e.g. {"embed", "block0", ..., "norm", "head"}.
 std::vector<std::string> layer_names(const torch::nn::Sequential& layers);
 
 }  // namespace pipetrain::models

@@ -31,178 +31,184 @@
 #include "schedule/schedule.h"
 #include "stages/stage.h"
 
+/// The pipeline an embedding program drives: stages, micro-batches, the step and its trace.
 namespace pipetrain::pipeline {
 
+/// What a Pipeline runs: the stages and their schedule, and how they talk and train.
 struct PipelineOptions {
-  int stages = 1;
-  int micro_batches = 1;
-  partitioner::Balance balance;  // layers per virtual stage (stages · chunks entries); empty: uniform
-  std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
-  int chunks = 1;                  // virtual stages per device (interleaved-1f1b)
-  Recompute recompute = Recompute::ExceptLast;
-  int intra_op_threads = 1;  // libtorch intra-op threads in each stage thread
-  double timeout_s = 300;    // longest wait for a message from another stage
-  uint64_t seed = 0;         // seeds the random streams of dropout (common/rng.h)
-  // The compute dtype of every stage's forward (common/precision.h); parameters, gradients and
-  // optimizer state stay those of the model, which must be float32 for bf16 and fp16. Activations
-  // and their gradients cross between stages in the dtype the layers produced (the autocast dtype
-  // for products, convolutions and what follows them).
+  int stages = 1;         ///< devices (each runs `chunks` virtual stages)
+  int micro_batches = 1;  ///< micro-batches per batch (a short batch runs as fewer)
+  partitioner::Balance balance;  ///< layers per virtual stage (stages · chunks entries); empty: uniform
+  std::string schedule = "gpipe";  ///< gpipe, 1f1b, interleaved-1f1b, zb-h1
+  int chunks = 1;                  ///< virtual stages per device (interleaved-1f1b)
+  Recompute recompute = Recompute::ExceptLast;  ///< which micro-batches re-run their forward in backward
+  int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
+  double timeout_s = 300;    ///< longest wait for a message from another stage
+  uint64_t seed = 0;         ///< seeds the random streams of dropout (common/rng.h)
+  /// The compute dtype of every stage's forward (common/precision.h); parameters, gradients and
+  /// optimizer state stay those of the model, which must be float32 for bf16 and fp16. Activations
+  /// and their gradients cross between stages in the dtype the layers produced (the autocast dtype
+  /// for products, convolutions and what follows them).
   Precision precision = Precision::FP32;
-  LossScaleOptions loss_scale;  // fp16 only
-  comm::TransportOptions transport;
-  // Data parallelism (pipeline/replicas.h): D copies of the pipeline, copy d training on the
-  // d-th of D near-equal, consecutive shards of every batch; each stage's gradients are summed
-  // across its D copies after its last backward, so a step equals one device's step on the whole
-  // batch. In-process the copies are more stage threads of this process (D x stages), copy 0
-  // being the caller's model; multi-process the world holds stages x D ranks, pipeline outer and
-  // data inner: rank = device * D + copy.
+  LossScaleOptions loss_scale;  ///< fp16 only
+  comm::TransportOptions transport;  ///< how the stages talk (in-process: the local transport)
+  /// Data parallelism (pipeline/replicas.h): D copies of the pipeline, copy d training on the
+  /// d-th of D near-equal, consecutive shards of every batch; each stage's gradients are summed
+  /// across its D copies after its last backward, so a step equals one device's step on the whole
+  /// batch. In-process the copies are more stage threads of this process (D x stages), copy 0
+  /// being the caller's model; multi-process the world holds stages x D ranks, pipeline outer and
+  /// data inner: rank = device * D + copy.
   int data_parallel = 1;
-  // Skip connections (models/skip.h): empty, the layers declare them (models::SkipDeclaring);
-  // else the skips of layers that stash and pop without declaring.
+  /// Skip connections (models/skip.h): empty, the layers declare them (models::SkipDeclaring);
+  /// else the skips of layers that stash and pop without declaring.
   std::vector<models::Skip> skips;
-  // Tied parameters (models::Tie): each member keeps its own tensor on its own stage; after the
-  // backward of a step their gradients are summed (in member order, on every rank alike) and
-  // every member takes the same update, so they stay equal bit for bit. The first member is the
-  // one that counts in the gradient norm and that checkpoints and exports store.
+  /// Tied parameters (models::Tie): each member keeps its own tensor on its own stage; after the
+  /// backward of a step their gradients are summed (in member order, on every rank alike) and
+  /// every member takes the same update, so they stay equal bit for bit. The first member is the
+  /// one that counts in the gradient norm and that checkpoints and exports store.
   std::vector<models::Tie> ties;
-  bool shard_optimizer = false;     // ZeRO stage 1: each copy keeps the optimizer state of 1/D of a stage's parameters
-  // How a sharded optimizer's gradients are reduced: a reduce-scatter, or an all-reduce of which
-  // each copy keeps its slice (the same bytes held). Auto: the all-reduce on Gloo, whose
-  // reduce-scatter measured 1.4-2.4 times slower than its all-reduce here; the reduce-scatter
-  // on other backends.
+  bool shard_optimizer = false;     ///< ZeRO stage 1: each copy keeps the optimizer state of 1/D of a stage's parameters
+  /// How a sharded optimizer's gradients are reduced: a reduce-scatter, or an all-reduce of which
+  /// each copy keeps its slice (the same bytes held). Auto: the all-reduce on Gloo, whose
+  /// reduce-scatter measured 1.4-2.4 times slower than its all-reduce here; the reduce-scatter
+  /// on other backends.
   enum class ShardReduction { Auto, ReduceScatter, AllReduce };
-  ShardReduction shard_reduction = ShardReduction::Auto;
-  int64_t bucket_bytes = 25 << 20;  // gradients reduced per operation
+  ShardReduction shard_reduction = ShardReduction::Auto;  ///< see ShardReduction
+  int64_t bucket_bytes = 25 << 20;  ///< gradients reduced per operation
 };
 
+/// Builds the optimizer of one stage (one copy) over the parameters it owns.
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
 
-// A gradient with a NaN or an infinity, found by step_optimizer() before any parameter changed.
+/// A gradient with a NaN or an infinity, found by step_optimizer() before any parameter changed.
 class NonFiniteGradient : public Error {
  public:
-  NonFiniteGradient(int stage, const std::string& what) : Error(what), stage_(stage) {}
-  int stage() const { return stage_; }
+  NonFiniteGradient(int stage, const std::string& what) : Error(what), stage_(stage) {}  ///< at `stage`
+  int stage() const { return stage_; }  ///< the stage whose gradients are not finite
 
  private:
   int stage_;
 };
 
+/// A model split into stages that train it together on a schedule: the pipeline's C++ API.
+/// One object runs every stage as a thread of this process, or (with an endpoint) this
+/// process's rank of a multi-process pipeline; every call is then collective.
 class Pipeline {
  public:
-  // `loss` returns the mean loss of one micro-batch (e.g. cross-entropy with mean reduction);
-  // the pipeline weights it by the micro-batch's share of the batch, so the step's loss is the
-  // mean over the whole batch even when the batch does not divide evenly.
+  /// `loss` returns the mean loss of one micro-batch (e.g. cross-entropy with mean reduction);
+  /// the pipeline weights it by the micro-batch's share of the batch, so the step's loss is the
+  /// mean over the whole batch even when the batch does not divide evenly.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss);
-  // One rank of a multi-process pipeline (runtime.kind processes): this process runs device
-  // endpoint->rank() of endpoint->world_size() == options.stages, and its peers run the others
-  // with the same model, options and seed. Every call below is then collective: each rank makes
-  // the same calls in the same order, and the results that one rank computes (the loss, the
-  // gradient norm) are exchanged so that every rank returns the same value. The stage layout is
-  // rank 0's (e.g. a profiled balance). The layers of other ranks' stages are released (their
-  // parameters and buffers become empty tensors). Any rank's failure, this constructor's included,
-  // fails the call on every rank (a peer that fails or dies at once, one that stops answering after
-  // options.timeout_s), naming the rank; after a failed step the pipeline cannot be used again.
-  //
-  // With options.data_parallel = D > 1 the endpoint's world holds stages x D ranks (rank =
-  // device * D + copy) and `replicas` is the c10d group of the D ranks that run this rank's
-  // device (comm/process_group.h); the loss, the gradient norm and the control plane are then
-  // those of the whole world.
+  /// One rank of a multi-process pipeline (runtime.kind processes): this process runs device
+  /// endpoint->rank() of endpoint->world_size() == options.stages, and its peers run the others
+  /// with the same model, options and seed. Every call below is then collective: each rank makes
+  /// the same calls in the same order, and the results that one rank computes (the loss, the
+  /// gradient norm) are exchanged so that every rank returns the same value. The stage layout is
+  /// rank 0's (e.g. a profiled balance). The layers of other ranks' stages are released (their
+  /// parameters and buffers become empty tensors). Any rank's failure, this constructor's included,
+  /// fails the call on every rank (a peer that fails or dies at once, one that stops answering after
+  /// options.timeout_s), naming the rank; after a failed step the pipeline cannot be used again.
+  ///
+  /// With options.data_parallel = D > 1 the endpoint's world holds stages x D ranks (rank =
+  /// device * D + copy) and `replicas` is the c10d group of the D ranks that run this rank's
+  /// device (comm/process_group.h); the loss, the gradient norm and the control plane are then
+  /// those of the whole world.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
            std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup replicas = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // Each stage gets its own optimizer over its own parameters (with a sharded optimizer: over
-  // one tensor, this copy's slice of the stage's flattened parameters).
+  /// Each stage gets its own optimizer over its own parameters (with a sharded optimizer: over
+  /// one tensor, this copy's slice of the stage's flattened parameters).
   void set_optimizer(OptimizerFactory factory);
 
-  // Data parallelism: whether the next forward_backward reduces the gradients across the copies
-  // (default on). Turn it off for all but the last of several accumulated batches, as DDP's
-  // no_sync; step_optimizer() reduces gradients left unreduced.
+  /// Data parallelism: whether the next forward_backward reduces the gradients across the copies
+  /// (default on). Turn it off for all but the last of several accumulated batches, as DDP's
+  /// no_sync; step_optimizer() reduces gradients left unreduced.
   void sync_gradients(bool on);
-  int data_parallel() const;  // D
-  int replica() const;        // this process's copy (multi-process); 0 in-process
-  // After parameters, buffers or optimizer state were loaded (into copy 0 in-process, into every
-  // rank multi-process): copies 1..D-1 of an in-process pipeline take copy 0's, and a sharded
-  // optimizer's slices are read again from the parameters.
+  int data_parallel() const;  ///< D
+  int replica() const;        ///< this process's copy (multi-process); 0 in-process
+  /// After parameters, buffers or optimizer state were loaded (into copy 0 in-process, into every
+  /// rank multi-process): copies 1..D-1 of an in-process pipeline take copy 0's, and a sharded
+  /// optimizer's slices are read again from the parameters.
   void sync_copies();
-  // Sharded optimizer (checkpoints): an optimizer over the virtual stage's own parameters that
-  // holds the whole state, gathered from every copy's slice. Collective: every copy (rank) that
-  // runs the stage calls it, for the same stages in the same order. Null when not sharded.
+  /// Sharded optimizer (checkpoints): an optimizer over the virtual stage's own parameters that
+  /// holds the whole state, gathered from every copy's slice. Collective: every copy (rank) that
+  /// runs the stage calls it, for the same stages in the same order. Null when not sharded.
   std::unique_ptr<torch::optim::Optimizer> gathered_optimizer(int virtual_stage);
-  // Sharded: an optimizer over the stage's parameters without state (to load a checkpoint
-  // into), and every local copy's slice of such an optimizer's state.
+  /// Sharded: an optimizer over the stage's parameters without state (to load a checkpoint
+  /// into), and every local copy's slice of such an optimizer's state.
   std::unique_ptr<torch::optim::Optimizer> unsharded_optimizer(int virtual_stage);
-  void scatter_optimizer(int virtual_stage, torch::optim::Optimizer& full);
-  bool sharded_optimizer() const;
+  void scatter_optimizer(int virtual_stage, torch::optim::Optimizer& full);  ///< see unsharded_optimizer()
+  bool sharded_optimizer() const;  ///< shard_optimizer with more than one copy
 
-  // Zeroes gradients, runs forward and backward of every micro-batch, and (when an optimizer
-  // is set) steps it. Returns the batch's mean loss.
+  /// Zeroes gradients, runs forward and backward of every micro-batch, and (when an optimizer
+  /// is set) steps it. Returns the batch's mean loss.
   double train_step(const at::Tensor& input, const at::Tensor& target);
 
-  // Forward and backward only: gradients go into the parameters' .grad, cleared first unless
-  // `accumulate` (several batches for one optimizer step). `scale` multiplies every micro-batch's
-  // loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
-  // Returns the (scaled) loss. A call that succeeds updates each models::BatchNorm's running
-  // statistics once, from all the micro-batches it saw, as one forward over their union would;
-  // a call that fails changes none.
+  /// Forward and backward only: gradients go into the parameters' .grad, cleared first unless
+  /// `accumulate` (several batches for one optimizer step). `scale` multiplies every micro-batch's
+  /// loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
+  /// Returns the (scaled) loss. A call that succeeds updates each models::BatchNorm's running
+  /// statistics once, from all the micro-batches it saw, as one forward over their union would;
+  /// a call that fails changes none.
   double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
                           double scale = 1.0);
 
-  // Clips the global gradient norm (all stages together) to set_grad_clip's bound and steps every
-  // stage's optimizer; returns the norm before clipping (0 unless clipping or tracking is on).
+  /// Clips the global gradient norm (all stages together) to set_grad_clip's bound and steps every
+  /// stage's optimizer; returns the norm before clipping (0 unless clipping or tracking is on).
   double step_optimizer();
-  void track_grad_norm(bool on);        // compute the global norm even without clipping
-  // Check every stage's gradients before stepping: a NaN or infinity throws NonFiniteGradient
-  // naming the stage, and no parameter changes.
+  void track_grad_norm(bool on);        ///< compute the global norm even without clipping
+  /// Check every stage's gradients before stepping: a NaN or infinity throws NonFiniteGradient
+  /// naming the stage, and no parameter changes.
   void check_finite_grads(bool on);
-  void set_grad_clip(double max_norm);  // 0: off (the default)
-  void set_learning_rate(double lr);    // every stage's optimizer, every parameter group
-  double last_grad_norm() const;        // of the last optimizer step
+  void set_grad_clip(double max_norm);  ///< 0: off (the default)
+  void set_learning_rate(double lr);    ///< every stage's optimizer, every parameter group
+  double last_grad_norm() const;        ///< of the last optimizer step
 
-  // fp16: the loss scale the next step runs with, and whether the last optimizer step was
-  // skipped because a gradient overflowed (somewhere: every stage and rank skips it, and the
-  // scale backs off). Under fp32 and bf16 the scale is 1 and no step is skipped here.
+  /// fp16: the loss scale the next step runs with, and whether the last optimizer step was
+  /// skipped because a gradient overflowed (somewhere: every stage and rank skips it, and the
+  /// scale backs off). Under fp32 and bf16 the scale is 1 and no step is skipped here.
   double loss_scale() const;
-  int64_t loss_scale_good_steps() const;  // steps since the scale last changed by an overflow or growth
-  bool last_step_skipped() const;
-  void restore_loss_scale(double scale, int64_t good_steps);  // a resumed run (every rank the same)
-  // Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
-  // the batch flows through the stages as the configured micro-batches. Multi-process: only the
-  // rank that runs the last stage returns the output; the others return an undefined tensor.
+  int64_t loss_scale_good_steps() const;  ///< steps since the scale last changed by an overflow or growth
+  bool last_step_skipped() const;  ///< see loss_scale()
+  void restore_loss_scale(double scale, int64_t good_steps);  ///< a resumed run (every rank the same)
+  /// Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
+  /// the batch flows through the stages as the configured micro-batches. Multi-process: only the
+  /// rank that runs the last stage returns the output; the others return an undefined tensor.
   at::Tensor predict(const at::Tensor& input);
 
-  // Multi-process runtime (in-process, every device is local and these are trivial):
-  int rank() const;                  // this process's rank (device * D + copy); -1 in-process
-  bool is_local(int device) const;   // whether this process runs `device`
-  bool is_local_stage(int virtual_stage) const;
-  // The control plane among the ranks (comm/collectives.h: all-gather, broadcast, barrier,
-  // abort), for the caller's own agreements (the run layer gathers checkpoint shards and stops
-  // together over it). Multi-process it shares the pipeline's endpoint and sequence: every rank
-  // makes the same calls in the same order, interleaved with the pipeline's. Aborting it ends the
-  // pipeline on every rank (peers fail at once, naming this rank). In-process: a group of one.
+  /// Multi-process runtime (in-process, every device is local and these are trivial):
+  int rank() const;                  ///< this process's rank (device * D + copy); -1 in-process
+  bool is_local(int device) const;   ///< whether this process runs `device`
+  bool is_local_stage(int virtual_stage) const;  ///< whether this process runs that virtual stage
+  /// The control plane among the ranks (comm/collectives.h: all-gather, broadcast, barrier,
+  /// abort), for the caller's own agreements (the run layer gathers checkpoint shards and stops
+  /// together over it). Multi-process it shares the pipeline's endpoint and sequence: every rank
+  /// makes the same calls in the same order, interleaved with the pipeline's. Aborting it ends the
+  /// pipeline on every rank (peers fail at once, naming this rank). In-process: a group of one.
   comm::Collectives& collectives();
-  int rank_of(int device) const;  // the rank that runs `device` (copy 0's); in-process 0
+  int rank_of(int device) const;  ///< the rank that runs `device` (copy 0's); in-process 0
 
-  int stages() const;  // devices; each runs `chunks` virtual stages
-  const partitioner::Balance& balance() const;  // layers per virtual stage
-  const schedule::Schedule& schedule() const;
-  const StepTrace& last_trace() const;
-  int64_t step() const;  // forward-backward passes run so far: the step of the dropout streams
-  // The fewest micro-batches a forward-backward ran since the last optimizer step: fewer than
-  // configured when a batch (an epoch's last) had fewer samples than micro-batches, each of its
-  // micro-batches then holding one sample (or as the schedule kind allows, e.g. a multiple of
-  // the stages for interleaved-1f1b). Its loss and gradients are still one device's on it.
+  int stages() const;  ///< devices; each runs `chunks` virtual stages
+  const partitioner::Balance& balance() const;  ///< layers per virtual stage
+  const schedule::Schedule& schedule() const;  ///< the action lists of the last step (or the configured ones)
+  const StepTrace& last_trace() const;         ///< what the executor measured in the last step
+  int64_t step() const;  ///< forward-backward passes run so far: the step of the dropout streams
+  /// The fewest micro-batches a forward-backward ran since the last optimizer step: fewer than
+  /// configured when a batch (an epoch's last) had fewer samples than micro-batches, each of its
+  /// micro-batches then holding one sample (or as the schedule kind allows, e.g. a multiple of
+  /// the stages for interleaved-1f1b). Its loss and gradients are still one device's on it.
   int fewest_micro_batches() const;
-  // Tied parameters (PipelineOptions::ties): (follower, first member) names, "layer.parameter",
-  // for checkpoints, which store a tie once.
+  /// Tied parameters (PipelineOptions::ties): (follower, first member) names, "layer.parameter",
+  /// for checkpoints, which store a tie once.
   const std::vector<std::pair<std::string, std::string>>& tied_names() const;
-  void set_step(int64_t step);  // continues the streams of a resumed run
-  // The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
+  void set_step(int64_t step);  ///< continues the streams of a resumed run
+  /// The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
   torch::optim::Optimizer* optimizer(int virtual_stage);
-  torch::nn::Sequential& stage_layers(int virtual_stage);  // multi-process: another rank's are released
+  torch::nn::Sequential& stage_layers(int virtual_stage);  ///< multi-process: another rank's are released
 
  private:
   struct Impl;

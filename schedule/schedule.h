@@ -17,109 +17,121 @@
 #include <string>
 #include <vector>
 
+/// Schedules as per-stage action lists, their checks, the simulator's inputs and traces.
 namespace pipetrain::schedule {
 
+/// What one action of a stage does.
 enum class Op {
-  RecvActivation,  // receive the micro-batch's input from the previous virtual stage
+  RecvActivation,  ///< receive the micro-batch's input from the previous virtual stage
   Forward,
-  SendActivation,  // send the forward output to the next virtual stage
-  RecvGrad,        // receive the gradient of this stage's output from the next virtual stage
-  Backward,        // fused backward: (recompute if recomputed and) input and weight gradients
-  BackwardInput,   // B: the input gradient only; keeps what W needs
-  BackwardWeight,  // W: the weight gradients, from what B kept, without redoing B's work
-  SendGrad,        // send the gradient of this stage's input to the previous virtual stage
-  // Data parallelism: start reducing this virtual stage's gradients across its replicas (right
-  // after its last backward part, micro_batch -1). It runs beside the actions after it; the
-  // optimizer steps once it has finished.
+  SendActivation,  ///< send the forward output to the next virtual stage
+  RecvGrad,        ///< receive the gradient of this stage's output from the next virtual stage
+  Backward,        ///< fused backward: (recompute if recomputed and) input and weight gradients
+  BackwardInput,   ///< B: the input gradient only; keeps what W needs
+  BackwardWeight,  ///< W: the weight gradients, from what B kept, without redoing B's work
+  SendGrad,        ///< send the gradient of this stage's input to the previous virtual stage
+  /// Data parallelism: start reducing this virtual stage's gradients across its replicas (right
+  /// after its last backward part, micro_batch -1). It runs beside the actions after it; the
+  /// optimizer steps once it has finished.
   Reduce,
 };
 
+/// One step of a device's list.
 struct Action {
-  Op op;
-  int micro_batch;
-  int chunk = 0;  // which of this device's virtual stages; 0 when not interleaved
+  Op op;            ///< what to do
+  int micro_batch;  ///< for which micro-batch (-1: a reduction)
+  int chunk = 0;  ///< which of this device's virtual stages; 0 when not interleaved
 
+  /// Same op, micro-batch and chunk.
   bool operator==(const Action& o) const {
     return op == o.op && micro_batch == o.micro_batch && chunk == o.chunk;
   }
 };
 
+/// The op's name as traces and errors print it.
 const char* op_name(Op op);
+/// "Forward(mb 3, chunk 1)": the action as errors and dumps print it.
 std::string to_string(const Action& a);
-bool is_compute(Op op);  // Forward, Backward, BackwardInput, BackwardWeight
+bool is_compute(Op op);  ///< Forward, Backward, BackwardInput, BackwardWeight
 
+/// How virtual stages sit on devices: in a loop (device r holds r, r+K, ...) or a V (device r
+/// holds r and 2K-1-r).
 enum class Placement { Loop, V };
 
+/// A schedule as data: the ordered actions of every device.
 struct Schedule {
-  std::string kind;
-  int stages = 0;  // devices
-  int micro_batches = 0;
-  int chunks = 1;  // virtual stages per device
-  std::vector<std::vector<Action>> actions;  // actions[stage]
-  Placement placement = Placement::Loop;
-  bool reduces = false;  // with_reductions(): one Reduce per virtual stage
+  std::string kind;  ///< the schedule kind, e.g. "1f1b"
+  int stages = 0;  ///< devices
+  int micro_batches = 0;  ///< per batch
+  int chunks = 1;  ///< virtual stages per device
+  std::vector<std::vector<Action>> actions;  ///< actions[stage]
+  Placement placement = Placement::Loop;  ///< how virtual stages sit on devices
+  bool reduces = false;  ///< with_reductions(): one Reduce per virtual stage
 
-  int virtual_stages() const { return stages * chunks; }
+  int virtual_stages() const { return stages * chunks; }  ///< stages times chunks
+  /// The virtual stage that chunk `chunk` of device `stage` runs.
   int virtual_stage(int stage, int chunk) const {
     return chunk * stages + (placement == Placement::V && chunk % 2 ? stages - 1 - stage : stage);
   }
+  /// The device that runs a virtual stage.
   int device_of(int virtual_stage) const {
     const int d = virtual_stage % stages;
     return placement == Placement::V && chunk_of(virtual_stage) % 2 ? stages - 1 - d : d;
   }
-  int chunk_of(int virtual_stage) const { return virtual_stage / stages; }
+  int chunk_of(int virtual_stage) const { return virtual_stage / stages; }  ///< its chunk on its device
 };
 
-// The schedule kinds this build knows: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, looped-bfs,
-// zb-v, dualpipev, zb-auto.
+/// The schedule kinds this build knows: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, looped-bfs,
+/// zb-v, dualpipev, zb-auto.
 std::vector<std::string> schedule_kinds();
 
-// Whether a kind runs several chunks per device (interleaved-1f1b, looped-bfs: chunks >= 2, 2 by
-// default; zb-v, dualpipev: exactly 2).
+/// Whether a kind runs several chunks per device (interleaved-1f1b, looped-bfs: chunks >= 2, 2 by
+/// default; zb-v, dualpipev: exactly 2).
 bool uses_chunks(const std::string& kind);
-// Whether a kind splits backward into backward_input (B) and backward_weight (W).
+/// Whether a kind splits backward into backward_input (B) and backward_weight (W).
 bool splits_backward(const std::string& kind);
+/// How a schedule kind places virtual stages on devices (looped, or V-shaped for zb-v and dualpipev).
 Placement placement_of(const std::string& kind);
 
-// Throws ScheduleError naming what would work when the kind cannot serve these sizes (e.g.
-// interleaved-1f1b needs chunks >= 2 and a micro-batch count that is a multiple of the stages).
+/// Throws ScheduleError naming what would work when the kind cannot serve these sizes (e.g.
+/// interleaved-1f1b needs chunks >= 2 and a micro-batch count that is a multiple of the stages).
 void check_supported(const std::string& kind, int stages, int micro_batches, int chunks);
 
-// Builds the named schedule; throws ScheduleError for an unknown kind or sizes it cannot serve.
+/// Builds the named schedule; throws ScheduleError for an unknown kind or sizes it cannot serve.
 Schedule make_schedule(const std::string& kind, int stages, int micro_batches, int chunks = 1);
 
-// GPipe fill-drain: all forwards in micro-batch order, then all backwards in reverse order.
+/// GPipe fill-drain: all forwards in micro-batch order, then all backwards in reverse order.
 Schedule make_gpipe(int stages, int micro_batches);
-// 1F1B (PipeDream-flush): K-r-1 warm-up forwards on stage r, then one forward one backward.
+/// 1F1B (PipeDream-flush): K-r-1 warm-up forwards on stage r, then one forward one backward.
 Schedule make_1f1b(int stages, int micro_batches);
-// Interleaved 1F1B (Megatron-LM): v chunks per device, micro-batches in groups of K.
+/// Interleaved 1F1B (Megatron-LM): v chunks per device, micro-batches in groups of K.
 Schedule make_interleaved_1f1b(int stages, int micro_batches, int chunks);
-// ZB-H1 (zero bubble, same activation memory as 1F1B): 1F1B with the backward split into B and
-// W; stage r holds back r W passes, so Bs reach the first stage sooner and the held-back Ws fill
-// the drain. With equal costs and M >= K its bubble is (K-1)(F+B-W) per stage.
+/// ZB-H1 (zero bubble, same activation memory as 1F1B): 1F1B with the backward split into B and
+/// W; stage r holds back r W passes, so Bs reach the first stage sooner and the held-back Ws fill
+/// the drain. With equal costs and M >= K its bubble is (K-1)(F+B-W) per stage.
 Schedule make_zb_h1(int stages, int micro_batches);
 
-// ZB-H2 (zero bubble with about twice 1F1B's activation memory): stage r runs 2(K−r)−1 warm-up
-// forwards, then B, W, F per micro-batch while holding back 2r W passes, which it runs after its
-// last B. With costs F, B, W and transfer c, every stage's span (first action to last) is
-// M(F+B+W) + (K−1)(F+B−2W+2c), the zero-bubble paper's figure (its Table 5).
+/// ZB-H2 (zero bubble with about twice 1F1B's activation memory): stage r runs 2(K−r)−1 warm-up
+/// forwards, then B, W, F per micro-batch while holding back 2r W passes, which it runs after its
+/// last B. With costs F, B, W and transfer c, every stage's span (first action to last) is
+/// M(F+B+W) + (K−1)(F+B−2W+2c), the zero-bubble paper's figure (its Table 5).
 Schedule make_zb_h2(int stages, int micro_batches);
-// Looped BFS (breadth-first, as in torch.distributed.pipelining): every chunk of a device runs all
-// its micro-batches' forwards, chunk by chunk, then the backwards, last chunk first.
+/// Looped BFS (breadth-first, as in torch.distributed.pipelining): every chunk of a device runs all
+/// its micro-batches' forwards, chunk by chunk, then the backwards, last chunk first.
 Schedule make_looped_bfs(int stages, int micro_batches, int chunks);
-// DualPipeV (DeepSeek): V placement; after its warm-up, each device pairs the forward of one
-// micro-batch with the backward of another (listed one after the other: the executor runs them in
-// turn), and the last micro-batches' backwards are split to fill the drain. Needs M >= 2K.
+/// DualPipeV (DeepSeek): V placement; after its warm-up, each device pairs the forward of one
+/// micro-batch with the backward of another (listed one after the other: the executor runs them in
+/// turn), and the last micro-batches' backwards are split to fill the drain. Needs M >= 2K.
 Schedule make_dualpipev(int stages, int micro_batches);
 
-// `s` with a Reduce action (data parallelism) for each virtual stage right after its last
-// backward part (fused backward or W) on its device.
+/// `s` with a Reduce action (data parallelism) for each virtual stage right after its last
+/// backward part (fused backward or W) on its device.
 Schedule with_reductions(Schedule s);
 
-// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
-// on its device, that each compute has its input (received or local) before it runs, that every
-// send has a matching receive, and that the lists complete without deadlock. Throws
-// ScheduleError naming stage and action.
+/// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
+/// on its device, that each compute has its input (received or local) before it runs, that every
+/// send has a matching receive, and that the lists complete without deadlock. Throws
+/// ScheduleError naming stage and action.
 void validate(const Schedule& s);
 
 }  // namespace pipetrain::schedule

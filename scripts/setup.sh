@@ -11,11 +11,11 @@ source "$root/scripts/env.sh"
 # text the byte-level language model config trains on; iproute2: the two-namespace test makes
 # its network with `ip`; clang and libclang-rt-14-dev: the fuzz targets (libFuzzer, sanitizers);
 # libgloo-dev: the declarations of libtorch's Gloo process group (the wheel has the library, not
-# gloo's headers).
+# gloo's headers); doxygen: the API reference and its check (scripts/apidocs.sh).
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   nlohmann-json3-dev libcli11-dev googletest libgtest-dev
-  libucx-dev ucx-utils libgloo-dev
+  libucx-dev ucx-utils libgloo-dev doxygen
   openmpi-bin libopenmpi-dev iproute2
   dataset-fashion-mnist
   fortunes
@@ -50,7 +50,7 @@ if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV_READY" ]; the
     rm -rf "$PIPETRAIN_VENV"  # a half-made environment from an interrupted set-up
     python3 -m venv "$PIPETRAIN_VENV"
     "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input \
-      "torch==$PIPETRAIN_TORCH_VERSION" numpy
+      "torch==$PIPETRAIN_TORCH_VERSION" numpy tensorboard
     "$PIPETRAIN_VENV/bin/python3" - "$PIPETRAIN_TORCH_VERSION" <<'EOF' >"$PIPETRAIN_VENV_READY.tmp"
 import sys, torch
 want = sys.argv[1]
@@ -61,5 +61,18 @@ EOF
     mv "$PIPETRAIN_VENV_READY.tmp" "$PIPETRAIN_VENV_READY"
     echo "setup: torch $PIPETRAIN_TORCH_VERSION ready in $(( $(date +%s) - start )) s"
   fi
+  exec 9>&-
+fi
+
+# TensorBoard's own reader, for the test that reads pipetrain's event files back; added to an
+# environment made before it was needed (the marker saves importing it on every run).
+if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-tensorboard" ]; then
+  exec 9>"$PIPETRAIN_CACHE/.lock"
+  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
+  if ! "$PIPETRAIN_VENV/bin/python3" -c 'import tensorboard' 2>/dev/null; then
+    echo "setup: installing tensorboard from PyPI into $PIPETRAIN_VENV"
+    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q tensorboard
+  fi
+  touch "$PIPETRAIN_VENV/.pipetrain-tensorboard"
   exec 9>&-
 fi

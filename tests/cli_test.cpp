@@ -110,6 +110,88 @@ TEST(Cli, AnEpochsShortLastBatchIsTrained) {
   for (const auto& f : {pipe, one, drop}) std::remove(f.c_str());
 }
 
+// `train --tensorboard DIR` writes an event file that TensorBoard's own reader (the `tensorboard`
+// package from PyPI) reads back: every step's loss, learning rate, gradient norm, samples/s and
+// stage busy times equal the metrics file's (as float32), the test results are there, and
+// each device's peak memory is at least its parameters. With one process per stage, rank 0
+// writes the log and it holds every device's memory.
+TEST(Cli, TensorBoardLogMatchesTheMetrics) {
+  const std::string py = PIPETRAIN_PYTHON;
+  if (pipetrain::test::shell(py + " -c 'import tensorboard' 2>&1").status != 0)
+    GTEST_SKIP() << py << " has no tensorboard package (scripts/setup.sh installs it)";
+  const std::string cfg = write_config("board.json", R"({
+    "model": {"family": "mlp", "in": 8, "width": 16, "layers": 3, "out": 4},
+    "data": {"kind": "synthetic", "batch_size": 8, "samples": 64, "test_samples": 16},
+    "pipeline": {"stages": 2, "micro_batches": 2},
+    "optimizer": {"kind": "adam", "lr": 0.01, "warmup_steps": 2},
+    "train": {"steps": 5, "eval_every": 2}
+  })");
+  const std::string dir = ::testing::TempDir() + "/pipetrain_board_" + std::to_string(::getpid());
+  const std::string reader = dir + "/read.py";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(reader) << R"(import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}))
+)";
+  auto read = [&](const std::string& logdir) {
+    const Result r = pipetrain::test::shell(py + " " + reader + " " + logdir + " 2>/dev/null");
+    EXPECT_EQ(r.status, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  for (const bool processes : {false, true}) {
+    SCOPED_TRACE(processes ? "processes" : "threads");
+    const std::string logdir = dir + (processes ? "/processes" : "/threads"), metrics = logdir + ".jsonl";
+    const std::string args = "train " + cfg + " --quiet --tensorboard " + logdir + " --metrics " + metrics;
+    Result r = run(processes ? "launch --nproc 2 -- " + args + " --set runtime.kind=processes" : args);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const auto board = read(logdir);
+    std::ifstream in(metrics);
+    std::string line;
+    int steps = 0, evals = 0;
+    while (std::getline(in, line)) {
+      const auto m = nlohmann::json::parse(line);
+      if (m.contains("event")) {
+        const int step = m["step"];
+        for (const auto& [tag, key] : {std::pair{"test/loss", "test_loss"}, std::pair{"test/accuracy", "test_accuracy"}}) {
+          bool found = false;
+          for (const auto& e : board[tag])
+            if (e[0] == step) {
+              found = true;
+              EXPECT_FLOAT_EQ(e[1].get<float>(), m[key].get<float>()) << tag;
+            }
+          EXPECT_TRUE(found) << tag << " at step " << step;
+        }
+        ++evals;
+        continue;
+      }
+      const int step = m["step"];
+      ASSERT_LT(static_cast<size_t>(step - 1), board["train/loss"].size());
+      for (const auto& [tag, key] : {std::pair{"train/loss", "loss"}, std::pair{"train/lr", "lr"},
+                                     std::pair{"train/grad_norm", "grad_norm"}, std::pair{"train/samples_per_s", "samples_per_s"}}) {
+        const auto& e = board[tag][step - 1];
+        EXPECT_EQ(e[0], step) << tag;
+        EXPECT_FLOAT_EQ(e[1].get<float>(), m[key].get<float>()) << tag << " at step " << step;
+      }
+      for (int stage = 0; stage < 2; ++stage) {
+        EXPECT_FLOAT_EQ(board["stages/busy_ms/" + std::to_string(stage)][step - 1][1].get<float>(),
+                        m["stage_busy_ms"][stage].get<float>());
+        // At least the stage's parameters: two Linear(16x16 or 8x16) layers of float32 and more.
+        EXPECT_GT(board["memory/peak_mib/" + std::to_string(stage)][step - 1][1].get<double>(), 0.0);
+      }
+      const double bubble = board["stages/bubble"][step - 1][1];
+      EXPECT_GE(bubble, 0.0);
+      EXPECT_LT(bubble, 1.0);
+      ++steps;
+    }
+    EXPECT_EQ(steps, 5);
+    EXPECT_EQ(evals, 3);  // after steps 2 and 4, and the final test
+  }
+  expect_clean_error(run("train " + cfg + " --tensorboard /proc/pipetrain_cannot_be_here"), "--tensorboard: tensorboard directory /proc/pipetrain_cannot_be_here: cannot create it");
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Accumulation, warm-up with cosine decay and clipping from the config: the metrics show the
 // learning rate of each step and a clipped run still trains.
 TEST(Cli, TrainingControls) {

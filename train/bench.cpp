@@ -93,18 +93,6 @@ std::pair<double, double> reduction_times(const StepTrace& t) {
   return {longest, outlasting};
 }
 
-// Bytes of the tensors in one parameter's optimizer state.
-int64_t state_bytes(const torch::optim::OptimizerParamState& s) {
-  int64_t n = 0;
-  auto add = [&n](const at::Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
-  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&s)) add(sgd->momentum_buffer());
-  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s))
-    add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
-  if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
-    add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
-  return n;
-}
-
 void set_rates(BenchMeasure& m, int64_t batch) {
   m.samples_per_s = batch / m.median_step_s;
   m.max_samples_per_s = batch / m.min_step_s;
@@ -180,25 +168,14 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     pipe.train_step(batches[0].input, batches[0].target);
     r.prediction.pipeline_peak_tensor_bytes = counter.peak();
     // Copy 0's stage r allocates into account r (pipeline.cpp).
-    for (int d = 0; d < pipe.stages(); ++d) r.prediction.device_peak_bytes.push_back(counter.peak(d));
-  }
-  for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs) {
-    int64_t& held = r.prediction.device_peak_bytes[pipe.schedule().device_of(vs)];
-    for (const auto& p : pipe.stage_layers(vs)->parameters()) held += static_cast<int64_t>(p.nbytes());
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
-      for (const auto& [key, state] : opt->state()) held += state_bytes(*state);
-      if (pipe.sharded_optimizer())  // the slice it steps, the optimizer's own tensor
-        for (const auto& group : opt->param_groups())
-          for (const auto& p : group.params()) held += static_cast<int64_t>(p.nbytes());
-    }
+    for (int d = 0; d < pipe.stages(); ++d) r.prediction.device_peak_bytes.push_back(counter.peak(d) + held_bytes(pipe, d));
   }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);
   r.prediction.reduce_ms = median(reduces);
   r.prediction.exposed_reduce_ms = median(exposed);
   for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs)
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs))
-      for (const auto& [key, state] : opt->state()) r.prediction.optimizer_state_bytes += state_bytes(*state);
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) r.prediction.optimizer_state_bytes += optimizer_state_bytes(*opt);
   if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);

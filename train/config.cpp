@@ -212,6 +212,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
   c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
   c.train.shard_optimizer = train.get_bool("shard_optimizer", c.train.shard_optimizer);
+  c.train.tensorboard = train.get_string("tensorboard", c.train.tensorboard);
   if (c.train.shard_optimizer && c.pipeline.data_parallel > 1 && c.model.is_object() &&
       c.model.contains("tie_embeddings") && c.model["tie_embeddings"].is_boolean() && c.model["tie_embeddings"].get<bool>())
     train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "

@@ -84,6 +84,8 @@ struct TrainConfig {
   // Data parallelism: each copy keeps the optimizer state of 1/data_parallel of every stage's
   // parameters (ZeRO stage 1: reduce-scatter, step the slice, all-gather).
   bool shard_optimizer = false;
+  // A TensorBoard log of the run in this directory (train/tensorboard.h); empty: none.
+  std::string tensorboard;
 };
 
 struct RuntimeConfig {

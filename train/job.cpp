@@ -72,6 +72,35 @@ OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
   };
 }
 
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t n = 0;
+  auto add = [&n](const at::Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  for (const auto& [key, state] : optimizer.state()) {
+    const torch::optim::OptimizerParamState* s = state.get();
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) add(sgd->momentum_buffer());
+    if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s))
+      add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+    if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s))
+      add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
+  }
+  return n;
+}
+
+int64_t held_bytes(Pipeline& pipe, int device) {
+  int64_t held = 0;
+  for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs) {
+    if (pipe.schedule().device_of(vs) != device || !pipe.is_local_stage(vs)) continue;
+    for (const auto& p : pipe.stage_layers(vs)->parameters()) held += static_cast<int64_t>(p.nbytes());
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+      held += optimizer_state_bytes(*opt);
+      if (pipe.sharded_optimizer())  // the slice it steps, the optimizer's own tensor
+        for (const auto& group : opt->param_groups())
+          for (const auto& p : group.params()) held += static_cast<int64_t>(p.nbytes());
+    }
+  }
+  return held;
+}
+
 at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }

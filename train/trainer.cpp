@@ -9,6 +9,8 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "train/checkpoint.h"
+#include "train/tensorboard.h"
+#include "profiler/profile.h"
 
 namespace pipetrain::train {
 
@@ -279,6 +281,22 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     if (metrics) observers.push_back(metrics.get());
     if (trace) observers.push_back(trace.get());
   }
+  // TensorBoard: rank 0 writes; every rank counts its devices' memory (a counting allocator,
+  // each stage's worker into its own account) and the ranks gather it each step.
+  const std::string tensorboard = !options.tensorboard_dir.empty() ? options.tensorboard_dir : c.train.tensorboard;
+  std::unique_ptr<TensorBoardLog> board;
+  std::unique_ptr<profiler::MemoryCounter> memory;
+  if (!tensorboard.empty()) {
+    if (pipe.rank() <= 0) {
+      try {
+        board = std::make_unique<TensorBoardLog>(tensorboard);
+      } catch (const ConfigError& e) {
+        throw ConfigError((options.tensorboard_dir.empty() ? c.where("train.tensorboard") : options.names.tensorboard) + ": " + e.what());
+      }
+      observers.push_back(board.get());
+    }
+    memory = std::make_unique<profiler::MemoryCounter>();
+  }
   const auto tell = [&](auto&& event) {
     for (TrainObserver* o : observers) event(*o);
   };
@@ -295,6 +313,11 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     const auto t0 = Clock::now();
     StepReport r;
     r.lr = learning_rate(c.optimizer, s, steps);
+    // What each device holds before the step (parameters, optimizer state); the counter adds what
+    // the step allocates, optimizer state made in it included.
+    std::vector<int64_t> held_before;
+    if (memory)
+      for (int d = 0; d < pipe.stages(); ++d) held_before.push_back(pipe.is_local(d) ? held_bytes(pipe, d) : 0);
     r.loss = run_step(job, pipe, s, r.lr, r.skipped);
     if (!r.skipped.empty()) ++result.skipped_steps;
     result.losses.push_back(r.loss);
@@ -321,6 +344,16 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
       });
     }
     r.stage_busy_ms = pipeline::stage_busy_ms(pipe.last_trace());
+    if (memory) {
+      // Copy 0's stage d allocates into account d (pipeline.cpp); a rank runs its own device.
+      std::vector<double> mine(pipe.stages(), 0.0);
+      for (int d = 0; d < pipe.stages(); ++d)
+        if (pipe.is_local(d)) mine[d] = static_cast<double>(memory->peak(d) + held_before[d]);
+      memory->reset_peak();
+      const auto all = pipe.collectives().all_gather(torch::tensor(mine, torch::kDouble), "the devices' peak memory");
+      for (int d = 0; d < pipe.stages(); ++d)
+        r.device_peak_bytes.push_back(static_cast<int64_t>(all.at(pipe.rank_of(d))[d].item<double>()));
+    }
     r.trace = &pipe.last_trace();
     tell([&](TrainObserver& o) { o.stepped(r); });
 
@@ -364,7 +397,9 @@ NoteSink notes_to(const std::vector<TrainObserver*>& observers) {
 }  // namespace
 
 std::string train_run_options(const TrainOptions& o) {
-  return detail::concat("checkpoint_dir=", o.checkpoint_dir, " resume=", o.resume, " until_step=", o.until_step);
+  // A TensorBoard log makes every rank gather memory figures each step: all or none.
+  return detail::concat("checkpoint_dir=", o.checkpoint_dir, " resume=", o.resume, " until_step=", o.until_step,
+                        " tensorboard=", !o.tensorboard_dir.empty());
 }
 
 TrainResult train(Job& job, const TrainOptions& options) {

@@ -36,6 +36,7 @@ struct RunOptionNames {
   std::string until_step = "until_step";
   std::string metrics = "the metrics file";
   std::string trace = "the trace file";
+  std::string tensorboard = "the tensorboard directory";
 };
 
 // One finished step, as observers see it.
@@ -48,6 +49,9 @@ struct StepReport {
   double step_s = 0, elapsed_s = 0;  // this step; since this run started
   int64_t samples = 0;               // in this step (batch x accumulate)
   std::vector<double> stage_busy_ms;
+  // Per device, with a TensorBoard log: the step's peak of the tensors its stage allocated plus
+  // its parameters and optimizer state (every rank's, gathered); empty otherwise.
+  std::vector<int64_t> device_peak_bytes;
   std::string skipped;                  // why the update was skipped (a non-finite value); empty: applied
   const StepTrace* trace = nullptr;     // the step's measured spans
 };
@@ -73,6 +77,7 @@ class TrainObserver {
 struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step; empty: none
   std::string trace_path;    // Chrome trace of the measured spans of `trace_steps` steps; empty: none
+  std::string tensorboard_dir;  // TensorBoard event file here (train/tensorboard.h); empty: train.tensorboard
   int trace_steps = 1;       // traced steps start at the second step (the first warms up), if there is one
   std::string checkpoint_dir;  // overrides train.checkpoint_dir
   bool resume = false;         // continue from the latest complete checkpoint in the checkpoint directory

@@ -1,0 +1,160 @@
+// The manual against the code: every config key the config reader and the model families ask
+// for is in docs/config.md (recorded while configs are read, so a new key without a row fails
+// here), and every subcommand of `pipetrain` and every option of each is in docs/cli.md (read
+// from the command's own --help).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/json_reader.h"
+#include "models/model.h"
+#include "tests/process_helpers.h"
+#include "train/config.h"
+
+namespace {
+
+std::string read_doc(const std::string& name) {
+  std::ifstream in(std::string(PIPETRAIN_SOURCE_DIR) + "/docs/" + name);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> table_rows(const std::string& doc) {
+  std::vector<std::string> rows;
+  std::istringstream in(doc);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("| `", 0) == 0) rows.push_back(line);
+  return rows;
+}
+
+std::string first_cell(const std::string& row) {
+  const size_t end = row.find(" |", 2);
+  return row.substr(0, end);
+}
+
+// Every key path that configs can hold: read while a few configs (each data kind and runtime)
+// are parsed, and while every model family is built with its defaults.
+std::set<std::string> config_keys() {
+  std::set<std::string> keys;
+  pipetrain::record_keys(&keys);
+  for (
+      const char* extra :
+      {R"({"data": {"kind": "synthetic"}})",
+       R"({"data": {"kind": "text", "path": "/etc/hostname"}, "model": {"family": "gpt", "vocab_size": 256}})",
+       R"({"runtime": {"kind": "processes"}, "optimizer": {"kind": "adamw"}})",
+       R"({"pipeline": {"balance": "time", "memory_limit": 1000000000}, "optimizer": {"kind": "sgd", "momentum": 0.9}})"}) {
+    nlohmann::json c = nlohmann::json::parse(R"({"model": {"family": "mlp"}})");
+    c.merge_patch(nlohmann::json::parse(extra));
+    try {
+      pipetrain::train::parse_config(c, "test");
+    } catch (const pipetrain::Error&) {  // a key read before a refusal is recorded all the same
+    }
+  }
+  for (const std::string& family : pipetrain::models::families()) {
+    nlohmann::json m{{"family", family}};
+    pipetrain::JsonReader r(m, "model", "test");
+    try {
+      pipetrain::models::build(r, 0);
+    } catch (const pipetrain::Error&) {
+    }
+  }
+  pipetrain::record_keys(nullptr);
+  // Leaves only: a section ("pipeline") is not a key of its own.
+  std::set<std::string> leaves;
+  for (const auto& k : keys) {
+    auto next = keys.upper_bound(k);
+    if (next != keys.end() && next->rfind(k + ".", 0) == 0) continue;
+    leaves.insert(k);
+  }
+  return leaves;
+}
+
+}  // namespace
+
+// A key "a.b" is documented by a row of docs/config.md whose first cell names it, whole or as
+// a later name in a row that starts with its section ("| `optimizer.lr`, `momentum`, ..."); a
+// model family's key ("model.width" of mlp) by a row of that family — "(mlp)" in its first
+// cell — that names it anywhere.
+TEST(Manual, EveryConfigKeyIsInTheConfigReference) {
+  const auto rows = table_rows(read_doc("config.md"));
+  ASSERT_GT(rows.size(), 20u);
+  const std::set<std::string> keys = config_keys();
+  ASSERT_GT(keys.size(), 60u) << "the recorder saw too few keys";
+  std::set<std::string> model_keys_by_family;
+  for (const std::string& family : pipetrain::models::families()) {
+    std::set<std::string> recorded;
+    pipetrain::record_keys(&recorded);
+    nlohmann::json m{{"family", family}};
+    pipetrain::JsonReader r(m, "model", "test");
+    try {
+      pipetrain::models::build(r, 0);
+    } catch (const pipetrain::Error&) {
+    }
+    pipetrain::record_keys(nullptr);
+    for (const auto& key : recorded) {
+      const std::string name = key.substr(key.find('.') + 1);
+      bool found = name == "family";
+      for (const auto& row : rows)
+        if (first_cell(row).find("(" + family + ")") != std::string::npos &&
+            (row.find("`" + name + "`") != std::string::npos ||
+             row.find("`model." + name + "`") != std::string::npos))
+          found = true;
+      EXPECT_TRUE(found) << "model." << name << " of the " << family << " family is not in docs/config.md";
+      model_keys_by_family.insert(key);
+    }
+  }
+  for (const auto& key : keys) {
+    if (model_keys_by_family.count(key) || key.rfind("model.", 0) == 0) continue;
+    const std::string section = key.substr(0, key.find('.') + 1), name = key.substr(key.find('.') + 1);
+    bool found = false;
+    for (const auto& row : rows) {
+      const std::string cell = first_cell(row);
+      if (cell.find("`" + key + "`") != std::string::npos ||
+          (cell.find("`" + section) != std::string::npos && cell.find("`" + name + "`") != std::string::npos))
+        found = true;
+    }
+    EXPECT_TRUE(found) << key << " is not in docs/config.md";
+  }
+}
+
+// Every subcommand the command lists in its --help, and every option each lists in its own, is
+// in docs/cli.md.
+TEST(Manual, EverySubcommandAndOptionIsInTheCommandReference) {
+  const std::string doc = read_doc("cli.md");
+  const auto help = pipetrain::test::shell(std::string(PIPETRAIN_BINARY) + " --help 2>&1");
+  ASSERT_EQ(help.status, 0) << help.out;
+  // CLI11 heads the list "Subcommands:" (2.x) or "SUBCOMMANDS:" (older releases).
+  size_t at = help.out.find("Subcommands:");
+  if (at == std::string::npos) at = help.out.find("SUBCOMMANDS:");
+  ASSERT_NE(at, std::string::npos) << help.out;
+  std::istringstream lines(help.out.substr(at));
+  std::string line;
+  std::getline(lines, line);
+  std::vector<std::string> subcommands;
+  const std::regex sub_line(R"(^\s+([a-z][a-z-]*)\s)");
+  std::smatch m;
+  while (std::getline(lines, line))
+    if (std::regex_search(line, m, sub_line)) subcommands.push_back(m[1]);
+  ASSERT_GE(subcommands.size(), 10u) << help.out;
+  for (const std::string& sub : subcommands) {
+    EXPECT_NE(doc.find("pipetrain " + sub), std::string::npos)
+        << "pipetrain " << sub << " is not in docs/cli.md";
+    const auto sub_help = pipetrain::test::shell(std::string(PIPETRAIN_BINARY) + " " + sub + " --help 2>&1");
+    const std::regex option(R"((--[a-z][a-z-]+))");
+    for (auto it = std::sregex_iterator(sub_help.out.begin(), sub_help.out.end(), option);
+         it != std::sregex_iterator(); ++it) {
+      const std::string flag = (*it)[1];
+      if (flag == "--help") continue;
+      EXPECT_NE(doc.find(flag), std::string::npos)
+          << "pipetrain " << sub << " " << flag << " is not in docs/cli.md";
+    }
+  }
+}
