@@ -224,6 +224,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   plan->add_option("--memory-limit", auto_options.memory_limit, "--auto: bytes per device (one, or one per device)")
       ->delimiter(',')->check(CLI::PositiveNumber);
+  plan->add_option("--memory-headroom", auto_options.memory_headroom,
+                   "--auto: share of each limit kept free for what the memory model misses (default 0.05)")
+      ->check(CLI::Range(0.0, 0.9));
   plan->add_option("--speeds", auto_options.speeds, "--auto: relative speed of each device")->delimiter(',')
       ->check(CLI::PositiveNumber);
   plan->add_option("--top", auto_options.top, "--auto: plans to list (default 5)")->check(CLI::Range(1, 1000));

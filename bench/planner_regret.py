@@ -8,8 +8,9 @@ balance and precision on 2 devices) and the planner's prediction for the same pl
   the best measured step (the regret), and the Spearman rank correlation of predicted against
   measured steps over the grid;
 - memory: each measured plan's peak per device (its tensors, parameters and optimizer state)
-  against the planner's prediction, and a tight limit (just below what the fastest plan needs
-  without recomputation or 1F1B): the planner's pick under it, measured, must stay under it.
+  against the planner's prediction; a tight limit (just below what the least hungry plan
+  without recomputation or 1F1B needs): the planner's pick under it, measured, must stay under
+  it; and limits swept over the predicted peaks, each pick measured against its limit.
 
   python3 bench/planner_regret.py BUILD_DIR [CONFIG ...] > bench/results/planner_regret.md
 """
@@ -27,6 +28,9 @@ SCHEDULES = "gpipe,1f1b,zb-h1,dualpipev"
 RECOMPUTE = "never,except_last"
 PRECISIONS = "fp32,bf16"
 MIB = 1 << 20
+HEADROOM = 0.05  # plan --auto --memory-headroom's default
+RUNS = 3  # passes over the grid
+SWEEP = (0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1)  # quantiles of the predicted peaks
 
 
 def ranks(values):
@@ -96,16 +100,21 @@ def auto_plans(config, *args):
 print("# The auto-planner against measurement")
 print()
 print("`python3 bench/planner_regret.py build` on a 2-core machine. Measured with `pipetrain bench` (median of")
-print(f"6 steps after 2 of warm-up, one thread per stage and copy): 1 stage (1 or 2 copies, gpipe) and 2 stages")
+print(f"6 steps after 2 of warm-up, one thread per stage and copy; the grid measured {RUNS} times, one pass after")
+print("another, each plan's step the median of its passes): 1 stage (1 or 2 copies, gpipe) and 2 stages")
 print(f"(schedules {SCHEDULES}), micro-batches {MBS}, recompute {RECOMPUTE}, precisions {PRECISIONS} with the uniform")
 print("balance and fp32 with the time balance (2 stages);")
 print("predicted with `pipetrain plan --auto --devices 2 --json` on the same plans. Peak memory per device: the")
 print("tensors its stage allocated in a step (a counting allocator, by thread) plus its parameters and optimizer state.")
 print()
-speed_rows, memory_rows, limit_rows = [], [], []
+speed_rows, memory_rows, limit_rows, sweep_rows = [], [], [], []
 for config in configs:
     with tempfile.TemporaryDirectory() as d:
-        measured = measure_grid(config, d)
+        # The grid measured RUNS times, one whole pass after another (this machine's noise drifts
+        # over minutes): each plan's step is the median of its passes' medians.
+        passes = [measure_grid(config, d) for _ in range(RUNS)]
+        measured = {k: dict(passes[0][k], step_ms=sorted(p[k]["step_ms"] for p in passes)[RUNS // 2])
+                    for k in passes[0] if all(k in p for p in passes)}
         plans = auto_plans(config)
         predicted = {}
         for j in plans:
@@ -117,48 +126,77 @@ for config in configs:
         by_measured = sorted(keys, key=step)
         best = by_measured[0]
         rho = spearman([predicted[k]["step_ms"] for k in keys], [step(k) for k in keys])
+        pass_ranks = [sorted(keys, key=lambda k, p=p: p[k]["step_ms"]).index(pick) + 1 for p in passes]
         cfg = os.path.basename(config)
         speed_rows.append(f"| {cfg} | {len(keys)} | {name(pick)} | {by_measured.index(pick) + 1} of {len(keys)} | "
+                          f"{', '.join(map(str, pass_ranks))} | "
                           f"{step(pick):.1f} ms (predicted {predicted[pick]['step_ms']:.1f}) | {step(best):.1f} ms "
                           f"({name(best)}) | {100 * (step(pick) / step(best) - 1):+.1f}% | {rho:.2f} |")
 
         # Memory: measured peak per device against predicted, over the grid.
         ratios = []
         for k in keys:
-            for got, want in zip(measured[k]["device_peak_bytes"], predicted[k]["peak_bytes"]):
-                ratios.append(got / want)
+            for dev, (got, want) in enumerate(zip(measured[k]["device_peak_bytes"], predicted[k]["peak_bytes"])):
+                ratios.append((got / want, f"{name(k)}, device {dev}: {got / MIB:.2f} MiB against {want / MIB:.2f}"))
         ratios.sort()
-        over = sum(r > 1 for r in ratios)
-        memory_rows.append(f"| {cfg} | {len(ratios)} | {ratios[0]:.2f} | {ratios[len(ratios) // 2]:.2f} | "
-                           f"{ratios[-1]:.2f} | {over} |")
+        over = sum(r > 1 for r, _ in ratios)
+        memory_rows.append(f"| {cfg} | {len(ratios)} | {ratios[0][0]:.2f} | {ratios[len(ratios) // 2][0]:.2f} | "
+                           f"{ratios[-1][0]:.2f} ({ratios[-1][1]}) | {over} |")
 
-        # A tight limit: just below the least memory of the plans without recomputation or 1F1B.
+        def pick_under(limit):
+            """The planner's pick under `limit`, written as a config and measured: (pick, peak)."""
+            chosen = os.path.join(d, "chosen.json")
+            top = auto_plans(config, "--memory-limit", str(limit), "--write-config", chosen)[0]
+            out = os.path.join(d, "chosen.jsonl")
+            if os.path.exists(out):
+                os.remove(out)
+            subprocess.run([binary, "bench", chosen, "--warmup", "2", "--repeat", "6", "--json", out], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return top, max(json.loads(open(out).readline())["device_peak_bytes"])
+
+        # A tight limit: just below what the least hungry plan without recomputation or 1F1B
+        # needs (its predicted peak with the planner's default headroom of 5% kept free).
         free = [j for j in plans if j["recompute"] == "never" and j["schedule"] != "1f1b"]
-        limit = int(min(max(j["peak_bytes"]) for j in free)) - 1
-        chosen = os.path.join(d, "chosen.json")
-        tight = auto_plans(config, "--memory-limit", str(limit), "--write-config", chosen)
-        top = tight[0]
-        out = os.path.join(d, "chosen.jsonl")
-        subprocess.run([binary, "bench", chosen, "--warmup", "2", "--repeat", "6", "--json", out], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        got = json.loads(open(out).readline())
-        peak = max(got["device_peak_bytes"])
+        limit = int(min(max(j["peak_bytes"]) for j in free) / (1 - HEADROOM)) - 1
+        top, peak = pick_under(limit)
         tk = key_of(top, top["balance_method"])
         limit_rows.append(f"| {cfg} | {limit / MIB:.2f} | {name(tk)} | {max(top['peak_bytes']) / MIB:.2f} | "
                           f"{peak / MIB:.2f} | {'yes' if peak <= limit else 'NO'} |")
+
+        # Limits swept: each just large enough for a plan at a quantile of the predicted peaks
+        # (with the headroom), from the least hungry plan up; every pick measured against its limit.
+        peaks = sorted({max(j["peak_bytes"]) for j in plans})
+        limits = sorted({int(peaks[int(q * (len(peaks) - 1))] / (1 - HEADROOM)) + 1 for q in SWEEP})
+        worst, over = (0.0, ""), 0
+        for lim in limits:
+            top, peak = pick_under(lim)
+            what = (f"{name(key_of(top, top['balance_method']))} under {lim / MIB:.2f} MiB: predicted "
+                    f"{max(top['peak_bytes']) / MIB:.2f}, measured {peak / MIB:.2f}")
+            worst = max(worst, (peak / lim, what))
+            over += peak > lim
+        sweep_rows.append(f"| {cfg} | {len(limits)} ({limits[0] / MIB:.2f} to {limits[-1] / MIB:.2f} MiB) | "
+                          f"{worst[0]:.3f} ({worst[1]}) | {over} |")
     print(f"done: {cfg}", file=sys.stderr, flush=True)
 
 print("## Speed\n")
-print("| config | plans | pick (predicted fastest) | pick's measured rank | pick measured | best measured | regret | Spearman |")
-print("|---|---|---|---|---|---|---|---|")
+print("| config | plans | pick (predicted fastest) | pick's measured rank | its rank in each pass | pick measured | best measured | regret | Spearman |")
+print("|---|---|---|---|---|---|---|---|---|")
 print("\n".join(speed_rows))
 print("\n## Memory per device, measured / predicted\n")
-print("| config | devices x plans | min | median | max | measured above predicted |")
+print("| config | devices x plans | min | median | max (its plan) | measured above predicted |")
 print("|---|---|---|---|---|---|")
 print("\n".join(memory_rows))
 print("\n## Under a tight limit (MiB per device)\n")
-print("The limit is 1 byte below the least any plan needs without recomputation or 1F1B; the pick is")
-print("written with `--write-config` and measured with `bench` on that config.\n")
+print("The limit is 1 byte below the least any plan without recomputation or 1F1B needs with the planner's")
+print("default headroom (5% of the limit kept free), so none of those fits; the pick is written with")
+print("`--write-config` and measured with `bench` on that config.\n")
 print("| config | limit | pick | predicted peak | measured peak | within the limit |")
 print("|---|---|---|---|---|---|")
 print("\n".join(limit_rows))
+print("\n## Limits swept\n")
+print("Limits just large enough (with the headroom) for the plans at quantiles " + ", ".join(map(str, SWEEP)))
+print("of the predicted peaks, the least hungry plan first; each pick written, measured with `bench`, and its")
+print("measured peak per device compared with the limit.\n")
+print("| config | limits | largest measured peak / limit (its pick) | picks over their limit |")
+print("|---|---|---|---|")
+print("\n".join(sweep_rows))

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     for (const auto& c : pipetrain::partitioner::parse_costs(text, "fuzz/costs.json"))
       if (!std::isfinite(c.forward_ms) || c.forward_ms < 0 || !std::isfinite(c.backward_ms) || c.backward_ms < 0 ||
-          c.param_bytes < 0 || c.activation_bytes < 0 || c.saved_bytes < 0)
+          c.param_bytes < 0 || c.activation_bytes < 0 || c.saved_bytes < 0 || c.workspace_bytes < 0)
         std::abort();
   } catch (const pipetrain::ConfigError&) {
   }

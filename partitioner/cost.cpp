@@ -1,5 +1,6 @@
 #include "partitioner/cost.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -40,14 +41,15 @@ int64_t stage_memory(const std::vector<LayerCost>& costs, int begin, int end, in
                   end, ") of ", costs.size(), " layers");
   PIPETRAIN_CHECK(stage >= 0 && (model.in_flight.empty() || stage < static_cast<int>(model.in_flight.size())),
                   "stage ", stage, " of ", model.in_flight.size(), " in_flight entries");
-  int64_t params = 0, saved = 0;
+  int64_t params = 0, saved = 0, workspace = 0;
   for (int i = begin; i < end; ++i) {
     params += costs[i].param_bytes;
     saved += costs[i].saved_bytes;
+    workspace = std::max(workspace, costs[i].workspace_bytes);
   }
   const int64_t input = begin == 0 ? model.input_bytes : costs[begin - 1].activation_bytes;
   const int f = model.in_flight.empty() ? 1 : model.in_flight[stage];
-  return memory_bytes(params, saved, input, f, model);
+  return memory_bytes(params, saved, input, f, model) + workspace;
 }
 
 }  // namespace pipetrain::partitioner

@@ -19,6 +19,10 @@ struct LayerCost {
   int64_t param_bytes = 0;       // the layer's parameters
   int64_t activation_bytes = 0;  // the layer's output: the next stage's input when a stage ends here
   int64_t saved_bytes = 0;       // what the layer keeps for backward (includes its output when kept)
+  // Transient bytes above what the layer keeps, at the peak of its forward or its backward
+  // (temporaries, the input gradient, a weight gradient before it is added to the accumulated
+  // one): one layer runs at a time on a stage, so a stage needs the largest of its layers'.
+  int64_t workspace_bytes = 0;
   // The backward's two parts when known (a cost file may give them): B, the input gradient, and
   // W, the weight gradients; negative when not given.
   double backward_input_ms = -1, backward_weight_ms = -1;
@@ -58,7 +62,8 @@ int64_t memory_bytes(int64_t params, int64_t saved, int64_t input, int in_flight
 // Predicted peak bytes of stage `stage` holding layers [begin, end): memory_bytes of the sums of
 // param_bytes and saved_bytes over the layers, with input = the stage's input of one micro-batch
 // (model.input_bytes for begin == 0, else costs[begin - 1].activation_bytes) and
-// f = model.in_flight[stage] (1 when in_flight is empty).
+// f = model.in_flight[stage] (1 when in_flight is empty), plus the largest workspace_bytes of
+// the layers.
 int64_t stage_memory(const std::vector<LayerCost>& costs, int begin, int end, int stage,
                      const MemoryModel& model);
 

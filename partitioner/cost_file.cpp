@@ -111,6 +111,7 @@ CostFile parse_cost_file(const std::string& text, const std::string& path) {
     c.param_bytes = static_cast<int64_t>(number("param_bytes", true, kMaxBytes));
     c.activation_bytes = static_cast<int64_t>(number("activation_bytes", true, kMaxBytes));
     c.saved_bytes = static_cast<int64_t>(number("saved_bytes", false, kMaxBytes));
+    c.workspace_bytes = static_cast<int64_t>(number("workspace_bytes", false, kMaxBytes));
     const bool has_b = e.contains("backward_input_ms"), has_w = e.contains("backward_weight_ms");
     if (has_b != has_w)
       throw ConfigError(detail::concat(where, " (", shown_name, "): backward_input_ms and backward_weight_ms go together"));
@@ -133,6 +134,7 @@ void write_cost_file(std::ostream& out, const CostFile& f) {
                      {"param_bytes", c.param_bytes}, {"activation_bytes", c.activation_bytes},
                      {"saved_bytes", c.saved_bytes}};
     if (c.backward_input_ms >= 0) e["backward_input_ms"] = c.backward_input_ms, e["backward_weight_ms"] = c.backward_weight_ms;
+    if (c.workspace_bytes > 0) e["workspace_bytes"] = c.workspace_bytes;
     layers.push_back(e);
   }
   nlohmann::json j{{"layers", layers}};
@@ -165,6 +167,7 @@ CostFile scaled_to_rows(const CostFile& file, int64_t rows, const std::string& p
     if (c.backward_input_ms >= 0) c.backward_input_ms *= r, c.backward_weight_ms *= r;
     c.activation_bytes = bytes(c.activation_bytes);
     c.saved_bytes = bytes(c.saved_bytes);
+    c.workspace_bytes = bytes(c.workspace_bytes);
   }
   return out;
 }

@@ -1,5 +1,6 @@
 // Cost files: a JSON array with one object per layer (name, forward_ms, backward_ms,
-// param_bytes, activation_bytes, saved_bytes, and optionally backward_input_ms and
+// param_bytes, activation_bytes, saved_bytes, optionally workspace_bytes (a layer's transient
+// bytes above what it keeps; partitioner/cost.h), and optionally backward_input_ms and
 // backward_weight_ms, which go together (measured apart, they may add up to more than the fused
 // backward_ms); other fields are ignored), as
 // `pipetrain plan --save-costs` writes them and `partition --costs`, `plan --costs`,

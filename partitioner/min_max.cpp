@@ -77,14 +77,14 @@ class Instance {
     sum_ms.assign(n + 1, 0.0);
     sum_params.assign(n + 1, 0);
     sum_saved.assign(n + 1, 0);
-    int64_t max_input = model.input_bytes;
+    int64_t max_input = model.input_bytes, max_workspace = 0;
     for (int i = 0; i < n; ++i) {
       const LayerCost& l = costs[i];
       for (double v : {l.forward_ms, l.backward_ms})
         if (!std::isfinite(v) || v < 0)
           throw ConfigError(detail::concat("partition: ", layer_label(costs, i), " has time ", v,
                                            " ms; times must be finite and >= 0"));
-      for (int64_t v : {l.param_bytes, l.activation_bytes, l.saved_bytes})
+      for (int64_t v : {l.param_bytes, l.activation_bytes, l.saved_bytes, l.workspace_bytes})
         if (v < 0 || v > kMaxBytes - std::max(sum_params[i], sum_saved[i]))
           throw ConfigError(detail::concat("partition: ", layer_label(costs, i), " has ", v,
                                            " bytes; byte counts must be >= 0 and sum below 2^62"));
@@ -92,12 +92,26 @@ class Instance {
       sum_params[i + 1] = sum_params[i] + l.param_bytes;
       sum_saved[i + 1] = sum_saved[i] + l.saved_bytes;
       max_input = std::max(max_input, l.activation_bytes);
+      max_workspace = std::max(max_workspace, l.workspace_bytes);
+    }
+    // The largest workspace of a range of layers in O(1): a sparse table, built only when some
+    // layer has one (level t holds the maximum of 2^t layers from each start).
+    if (max_workspace > 0) {
+      workspace_.push_back({});
+      for (const auto& l : costs) workspace_[0].push_back(l.workspace_bytes);
+      for (int t = 1; (1 << t) <= n; ++t) {
+        const auto& prev = workspace_[t - 1];
+        std::vector<int64_t> level(n - (1 << t) + 1);
+        for (size_t i = 0; i < level.size(); ++i) level[i] = std::max(prev[i], prev[i + (1 << (t - 1))]);
+        workspace_.push_back(std::move(level));
+      }
     }
     if (!std::isfinite(sum_ms[n]))
       throw ConfigError("partition: the layer times sum to more than a double can hold");
     const int max_f = *std::max_element(in_flight.begin(), in_flight.end());
     const double bound = static_cast<double>(sum_params[n]) * (1 + model.state_factor) +
-                         static_cast<double>(max_f) * (static_cast<double>(sum_saved[n]) + max_input);
+                         static_cast<double>(max_f) * (static_cast<double>(sum_saved[n]) + max_input) +
+                         static_cast<double>(max_workspace);
     if (!(bound < static_cast<double>(kMaxBytes)))
       throw ConfigError(detail::concat("partition: the memory of one stage could reach ", bound,
                                        " bytes, beyond the 2^62 this model computes with"));
@@ -108,7 +122,15 @@ class Instance {
   int64_t input(int b) const { return b == 0 ? model.input_bytes : costs[b - 1].activation_bytes; }
   int64_t memory(int j, int b, int e) const {
     return memory_bytes(sum_params[e] - sum_params[b], sum_saved[e] - sum_saved[b], input(b), in_flight[j],
-                        model);
+                        model) +
+           workspace(b, e);
+  }
+  // The largest workspace_bytes of layers [b, e); it only grows as a stage takes more layers, so
+  // the probes' monotonicity in the stage's start and end holds with it.
+  int64_t workspace(int b, int e) const {
+    if (workspace_.empty()) return 0;
+    const int t = 31 - __builtin_clz(static_cast<unsigned>(e - b));  // floor(log2(e - b))
+    return std::max(workspace_[t][b], workspace_[t][e - (1 << t)]);
   }
   // Whether stage j's memory cannot grow when its start moves later (the input term is the only
   // part that depends on the start alone).
@@ -132,6 +154,7 @@ class Instance {
   std::vector<int> in_flight;
   std::vector<double> sum_ms;  // running sums of layer_ms, as stage_time accumulates them
   std::vector<int64_t> sum_params, sum_saved;
+  std::vector<std::vector<int64_t>> workspace_;  // sparse table of workspace_bytes; empty: all 0
   int64_t max_bytes = 0;  // no stage of any split can need more
 };
 
@@ -568,7 +591,7 @@ void check_layers_fit(const Instance& in, const MemoryEnds& mem) {
     int closest = -1;  // the stage it misses by the least
     int64_t closest_excess = 0, closest_bytes = 0;
     for (int j = std::max(0, b - (in.n - in.k)); j <= std::min(b, in.k - 1) && !fits; ++j) {
-      const int64_t bytes = memory_bytes(l.param_bytes, l.saved_bytes, 0, in.in_flight[j], in.model);
+      const int64_t bytes = memory_bytes(l.param_bytes, l.saved_bytes, 0, in.in_flight[j], in.model) + l.workspace_bytes;
       fits = !mem.limited(j) || bytes <= mem.limit(j);
       if (!fits && (closest < 0 || bytes - mem.limit(j) < closest_excess))
         closest = j, closest_excess = bytes - mem.limit(j), closest_bytes = bytes;

@@ -177,6 +177,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       for (const auto& param : one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
 
       std::vector<double> fwd, bwd, bin, bw;
+      int64_t awaiting = 0;
       at::Tensor out, grad;
       for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
         const bool timed = rep >= o.warmup;
@@ -201,21 +202,35 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
           out = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0, skips, &skips_out);
           const double f = ms_since(t0);
           if (counter) {
+            // Kept: what the graph holds after the forward; workspace: what the forward needed
+            // above that at its peak, then what the backward needs above its start (the
+            // gradients from earlier repetitions exist, so the new weight gradients are the
+            // transient copies a micro-batch after the first accumulates from).
             c.saved_bytes = counter->live() - before;
-            counter.reset();
+            c.workspace_bytes = std::max<int64_t>(0, counter->peak() - counter->live());
           }
           if (!last && !grad.defined()) grad = torch::randn_like(out);
           for (const auto& [name, t] : skips_out)
             if (!skip_grads.count(name)) skip_grads[name] = torch::randn_like(t);
           if (split == 0) {
             if (timed) fwd.push_back(f);
+            if (counter) counter->reset_peak();
+            const int64_t start = counter ? counter->live() : 0;
             t0 = std::chrono::steady_clock::now();
             stage.backward(0, grad, skip_grads);
             if (timed) bwd.push_back(ms_since(t0));
+            if (counter) {
+              c.workspace_bytes = std::max(c.workspace_bytes, counter->peak() - start);
+              counter.reset();
+            }
           } else {
+            std::unique_ptr<MemoryCounter> held;
+            if (timed && rep == o.warmup) held = std::make_unique<MemoryCounter>();
             t0 = std::chrono::steady_clock::now();
             stage.backward_input(0, grad, skip_grads);
             const double b = ms_since(t0);
+            if (held) awaiting = std::max<int64_t>(0, held->live());
+            held.reset();
             t0 = std::chrono::steady_clock::now();
             stage.backward_weight(0);
             if (timed) bin.push_back(b), bw.push_back(ms_since(t0));
@@ -230,6 +245,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       p.layers.push_back(c);
       p.backward_input_ms.push_back(median(bin));
       p.backward_weight_ms.push_back(median(bw));
+      p.awaiting_weight_bytes.push_back(awaiting);
       for (auto& param : one->parameters()) param.mutable_grad() = at::Tensor();
       x = out.detach();
       skips = skips_out;

@@ -29,6 +29,9 @@ struct ProfileOptions {
 struct Profile {
   std::vector<LayerCost> layers;
   std::vector<double> backward_input_ms, backward_weight_ms;  // B and W of each layer
+  // What each layer holds between its B and its W beyond its saved bytes (the output gradients
+  // W needs); empty: not measured (cost files).
+  std::vector<int64_t> awaiting_weight_bytes;
   std::vector<double> optimizer_ms;                           // optimizer step of each layer; empty: not measured
   int64_t input_bytes = 0;                                    // one micro-batch of model input
   int64_t micro_batch = 0;                                    // its samples

@@ -32,6 +32,7 @@ void check_costs(const Schedule& s, const Costs& c) {
   size_ok(c.recompute, "recompute", true);
   size_ok(c.activation_bytes, "activation_bytes", true);
   size_ok(c.saved_bytes, "saved_bytes", true);
+  size_ok(c.awaiting_weight_bytes, "awaiting_weight_bytes", true);
   size_ok(c.backward_fused, "backward_fused", true);
   size_ok(c.reduce_ms, "reduce_ms", true);
   if (!c.device_bytes_per_ms.empty() && c.device_bytes_per_ms.size() != static_cast<size_t>(s.stages))
@@ -130,12 +131,13 @@ Simulation simulate(const Schedule& s, const Costs& c) {
                                : c.backward_input[vs] + (a.op == Op::Backward ? c.backward_weight[vs] : 0.0));
             --in_flight[r];
             if (a.op == Op::Backward) --awaiting[r], hold(r, end, -holds(vs, a.micro_batch));
+            if (a.op == Op::BackwardInput && !c.awaiting_weight_bytes.empty()) hold(r, end, c.awaiting_weight_bytes[vs]);
             break;
           }
           case Op::BackwardWeight:
             end = start + c.backward_weight[vs];
             --awaiting[r];
-            hold(r, end, -holds(vs, a.micro_batch));
+            hold(r, end, -holds(vs, a.micro_batch) - (c.awaiting_weight_bytes.empty() ? 0.0 : c.awaiting_weight_bytes[vs]));
             break;
           case Op::Reduce: {
             const double cost = c.reduce_ms.empty() ? 0.0 : c.reduce_ms[vs];

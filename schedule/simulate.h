@@ -8,7 +8,8 @@
 //
 // Memory: a micro-batch holds Costs::saved_bytes[vs] on its device from its forward on virtual
 // stage vs to its last backward part there (the fused backward, or W); a recomputed one holds
-// only its input (the previous virtual stage's activation_bytes) in between.
+// only its input (the previous virtual stage's activation_bytes) in between. Between a B and its
+// W it also holds Costs::awaiting_weight_bytes[vs].
 //
 // Reductions (Op::Reduce, data parallelism) cost the device only action_ms to start; they run
 // on the device's link, one after another, and the step (and its finishing work) ends once
@@ -35,6 +36,9 @@ struct Costs {
   std::vector<bool> recomputed;        // per micro-batch; empty: none is recomputed
   std::vector<double> activation_bytes;  // the output of each virtual stage (its gradient is as large)
   std::vector<double> saved_bytes;       // what a micro-batch keeps on each virtual stage for its backward; empty: count 1
+  // What a micro-batch holds besides saved_bytes from its B to its W on each virtual stage (the
+  // output gradients its weight gradients need); empty: nothing.
+  std::vector<double> awaiting_weight_bytes;
   double latency_ms = 0;
   double bytes_per_ms = 0;  // transfer bandwidth; 0: unlimited
   // Per device: its own bandwidth (a transfer runs at the slower end's); empty: bytes_per_ms.

@@ -25,7 +25,8 @@ struct Table {
         partitioner::LayerCost l;
         l.name = "layer" + std::to_string(i);
         l.forward_ms = 0.1 * rows, l.backward_ms = 0.2 * rows;
-        l.param_bytes = 100, l.activation_bytes = static_cast<int64_t>(rows), l.saved_bytes = static_cast<int64_t>(10 * rows);
+        l.param_bytes = 100, l.activation_bytes = static_cast<int64_t>(rows),
+        l.saved_bytes = static_cast<int64_t>(10 * rows);
         p.layers.push_back(l);
         p.backward_input_ms.push_back(0.1 * rows), p.backward_weight_ms.push_back(0.1 * rows);
       }
@@ -51,7 +52,8 @@ SearchSpace space() {
 // with the fill-drain step (M + K - 1) x (2 layers x 0.3 ms x 1 row) = 9 x 0.6 = 5.4 ms.
 TEST(AutoPlan, MostMicroBatchesOnEveryDeviceWin) {
   Table t;
-  const SearchResult r = search_plans(space(), [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+  const SearchResult r = search_plans(
+      space(), [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   ASSERT_FALSE(r.fitting.empty());
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.stages, 2);
@@ -72,12 +74,48 @@ TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
   Table t;
   SearchSpace s = space();
   s.memory_limit = {900};
-  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+  const SearchResult r =
+      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.schedule, "1f1b");
   EXPECT_EQ(best.micro_batches, 8);
   EXPECT_NEAR(best.max_peak_bytes(), 840, 1e-9);
   for (const Candidate& c : r.fitting) EXPECT_LE(c.max_peak_bytes(), 900);
+}
+
+// Workspace and headroom: a layer's workspace (its largest transient) comes on top of what the
+// device holds, once per device; the headroom keeps that share of the limit free. With 30 bytes
+// of workspace per layer 1f1b's peak at M=8, the least of any plan, is 840 + 30 = 870: it fits
+// a limit of 870 exactly, not with 5% headroom, where the error names the limit that would
+// (870 / 0.95, rounded up: 916), and that limit fits it again.
+TEST(AutoPlan, WorkspaceAndHeadroomCountAgainstTheLimit) {
+  Table t;
+  auto with_workspace = [&](int64_t rows, Precision p) -> const profiler::Profile& {
+    profiler::Profile& prof = const_cast<profiler::Profile&>(t(rows, p));
+    for (auto& l : prof.layers) l.workspace_bytes = 30;
+    return prof;
+  };
+  SearchSpace s = space();
+  s.memory_limit = {870};
+  SearchResult r = search_plans(s, with_workspace);
+  ASSERT_EQ(r.fitting.size(), 1u);
+  EXPECT_EQ(r.fitting.front().schedule, "1f1b");
+  EXPECT_EQ(r.fitting.front().micro_batches, 8);
+  EXPECT_NEAR(r.fitting.front().max_peak_bytes(), 870, 1e-9);
+  s.memory_headroom = 0.05;
+  try {
+    search_plans(s, with_workspace);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "the smallest needs 870 bytes on its fullest device, a limit of 916 with 5% headroom"),
+              std::string::npos)
+        << e.what();
+  }
+  s.memory_limit = {916};
+  r = search_plans(s, with_workspace);
+  ASSERT_EQ(r.fitting.size(), 1u);
+  EXPECT_NEAR(r.fitting.front().max_peak_bytes(), 870, 1e-9);
 }
 
 TEST(AutoPlan, InfeasibleLimitNamesTheSmallestThatFits) {
@@ -98,7 +136,8 @@ TEST(AutoPlan, DeviceSpeedsMoveLayers) {
   SearchSpace s = space();
   s.balances = {"uniform", "time"};
   s.speeds = {1.0, 1.0 / 3};
-  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+  const SearchResult r =
+      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   ASSERT_EQ(best.stages, 2);
   EXPECT_EQ(best.balance_method, "time");
@@ -152,7 +191,8 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
   OptimizerConfig adam;
   adam.kind = "adam";
   s.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(adam, p, D, sharded); };
-  const SearchResult r = search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+  const SearchResult r =
+      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   bool sharded = false;
   for (const Candidate& c : r.fitting) {
     EXPECT_FALSE(c.data_parallel == 2 && !c.sharded) << "2160 bytes do not fit 2000";

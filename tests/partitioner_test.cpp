@@ -162,6 +162,9 @@ Instance random_instance(std::mt19937_64& rng, int max_n, bool equal_in_flight) 
     l.activation_bytes = pick(0, 600);
     l.saved_bytes = pick(0, 1) ? l.activation_bytes + pick(0, 600) : pick(0, 300);
   }
+  // A third of the instances give layers a workspace (a stage needs its largest, not the sum).
+  if (pick(0, 2) == 0)
+    for (LayerCost& l : in.costs) l.workspace_bytes = pick(0, 3) ? pick(0, 800) : 0;
   if (pick(0, 4) == 0) in.costs[pick(0, n - 1)].forward_ms = 1000 * uniform(1, 3);
   if (pick(0, 6) == 0) in.costs[pick(0, n - 1)].param_bytes = 20000;
   MemoryModel& m = in.c.memory;
@@ -178,7 +181,7 @@ Instance random_instance(std::mt19937_64& rng, int max_n, bool equal_in_flight) 
   const int limit_kind = pick(0, 3);  // 0: none, 1: one for all, 2: per device, 3: some devices
   if (speed_kind == 0 && limit_kind == 0) return in;
   int64_t total = 0;
-  for (const LayerCost& l : in.costs) total += l.param_bytes * 3 + l.saved_bytes * 2 + l.activation_bytes;
+  for (const LayerCost& l : in.costs) total += l.param_bytes * 3 + l.saved_bytes * 2 + l.activation_bytes + l.workspace_bytes;
   const int64_t shared = static_cast<int64_t>(uniform(0.3, 2.5) * total / in.k) + 1;
   for (int j = 0; j < in.k; ++j) {
     Device d;

@@ -124,7 +124,7 @@ SearchResult search_plans(const SearchSpace& sp,
                       // copy is held to that device's limit.
                       for (int r = 0; r < D; ++r) {
                         const double limit = limit_of(d * D + r);
-                        if (limit > 0 && c.peak_bytes[d] > limit) fits = false;
+                        if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) fits = false;
                       }
                     }
                     ++out.considered;
@@ -139,7 +139,12 @@ SearchResult search_plans(const SearchSpace& sp,
   if (out.fitting.empty())
     throw ConfigError(detail::concat("plan --auto: no plan of the ", out.considered, " considered fits the memory limit; ",
                                      "the smallest needs ", static_cast<int64_t>(std::ceil(out.smallest_peak)),
-                                     " bytes on its fullest device"));
+                                     " bytes on its fullest device",
+                                     sp.memory_headroom > 0
+                                         ? detail::concat(", a limit of ",
+                                                          static_cast<int64_t>(std::ceil(out.smallest_peak / (1 - sp.memory_headroom))),
+                                                          " with ", sp.memory_headroom * 100, "% headroom")
+                                         : std::string()));
   std::stable_sort(out.fitting.begin(), out.fitting.end(),
                    [](const Candidate& a, const Candidate& b) {  // at equal speed, the least memory
                      return a.step_ms != b.step_ms ? a.step_ms < b.step_ms : a.max_peak_bytes() < b.max_peak_bytes();
@@ -192,6 +197,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   sp.precisions = {filed ? c.train.precision : Precision::FP32};
   if (!filed && c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
   sp.balances = {"uniform", "parameters", "time"};
+  sp.memory_headroom = o.memory_headroom;
   if (!o.memory_limit.empty()) sp.memory_limit = o.memory_limit;
   else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)  // the config's, per stage
     for (int64_t b : c.pipeline.memory_limit) sp.memory_limit.push_back(static_cast<double>(b));

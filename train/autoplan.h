@@ -32,6 +32,9 @@ struct SearchSpace {
   std::vector<Precision> precisions;
   std::vector<std::string> balances;       // uniform, parameters, time
   std::vector<double> memory_limit;        // bytes per device (one entry: all alike); empty or 0: none
+  // Share of each limit kept free for what the memory model does not count (allocator rounding,
+  // small tensors of the executor): a plan fits when its predicted peak <= limit * (1 - headroom).
+  double memory_headroom = 0;
   std::vector<double> speeds;              // relative device speeds; empty: all 1
   // Bytes per parameter byte besides the parameter for a precision, copies and sharding (as
   // train::state_factor: e.g. Adam 3, + 0.5 for bf16, + 1 for the reduction's buffer).
@@ -83,6 +86,7 @@ struct AutoPlanOptions {
   std::string costs_path;              // plan on this cost file (partitioner/cost_file.h) instead of profiling
   int devices = 0;                     // 0: the config's pipeline.stages x data_parallel (or the file's devices)
   std::vector<double> memory_limit;    // bytes per device (one: all); empty: the config's, else none
+  double memory_headroom = 0.05;       // SearchSpace::memory_headroom
   std::vector<double> speeds;          // empty: the config's pipeline.speeds
   int top = 5;
   int repeat = 3;                      // profiling runs per op

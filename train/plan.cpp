@@ -55,6 +55,12 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
     c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
     c.saved_bytes.push_back(0);
     for (int i = off[v]; i < off[v + 1]; ++i) c.saved_bytes[v] += static_cast<double>(p.layers[i].saved_bytes);
+    if (split && !p.awaiting_weight_bytes.empty()) {
+      c.awaiting_weight_bytes.resize(V, 0.0);
+      if (v > 0)  // the first stage's W is its whole backward: nothing waits between
+        for (int i = off[v]; i < off[v + 1]; ++i)
+          c.awaiting_weight_bytes[v] += static_cast<double>(p.awaiting_weight_bytes[i]);
+    }
   }
   if (!p.optimizer_ms.empty()) {
     c.finish_ms.assign(s.stages, 0.0);
@@ -128,17 +134,20 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
                                       double state_factor) {
   const auto off = partitioner::offsets(balance);
-  std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), peak(s.stages);
+  std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const int d = s.device_of(vs);
     double saved = 0;
     for (int i = off[vs]; i < off[vs + 1]; ++i) {
       params[d] += static_cast<double>(p.layers[i].param_bytes);
       saved += static_cast<double>(p.layers[i].saved_bytes);
+      workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
     }
     if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
   }
-  for (int d = 0; d < s.stages; ++d) peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d];
+  // One layer runs at a time on a device: its largest workspace comes on top of what is held.
+  for (int d = 0; d < s.stages; ++d)
+    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d];
   return peak;
 }
 

@@ -55,8 +55,8 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
                     const schedule::Schedule& s, const DataParallelPlan& dp);
 
 // Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
-// (train::state_factor), the activations `sim` held at their peak, and when recomputing one
-// rebuilt graph (its largest virtual stage's saved bytes).
+// (train::state_factor), the activations `sim` held at their peak, when recomputing one
+// rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace.
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
                                       double state_factor);
