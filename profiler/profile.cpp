@@ -159,101 +159,125 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
   p.micro_batch = input.dim() > 0 ? input.size(0) : 1;
   const int L = static_cast<int>(model->size());
   auto children = model->named_children();
-  at::Tensor x = input;
-  // Skip connections (common/skip.h): the skips open before each layer, and after it.
-  stages::Skips skips, skips_out, skip_grads;
-  try {
+  // Each layer is a stage of its own: a stage in the middle of three gets an input gradient and
+  // an output gradient; the last layer is the last stage and ends in the loss. The layers run as
+  // a chain, every forward in order then every backward in reverse, as in a stage of many: timed
+  // alone and over and over, a layer would find its weights in the cache, which a stage that
+  // runs other layers in between does not.
+  struct Layer {
+    std::unique_ptr<stages::Stage> stage;
+    torch::nn::Sequential one;
+    at::Tensor grad;          // the output gradient its backward gets (random: times do not depend on values)
+    stages::Skips skip_grads;  // and those of the skips open after it
+    std::vector<double> fwd, bwd, bin, bw;
+    int64_t awaiting = 0;
+  };
+  std::vector<Layer> layers(L);
+  for (int i = 0; i < L; ++i) {
+    Layer& l = layers[i];
+    l.one->push_back(children[i].key(), *(model->begin() + i));
+    const bool first = i == 0, last = i == L - 1;
+    l.stage = std::make_unique<stages::Stage>(first ? 0 : 1, last ? (first ? 1 : 2) : 3, l.one, Recompute::Never);
+    if (last) l.stage->set_loss(loss);
+    l.stage->set_precision(o.precision);
+    LayerCost c;
+    c.name = children[i].key();
+    for (const auto& param : l.one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
+    p.layers.push_back(c);
+  }
+  // One forward of every layer in order: the outputs and the skips open after each layer.
+  std::vector<at::Tensor> outs(L);
+  std::vector<stages::Skips> open(L);
+  auto input_of = [&](int i) { return i == 0 ? input : outs[i - 1].detach(); };
+  auto skips_of = [&](int i) { return i == 0 ? stages::Skips{} : open[i - 1]; };
+  auto forward_all = [&](bool timed) {
     for (int i = 0; i < L; ++i) {
-      torch::nn::Sequential one;
-      one->push_back(children[i].key(), *(model->begin() + i));
-      const bool first = i == 0, last = i == L - 1;
-      // A stage in the middle of three gets an input gradient and an output gradient; the last
-      // layer is the last stage and ends in the loss.
-      stages::Stage stage(first ? 0 : 1, last ? (first ? 1 : 2) : 3, one, Recompute::Never);
-      if (last) stage.set_loss(loss);
-      stage.set_precision(o.precision);
-      LayerCost c;
-      c.name = children[i].key();
-      for (const auto& param : one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
-
-      std::vector<double> fwd, bwd, bin, bw;
-      int64_t awaiting = 0;
-      at::Tensor out, grad;
-      for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
-        const bool timed = rep >= o.warmup;
-        for (int split = 0; split < 2; ++split) {
-          stage.begin_step(0, rep, 1);
-          int64_t before = 0;
-          std::unique_ptr<MemoryCounter> counter;
-          if (timed && rep == o.warmup && split == 0) {
-            // A reduced precision: autocast's copy of a weight is made by the step's first forward
-            // and shared by every micro-batch (the memory model counts it once, with the
-            // parameters); it must not count as what this micro-batch keeps for backward.
-            if (o.precision != Precision::FP32) {
-              stages::Skips left, zero;
-              const at::Tensor warm = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0, skips, &left);
-              for (const auto& [name, t] : left) zero[name] = torch::zeros_like(t);
-              stage.backward(0, last ? at::Tensor() : torch::zeros_like(warm), zero);
-            }
-            counter = std::make_unique<MemoryCounter>();
-            before = counter->live();
-          }
+      Layer& l = layers[i];
+      const bool last = i == L - 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      outs[i] = l.stage->forward(0, input_of(i), 0, last ? target : at::Tensor(), 1.0, skips_of(i), &open[i]);
+      if (timed) l.fwd.push_back(ms_since(t0));
+      if (!last && !l.grad.defined()) l.grad = torch::randn_like(outs[i]);
+      for (const auto& [name, t] : open[i])
+        if (!l.skip_grads.count(name)) l.skip_grads[name] = torch::randn_like(t);
+    }
+  };
+  try {
+    for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
+      const bool timed = rep >= o.warmup;
+      for (int split = 0; split < 2; ++split) {
+        for (auto& l : layers) l.stage->begin_step(0, rep, 1);
+        forward_all(timed && split == 0);
+        for (int i = L - 1; i >= 0; --i) {
+          Layer& l = layers[i];
           auto t0 = std::chrono::steady_clock::now();
-          out = stage.forward(0, x, 0, last ? target : at::Tensor(), 1.0, skips, &skips_out);
-          const double f = ms_since(t0);
-          if (counter) {
-            // Kept: what the graph holds after the forward; workspace: what the forward needed
-            // above that at its peak, then what the backward needs above its start (the
-            // gradients from earlier repetitions exist, so the new weight gradients are the
-            // transient copies a micro-batch after the first accumulates from).
-            c.saved_bytes = counter->live() - before;
-            c.workspace_bytes = std::max<int64_t>(0, counter->peak() - counter->live());
-          }
-          if (!last && !grad.defined()) grad = torch::randn_like(out);
-          for (const auto& [name, t] : skips_out)
-            if (!skip_grads.count(name)) skip_grads[name] = torch::randn_like(t);
           if (split == 0) {
-            if (timed) fwd.push_back(f);
-            if (counter) counter->reset_peak();
-            const int64_t start = counter ? counter->live() : 0;
-            t0 = std::chrono::steady_clock::now();
-            stage.backward(0, grad, skip_grads);
-            if (timed) bwd.push_back(ms_since(t0));
-            if (counter) {
-              c.workspace_bytes = std::max(c.workspace_bytes, counter->peak() - start);
-              counter.reset();
-            }
-          } else {
-            std::unique_ptr<MemoryCounter> held;
-            if (timed && rep == o.warmup) held = std::make_unique<MemoryCounter>();
-            t0 = std::chrono::steady_clock::now();
-            stage.backward_input(0, grad, skip_grads);
-            const double b = ms_since(t0);
-            if (held) awaiting = std::max<int64_t>(0, held->live());
-            held.reset();
-            t0 = std::chrono::steady_clock::now();
-            stage.backward_weight(0);
-            if (timed) bin.push_back(b), bw.push_back(ms_since(t0));
+            l.stage->backward(0, l.grad, l.skip_grads);
+            if (timed) l.bwd.push_back(ms_since(t0));
+            continue;
           }
+          l.stage->backward_input(0, l.grad, l.skip_grads);
+          const double b = ms_since(t0);
+          t0 = std::chrono::steady_clock::now();
+          l.stage->backward_weight(0);
+          if (timed) l.bin.push_back(b), l.bw.push_back(ms_since(t0));
         }
       }
-      c.forward_ms = median(fwd);
-      c.backward_ms = median(bwd);
-      // What crosses a cut after this layer: its output and the skips still open.
-      c.activation_bytes = last ? 0 : static_cast<int64_t>(out.nbytes());
-      for (const auto& [name, t] : skips_out) c.activation_bytes += static_cast<int64_t>(t.nbytes());
-      p.layers.push_back(c);
-      p.backward_input_ms.push_back(median(bin));
-      p.backward_weight_ms.push_back(median(bw));
-      p.awaiting_weight_bytes.push_back(awaiting);
-      for (auto& param : one->parameters()) param.mutable_grad() = at::Tensor();
-      x = out.detach();
-      skips = skips_out;
-      skip_grads.clear();
+    }
+    // Memory, layer by layer (it does not depend on what the cache holds), with the gradients of
+    // the repetitions above in place.
+    for (int i = 0; i < L; ++i) {
+      Layer& l = layers[i];
+      LayerCost& c = p.layers[i];
+      const bool last = i == L - 1;
+      const at::Tensor tgt = last ? target : at::Tensor();
+      stages::Skips left;
+      l.stage->begin_step(0, o.warmup + o.repeat, 1);
+      if (o.precision != Precision::FP32) {
+        // A reduced precision: autocast's copy of a weight is made by the step's first forward
+        // and shared by every micro-batch (the memory model counts it once, with the
+        // parameters); it must not count as what this micro-batch keeps for backward.
+        l.stage->forward(0, input_of(i), 0, tgt, 1.0, skips_of(i), &left);
+        l.stage->backward(0, l.grad, l.skip_grads);
+      }
+      {
+        MemoryCounter counter;
+        l.stage->forward(0, input_of(i), 0, tgt, 1.0, skips_of(i), &left);
+        // Kept: what the graph holds after the forward; workspace: what the forward needed above
+        // that at its peak, then what the backward needs above its start (the gradients from
+        // earlier repetitions exist, so the new weight gradients are the transient copies a
+        // micro-batch after the first accumulates from).
+        c.saved_bytes = counter.live();
+        c.workspace_bytes = std::max<int64_t>(0, counter.peak() - counter.live());
+        counter.reset_peak();
+        const int64_t start = counter.live();
+        l.stage->backward(0, l.grad, l.skip_grads);
+        c.workspace_bytes = std::max(c.workspace_bytes, counter.peak() - start);
+      }
+      l.stage->forward(0, input_of(i), 0, tgt, 1.0, skips_of(i), &left);
+      {
+        MemoryCounter held;  // what B leaves for W
+        l.stage->backward_input(0, l.grad, l.skip_grads);
+        l.awaiting = std::max<int64_t>(0, held.live());
+      }
+      l.stage->backward_weight(0);
     }
   } catch (...) {
     at::set_num_threads(threads);
     throw;
+  }
+  for (int i = 0; i < L; ++i) {
+    Layer& l = layers[i];
+    LayerCost& c = p.layers[i];
+    c.forward_ms = median(l.fwd);
+    c.backward_ms = median(l.bwd);
+    // What crosses a cut after this layer: its output and the skips still open.
+    c.activation_bytes = i == L - 1 ? 0 : static_cast<int64_t>(outs[i].nbytes());
+    for (const auto& [name, t] : open[i]) c.activation_bytes += static_cast<int64_t>(t.nbytes());
+    p.backward_input_ms.push_back(median(l.bin));
+    p.backward_weight_ms.push_back(median(l.bw));
+    p.awaiting_weight_bytes.push_back(l.awaiting);
+    for (auto& param : l.one->parameters()) param.mutable_grad() = at::Tensor();
   }
   at::set_num_threads(threads);
   return p;

@@ -35,4 +35,14 @@ class AutocastGuard {
 // Drops the calling thread's cached low-precision copies of weights.
 void clear_autocast_cache();
 
+// Every micro-batch's graph reaches a weight through the one backward node of autocast's cached
+// copy (its cast), and that node was made by the step's first forward. The autograd engine runs
+// the ready node made last first, so from the second micro-batch on each cast would run after
+// all of the micro-batch's other nodes, holding every weight's low-precision gradient until the
+// end of the backward (half the stage's float32 parameter bytes at once). This gives each node
+// whose one edge leads to a parameter's gradient accumulator the accumulator's own priority, as
+// the engine gives accumulators, so a weight's gradient is converted and accumulated as soon as
+// its last user has run. Walks the graphs behind `roots`; values are unchanged.
+void run_weight_casts_first(const std::vector<at::Tensor>& roots);
+
 }  // namespace pipetrain::stages

@@ -59,6 +59,12 @@ at::Tensor Stage::run(const Saved& s, Skips* left) {
     throw Error(detail::concat("stage ", index_, " (the last): skip '", rest.begin()->first,
                                "' is still stashed after the last layer; a later layer must pop it"));
   if (left) *left = std::move(rest);
+  if (precision_ != Precision::FP32 && at::GradMode::is_enabled()) {
+    std::vector<at::Tensor> roots{out};
+    if (left)
+      for (const auto& [name, t] : *left) roots.push_back(t);
+    run_weight_casts_first(roots);
+  }
   if (!is_last()) return out;
   PIPETRAIN_CHECK(loss_, "the last stage has no loss function");
   // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).

@@ -22,6 +22,7 @@
 #include "models/model.h"
 #include "pipeline/loss_scale.h"
 #include "pipeline/pipeline.h"
+#include "profiler/profile.h"
 #include "stages/autocast.h"
 #include "stages/stage.h"
 #include "train/checkpoint.h"
@@ -149,9 +150,9 @@ models::Model cnn() {
   return models::build(r, /*seed=*/3);
 }
 
-// Autocast caches, per thread, the bfloat16 copy of each weight it casts whole (a convolution's;
-// libtorch's C++ Linear multiplies by a transposed view, which it casts afresh every time). A
-// stage's worker thread lives across steps: were the cache kept, the second step would convolve
+// Autocast caches the bfloat16 copy of each weight it casts whole (a convolution's, and a linear
+// layer's through libtorch's linear op, which the model layers call). A stage's worker thread
+// lives across steps: were the cache kept, the second step would convolve
 // with the weights from before the first update (a large lr makes that a large difference).
 TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
@@ -176,6 +177,42 @@ TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
     EXPECT_EQ(p.value().scalar_type(), torch::kFloat) << p.key();
     EXPECT_LE(rel_error(p.value(), want[p.key()]), 1e-5) << p.key();
   }
+}
+
+// Every micro-batch reaches a weight through autocast's one cached copy, made by the step's first
+// forward. From the second micro-batch on, that copy's backward node is older than all of the
+// micro-batch's own, so the engine (newest first) would run it last: each weight's bfloat16
+// gradient would wait for the whole backward, and a stage would hold all of them at once. With
+// the casts run first, a later micro-batch's backward needs no more memory than the first's.
+TEST(Precision, ALaterMicroBatchAccumulatesEachWeightGradientAsItGoes) {
+  JsonReader r(json{{"family", "mlp"}, {"in", 256}, {"width", 256}, {"layers", 6}, {"out", 5}}, "model", "test");
+  models::Model m = models::build(r, 5);
+  stages::Stage stage(0, 1, m.layers, Recompute::Never);
+  stage.set_loss(mean_ce);
+  stage.set_precision(Precision::BF16);
+  const int M = 4;
+  const at::Tensor x = torch::randn({8 * M, 256}), y = torch::randint(0, 5, {8 * M}, torch::kLong);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);  // as a stage's worker
+  std::vector<int64_t> transient;
+  for (int step = 0; step < 3; ++step) {  // the first steps allocate the float32 gradients
+    std::unique_ptr<profiler::MemoryCounter> counter;
+    if (step == 2) counter = std::make_unique<profiler::MemoryCounter>();
+    stage.begin_step(0, step, M);
+    for (int mb = 0; mb < M; ++mb) stage.forward(mb, x.narrow(0, 8 * mb, 8), 8 * mb, y.narrow(0, 8 * mb, 8), 1.0 / M);
+    for (int mb = 0; mb < M; ++mb) {
+      if (counter) counter->reset_peak();
+      const int64_t before = counter ? counter->live() : 0;
+      stage.backward(mb, at::Tensor());
+      if (counter) transient.push_back(counter->peak() - before);
+    }
+  }
+  at::set_num_threads(threads);
+  stages::clear_autocast_cache();
+  // One hidden layer's bfloat16 weight: 128 KiB. Holding the six layers' would add 640 KiB more.
+  const int64_t layer = 256 * 256 * 2;
+  ASSERT_EQ(transient.size(), static_cast<size_t>(M));
+  for (int mb = 1; mb < M; ++mb) EXPECT_LE(transient[mb], transient[0] + layer / 2) << "micro-batch " << mb;
 }
 
 TEST(Precision, APipelineRefusesReducedPrecisionOverNonFloat32Weights) {

@@ -95,6 +95,7 @@ SearchResult search_plans(const SearchSpace& sp,
               }
               const int V = K * v;
               if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
+              const schedule::Schedule s = plan_schedule(kind, K, M, v, D);  // what train runs
               for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
                 for (const std::string& method : sp.balances)
                   for (Recompute rc : sp.recompute) {
@@ -106,7 +107,6 @@ SearchResult search_plans(const SearchSpace& sp,
                     c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
                     c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded;
                     c.balance = balance_for(method, p, V, speed_vs);
-                    const schedule::Schedule s = plan_schedule(kind, K, M, v, p, c.balance, rc, D);
                     schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
                     apply_speeds(costs, s, speeds);
                     costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;

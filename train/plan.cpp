@@ -95,13 +95,8 @@ void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std
 }
 
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute,
                                  int data_parallel) {
   schedule::Schedule s = schedule::make_schedule(kind, stages, micro_batches, chunks);
-  if (kind == "zb-auto") {
-    const auto costs = schedule_costs(p, balance, s, recompute);
-    s = schedule::make_zb_auto(stages, micro_batches, costs, schedule::twice_1f1b_memory(stages, micro_batches, costs));
-  }
   return data_parallel > 1 ? schedule::with_reductions(std::move(s)) : s;
 }
 
@@ -207,8 +202,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     ScheduleRow row;
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
-    const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, r.profile, balance,
-                                 recompute, D);
+    const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
     auto costs = schedule_costs(r.profile, balance, s, recompute);
     apply_speeds(costs, s, cc.pipeline.speeds);
     add_reductions(costs, r.profile, balance, s, r.data_parallel);

@@ -31,11 +31,11 @@ profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
 // Divides each virtual stage's compute costs by the speed of its device (empty: all 1).
 void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds);
 
-// The schedule plan and bench run for a kind: zb-auto is searched on the profiled costs under
-// twice 1F1B's activation memory; the others do not depend on costs. With data parallelism
-// (data_parallel > 1) it has its Reduce actions (schedule::with_reductions).
+// The schedule a pipeline runs for a kind, so that plan and plan --auto predict what train runs:
+// zb-auto as the runtime builds it (schedule::make_schedule: searched on equal costs under 2K
+// micro-batches' activations; `simulate` searches it on a cost file's costs instead). With data
+// parallelism (data_parallel > 1) it has its Reduce actions (schedule::with_reductions).
 schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 const profiler::Profile& p, const partitioner::Balance& balance, Recompute recompute,
                                  int data_parallel = 1);
 
 // Data parallelism as the planner models it: D copies, the optimizer state sharded or not, and
