@@ -65,44 +65,46 @@ profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
   profiler::Profile p = profiler::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
   // The optimizer step of each layer, on the layer's own parameters with zero gradients (its
   // cost depends on the sizes, not the values); the values are saved first and restored after,
-  // also when the step throws, so profiling leaves the model as it was.
+  // also when a step throws, so profiling leaves the model as it was. The layers step one after
+  // another, as a stage steps them, so no layer is timed with its state left in the cache.
   const auto factory = make_optimizer_factory(c.optimizer);
   const int threads = at::get_num_threads();
   at::set_num_threads(std::max(1, job.options.intra_op_threads));
+  std::vector<std::vector<at::Tensor>> params, saved;
   for (const auto& layer : *job.model.layers) {
-    auto params = layer.ptr()->parameters();
-    if (params.empty()) {
-      p.optimizer_ms.push_back(0);
-      continue;
-    }
-    std::vector<at::Tensor> saved;
-    for (auto& t : params) {
-      saved.push_back(t.detach().clone());
+    params.push_back(layer.ptr()->parameters());
+    saved.emplace_back();
+    for (auto& t : params.back()) {
+      saved.back().push_back(t.detach().clone());
       t.mutable_grad() = torch::zeros_like(t);
     }
-    auto restore = [&] {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) {
-        params[i].copy_(saved[i]);
-        params[i].mutable_grad() = at::Tensor();
-      }
-    };
-    std::vector<double> times;
-    try {
-      auto opt = factory(params);
-      for (int i = 0; i < 1 + repeat; ++i) {
-        const auto t0 = Clock::now();
-        opt->step();
-        if (i) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      }
-    } catch (...) {
-      restore();
-      at::set_num_threads(threads);
-      throw;
-    }
-    restore();
-    p.optimizer_ms.push_back(median(times));
   }
+  auto restore = [&] {
+    torch::NoGradGuard no_grad;
+    for (size_t l = 0; l < params.size(); ++l)
+      for (size_t i = 0; i < params[l].size(); ++i) {
+        params[l][i].copy_(saved[l][i]);
+        params[l][i].mutable_grad() = at::Tensor();
+      }
+  };
+  std::vector<std::vector<double>> times(params.size());
+  try {
+    std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
+    for (auto& ps : params) opts.push_back(ps.empty() ? nullptr : factory(ps));
+    for (int i = 0; i < 1 + repeat; ++i)
+      for (size_t l = 0; l < opts.size(); ++l) {
+        if (!opts[l]) continue;
+        const auto t0 = Clock::now();
+        opts[l]->step();
+        if (i) times[l].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+  } catch (...) {
+    restore();
+    at::set_num_threads(threads);
+    throw;
+  }
+  restore();
+  for (const auto& t : times) p.optimizer_ms.push_back(t.empty() ? 0.0 : median(t));
   at::set_num_threads(threads);
   return p;
 }
