@@ -99,7 +99,22 @@ def auto_plans(config, *args):
 
 print("# The auto-planner against measurement")
 print()
-print("`python3 bench/planner_regret.py build` on a 2-core machine. Measured with `pipetrain bench` (median of")
+def machine():
+    """The CPU's model name, core count and whether it has AMX (bf16's speed depends on it)."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {'AMX' if 'amx_bf16' in flags else 'no AMX'}"
+
+
+print(f"`python3 bench/planner_regret.py build` on {machine()}. Measured with `pipetrain bench` (median of")
 print(f"6 steps after 2 of warm-up, one thread per stage and copy; the grid measured {RUNS} times, one pass after")
 print("another, each plan's step the median of its passes): 1 stage (1 or 2 copies, gpipe) and 2 stages")
 print(f"(schedules {SCHEDULES}), micro-batches {MBS}, recompute {RECOMPUTE}, precisions {PRECISIONS} with the uniform")

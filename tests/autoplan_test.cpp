@@ -3,9 +3,13 @@
 
 #include <map>
 
+#include <torch/torch.h>
+
 #include "common/error.h"
+#include "pipeline/pipeline.h"
 #include "train/autoplan.h"
 #include "train/balance.h"
+#include "train/plan.h"
 
 using namespace pipetrain;
 using namespace pipetrain::train;
@@ -217,4 +221,27 @@ TEST(AutoPlan, ASlowDeviceLinkKeepsTheModelOnOneDevice) {
   const SearchResult r = search_plans(s, profile);
   EXPECT_EQ(r.fitting.front().stages, 1);
   EXPECT_NEAR(r.fitting.front().step_ms, 9.6, 1e-9);
+}
+
+// plan and plan --auto predict the action lists a pipeline runs for every kind: zb-auto among
+// them, which a pipeline builds with no profile (a search on equal costs), so a plan searched on
+// profiled costs would predict a schedule that never runs.
+TEST(AutoPlan, PredictsTheSchedulesAPipelineRuns) {
+  struct Case {
+    std::string kind;
+    int stages, micro_batches, chunks;
+  };
+  for (const Case& c : {Case{"gpipe", 3, 6, 1}, Case{"1f1b", 3, 6, 1}, Case{"zb-h1", 3, 6, 1}, Case{"zb-h2", 3, 6, 1},
+                        Case{"zb-auto", 3, 6, 1}, Case{"zb-auto", 2, 8, 1}, Case{"interleaved-1f1b", 2, 4, 2},
+                        Case{"looped-bfs", 2, 4, 2}, Case{"zb-v", 2, 5, 2}, Case{"dualpipev", 2, 4, 2}}) {
+    SCOPED_TRACE(c.kind + " K=" + std::to_string(c.stages) + " M=" + std::to_string(c.micro_batches));
+    torch::nn::Sequential model;
+    for (int i = 0; i < 8; ++i) model->push_back(torch::nn::Linear(4, 4));
+    pipeline::PipelineOptions o;
+    o.stages = c.stages, o.micro_batches = c.micro_batches, o.schedule = c.kind, o.chunks = c.chunks;
+    pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& t) {
+      return torch::nn::functional::cross_entropy(out, t);
+    });
+    EXPECT_EQ(plan_schedule(c.kind, c.stages, c.micro_batches, c.chunks).actions, pipe.schedule().actions);
+  }
 }
