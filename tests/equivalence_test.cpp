@@ -269,7 +269,9 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
 
   // Every Pipeline, so every rank, returns the batch's loss.
   for (size_t r = 0; r < runs.size(); ++r) {
-    if (c.batch < c.micro_batches) EXPECT_LE(runs[r].pipe->fewest_micro_batches(), c.batch);
+    if (c.batch < c.micro_batches) {
+      EXPECT_LE(runs[r].pipe->fewest_micro_batches(), c.batch);
+    }
     EXPECT_LE(std::abs(runs[r].loss - want_loss), tol * std::abs(want_loss))
         << "pipeline " << r << " loss " << runs[r].loss << " vs " << want_loss;
     if (reduced) {
