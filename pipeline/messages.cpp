@@ -74,8 +74,7 @@ const schedule::Schedule& Pipeline::Impl::schedule_for(int m) {
     } catch (const ScheduleError&) {
       continue;
     }
-    schedule::Schedule s = schedule::make_schedule(options.schedule, options.stages, k, options.chunks);
-    if (replicas > 1) s = schedule::with_reductions(std::move(s));
+    schedule::Schedule s = schedule::pipeline_schedule(options.schedule, options.stages, k, options.chunks, replicas);
     schedule::validate(s);
     return fewer.emplace(m, std::move(s)).first->second;
   }

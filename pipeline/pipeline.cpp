@@ -84,8 +84,8 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
                                       partitioner::offsets(p.balance));
   p.check_crossing();
   p.init_ties(model);
-  p.sched = schedule::make_schedule(options.schedule, options.stages, options.micro_batches, options.chunks);
-  if (p.replicas > 1) p.sched = schedule::with_reductions(p.sched);
+  p.sched = schedule::pipeline_schedule(options.schedule, options.stages, options.micro_batches, options.chunks,
+                                       p.replicas);
   schedule::validate(p.sched);
   p.configured = p.sched;
   if (endpoint) {

@@ -67,6 +67,11 @@ bool is_compute(Op op) {
          op == Op::BackwardWeight;
 }
 
+Schedule pipeline_schedule(const std::string& kind, int stages, int micro_batches, int chunks, int data_parallel) {
+  Schedule s = make_schedule(kind, stages, micro_batches, chunks);
+  return data_parallel > 1 ? with_reductions(std::move(s)) : s;
+}
+
 Schedule with_reductions(Schedule s) {
   if (s.reduces) return s;
   for (auto& list : s.actions)

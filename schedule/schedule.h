@@ -128,6 +128,12 @@ Schedule make_dualpipev(int stages, int micro_batches);
 /// backward part (fused backward or W) on its device.
 Schedule with_reductions(Schedule s);
 
+/// The schedule a pipeline runs: make_schedule()'s lists, with_reductions() when
+/// `data_parallel` > 1 copies reduce their gradients. Pipelines build theirs here, and so do
+/// `plan` and `plan --auto`, so that what the planner simulates is what runs (zb-auto included,
+/// searched on equal costs: a pipeline has no profile).
+Schedule pipeline_schedule(const std::string& kind, int stages, int micro_batches, int chunks, int data_parallel);
+
 /// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
 /// on its device, that each compute has its input (received or local) before it runs, that every
 /// send has a matching receive, and that the lists complete without deadlock. Throws

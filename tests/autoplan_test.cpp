@@ -9,7 +9,7 @@
 #include "pipeline/pipeline.h"
 #include "train/autoplan.h"
 #include "train/balance.h"
-#include "train/plan.h"
+#include "schedule/schedule.h"
 
 using namespace pipetrain;
 using namespace pipetrain::train;
@@ -66,7 +66,9 @@ TEST(AutoPlan, MostMicroBatchesOnEveryDeviceWin) {
   EXPECT_NEAR(best.samples_per_s, 8 / 5.4e-3, 1e-6);
   // One stage: 4 layers x 0.3 ms x 8 rows = 9.6 ms at any micro-batch count.
   for (const Candidate& c : r.fitting)
-    if (c.stages == 1) EXPECT_NEAR(c.step_ms, 9.6, 1e-9);
+    if (c.stages == 1) {
+      EXPECT_NEAR(c.step_ms, 9.6, 1e-9);
+    }
   // 1 + 2 x 4 (one stage: gpipe only; two: gpipe and 1f1b at each M) = 12 candidates.
   EXPECT_EQ(r.considered, 12u);
 }
@@ -242,6 +244,7 @@ TEST(AutoPlan, PredictsTheSchedulesAPipelineRuns) {
     pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& t) {
       return torch::nn::functional::cross_entropy(out, t);
     });
-    EXPECT_EQ(plan_schedule(c.kind, c.stages, c.micro_batches, c.chunks).actions, pipe.schedule().actions);
+    EXPECT_EQ(schedule::pipeline_schedule(c.kind, c.stages, c.micro_batches, c.chunks, 1).actions,
+              pipe.schedule().actions);
   }
 }

@@ -143,8 +143,9 @@ void expect_same(const models::Model& got, const models::Model& want, const std:
   EXPECT_GT(compared, 0) << who;
   auto gb = got.layers->named_buffers(), wb = want.layers->named_buffers();
   for (const auto& b : wb) {
-    if (gb[b.key()].numel() > 0 && b.value().is_floating_point())
+    if (gb[b.key()].numel() > 0 && b.value().is_floating_point()) {
       EXPECT_LT(rel_error(gb[b.key()], b.value()), 1e-10) << who << ": buffer " << b.key();
+    }
   }
 }
 

@@ -168,7 +168,9 @@ TEST(Simulator, NewSchedulesBeat1F1BWithEqualCosts) {
     const Simulation base = simulate(make_1f1b(sh.k, sh.m), Costs::uniform(sh.k, 1, 1, 1));
     const std::string what = sh.kind + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m);
     EXPECT_LE(sim.makespan_ms, base.makespan_ms + 1e-9) << what;
-    if (sh.k > 1) EXPECT_LT(sim.bubble, base.bubble) << what;
+    if (sh.k > 1) {
+      EXPECT_LT(sim.bubble, base.bubble) << what;
+    }
   }
 }
 

@@ -95,7 +95,7 @@ SearchResult search_plans(const SearchSpace& sp,
               }
               const int V = K * v;
               if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
-              const schedule::Schedule s = plan_schedule(kind, K, M, v, D);  // what train runs
+              const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
               for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
                 for (const std::string& method : sp.balances)
                   for (Recompute rc : sp.recompute) {

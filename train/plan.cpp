@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/strings.h"
-#include "schedule/auto.h"
 
 namespace pipetrain::train {
 
@@ -92,12 +91,6 @@ void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std
     costs.forward[v] /= speed, costs.backward_input[v] /= speed;
     costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
   }
-}
-
-schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 int data_parallel) {
-  schedule::Schedule s = schedule::make_schedule(kind, stages, micro_batches, chunks);
-  return data_parallel > 1 ? schedule::with_reductions(std::move(s)) : s;
 }
 
 void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
@@ -202,7 +195,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     ScheduleRow row;
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
-    const auto s = plan_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
+    const auto s = schedule::pipeline_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
     auto costs = schedule_costs(r.profile, balance, s, recompute);
     apply_speeds(costs, s, cc.pipeline.speeds);
     add_reductions(costs, r.profile, balance, s, r.data_parallel);

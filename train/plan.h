@@ -31,13 +31,6 @@ profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
 // Divides each virtual stage's compute costs by the speed of its device (empty: all 1).
 void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds);
 
-// The schedule a pipeline runs for a kind, so that plan and plan --auto predict what train runs:
-// zb-auto as the runtime builds it (schedule::make_schedule: searched on equal costs under 2K
-// micro-batches' activations; `simulate` searches it on a cost file's costs instead). With data
-// parallelism (data_parallel > 1) it has its Reduce actions (schedule::with_reductions).
-schedule::Schedule plan_schedule(const std::string& kind, int stages, int micro_batches, int chunks,
-                                 int data_parallel = 1);
-
 // Data parallelism as the planner models it: D copies, the optimizer state sharded or not, and
 // the measured (or filed) speed of the reduction.
 struct DataParallelPlan {
