@@ -17,6 +17,7 @@
 #include "apps/launch.h"
 #include "apps/progress.h"
 #include "apps/signals.h"
+#include "common/atomic_file.h"
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
   std::string old_recompute_flag;
   bench->add_option("--checkpoint", old_recompute_flag, "Renamed --recompute")->group("");
   bench->add_option("--schedule", sweep.schedules, "Sweep these schedules")
-      ->delimiter(',')->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
+      ->delimiter(',')->check(CLI::IsMember(pipetrain::schedule::kind_names()));
   bench->add_option("--precision", sweep.precisions, "Sweep these precisions (train.precision), e.g. fp32,bf16")
       ->delimiter(',')->check(CLI::IsMember(pipetrain::precision_names()));
   bench->add_option("--json", bench_json, "Append one JSON object per combination to this file");
@@ -251,12 +252,13 @@ int main(int argc, char** argv) {
   simulate->add_option("--costs", sim_options.costs_path, "Cost file (plan --save-costs, costs transformer)")->required();
   simulate->add_option("--stages", sim_options.stages, "Devices")->required()->check(CLI::Range(1, 100000));
   simulate->add_option("--micro-batches", sim_options.micro_batches, "Micro-batches per step")->required()->check(CLI::Range(1, 1000000));
-  simulate->add_option("--schedule", sim_options.schedule, "Schedule kind")
-      ->check(CLI::IsMember(pipetrain::schedule::schedule_kinds()));
+  std::string sim_schedule = pipetrain::schedule::name(sim_options.schedule);
+  simulate->add_option("--schedule", sim_schedule, "Schedule kind")
+      ->check(CLI::IsMember(pipetrain::schedule::kind_names()));
   simulate->add_option("--chunks", sim_options.chunks, "Virtual stages per device (default: 2 for kinds with chunks)")
       ->check(CLI::Range(1, 64));
-  simulate->add_option("--recompute", sim_recompute, "never, always or except-last")
-      ->check(CLI::IsMember({"never", "always", "except-last"}));
+  simulate->add_option("--recompute", sim_recompute, "never, always or except_last (as pipeline.recompute)")
+      ->check(CLI::IsMember(pipetrain::recompute_modes()));
   simulate->add_option("--memory-limit", sim_options.memory_limit, "zb-auto: activation bytes per device (default: twice 1f1b's)")
       ->check(CLI::NonNegativeNumber);
   simulate->add_option("--bandwidth", sim_options.bandwidth_gb_s, "Link bandwidth in GB/s (instead of the file's)")
@@ -303,6 +305,7 @@ int main(int argc, char** argv) {
     }
     if (*simulate) {
       sim_options.recompute = pipetrain::parse_recompute(sim_recompute);
+      sim_options.schedule = pipetrain::schedule::parse_kind(sim_schedule);
       const pt::SimulateReport r = pt::simulate_cost_file(sim_options);
       if (!sim_trace.empty()) pt::write_simulation_trace(sim_trace, r);
       pt::print_simulation(std::cout, r, sim_json);
@@ -313,15 +316,14 @@ int main(int argc, char** argv) {
       if (costs_out.empty()) {
         pipetrain::partitioner::write_cost_file(std::cout, file);
       } else {
-        // Written beside the target and renamed over it: a failed write leaves no half file.
-        const std::string tmp = costs_out + ".tmp";
-        {
-          std::ofstream f(tmp, std::ios::out | std::ios::trunc);
-          if (!f) throw pipetrain::ConfigError("--out " + costs_out + ": cannot open for writing");
-          pipetrain::partitioner::write_cost_file(f, file);
-          if (!f.flush()) throw pipetrain::Error("--out " + costs_out + ": write failed");
+        // A failed write leaves no half file (common/atomic_file.h).
+        std::ostringstream text;
+        pipetrain::partitioner::write_cost_file(text, file);
+        try {
+          pipetrain::write_file_atomically(costs_out, text.str());
+        } catch (const pipetrain::IoError& e) {
+          throw pipetrain::ConfigError("--out " + costs_out + ": " + e.what());
         }
-        if (std::rename(tmp.c_str(), costs_out.c_str()) != 0) throw pipetrain::Error("--out " + costs_out + ": cannot rename");
         std::printf("wrote %zu layers to %s\n", file.layers.size(), costs_out.c_str());
       }
       return 0;
@@ -434,7 +436,7 @@ int main(int argc, char** argv) {
       if (sweep.stages.empty()) sweep.stages = {config.pipeline.stages};
       if (sweep.micro_batches.empty()) sweep.micro_batches = {config.pipeline.micro_batches};
       if (sweep.recompute.empty()) sweep.recompute = {pipetrain::recompute_name(config.pipeline.recompute)};
-      if (sweep.schedules.empty()) sweep.schedules = {config.pipeline.schedule};
+      if (sweep.schedules.empty()) sweep.schedules = {pipetrain::schedule::name(config.pipeline.schedule)};
       sweep.bench = bench_options;
       sweep.override_flag = "--set";
       sweep.bench.profile = false;

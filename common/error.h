@@ -22,6 +22,12 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+/// A file could not be written, flushed, renamed or read; names the path and the system's reason.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Bad data file or data-set request.
 class DataError : public Error {
  public:

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "models/layers.h"
 #include "pipeline/impl.h"
+#include "pipeline/optimizer_state.h"
 
 namespace pipetrain::pipeline {
 
@@ -18,71 +19,17 @@ std::string list(const std::vector<int>& v) {
   return s;
 }
 
-// A deep copy of an optimizer's per-parameter state (torch's clone() shares the tensors).
-std::unique_ptr<torch::optim::OptimizerParamState> deep_copy(const torch::optim::OptimizerParamState& s) {
-  auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
-  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&s)) {
-    auto out = std::make_unique<torch::optim::SGDParamState>();
-    out->momentum_buffer(copy(sgd->momentum_buffer()));
-    return out;
-  }
-  auto fill = [&](auto out, const auto& in) {
-    out->step(in.step());
-    out->exp_avg(copy(in.exp_avg()));
-    out->exp_avg_sq(copy(in.exp_avg_sq()));
-    out->max_exp_avg_sq(copy(in.max_exp_avg_sq()));
-    return out;
-  };
-  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s))
-    return fill(std::make_unique<torch::optim::AdamParamState>(), *a);
-  if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
-    return fill(std::make_unique<torch::optim::AdamWParamState>(), *w);
-  throw Error("pipeline: copying optimizer state between data-parallel copies covers sgd, adam and adamw");
-}
-// The per-element fields of an optimizer's state, by name, and a state built from them.
-std::vector<std::pair<std::string, at::Tensor>> fields_of(const torch::optim::OptimizerParamState& s, int64_t& step) {
-  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return {{"momentum_buffer", sgd->momentum_buffer()}};
-  auto adam_like = [&](const auto& a) -> std::vector<std::pair<std::string, at::Tensor>> {
-    step = a.step();
-    return {{"exp_avg", a.exp_avg()}, {"exp_avg_sq", a.exp_avg_sq()}, {"max_exp_avg_sq", a.max_exp_avg_sq()}};
-  };
-  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s)) return adam_like(*a);
-  if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) return adam_like(*w);
-  throw Error("pipeline: a sharded optimizer's checkpoint covers sgd, adam and adamw");
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> state_like(const torch::optim::OptimizerParamState& kind,
-                                                              const std::map<std::string, at::Tensor>& f, int64_t step) {
-  auto get = [&](const char* name) {
-    auto it = f.find(name);
-    return it == f.end() ? at::Tensor() : it->second;
-  };
-  if (dynamic_cast<const torch::optim::SGDParamState*>(&kind)) {
-    auto out = std::make_unique<torch::optim::SGDParamState>();
-    out->momentum_buffer(get("momentum_buffer"));
-    return out;
-  }
-  auto fill = [&](auto out) {
-    out->step(step);
-    out->exp_avg(get("exp_avg"));
-    out->exp_avg_sq(get("exp_avg_sq"));
-    out->max_exp_avg_sq(get("max_exp_avg_sq"));
-    return out;
-  };
-  if (dynamic_cast<const torch::optim::AdamParamState*>(&kind)) return fill(std::make_unique<torch::optim::AdamParamState>());
-  return fill(std::make_unique<torch::optim::AdamWParamState>());
-}
 }  // namespace
 
 void Pipeline::Impl::make_replicas(const torch::nn::Sequential& model, const stages::LossFn& loss) {
-  auto groups = comm::make_local_gloo_groups(options.stages, replicas, options.timeout_s);
+  auto groups = comm::make_local_gloo_groups(options.stages, mesh.data_parallel, options.timeout_s);
   device_groups.clear();
   for (int r = 0; r < options.stages; ++r) device_groups.push_back(groups[r][0]);
   PipelineOptions o = options;
   o.balance = balance;
-  for (int d = 1; d < replicas; ++d) {
+  for (int d = 1; d < mesh.data_parallel; ++d) {
     auto impl = std::make_unique<Impl>();
-    impl->replica = d;
+    impl->copy = d;
     for (int r = 0; r < options.stages; ++r) impl->device_groups.push_back(groups[r][d]);
     auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
     if (!copy) throw Error("pipeline: cannot copy the model for data parallelism");
@@ -102,13 +49,13 @@ void Pipeline::Impl::make_reducers() {
     if (params.empty()) continue;
     const int device = sched.device_of(vs);
     ReplicaInfo info;
-    info.replicas = replicas;
-    info.replica = replica;
+    info.data_parallel = mesh.data_parallel;
+    info.copy = copy;
     info.name = detail::concat("stage ", device, sched.chunks > 1 ? detail::concat(" chunk ", sched.chunk_of(vs)) : "",
-                               "'s gradient reduction across its ", replicas, " copies");
+                               "'s gradient reduction across its ", mesh.data_parallel, " copies");
     std::vector<int> others_here;
-    for (int c = 0; c < replicas; ++c)
-      if (c != replica) others_here.push_back(self >= 0 ? device * replicas + c : c);
+    for (int c = 0; c < mesh.data_parallel; ++c)
+      if (c != copy) others_here.push_back(self >= 0 ? mesh.rank(device, c) : c);
     const bool ranks = self >= 0;
     info.others = others_here.size() == 1 ? detail::concat(ranks ? "rank " : "copy ", others_here[0])
                                           : detail::concat("one of ", ranks ? "ranks " : "copies ", list(others_here));
@@ -124,17 +71,13 @@ void Pipeline::Impl::make_reducers() {
 
 void Pipeline::Impl::reduce_now() {
   if (grads_reduced) return;
-  for (int r : local)
-    workers[r]->submit([this, r] {
-      for (int c = 0; c < sched.chunks; ++c)
-        if (auto& reducer = reducers[sched.virtual_stage(r, c)]) {
-          reducer->start();
-          reducer->finish(Deadline::after(options.timeout_s));
-        }
-    });
-  std::exception_ptr error;
-  for (int r : local)
-    if (auto e = workers[r]->wait(); e && !error) error = e;
+  const auto error = fork_join(workers, local, [this](int r) {
+    for (int c = 0; c < sched.chunks; ++c)
+      if (auto& reducer = reducers[sched.virtual_stage(r, c)]) {
+        reducer->start();
+        reducer->finish(Deadline::after(options.timeout_s));
+      }
+  });
   if (error) {
     if (self >= 0) fail("the gradient reduction failed", error);
     std::rethrow_exception(error);
@@ -157,7 +100,7 @@ void Pipeline::Impl::merge_batch_norm() {
           mine.narrow(0, 1, F).copy_(mean.reshape({-1}));
           mine.narrow(0, 1 + F, F).copy_(m2.reshape({-1}));
         }
-        at::Tensor all = torch::empty({replicas * (1 + 2 * F)}, torch::kDouble);
+        at::Tensor all = torch::empty({mesh.data_parallel * (1 + 2 * F)}, torch::kDouble);
         try {
           comm::wait_work(comm::all_gather(*device_groups.at(r), all, mine), Deadline::after(options.timeout_s));
         } catch (const std::exception& e) {
@@ -165,7 +108,7 @@ void Pipeline::Impl::merge_batch_norm() {
         }
         int64_t n = 0;
         at::Tensor mu, dev;
-        for (int d = 0; d < replicas; ++d) {
+        for (int d = 0; d < mesh.data_parallel; ++d) {
           at::Tensor part = all.narrow(0, d * (1 + 2 * F), 1 + 2 * F);
           const int64_t k = static_cast<int64_t>(part[0].item<double>());
           if (k == 0) continue;
@@ -191,7 +134,7 @@ void Pipeline::Impl::merge_batch_norm() {
 // receive that no message matches ends at once when the endpoint has been aborted).
 std::string Pipeline::Impl::abort_notice(int r) {
   if (self < 0) return "";
-  const int world = options.stages * replicas, me = peer(self);
+  const int world = mesh.world(), me = peer(self);
   try {
     transports[r]->recv((me + 1) % world, {comm::Kind::Control, -1, 0xfff, step, "an abort notice"},
                         Deadline::after(std::min(2.0, options.timeout_s / 4)));
@@ -204,23 +147,17 @@ std::string Pipeline::Impl::abort_notice(int r) {
 }
 
 void Pipeline::Impl::on_every_copy(const std::function<void(Impl&)>& f) {
-  for (size_t i = 0; i < others.size(); ++i) drivers[i]->submit([this, i, &f] { f(*others[i]->impl_); });
-  std::exception_ptr error;
-  try {
-    f(*this);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (auto& d : drivers)
-    if (auto e = d->wait(); e && !error) error = e;
-  if (error) std::rethrow_exception(error);
+  std::vector<int> copies(others.size());
+  for (size_t i = 0; i < others.size(); ++i) copies[i] = static_cast<int>(i);
+  if (auto error = fork_join(drivers, copies, [&](int i) { f(*others[i]->impl_); }, [&] { f(*this); }))
+    std::rethrow_exception(error);
 }
 
 double Pipeline::Impl::run(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
                            double scale) {
   if (others.empty()) return run_step(input, target, apply_optimizer, accumulate, scale);
   std::vector<double> part(others.size() + 1, 0.0);
-  on_every_copy([&](Impl& p) { part[p.replica] = p.run_step(input, target, apply_optimizer, accumulate, scale); });
+  on_every_copy([&](Impl& p) { part[p.copy] = p.run_step(input, target, apply_optimizer, accumulate, scale); });
   double loss = 0;
   for (double l : part) loss += l;
   return loss;
@@ -229,8 +166,8 @@ double Pipeline::Impl::run(const at::Tensor& input, const at::Tensor& target, bo
 void Pipeline::sync_gradients(bool on) {
   impl_->on_every_copy([on](Impl& p) { p.sync = on; });
 }
-int Pipeline::data_parallel() const { return impl_->replicas; }
-int Pipeline::replica() const { return impl_->replica; }
+int Pipeline::data_parallel() const { return impl_->mesh.data_parallel; }
+int Pipeline::copy() const { return impl_->copy; }
 
 void Pipeline::sync_copies() {
   Impl& first = *impl_;
@@ -270,15 +207,14 @@ std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::gather_optimizer(int vs
   if (!shard) return full;
   auto it = shard->state().find(reducer.shard().unsafeGetTensorImpl());
   if (it == shard->state().end()) return full;  // no step yet: no state on any copy
-  int64_t step = 0;
-  std::vector<std::map<std::string, at::Tensor>> per_param(reducer.parameters().size());
-  for (const auto& [name, slice] : fields_of(*it->second, step)) {
-    if (!slice.defined()) continue;  // the same on every copy
+  const ParamState sliced = to_param_state(*it->second);  // optimizer_state.h
+  std::vector<ParamState> per_param(reducer.parameters().size(), ParamState{sliced.kind, sliced.step, {}});
+  for (const auto& [name, slice] : sliced.tensors) {
     const auto parts = reducer.gather_state(slice, Deadline::after(options.timeout_s));
-    for (size_t i = 0; i < parts.size(); ++i) per_param[i][name] = parts[i];
+    for (size_t i = 0; i < parts.size(); ++i) per_param[i].tensors[name] = parts[i];
   }
   for (size_t i = 0; i < per_param.size(); ++i)
-    full->state()[reducer.parameters()[i].unsafeGetTensorImpl()] = state_like(*it->second, per_param[i], step);
+    if (auto state = make_param_state(per_param[i])) full->state()[reducer.parameters()[i].unsafeGetTensorImpl()] = std::move(state);
   return full;
 }
 
@@ -287,7 +223,7 @@ std::unique_ptr<torch::optim::Optimizer> Pipeline::gathered_optimizer(int virtua
   std::unique_ptr<torch::optim::Optimizer> first;
   impl_->on_every_copy([&](Impl& p) {
     auto full = p.gather_optimizer(virtual_stage);
-    if (p.replica == impl_->replica) first = std::move(full);
+    if (p.copy == impl_->copy) first = std::move(full);
   });
   return first;
 }
@@ -303,17 +239,16 @@ void Pipeline::scatter_optimizer(int virtual_stage, torch::optim::Optimizer& ful
   const auto& params = impl_->reducers.at(virtual_stage)->parameters();
   // The fields every parameter's state has, in parameter order.
   std::map<std::string, std::vector<at::Tensor>> fields;
-  const torch::optim::OptimizerParamState* kind = nullptr;
-  int64_t step = 0;
+  std::optional<ParamState> kind;  // the kind and step of the states, once one is seen
   for (const auto& p : params) {
     auto it = full.state().find(p.unsafeGetTensorImpl());
     if (it == full.state().end()) {
       if (kind) throw Error(detail::concat("pipeline: stage ", virtual_stage, ": optimizer state for some parameters only"));
       continue;
     }
-    kind = it->second.get();
-    for (const auto& [name, t] : fields_of(*it->second, step))
-      if (t.defined()) fields[name].push_back(t);
+    ParamState s = to_param_state(*it->second);
+    for (const auto& [name, t] : s.tensors) fields[name].push_back(t);
+    kind = ParamState{s.kind, s.step, {}};
   }
   for (Impl* p : copies) {
     GradientReducer& reducer = *p->reducers.at(virtual_stage);
@@ -321,10 +256,10 @@ void Pipeline::scatter_optimizer(int virtual_stage, torch::optim::Optimizer& ful
     if (!shard) continue;
     shard->state().clear();
     if (!kind) continue;
-    std::map<std::string, at::Tensor> slices;
+    ParamState slices = *kind;
     for (const auto& [name, parts] : fields)
-      if (parts.size() == params.size()) slices[name] = reducer.slice_of(parts);
-    shard->state()[reducer.shard().unsafeGetTensorImpl()] = state_like(*kind, slices, step);
+      if (parts.size() == params.size()) slices.tensors[name] = reducer.slice_of(parts);
+    if (auto state = make_param_state(slices)) shard->state()[reducer.shard().unsafeGetTensorImpl()] = std::move(state);
   }
 }
 

@@ -71,11 +71,12 @@ struct Pipeline::Impl {
   std::vector<int> local;
   comm::Collectives group;
 
-  // Data parallelism: this pipeline is copy `replica` of `replicas`. device_groups[device]: the
+  // Data parallelism: this pipeline is copy `copy` of mesh.data_parallel. device_groups[device]: the
   // c10d group of the device's copies (for the devices run here); reducers[virtual stage]: its
   // gradient reduction (null for a stage without parameters or run elsewhere). In-process, copy
   // 0 (the caller's) drives copies 1..D-1 (`others`), each from a driver thread of its own.
-  int replicas = 1, replica = 0;
+  comm::Mesh mesh;  // stages x copies (comm/mesh.h)
+  int copy = 0;     // this pipeline's copy
   std::vector<comm::ProcessGroup> device_groups;
   std::vector<std::unique_ptr<GradientReducer>> reducers;
   std::vector<std::unique_ptr<Pipeline>> others;
@@ -84,8 +85,8 @@ struct Pipeline::Impl {
   bool sync = true;             // reduce in the next forward-backward
   double world_loss = 0;        // multi-process: the last step's loss summed over every copy
   bool grads_reduced = true;    // the gradients held now are reduced (or need no reduction)
-  bool sharded() const { return options.shard_optimizer && replicas > 1; }
-  int peer(int device) const { return self < 0 ? device : device * replicas + replica; }  // its rank
+  bool sharded() const { return options.shard_optimizer && mesh.data_parallel > 1; }
+  int peer(int device) const { return self < 0 ? device : mesh.rank(device, copy); }  // its rank
   void make_reducers();
   void make_replicas(const torch::nn::Sequential& model, const stages::LossFn& loss);
   void reduce_now();  // the gradients left unreduced, on every local device

@@ -74,7 +74,7 @@ const schedule::Schedule& Pipeline::Impl::schedule_for(int m) {
     } catch (const ScheduleError&) {
       continue;
     }
-    schedule::Schedule s = schedule::pipeline_schedule(options.schedule, options.stages, k, options.chunks, replicas);
+    schedule::Schedule s = schedule::pipeline_schedule(options.schedule, options.stages, k, options.chunks, mesh.data_parallel);
     schedule::validate(s);
     return fewer.emplace(m, std::move(s)).first->second;
   }
@@ -84,7 +84,7 @@ const schedule::Schedule& Pipeline::Impl::schedule_for(int m) {
   } catch (const ScheduleError& e) {
     why = e.what();
   }
-  throw ConfigError(detail::concat("pipeline: a batch that splits into at most ", m, " micro-batches", replicas > 1 ? " per copy" : "",
+  throw ConfigError(detail::concat("pipeline: a batch that splits into at most ", m, " micro-batches", mesh.data_parallel > 1 ? " per copy" : "",
                                    " (fewer samples than the ", configured.micro_batches, " configured) cannot run as ",
                                    options.schedule, ": ", why, " (an epoch's last batch: data.drop_last skips it)"));
 }

@@ -28,13 +28,13 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages:
 Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-                   std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup replicas)
+                   std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup copies)
     : impl_(std::make_unique<Impl>()) {
   if (!endpoint) throw ConfigError("pipeline: a multi-process pipeline needs a transport endpoint");
   try {
-    if (options.data_parallel > 1 && !replicas)
+    if (options.data_parallel > 1 && !copies)
       throw ConfigError("pipeline: data parallelism across processes needs the process group of this rank's copies");
-    impl_->device_groups.assign(std::max(1, options.stages), replicas);
+    impl_->device_groups.assign(std::max(1, options.stages), copies);
     impl_->init(std::move(model), std::move(options), std::move(loss), endpoint);
   } catch (const std::exception& e) {
     // The peers are constructing too, or already waiting for this rank's part of the layout:
@@ -58,7 +58,7 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
     throw ConfigError(detail::concat("pipeline: micro_batches must be >= 1, got ", options.micro_batches));
   if (options.data_parallel < 1)
     throw ConfigError(detail::concat("pipeline: data_parallel must be >= 1, got ", options.data_parallel));
-  p.replicas = options.data_parallel;
+  p.mesh = comm::Mesh{options.stages, options.data_parallel};
   try {
     schedule::check_supported(options.schedule, options.stages, options.micro_batches, options.chunks);
   } catch (const ScheduleError& e) {
@@ -85,16 +85,16 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   p.check_crossing();
   p.init_ties(model);
   p.sched = schedule::pipeline_schedule(options.schedule, options.stages, options.micro_batches, options.chunks,
-                                       p.replicas);
+                                       p.mesh.data_parallel);
   schedule::validate(p.sched);
   p.configured = p.sched;
   if (endpoint) {
-    if (endpoint->world_size() != options.stages * p.replicas)
-      throw ConfigError(detail::concat("pipeline: ", options.stages, " stages", p.replicas > 1 ? detail::concat(" x ", p.replicas, " copies") : "",
-                                       " need ", options.stages * p.replicas, " ranks, one per stage",
-                                       p.replicas > 1 ? " and copy" : "", ", but this rank's world has ", endpoint->world_size()));
-    p.self = endpoint->rank() / p.replicas;
-    p.replica = endpoint->rank() % p.replicas;
+    if (endpoint->world_size() != p.mesh.world())
+      throw ConfigError(detail::concat("pipeline: ", options.stages, " stages", p.mesh.data_parallel > 1 ? detail::concat(" x ", p.mesh.data_parallel, " copies") : "",
+                                       " need ", p.mesh.world(), " ranks, one per stage",
+                                       p.mesh.data_parallel > 1 ? " and copy" : "", ", but this rank's world has ", endpoint->world_size()));
+    p.self = p.mesh.stage_of(endpoint->rank());
+    p.copy = p.mesh.copy_of(endpoint->rank());
     p.local = {p.self};
     p.transports.resize(options.stages);
     p.transports[p.self] = std::move(endpoint);
@@ -146,13 +146,13 @@ void Pipeline::Impl::init(torch::nn::Sequential model, PipelineOptions options, 
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
   for (int r : p.local)
     p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads,
-                                            (p.self >= 0 ? 0 : p.replica) * options.stages + r);
+                                            (p.self >= 0 ? 0 : p.copy) * options.stages + r);
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
   p.trace.peak_awaiting_weight.assign(options.stages, 0);
-  if (p.replicas > 1) {
-    if (p.self < 0 && p.replica == 0) p.make_replicas(model, loss);
+  if (p.mesh.data_parallel > 1) {
+    if (p.self < 0 && p.copy == 0) p.make_replicas(model, loss);
     p.make_reducers();
   }
 }
@@ -349,11 +349,8 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
   // fp16: always, as the overflow check.
   if (self >= 0 || grad_clip > 0 || track_norm || check_finite || scaling()) {
     std::vector<double> sq(options.stages, 0.0);
-    for (int r : local) workers[r]->submit([this, r, &sq] { sq[r] = stage_grad_sq_norm(r); });
-    std::exception_ptr error;
-    for (int r : local)
-      if (auto e = workers[r]->wait(); e && !error) error = e;
-    if (error) std::rethrow_exception(error);
+    if (auto error = fork_join(workers, local, [&](int r) { sq[r] = stage_grad_sq_norm(r); }))
+      std::rethrow_exception(error);
     if (self >= 0) {  // every rank sums every rank's squares in the same order (its own copy's)
       const auto all = group.all_gather(torch::tensor({sq[self]}, torch::kDouble), "the gradient norms");
       for (int r = 0; r < options.stages; ++r) sq[r] = all[peer(r)].item<double>();
@@ -371,11 +368,7 @@ double Pipeline::Impl::step_all(Clock::time_point t0) {
     norm = std::sqrt(norm);
     if (grad_clip > 0 && norm > grad_clip) scale *= grad_clip / (norm + 1e-6);
   }
-  for (int r : local) workers[r]->submit([this, r, t0, scale] { step_optimizers(r, t0, scale); });
-  std::exception_ptr error;
-  for (int r : local)
-    if (auto e = workers[r]->wait(); e && !error) error = e;
-  if (error) {
+  if (auto error = fork_join(workers, local, [&](int r) { step_optimizers(r, t0, scale); })) {
     if (self >= 0) fail("optimizer step failed", error);
     std::rethrow_exception(error);
   }
@@ -388,23 +381,23 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   const int64_t N = input.size(0);
   if (target.size(0) != N)
     throw ConfigError(detail::concat("pipeline: ", N, " inputs but ", target.size(0), " targets"));
-  if (N < replicas)
+  if (N < mesh.data_parallel)
     throw ConfigError(detail::concat("pipeline: a batch of ", N, " sample", N == 1 ? "" : "s", " cannot be shared by ",
-                                     replicas, " copies"));
+                                     mesh.data_parallel, " copies"));
   // A batch smaller than the micro-batch count (an epoch's last) runs as fewer micro-batches:
   // every copy decides alike, from the smallest shard (N / D samples).
-  sched = schedule_for(static_cast<int>(std::min<int64_t>(configured.micro_batches, N / replicas)));
+  sched = schedule_for(static_cast<int>(std::min<int64_t>(configured.micro_batches, N / mesh.data_parallel)));
   const int M = sched.micro_batches;
   fewest = accumulate ? std::min(fewest, M) : M;
   // Data parallelism: this copy's shard of the batch, and where it starts (the dropout streams
   // follow the sample's place in the whole batch).
   at::Tensor shard_input = input, shard_target = target;
   int64_t first_sample = 0;
-  if (replicas > 1) {
-    const auto in = input.tensor_split(replicas, 0), tg = target.tensor_split(replicas, 0);
-    for (int d = 0; d < replica; ++d) first_sample += in[d].size(0);
-    shard_input = in[replica];
-    shard_target = tg[replica];
+  if (mesh.data_parallel > 1) {
+    const auto in = input.tensor_split(mesh.data_parallel, 0), tg = target.tensor_split(mesh.data_parallel, 0);
+    for (int d = 0; d < copy; ++d) first_sample += in[d].size(0);
+    shard_input = in[copy];
+    shard_target = tg[copy];
   }
   inputs = shard_input.tensor_split(M, 0);
   targets = shard_target.tensor_split(M, 0);
@@ -418,7 +411,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     weights[m] = scale * loss_scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
   }
   accumulate_grads = accumulate;
-  grads_reduced = replicas == 1 || sync;
+  grads_reduced = mesh.data_parallel == 1 || sync;
 
   const auto t0 = Clock::now();
   step_t0 = t0;
@@ -428,8 +421,9 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   // A failing stage aborts the transport at once so its peers stop waiting; the earliest
   // failure is the cause and is what the caller sees.
   errors.assign(options.stages, nullptr);
-  for (int r : local)
-    workers[r]->submit([this, r, t0] {
+  fork_join(
+      workers, local,
+      [&](int r) {
       try {
         try {
           run_stage(r, t0);
@@ -444,8 +438,8 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
         transports[r]->abort(detail::concat("stage ", r, " failed: ", e.what()));
         throw;
       }
-    });
-  for (int r : local) errors[r] = workers[r]->wait();
+      },
+      nullptr, &errors);
   inputs.clear();
   targets.clear();
   const int failed = first_failure.exchange(-1);
@@ -458,47 +452,36 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
     if (failed >= 0) fail(detail::concat("step ", step, " failed"), errors[failed]);
     // Every rank of the world takes part; a rank reads its own copy's stages, and the losses
     // of every copy's last stage.
-    std::vector<double> result = losses;
-    result.push_back(trace.peak_in_flight[self]);
-    result.push_back(trace.peak_awaiting_weight[self]);
-    for (const Span& sp : trace.spans[self])
-      result.insert(result.end(), {double(static_cast<int>(sp.op)), double(sp.micro_batch), double(sp.chunk), sp.start,
-                                   sp.end, sp.recompute});
-    const auto all = group.all_gather(torch::tensor(result, torch::kDouble), "the step's losses");
-    auto malformed = [&](int rank, const at::Tensor& t) {
-      if (t.numel() < M + 2 || (t.numel() - M - 2) % 6 != 0)
+    const StepResult mine{losses, trace.peak_in_flight[self], trace.peak_awaiting_weight[self], trace.spans[self]};
+    const auto all = group.all_gather(torch::tensor(encode_step_result(mine), torch::kDouble), "the step's losses");
+    std::map<int, StepResult> results;  // by rank: every copy's last stage, and this copy's stages
+    auto result_of = [&](int rank) -> const StepResult& {
+      if (auto it = results.find(rank); it != results.end()) return it->second;
+      try {
+        return results[rank] = decode_step_result(all[rank].data_ptr<double>(), all[rank].numel(), M);
+      } catch (const Error& e) {
         fail(detail::concat("rank ", rank, " sent a malformed step result"),
-             std::make_exception_ptr(Error(detail::concat("rank ", rank, " sent a step result of ", t.numel(), " values"))));
+             std::make_exception_ptr(Error(detail::concat("rank ", rank, " sent ", e.what()))));
+      }
     };
     world_loss = 0;
-    for (int c = 0; c < replicas; ++c) {  // every copy's last stage, in copy order
-      const int rank = last_device() * replicas + c;
-      malformed(rank, all[rank]);
-      double copy = 0;  // each copy's sum first, then the copies in order: as in-process
-      for (int m = 0; m < M; ++m) copy += all[rank].data_ptr<double>()[m];
-      world_loss += copy;
+    for (int c = 0; c < mesh.data_parallel; ++c) {  // every copy's last stage, in copy order
+      double copy_loss = 0;  // each copy's sum first, then the copies in order: as in-process
+      for (double l : result_of(mesh.rank(last_device(), c)).losses) copy_loss += l;
+      world_loss += copy_loss;
     }
     for (int d = 0; d < options.stages; ++d) {
-      const at::Tensor& t = all[peer(d)];
-      malformed(peer(d), t);
-      const double* v = t.data_ptr<double>();
-      if (d == last_device()) losses.assign(v, v + M);
+      const StepResult& r = result_of(peer(d));
+      if (d == last_device()) losses = r.losses;
       if (d == self) continue;
-      trace.peak_in_flight[d] = static_cast<int>(v[M]);
-      trace.peak_awaiting_weight[d] = static_cast<int>(v[M + 1]);
-      trace.spans[d].clear();
-      for (int64_t i = M + 2; i + 5 < t.numel(); i += 6) {
-        if (!(v[i] >= 0 && v[i] <= static_cast<int>(schedule::Op::Reduce)))
-          fail(detail::concat("rank ", peer(d), " sent a malformed step result"),
-               std::make_exception_ptr(Error(detail::concat("rank ", peer(d), " sent an unknown action code ", v[i]))));
-        trace.spans[d].push_back({static_cast<schedule::Op>(static_cast<int>(v[i])), static_cast<int>(v[i + 1]),
-                                  static_cast<int>(v[i + 2]), v[i + 3], v[i + 4], v[i + 5]});
-      }
+      trace.peak_in_flight[d] = r.peak_in_flight;
+      trace.peak_awaiting_weight[d] = r.peak_awaiting_weight;
+      trace.spans[d] = r.spans;
     }
   }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.
-  if (failed < 0 && replicas > 1) merge_batch_norm();  // over the whole batch, as one device sees it
+  if (failed < 0 && mesh.data_parallel > 1) merge_batch_norm();  // over the whole batch, as one device sees it
   for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs) {
     if (!runs(vs)) continue;  // another rank's
     if (failed >= 0)
@@ -527,7 +510,7 @@ double Pipeline::Impl::run_step(const at::Tensor& input, const at::Tensor& targe
   ++step;
   double loss = 0;
   for (double l : losses) loss += l;
-  if (self >= 0 && replicas > 1) loss = world_loss;
+  if (self >= 0 && mesh.data_parallel > 1) loss = world_loss;
   return loss / loss_scale;
 }
 

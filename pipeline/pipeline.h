@@ -19,6 +19,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "comm/collectives.h"
+#include "comm/mesh.h"
 #include "comm/process_group.h"
 #include "comm/transport.h"
 #include "common/error.h"
@@ -39,8 +40,8 @@ struct PipelineOptions {
   int stages = 1;         ///< devices (each runs `chunks` virtual stages)
   int micro_batches = 1;  ///< micro-batches per batch (a short batch runs as fewer)
   partitioner::Balance balance;  ///< layers per virtual stage (stages · chunks entries); empty: uniform
-  std::string schedule = "gpipe";  ///< gpipe, 1f1b, interleaved-1f1b, zb-h1
-  int chunks = 1;                  ///< virtual stages per device (interleaved-1f1b)
+  schedule::Kind schedule = schedule::Kind::GPipe;  ///< one of the table's kinds (schedule/kinds.h)
+  int chunks = 1;  ///< virtual stages per device (schedule::info(kind).default_chunks for kinds with chunks)
   Recompute recompute = Recompute::ExceptLast;  ///< which micro-batches re-run their forward in backward
   int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
   double timeout_s = 300;    ///< longest wait for a message from another stage
@@ -111,11 +112,11 @@ class Pipeline {
   /// options.timeout_s), naming the rank; after a failed step the pipeline cannot be used again.
   ///
   /// With options.data_parallel = D > 1 the endpoint's world holds stages x D ranks (rank =
-  /// device * D + copy) and `replicas` is the c10d group of the D ranks that run this rank's
+  /// device * D + copy, comm::Mesh) and `copies` is the c10d group of the D ranks that run this rank's
   /// device (comm/process_group.h); the loss, the gradient norm and the control plane are then
   /// those of the whole world.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-           std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup replicas = {});
+           std::unique_ptr<comm::Transport> endpoint, comm::ProcessGroup copies = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -129,7 +130,7 @@ class Pipeline {
   /// no_sync; step_optimizer() reduces gradients left unreduced.
   void sync_gradients(bool on);
   int data_parallel() const;  ///< D
-  int replica() const;        ///< this process's copy (multi-process); 0 in-process
+  int copy() const;           ///< this process's copy (multi-process); 0 in-process
   /// After parameters, buffers or optimizer state were loaded (into copy 0 in-process, into every
   /// rank multi-process): copies 1..D-1 of an in-process pipeline take copy 0's, and a sharded
   /// optimizer's slices are read again from the parameters.

@@ -13,16 +13,15 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
   Impl& p = *impl_;
   p.check_usable();
   // Data parallelism: the copies hold the same parameters; copy 0 alone evaluates.
-  if (p.replica > 0) return at::Tensor();
+  if (p.copy > 0) return at::Tensor();
   const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.options.micro_batches, input.size(0))));
   const std::vector<at::Tensor> parts = input.tensor_split(M, 0);
   std::vector<at::Tensor> outputs(M);
   const int V = static_cast<int>(p.stages.size());
   const int64_t tag_step = -(++p.predictions);  // never a training step
   p.model->eval();
-  std::vector<std::exception_ptr> errors(p.options.stages);
-  for (int r : p.local)
-    p.workers[r]->submit([&p, &parts, &outputs, r, M, V, tag_step] {
+  std::vector<std::exception_ptr> errors;
+  auto job = [&p, &parts, &outputs, M, V, tag_step](int r) {
       torch::NoGradGuard no_grad;
       ClearAutocastCache clear_cache;
       comm::Transport& t = *p.transports[r];
@@ -51,8 +50,8 @@ at::Tensor Pipeline::predict(const at::Tensor& input) {
         t.abort(detail::concat("stage ", r, " failed: ", e.what()));
         throw;
       }
-    });
-  for (int r : p.local) errors[r] = p.workers[r]->wait();
+  };
+  fork_join(p.workers, p.local, job, nullptr, &errors);
   p.model->train();
   const int failed = p.first_failure.exchange(-1);
   if (failed >= 0) {
@@ -69,7 +68,7 @@ bool Pipeline::is_local(int device) const { return impl_->is_local_device(device
 bool Pipeline::is_local_stage(int virtual_stage) const { return impl_->runs(virtual_stage); }
 
 comm::Collectives& Pipeline::collectives() { return impl_->group; }
-int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : device * impl_->replicas; }
+int Pipeline::rank_of(int device) const { return impl_->self < 0 ? 0 : impl_->mesh.rank(device, 0); }
 
 int Pipeline::stages() const { return impl_->options.stages; }
 const partitioner::Balance& Pipeline::balance() const { return impl_->balance; }

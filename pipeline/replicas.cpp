@@ -25,7 +25,7 @@ GradientReducer::GradientReducer(comm::ProcessGroup group, ReplicaInfo info, std
                                          c10::toString(params_.front().scalar_type()), " and ", c10::toString(p.scalar_type())));
       numel_ += p.numel();
     }
-    const int64_t D = info_.replicas;
+    const int64_t D = info_.data_parallel;
     padded_ = (numel_ + D - 1) / D * D;
     refresh_shard();
     return;
@@ -54,8 +54,8 @@ at::Tensor GradientReducer::flat_parameters() const {
 }
 
 void GradientReducer::refresh_shard() {
-  const int64_t s = padded_ / info_.replicas;
-  at::Tensor slice = flat_parameters().narrow(0, info_.replica * s, s);
+  const int64_t s = padded_ / info_.data_parallel;
+  at::Tensor slice = flat_parameters().narrow(0, info_.copy * s, s);
   // In place once the optimizer holds it (its state is keyed by the tensor).
   if (shard_param_.defined())
     shard_param_.detach().copy_(slice);
@@ -105,7 +105,7 @@ void GradientReducer::start() {
     at::Tensor flat = torch::cat(parts);
     flats_.push_back(flat);
     if (scatter_) {
-      shard_grad_ = at::empty({padded_ / info_.replicas}, flat.options());
+      shard_grad_ = at::empty({padded_ / info_.data_parallel}, flat.options());
       record(comm::reduce_scatter(*group_, shard_grad_, flat));
     } else {
       std::vector<at::Tensor> whole{flat};
@@ -133,8 +133,8 @@ double GradientReducer::finish(Deadline deadline) {
   if (shard_) {
     if (!works_.empty()) {
       if (!scatter_) {  // the whole sum arrived: keep this replica's slice
-        const int64_t s = padded_ / info_.replicas;
-        shard_grad_ = flats_.front().narrow(0, info_.replica * s, s).clone();
+        const int64_t s = padded_ / info_.data_parallel;
+        shard_grad_ = flats_.front().narrow(0, info_.copy * s, s).clone();
       }
       shard_param_.mutable_grad() = shard_grad_;
       // The local, unreduced gradients are not needed any more.
@@ -198,8 +198,8 @@ at::Tensor GradientReducer::slice_of(const std::vector<at::Tensor>& full) const 
   for (const auto& t : full) parts.push_back(t.detach().reshape({-1}));
   at::Tensor flat = torch::cat(parts);
   if (padded_ > numel_) flat = torch::cat({flat, at::zeros({padded_ - numel_}, flat.options())});
-  const int64_t s = padded_ / info_.replicas;
-  return flat.narrow(0, info_.replica * s, s).clone();
+  const int64_t s = padded_ / info_.data_parallel;
+  return flat.narrow(0, info_.copy * s, s).clone();
 }
 
 }  // namespace pipetrain::pipeline

@@ -40,7 +40,7 @@ class ReductionError : public TransportError {
 };
 
 struct ReplicaInfo {
-  int replicas = 1, replica = 0;
+  int data_parallel = 1, copy = 0;
   std::string name;    // what the group does, for errors: "stage 1's gradient reduction"
   std::string others;  // who the other members are, for errors: "rank 3", "one of ranks 1, 3"
   int peer = -1;       // the other member's rank when there is only one (errors name it)

@@ -4,6 +4,7 @@
 #include <map>
 #include <tuple>
 
+#include "common/error.h"
 #include "common/stats.h"
 
 namespace pipetrain::pipeline {
@@ -128,6 +129,51 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
     }
   }
   return c;
+}
+
+namespace {
+constexpr int kSpanFields = 6;  // op, micro-batch, chunk, start, end, recompute
+}  // namespace
+
+std::vector<double> encode_step_result(const StepResult& r) {
+  std::vector<double> v{static_cast<double>(r.losses.size()), static_cast<double>(r.spans.size())};
+  v.insert(v.end(), r.losses.begin(), r.losses.end());
+  v.push_back(r.peak_in_flight);
+  v.push_back(r.peak_awaiting_weight);
+  for (const Span& sp : r.spans)
+    v.insert(v.end(), {static_cast<double>(static_cast<int>(sp.op)), static_cast<double>(sp.micro_batch),
+                       static_cast<double>(sp.chunk), sp.start, sp.end, sp.recompute});
+  return v;
+}
+
+StepResult decode_step_result(const double* v, int64_t n, int micro_batches) {
+  auto whole = [](double x, double lo, double hi) { return x >= lo && x <= hi && x == static_cast<int64_t>(x); };
+  if (n < 2) throw Error(detail::concat("a step result of ", n, " values"));
+  if (!whole(v[0], micro_batches, micro_batches))
+    throw Error(detail::concat("a step result of ", v[0], " losses for ", micro_batches, " micro-batches"));
+  if (!whole(v[1], 0, static_cast<double>(n)))
+    throw Error(detail::concat("a step result claiming ", v[1], " spans in ", n, " values"));
+  const int64_t spans = static_cast<int64_t>(v[1]);
+  if (n != 2 + micro_batches + 2 + kSpanFields * spans)
+    throw Error(detail::concat("a step result of ", n, " values for ", micro_batches, " losses and ", spans, " spans"));
+  StepResult r;
+  const double* p = v + 2;
+  r.losses.assign(p, p + micro_batches);
+  p += micro_batches;
+  if (!whole(p[0], 0, 1 << 30) || !whole(p[1], 0, 1 << 30))
+    throw Error(detail::concat("a step result with peaks ", p[0], " and ", p[1]));
+  r.peak_in_flight = static_cast<int>(p[0]);
+  r.peak_awaiting_weight = static_cast<int>(p[1]);
+  p += 2;
+  for (int64_t i = 0; i < spans; ++i, p += kSpanFields) {
+    if (!whole(p[0], 0, static_cast<int>(schedule::Op::Reduce)))
+      throw Error(detail::concat("a step result with an unknown action code ", p[0]));
+    if (!whole(p[1], -1, 1 << 30) || !whole(p[2], 0, 1 << 30))
+      throw Error(detail::concat("a step result with micro-batch ", p[1], " chunk ", p[2]));
+    r.spans.push_back({static_cast<schedule::Op>(static_cast<int>(p[0])), static_cast<int>(p[1]), static_cast<int>(p[2]),
+                       p[3], p[4], p[5]});
+  }
+  return r;
 }
 
 }  // namespace pipetrain::pipeline

@@ -34,6 +34,25 @@ struct StepTrace {
   std::vector<int> peak_awaiting_weight;  ///< see peak_in_flight
 };
 
+/// What one rank ran in a step, as the ranks of a multi-process pipeline exchange it at the
+/// step's end (the exchange doubles as the barrier before any optimizer steps): its device's
+/// micro-batch losses (those of the last stage count), its peaks and its spans, so that every
+/// rank's loss and rank 0's trace cover every stage.
+struct StepResult {
+  std::vector<double> losses;    ///< per micro-batch, as this rank computed them (zeros off the last stage)
+  int peak_in_flight = 0;        ///< StepTrace::peak_in_flight of this rank's device
+  int peak_awaiting_weight = 0;  ///< StepTrace::peak_awaiting_weight of this rank's device
+  std::vector<Span> spans;       ///< StepTrace::spans of this rank's device
+};
+
+/// The result as numbers for the control plane: a count of losses and of spans, the losses, the
+/// two peaks, then six numbers per span.
+std::vector<double> encode_step_result(const StepResult& r);
+/// The inverse of encode_step_result for a step of `micro_batches` micro-batches. Throws Error
+/// saying what is wrong (its length, a count, an unknown action code) when the numbers are not
+/// such a result; nothing a peer sends makes it read out of bounds or allocate beyond `n`.
+StepResult decode_step_result(const double* v, int64_t n, int micro_batches);
+
 /// The step's spans as a timeline in milliseconds from `origin_s` (seconds on the same clock as
 /// StepTrace::start); a backward that recomputed becomes a "recompute" span and a "backward" one.
 std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, double origin_s);

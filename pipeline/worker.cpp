@@ -63,4 +63,25 @@ void Worker::loop() {
   }
 }
 
+std::exception_ptr fork_join(const std::vector<std::unique_ptr<Worker>>& workers, const std::vector<int>& which,
+                             const std::function<void(int)>& job, const std::function<void()>& here,
+                             std::vector<std::exception_ptr>* errors) {
+  for (int i : which) workers.at(i)->submit([&job, i] { job(i); });
+  std::exception_ptr first;
+  if (here) {
+    try {
+      here();
+    } catch (...) {
+      first = std::current_exception();
+    }
+  }
+  if (errors) errors->assign(workers.size(), nullptr);
+  for (int i : which) {
+    std::exception_ptr e = workers[i]->wait();
+    if (errors) (*errors)[i] = e;
+    if (e && !first) first = e;
+  }
+  return first;
+}
+
 }  // namespace pipetrain::pipeline

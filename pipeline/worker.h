@@ -5,9 +5,11 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/deadline.h"
 
@@ -38,5 +40,13 @@ class Worker {
   std::exception_ptr error_;
   std::thread thread_;
 };
+
+/// Fork-join over workers: runs `job(i)` on workers[i] for every i in `which` at once and, when
+/// given, `here` on the calling thread meanwhile; returns once every one has finished. The result
+/// is the first error: here's, else the workers' in `which` order; null when none failed. With
+/// `errors`, every worker's own error is also left in (*errors)[i] (sized to workers.size()).
+std::exception_ptr fork_join(const std::vector<std::unique_ptr<Worker>>& workers, const std::vector<int>& which,
+                             const std::function<void(int)>& job, const std::function<void()>& here = nullptr,
+                             std::vector<std::exception_ptr>* errors = nullptr);
 
 }  // namespace pipetrain::pipeline

@@ -119,7 +119,7 @@ bool greedy(const Schedule& shape, const Costs& c, const Rules& rules, std::vect
 
 }  // namespace
 
-Schedule search_schedule(const std::string& kind, int stages, int micro_batches, int chunks, Placement placement,
+Schedule search_schedule(Kind kind, int stages, int micro_batches, int chunks, Placement placement,
                          const Costs& costs, double memory_limit) {
   Schedule shape{kind, stages, micro_batches, chunks, {}, placement};
   shape.actions.resize(stages);
@@ -131,7 +131,7 @@ Schedule search_schedule(const std::string& kind, int stages, int micro_batches,
     least = std::max(least, need);
   }
   if (!(memory_limit >= least))
-    throw ScheduleError(detail::concat("schedule: ", kind, ": a memory limit of ", memory_limit,
+    throw ScheduleError(detail::concat("schedule: ", name(kind), ": a memory limit of ", memory_limit,
                                        " per device fits no schedule; the least that could work is ", least));
   // The shortest step; between equal steps, the shortest longest device span (the zero-bubble
   // paper's measure, which leaves out the wait of the last devices for the first input).
@@ -162,7 +162,7 @@ Schedule search_schedule(const std::string& kind, int stages, int micro_batches,
     }
   }
   if (best_ms == kNever)
-    throw ScheduleError(detail::concat("schedule: ", kind, ": no schedule completes under a memory limit of ",
+    throw ScheduleError(detail::concat("schedule: ", name(kind), ": no schedule completes under a memory limit of ",
                                        memory_limit, " per device"));
   return best;
 }
@@ -177,13 +177,13 @@ double twice_1f1b_memory(int stages, int micro_batches, const Costs& costs) {
 }
 
 Schedule make_zb_auto(int stages, int micro_batches, const Costs& costs, double memory_limit) {
-  check_supported("zb-auto", stages, micro_batches, 1);
-  return search_schedule("zb-auto", stages, micro_batches, 1, Placement::Loop, costs, memory_limit);
+  check_supported(Kind::ZbAuto, stages, micro_batches, 1);
+  return search_schedule(Kind::ZbAuto, stages, micro_batches, 1, Placement::Loop, costs, memory_limit);
 }
 
 Schedule make_zb_v(int stages, int micro_batches) {
-  check_supported("zb-v", stages, micro_batches, 2);
-  return search_schedule("zb-v", stages, micro_batches, 2, Placement::V, Costs::uniform(2 * stages, 1, 1, 1),
+  check_supported(Kind::ZbV, stages, micro_batches, 2);
+  return search_schedule(Kind::ZbV, stages, micro_batches, 2, Placement::V, Costs::uniform(2 * stages, 1, 1, 1),
                          2.0 * stages);
 }
 
@@ -215,7 +215,7 @@ Schedule exhaustive_best(int stages, int micro_batches, const Costs& costs, size
   std::vector<std::vector<Unit>> order(stages);
   for (;;) {
     for (int r = 0; r < stages; ++r) order[r] = orders[pick[r]];
-    Schedule s = expand("exhaustive", stages, M, 1, Placement::Loop, order);
+    Schedule s = expand(Kind::ZbAuto, stages, M, 1, Placement::Loop, order);
     try {
       const double ms = simulate(s, costs).makespan_ms;
       if (ms < best_ms - 1e-9) best_ms = ms, best = std::move(s);

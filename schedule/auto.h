@@ -33,7 +33,7 @@ double twice_1f1b_memory(int stages, int micro_batches, const Costs& costs);
 Schedule make_zb_v(int stages, int micro_batches);
 
 // The same search for any placement and chunk count (both zb-auto and zb-v use it).
-Schedule search_schedule(const std::string& kind, int stages, int micro_batches, int chunks, Placement placement,
+Schedule search_schedule(Kind kind, int stages, int micro_batches, int chunks, Placement placement,
                          const Costs& costs, double memory_limit);
 
 // The exact optimum for tiny sizes (tests): every order of each device's F, B and W passes (one

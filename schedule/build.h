@@ -16,7 +16,7 @@ struct Unit {
 
 // Turns each device's compute order into its action list: a receive right before the compute
 // that needs it, a send right after the compute that produces it.
-Schedule expand(std::string kind, int stages, int micro_batches, int chunks, Placement placement,
+Schedule expand(Kind kind, int stages, int micro_batches, int chunks, Placement placement,
                 const std::vector<std::vector<Unit>>& order);
 
 }  // namespace pipetrain::schedule

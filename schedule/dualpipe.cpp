@@ -8,7 +8,7 @@
 namespace pipetrain::schedule {
 
 Schedule make_dualpipev(int stages, int micro_batches) {
-  check_supported("dualpipev", stages, micro_batches, 2);
+  check_supported(Kind::DualPipeV, stages, micro_batches, 2);
   const int K = stages, M = micro_batches;
   std::vector<std::vector<Unit>> order(K);
   for (int r = 0; r < K; ++r) {
@@ -60,7 +60,7 @@ Schedule make_dualpipev(int stages, int micro_batches) {
     // 8. The last Ws.
     while (!weights.empty()) weight();
   }
-  return expand("dualpipev", K, M, 2, Placement::V, order);
+  return expand(Kind::DualPipeV, K, M, 2, Placement::V, order);
 }
 
 }  // namespace pipetrain::schedule

@@ -15,9 +15,9 @@ namespace pipetrain::schedule {
 
 // Turns each device's compute order into its action list: a receive right before the compute
 // that needs it, a send right after the compute that produces it.
-Schedule expand(std::string kind, int stages, int micro_batches, int chunks, Placement placement,
+Schedule expand(Kind kind, int stages, int micro_batches, int chunks, Placement placement,
                 const std::vector<std::vector<Unit>>& order) {
-  Schedule s{std::move(kind), stages, micro_batches, chunks, {}, placement};
+  Schedule s{kind, stages, micro_batches, chunks, {}, placement};
   s.actions.resize(stages);
   const int V = s.virtual_stages();
   for (int r = 0; r < stages; ++r) {
@@ -67,7 +67,7 @@ bool is_compute(Op op) {
          op == Op::BackwardWeight;
 }
 
-Schedule pipeline_schedule(const std::string& kind, int stages, int micro_batches, int chunks, int data_parallel) {
+Schedule pipeline_schedule(Kind kind, int stages, int micro_batches, int chunks, int data_parallel) {
   Schedule s = make_schedule(kind, stages, micro_batches, chunks);
   return data_parallel > 1 ? with_reductions(std::move(s)) : s;
 }
@@ -86,72 +86,14 @@ Schedule with_reductions(Schedule s) {
   return s;
 }
 
-std::vector<std::string> schedule_kinds() {
-  return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "looped-bfs", "zb-v", "dualpipev", "zb-auto"};
-}
-
-bool uses_chunks(const std::string& kind) {
-  return kind == "interleaved-1f1b" || kind == "looped-bfs" || placement_of(kind) == Placement::V;
-}
-
-bool splits_backward(const std::string& kind) {
-  return kind == "zb-h1" || kind == "zb-h2" || kind == "zb-v" || kind == "dualpipev" || kind == "zb-auto";
-}
-
-Placement placement_of(const std::string& kind) {
-  return kind == "zb-v" || kind == "dualpipev" ? Placement::V : Placement::Loop;
-}
-
-namespace {
-
-void check_sizes(int stages, int micro_batches, int chunks) {
-  if (stages < 1) throw ScheduleError(detail::concat("schedule: stages must be >= 1, got ", stages));
-  if (micro_batches < 1)
-    throw ScheduleError(detail::concat("schedule: micro_batches must be >= 1, got ", micro_batches));
-  if (chunks < 1) throw ScheduleError(detail::concat("schedule: chunks must be >= 1, got ", chunks));
-}
-
-// "8" or "4 or 8": the multiples of k nearest to m.
-std::string nearest_multiples(int k, int m) {
-  const int below = (m / k) * k, above = below + k;
-  return below >= k ? detail::concat(below, " or ", above) : std::to_string(above);
-}
-
-}  // namespace
-
-void check_supported(const std::string& kind, int stages, int micro_batches, int chunks) {
-  const auto kinds = schedule_kinds();
-  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
-    throw ScheduleError("schedule: unknown kind '" + kind + "' (known: " + join(kinds, ", ") + ")");
-  check_sizes(stages, micro_batches, chunks);
-  if (!uses_chunks(kind) && chunks != 1)
-    throw ScheduleError(detail::concat("schedule: ", kind, " runs one chunk per stage, got chunks = ",
-                                       chunks, " (use interleaved-1f1b or looped-bfs for virtual stages)"));
-  if (placement_of(kind) == Placement::V && chunks != 2)
-    throw ScheduleError(detail::concat("schedule: ", kind, " runs two chunks per stage in a V, got chunks = ", chunks));
-  if (kind == "dualpipev" && micro_batches < 2 * stages)
-    throw ScheduleError(detail::concat("schedule: dualpipev needs at least twice as many micro-batches as stages (",
-                                       2 * stages, " for ", stages, " stages), got ", micro_batches));
-  if ((kind == "interleaved-1f1b" || kind == "looped-bfs") && chunks < 2)
-    throw ScheduleError(detail::concat("schedule: ", kind, " needs chunks >= 2, got ", chunks,
-                                       " (use 1f1b or gpipe for one chunk)"));
-  if (kind == "interleaved-1f1b") {
-    if (micro_batches % stages != 0)
-      throw ScheduleError(detail::concat(
-          "schedule: interleaved-1f1b sends micro-batches in groups of the stage count (", stages,
-          "), so micro_batches must be a multiple of ", stages, "; got ", micro_batches, ", try ",
-          nearest_multiples(stages, micro_batches)));
-  }
-}
-
 Schedule make_gpipe(int stages, int micro_batches) {
-  check_supported("gpipe", stages, micro_batches, 1);
+  check_supported(Kind::GPipe, stages, micro_batches, 1);
   std::vector<std::vector<Unit>> order(stages);
   for (auto& o : order) {
     for (int m = 0; m < micro_batches; ++m) o.push_back({Op::Forward, m, 0});
     for (int m = micro_batches - 1; m >= 0; --m) o.push_back({Op::Backward, m, 0});
   }
-  return expand("gpipe", stages, micro_batches, 1, Placement::Loop, order);
+  return expand(Kind::GPipe, stages, micro_batches, 1, Placement::Loop, order);
 }
 
 namespace {
@@ -182,17 +124,17 @@ std::vector<std::vector<Unit>> one_f_one_b(int K, int M, bool split) {
 }  // namespace
 
 Schedule make_1f1b(int stages, int micro_batches) {
-  check_supported("1f1b", stages, micro_batches, 1);
-  return expand("1f1b", stages, micro_batches, 1, Placement::Loop, one_f_one_b(stages, micro_batches, false));
+  check_supported(Kind::OneFOneB, stages, micro_batches, 1);
+  return expand(Kind::OneFOneB, stages, micro_batches, 1, Placement::Loop, one_f_one_b(stages, micro_batches, false));
 }
 
 Schedule make_zb_h1(int stages, int micro_batches) {
-  check_supported("zb-h1", stages, micro_batches, 1);
-  return expand("zb-h1", stages, micro_batches, 1, Placement::Loop, one_f_one_b(stages, micro_batches, true));
+  check_supported(Kind::ZbH1, stages, micro_batches, 1);
+  return expand(Kind::ZbH1, stages, micro_batches, 1, Placement::Loop, one_f_one_b(stages, micro_batches, true));
 }
 
 Schedule make_zb_h2(int stages, int micro_batches) {
-  check_supported("zb-h2", stages, micro_batches, 1);
+  check_supported(Kind::ZbH2, stages, micro_batches, 1);
   const int K = stages, M = micro_batches;
   std::vector<std::vector<Unit>> order(K);
   for (int r = 0; r < K; ++r) {
@@ -209,11 +151,11 @@ Schedule make_zb_h2(int stages, int micro_batches) {
     }
     while (w < M) o.push_back({Op::BackwardWeight, w++, 0});
   }
-  return expand("zb-h2", K, M, 1, Placement::Loop, order);
+  return expand(Kind::ZbH2, K, M, 1, Placement::Loop, order);
 }
 
 Schedule make_looped_bfs(int stages, int micro_batches, int chunks) {
-  check_supported("looped-bfs", stages, micro_batches, chunks);
+  check_supported(Kind::LoopedBfs, stages, micro_batches, chunks);
   std::vector<std::vector<Unit>> order(stages);
   for (auto& o : order) {
     for (int c = 0; c < chunks; ++c)
@@ -221,11 +163,11 @@ Schedule make_looped_bfs(int stages, int micro_batches, int chunks) {
     for (int c = chunks - 1; c >= 0; --c)
       for (int m = 0; m < micro_batches; ++m) o.push_back({Op::Backward, m, c});
   }
-  return expand("looped-bfs", stages, micro_batches, chunks, Placement::Loop, order);
+  return expand(Kind::LoopedBfs, stages, micro_batches, chunks, Placement::Loop, order);
 }
 
 Schedule make_interleaved_1f1b(int stages, int micro_batches, int chunks) {
-  check_supported("interleaved-1f1b", stages, micro_batches, chunks);
+  check_supported(Kind::Interleaved1F1B, stages, micro_batches, chunks);
   const int K = stages, M = micro_batches, v = chunks, total = M * v;
   // Unit k of a device: micro-batches go in groups of K through chunk 0, then the same group
   // through chunk 1, and so on; backwards visit the chunks in reverse.
@@ -243,20 +185,12 @@ Schedule make_interleaved_1f1b(int stages, int micro_batches, int chunks) {
     for (int k = total - warmup; k < total; ++k)
       o.push_back({Op::Backward, micro_batch(k), v - 1 - fwd_chunk(k)});
   }
-  return expand("interleaved-1f1b", K, M, v, Placement::Loop, order);
+  return expand(Kind::Interleaved1F1B, K, M, v, Placement::Loop, order);
 }
 
-Schedule make_schedule(const std::string& kind, int stages, int micro_batches, int chunks) {
+Schedule make_schedule(Kind kind, int stages, int micro_batches, int chunks) {
   check_supported(kind, stages, micro_batches, chunks);
-  if (kind == "gpipe") return make_gpipe(stages, micro_batches);
-  if (kind == "1f1b") return make_1f1b(stages, micro_batches);
-  if (kind == "zb-h1") return make_zb_h1(stages, micro_batches);
-  if (kind == "zb-h2") return make_zb_h2(stages, micro_batches);
-  if (kind == "looped-bfs") return make_looped_bfs(stages, micro_batches, chunks);
-  if (kind == "zb-v") return make_zb_v(stages, micro_batches);
-  if (kind == "dualpipev") return make_dualpipev(stages, micro_batches);
-  if (kind == "zb-auto") return make_zb_auto(stages, micro_batches, Costs::uniform(stages, 1, 1, 1), 2.0 * std::min(stages, micro_batches));
-  return make_interleaved_1f1b(stages, micro_batches, chunks);
+  return info(kind).build(stages, micro_batches, chunks);
 }
 
 }  // namespace pipetrain::schedule

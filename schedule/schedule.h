@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "schedule/kinds.h"
+
 /// Schedules as per-stage action lists, their checks, the simulator's inputs and traces.
 namespace pipetrain::schedule {
 
@@ -54,13 +56,9 @@ const char* op_name(Op op);
 std::string to_string(const Action& a);
 bool is_compute(Op op);  ///< Forward, Backward, BackwardInput, BackwardWeight
 
-/// How virtual stages sit on devices: in a loop (device r holds r, r+K, ...) or a V (device r
-/// holds r and 2K-1-r).
-enum class Placement { Loop, V };
-
 /// A schedule as data: the ordered actions of every device.
 struct Schedule {
-  std::string kind;  ///< the schedule kind, e.g. "1f1b"
+  Kind kind = Kind::GPipe;  ///< the schedule kind (kinds.h)
   int stages = 0;  ///< devices
   int micro_batches = 0;  ///< per batch
   int chunks = 1;  ///< virtual stages per device
@@ -81,24 +79,9 @@ struct Schedule {
   int chunk_of(int virtual_stage) const { return virtual_stage / stages; }  ///< its chunk on its device
 };
 
-/// The schedule kinds this build knows: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, looped-bfs,
-/// zb-v, dualpipev, zb-auto.
-std::vector<std::string> schedule_kinds();
-
-/// Whether a kind runs several chunks per device (interleaved-1f1b, looped-bfs: chunks >= 2, 2 by
-/// default; zb-v, dualpipev: exactly 2).
-bool uses_chunks(const std::string& kind);
-/// Whether a kind splits backward into backward_input (B) and backward_weight (W).
-bool splits_backward(const std::string& kind);
-/// How a schedule kind places virtual stages on devices (looped, or V-shaped for zb-v and dualpipev).
-Placement placement_of(const std::string& kind);
-
-/// Throws ScheduleError naming what would work when the kind cannot serve these sizes (e.g.
-/// interleaved-1f1b needs chunks >= 2 and a micro-batch count that is a multiple of the stages).
-void check_supported(const std::string& kind, int stages, int micro_batches, int chunks);
-
-/// Builds the named schedule; throws ScheduleError for an unknown kind or sizes it cannot serve.
-Schedule make_schedule(const std::string& kind, int stages, int micro_batches, int chunks = 1);
+/// Builds the kind's schedule (its row's builder, kinds.h); throws ScheduleError for sizes it
+/// cannot serve.
+Schedule make_schedule(Kind kind, int stages, int micro_batches, int chunks = 1);
 
 /// GPipe fill-drain: all forwards in micro-batch order, then all backwards in reverse order.
 Schedule make_gpipe(int stages, int micro_batches);
@@ -132,7 +115,7 @@ Schedule with_reductions(Schedule s);
 /// `data_parallel` > 1 copies reduce their gradients. Pipelines build theirs here, and so do
 /// `plan` and `plan --auto`, so that what the planner simulates is what runs (zb-auto included,
 /// searched on equal costs: a pipeline has no profile).
-Schedule pipeline_schedule(const std::string& kind, int stages, int micro_batches, int chunks, int data_parallel);
+Schedule pipeline_schedule(Kind kind, int stages, int micro_batches, int chunks, int data_parallel);
 
 /// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
 /// on its device, that each compute has its input (received or local) before it runs, that every

@@ -1,36 +1,30 @@
 #include "schedule/trace.h"
 
-#include <iomanip>
+#include <nlohmann/json.hpp>
 
 #include "schedule/simulate.h"
 
 namespace pipetrain::schedule {
 
 namespace {
-void write_string(std::ostream& out, const std::string& s) {
-  out << '"';
-  for (char c : s) {
-    if (c == '"' || c == '\\') out << '\\' << c;
-    else if (static_cast<unsigned char>(c) < 0x20) out << ' ';
-    else out << c;
-  }
-  out << '"';
+
+// Events are built as JSON values and written one per line: nlohmann escapes every string
+// (control characters included) and writes a NaN or an infinity as null, so the file always parses.
+void emit(std::ostream& out, bool& first, const nlohmann::json& event) {
+  out << (first ? "\n" : ",\n") << event.dump();
+  first = false;
 }
 
 void write_event(std::ostream& out, bool& first, const TraceSpan& s, int pid, int tid) {
-  out << (first ? "\n" : ",\n") << R"({"ph":"X","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":)";
-  first = false;
   std::string name = s.name;
   if (s.micro_batch >= 0) name += " " + std::to_string(s.micro_batch);
   if (s.chunk > 0) name += "." + std::to_string(s.chunk);
-  write_string(out, name);
-  out << R"(,"cat":)";
-  write_string(out, s.name);
+  nlohmann::json args{{"step", s.step}};
+  if (s.micro_batch >= 0) args["micro_batch"] = s.micro_batch, args["chunk"] = s.chunk;
   // Microseconds, the unit of the format.
-  out << R"(,"ts":)" << s.start_ms * 1e3 << R"(,"dur":)" << (s.end_ms - s.start_ms) * 1e3
-      << R"(,"args":{"step":)" << s.step;
-  if (s.micro_batch >= 0) out << R"(,"micro_batch":)" << s.micro_batch << R"(,"chunk":)" << s.chunk;
-  out << "}}";
+  emit(out, first,
+       {{"ph", "X"}, {"pid", pid}, {"tid", tid}, {"name", name}, {"cat", s.name}, {"ts", s.start_ms * 1e3},
+        {"dur", (s.end_ms - s.start_ms) * 1e3}, {"args", args}});
 }
 
 std::string detail_name(const std::string& counter, size_t stage) {
@@ -38,11 +32,7 @@ std::string detail_name(const std::string& counter, size_t stage) {
 }
 
 void write_name(std::ostream& out, bool& first, const char* what, int pid, int tid, const std::string& name) {
-  out << (first ? "\n" : ",\n") << R"({"ph":"M","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":")"
-      << what << R"(","args":{"name":)";
-  first = false;
-  write_string(out, name);
-  out << "}}";
+  emit(out, first, {{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", what}, {"args", {{"name", name}}}});
 }
 }  // namespace
 
@@ -58,8 +48,7 @@ TraceTimeline simulated_timeline(const Simulation& sim, std::string title) {
 }
 
 void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& timelines, double min_idle_ms) {
-  const auto precision = out.precision();
-  out << std::setprecision(12) << R"({"displayTimeUnit":"ms","traceEvents":[)";
+  out << R"({"displayTimeUnit":"ms","traceEvents":[)";
   bool first = true;
   for (size_t p = 0; p < timelines.size(); ++p) {
     const TraceTimeline& t = timelines[p];
@@ -87,16 +76,13 @@ void write_chrome_trace(std::ostream& out, const std::vector<TraceTimeline>& tim
       }
       if (r < t.counters.size())
         for (const auto& [ms, value] : t.counters[r]) {
-          out << R"(,
-{"ph":"C","pid":)" << pid << R"(,"tid":)" << tid << R"(,"name":)";
-          write_string(out, detail_name(t.counter_name, r));
-          out << R"(,"ts":)" << ms * 1e3 << R"(,"args":{"held":)" << value << "}}";
-          first = false;
+          emit(out, first,
+               {{"ph", "C"}, {"pid", pid}, {"tid", tid}, {"name", detail_name(t.counter_name, r)}, {"ts", ms * 1e3},
+                {"args", {{"held", value}}}});
         }
     }
   }
   out << "\n]}\n";
-  out.precision(precision);
 }
 
 }  // namespace pipetrain::schedule

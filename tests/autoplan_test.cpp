@@ -43,7 +43,7 @@ SearchSpace space() {
   SearchSpace s;
   s.devices = 2, s.batch = 8, s.layers = 4;
   s.micro_batches = {1, 2, 4, 8};
-  s.schedules = {"gpipe", "1f1b"};
+  s.schedules = {schedule::Kind::GPipe, schedule::Kind::OneFOneB};
   s.recompute = {Recompute::Never};
   s.precisions = {Precision::FP32};
   s.balances = {"uniform"};
@@ -83,7 +83,7 @@ TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
   const SearchResult r =
       search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
-  EXPECT_EQ(best.schedule, "1f1b");
+  EXPECT_EQ(best.schedule, schedule::Kind::OneFOneB);
   EXPECT_EQ(best.micro_batches, 8);
   EXPECT_NEAR(best.max_peak_bytes(), 840, 1e-9);
   for (const Candidate& c : r.fitting) EXPECT_LE(c.max_peak_bytes(), 900);
@@ -105,7 +105,7 @@ TEST(AutoPlan, WorkspaceAndHeadroomCountAgainstTheLimit) {
   s.memory_limit = {870};
   SearchResult r = search_plans(s, with_workspace);
   ASSERT_EQ(r.fitting.size(), 1u);
-  EXPECT_EQ(r.fitting.front().schedule, "1f1b");
+  EXPECT_EQ(r.fitting.front().schedule, schedule::Kind::OneFOneB);
   EXPECT_EQ(r.fitting.front().micro_batches, 8);
   EXPECT_NEAR(r.fitting.front().max_peak_bytes(), 870, 1e-9);
   s.memory_headroom = 0.05;
@@ -192,10 +192,10 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
   Table t;
   SearchSpace s = space();
   s.max_data_parallel = 2;
-  s.schedules = {"gpipe"};
+  s.schedules = {schedule::Kind::GPipe};
   s.memory_limit = {2000};
   OptimizerConfig adam;
-  adam.kind = "adam";
+  adam.kind = pipeline::OptimizerKind::Adam;
   s.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(adam, p, D, sharded); };
   const SearchResult r =
       search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
@@ -240,11 +240,11 @@ TEST(AutoPlan, PredictsTheSchedulesAPipelineRuns) {
     torch::nn::Sequential model;
     for (int i = 0; i < 8; ++i) model->push_back(torch::nn::Linear(4, 4));
     pipeline::PipelineOptions o;
-    o.stages = c.stages, o.micro_batches = c.micro_batches, o.schedule = c.kind, o.chunks = c.chunks;
+    o.stages = c.stages, o.micro_batches = c.micro_batches, o.schedule = schedule::parse_kind(c.kind), o.chunks = c.chunks;
     pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& t) {
       return torch::nn::functional::cross_entropy(out, t);
     });
-    EXPECT_EQ(schedule::pipeline_schedule(c.kind, c.stages, c.micro_batches, c.chunks, 1).actions,
+    EXPECT_EQ(schedule::pipeline_schedule(schedule::parse_kind(c.kind), c.stages, c.micro_batches, c.chunks, 1).actions,
               pipe.schedule().actions);
   }
 }

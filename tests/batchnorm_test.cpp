@@ -150,8 +150,8 @@ PipelineOptions options(int stages, int micro_batches, const std::string& schedu
   PipelineOptions o;
   o.stages = stages;
   o.micro_batches = micro_batches;
-  o.schedule = schedule;
-  o.chunks = schedule::uses_chunks(schedule) ? 2 : 1;
+  o.schedule = schedule::parse_kind(schedule);
+  o.chunks = schedule::uses_chunks(schedule::parse_kind(schedule)) ? 2 : 1;
   o.recompute = recompute;
   o.timeout_s = 60;
   return o;

@@ -94,7 +94,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
   pipeline::PipelineOptions o;
   o.stages = stages;
   o.micro_batches = 2;
-  o.schedule = "1f1b";
+  o.schedule = schedule::parse_kind("1f1b");
   o.ties = m.ties;
   o.timeout_s = 60;
   return o;

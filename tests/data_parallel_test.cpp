@@ -120,8 +120,8 @@ pipeline::PipelineOptions options(const Case& c) {
   pipeline::PipelineOptions o;
   o.stages = c.stages;
   o.micro_batches = c.micro_batches;
-  o.schedule = c.schedule;
-  o.chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
+  o.schedule = schedule::parse_kind(c.schedule);
+  o.chunks = schedule::uses_chunks(schedule::parse_kind(c.schedule)) ? 2 : 1;
   o.data_parallel = c.copies;
   o.shard_optimizer = c.shard;
   if (c.scatter) o.shard_reduction = pipeline::PipelineOptions::ShardReduction::ReduceScatter;
@@ -193,7 +193,7 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
       try {
         pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]), groups[r / c.copies][r % c.copies]);
         EXPECT_EQ(pipe.rank(), r);
-        EXPECT_EQ(pipe.replica(), r % c.copies);
+        EXPECT_EQ(pipe.copy(), r % c.copies);
         pipe.set_optimizer(factory);
         for (int s = 0; s < kSteps; ++s) {
           const Batch b = make_batch(models[r], c.batch, 100 + s);
@@ -312,8 +312,9 @@ TEST(DataParallelPartialBatch, ShardsSmallerThanTheMicroBatchesRunAsFewer) {
 // The schedule's Reduce actions: after each chunk's last backward part, validated, simulated
 // beside the later actions (the step ends when the last reduction has).
 TEST(DataParallelSchedule, ReductionsFollowTheLastBackwardAndOverlap) {
-  for (const std::string kind : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "dualpipev"}) {
-    const int chunks = schedule::uses_chunks(kind) ? 2 : 1;
+  using schedule::Kind;
+  for (const Kind kind : {Kind::GPipe, Kind::OneFOneB, Kind::ZbH1, Kind::Interleaved1F1B, Kind::ZbV, Kind::DualPipeV}) {
+    const int chunks = schedule::info(kind).default_chunks;
     schedule::Schedule s = schedule::with_reductions(schedule::make_schedule(kind, 2, 4, chunks));
     EXPECT_NO_THROW(schedule::validate(s)) << kind;
     for (const auto& list : s.actions) {

@@ -220,7 +220,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   const bool reduced = c.precision != Precision::FP32;
   const double tol = reduced ? kBf16Tight : c.dtype == torch::kDouble ? 1e-10 : 1e-4;
   const int64_t batch = c.batch;  // 10: 3 and 8 micro-batches split it unevenly
-  const int chunks = schedule::uses_chunks(c.schedule) ? 2 : 1;
+  const int chunks = schedule::uses_chunks(schedule::parse_kind(c.schedule)) ? 2 : 1;
   const bool deep = chunks > 1;
 
   // Reference: the whole batch on one device.
@@ -243,7 +243,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   const double want_loss = reduced ? tight_loss : ref_loss.item<double>();
 
   pipeline::PipelineOptions o;
-  o.schedule = c.schedule;
+  o.schedule = schedule::parse_kind(c.schedule);
   o.chunks = chunks;
   o.stages = c.stages;
   o.micro_batches = c.micro_batches;
@@ -331,11 +331,11 @@ const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute:
 // least 2K, 2K and 2K+1.
 std::vector<Case> float64_cases() {
   std::vector<Case> cases;
-  for (const std::string& schedule : schedule::schedule_kinds())
+  for (const std::string& schedule : schedule::kind_names())
     for (const std::string family : {"mlp", "cnn", "gpt", "unet", "gpt_tied"})
       for (int k = 1; k <= 4; ++k) {
         std::vector<int> mbs{1, 2, 3, 8};
-        if (schedule::uses_chunks(schedule)) {
+        if (schedule::uses_chunks(schedule::parse_kind(schedule))) {
           if ((family == "cnn" && k > 2) || (family == "unet" && k > 3)) continue;
           mbs = {k, 2 * k};
           if (schedule == "looped-bfs") mbs = {3, 2 * k};
@@ -389,10 +389,10 @@ std::vector<Case> runtime_cases() {
                                     {"unet", 3, 6, Recompute::ExceptLast},
                                     {"gpt_tied", 2, 4, Recompute::Never}};
   std::vector<Case> cases;
-  for (const std::string& schedule : schedule::schedule_kinds())
+  for (const std::string& schedule : schedule::kind_names())
     for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}})
-      for (const Shape& s : schedule::placement_of(schedule) == schedule::Placement::V ? v_shapes
-                            : schedule::uses_chunks(schedule)                          ? interleaved
+      for (const Shape& s : schedule::placement_of(schedule::parse_kind(schedule)) == schedule::Placement::V ? v_shapes
+                            : schedule::uses_chunks(schedule::parse_kind(schedule))                          ? interleaved
                                                                                        : plain)
         cases.push_back({schedule, s.family, s.stages, s.micro_batches, s.recompute, torch::kDouble, ranks, transport});
   return cases;
@@ -407,7 +407,7 @@ std::vector<Case> bf16_cases() {
     for (const std::string family : {"mlp", "cnn", "gpt"})
       for (auto mode : kModes) {
         std::vector<std::pair<int, int>> shapes{{3, 4}, {2, 2}};
-        if (schedule::uses_chunks(schedule)) shapes = {{2, 2}, {2, 4}};
+        if (schedule::uses_chunks(schedule::parse_kind(schedule))) shapes = {{2, 2}, {2, 4}};
         for (auto [k, m] : shapes) {
           Case c{schedule, family, k, m, mode, torch::kFloat};
           c.precision = Precision::BF16;
@@ -429,12 +429,12 @@ std::vector<Case> bf16_cases() {
 // kind allows (interleaved-1f1b: a multiple of the stages).
 std::vector<Case> partial_cases() {
   std::vector<Case> cases;
-  for (const std::string& schedule : schedule::schedule_kinds())
+  for (const std::string& schedule : schedule::kind_names())
     for (const std::string family : {"mlp", "cnn", "gpt", "unet", "gpt_tied"})
       for (auto mode : kModes) {
         Case c{schedule, family, 2, 8, mode, torch::kDouble};
         c.batch = 5;
-        if (schedule::uses_chunks(schedule)) c.micro_batches = 4, c.batch = 3;  // interleaved-1f1b runs 2
+        if (schedule::uses_chunks(schedule::parse_kind(schedule))) c.micro_batches = 4, c.batch = 3;  // interleaved-1f1b runs 2
         if (schedule == "zb-v") c.micro_batches = 5;
         if (schedule == "dualpipev") c.micro_batches = 6, c.batch = 5;  // needs 2K = 4: runs 5
         cases.push_back(c);

@@ -293,7 +293,7 @@ TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
     PipelineOptions o;
     o.stages = c.stages;
     o.micro_batches = c.micro_batches;
-    o.schedule = c.kind;
+    o.schedule = schedule::parse_kind(c.kind);
     o.chunks = c.chunks;
     o.recompute = Recompute::Never;
     Pipeline pipe(mlp(8, 4), o, mean_ce);
@@ -310,7 +310,7 @@ TEST(Executor, MeasuredCostsKeepFusedAndSplitBackwardsApart) {
   PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 4;
-  o.schedule = "dualpipev";
+  o.schedule = schedule::parse_kind("dualpipev");
   o.chunks = 2;
   o.recompute = Recompute::Never;
   Pipeline pipe(mlp(8, 4), o, mean_ce);
@@ -329,7 +329,7 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 3;
-  o.schedule = "zb-h1";
+  o.schedule = schedule::parse_kind("zb-h1");
   o.recompute = Recompute::ExceptLast;
   Pipeline pipe(mlp(8, 4), o, mean_ce);
   pipe.forward_backward(torch::randn({6, 8}), torch::randint(0, 8, {6}, torch::kLong));
@@ -416,7 +416,7 @@ TEST(Profile, ScheduleCostsOfABalance) {
     p.backward_input_ms.push_back(1.0);
     p.backward_weight_ms.push_back(1.0 + i);
   }
-  const auto s = schedule::make_schedule("zb-h1", 2, 3);
+  const auto s = schedule::make_schedule(schedule::parse_kind("zb-h1"), 2, 3);
   const auto c = schedule_costs(p, {1, 3}, s, Recompute::ExceptLast);
   EXPECT_DOUBLE_EQ(c.forward[0], 1.0);
   EXPECT_DOUBLE_EQ(c.forward[1], 2.0 + 3.0 + 4.0);
@@ -479,7 +479,7 @@ TEST(Executor, ZeroBubbleStartsCleanAfterAFailedStep) {
   PipelineOptions o;
   o.stages = 4;
   o.micro_batches = 4;
-  o.schedule = "zb-h1";
+  o.schedule = schedule::parse_kind("zb-h1");
   o.recompute = Recompute::Never;
   auto failed_model = failing_model(/*fail_at=*/2, false), clean_model = failing_model(/*fail_at=*/0, false);
   Pipeline failed(failed_model, o, mean_ce), clean(clean_model, o, mean_ce);
@@ -513,7 +513,7 @@ TEST(Controls, AccumulatedBatchesEqualOneBigBatch) {
   PipelineOptions o;
   o.stages = 3;
   o.micro_batches = 3;
-  o.schedule = "1f1b";
+  o.schedule = schedule::parse_kind("1f1b");
   Pipeline pipe(pip, o, mean_ce);
   const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
   const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);

@@ -166,7 +166,7 @@ TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
   pipeline::PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 4;
-  o.schedule = "1f1b";
+  o.schedule = schedule::parse_kind("1f1b");
   o.seed = 7;
   o.precision = Precision::BF16;
   pipeline::Pipeline pipe(m.layers, o, mean_ce);

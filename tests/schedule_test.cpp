@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "schedule/auto.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
+#include "schedule/trace.h"
 
 using namespace pipetrain;
 using namespace pipetrain::schedule;
@@ -55,7 +60,6 @@ TEST(Validate, RejectsForwardBeforeItsInputArrives) {
 TEST(Validate, DetectsDeadlock) {
   // Stage 0 waits for a gradient before sending the activation stage 1 needs to produce it.
   Schedule s;
-  s.kind = "bad";
   s.stages = 2;
   s.micro_batches = 1;
   s.actions = {{{Op::Forward, 0}, {Op::RecvGrad, 0}, {Op::SendActivation, 0}, {Op::Backward, 0}},
@@ -75,23 +79,56 @@ TEST(Validate, RejectsCommunicationPastTheEnds) {
 }
 
 TEST(MakeSchedule, UnknownKindAndSizes) {
-  EXPECT_THROW(make_schedule("pipedream", 2, 2), ScheduleError);
-  EXPECT_THROW(make_schedule("gpipe", 0, 2), ScheduleError);
-  EXPECT_THROW(make_schedule("gpipe", 2, 0), ScheduleError);
-  EXPECT_THROW(make_schedule("1f1b", 2, 2, 2), ScheduleError);  // chunks only for interleaved
-  EXPECT_THROW(make_schedule("interleaved-1f1b", 2, 4, 1), ScheduleError);
+  EXPECT_THROW(make_schedule(parse_kind("pipedream"), 2, 2), ScheduleError);
+  EXPECT_THROW(make_schedule(parse_kind("gpipe"), 0, 2), ScheduleError);
+  EXPECT_THROW(make_schedule(parse_kind("gpipe"), 2, 0), ScheduleError);
+  EXPECT_THROW(make_schedule(parse_kind("1f1b"), 2, 2, 2), ScheduleError);  // chunks only for interleaved
+  EXPECT_THROW(make_schedule(parse_kind("interleaved-1f1b"), 2, 4, 1), ScheduleError);
+}
+
+// The one table of kinds: every row is where Kind says, its name parses back to it, the
+// schedule it builds carries its kind and placement, runs its default chunks, and splits the
+// backward exactly when the row says so.
+TEST(KindTable, EveryRowAnswersForItsKind) {
+  ASSERT_EQ(kind_table().size(), all_kinds().size());
+  for (Kind k : all_kinds()) {
+    const KindInfo& row = info(k);
+    EXPECT_EQ(row.kind, k);
+    EXPECT_EQ(parse_kind(row.name), k);
+    EXPECT_LE(row.min_chunks, row.default_chunks);
+    EXPECT_LE(row.default_chunks, row.max_chunks);
+    const int stages = 2, micro_batches = std::max(4, stages * row.min_micro_batches_per_stage);
+    const Schedule s = make_schedule(k, stages, micro_batches, row.default_chunks);
+    EXPECT_EQ(s.kind, k) << row.name;
+    EXPECT_EQ(s.placement, row.placement) << row.name;
+    EXPECT_EQ(s.chunks, row.default_chunks) << row.name;
+    bool split = false;
+    for (const auto& list : s.actions)
+      for (const Action& a : list) split = split || a.op == Op::BackwardInput;
+    EXPECT_EQ(split, row.splits_backward) << row.name;
+    EXPECT_EQ(chunks_for(k, 0), row.default_chunks) << row.name;
+    EXPECT_EQ(chunks_for(k, 64), row.max_chunks == 64 ? 64 : row.default_chunks) << row.name;
+  }
+  try {
+    parse_kind("pipedream");
+    FAIL();
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown kind 'pipedream' (known: gpipe, 1f1b, interleaved-1f1b"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(find_kind("1F1B").has_value());  // names are exact
 }
 
 TEST(MakeSchedule, InterleavedSaysWhichMicroBatchCountsWork) {
   try {
-    make_schedule("interleaved-1f1b", 4, 6, 2);
+    make_schedule(parse_kind("interleaved-1f1b"), 4, 6, 2);
     FAIL();
   } catch (const ScheduleError& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("try 4 or 8"), std::string::npos) << e.what();
   }
   try {
-    make_schedule("interleaved-1f1b", 4, 3, 2);
+    make_schedule(parse_kind("interleaved-1f1b"), 4, 3, 2);
     FAIL();
   } catch (const ScheduleError& e) {
     EXPECT_NE(std::string(e.what()).find("try 4"), std::string::npos) << e.what();
@@ -102,12 +139,12 @@ TEST(MakeSchedule, InterleavedSaysWhichMicroBatchCountsWork) {
 // them): the lists validate, and with equal costs the simulated bubble is the known formula.
 // Costs per device: F = 1, B = 1, W = 1 (a fused backward is 2), split evenly over the chunks.
 struct Shape {
-  std::string kind;
+  Kind kind;
   int k, m, v;
 };
 std::vector<Shape> all_shapes() {
   std::vector<Shape> out;
-  for (const auto& kind : schedule_kinds())
+  for (Kind kind : all_kinds())
     for (int k = 1; k <= 8; ++k)
       for (int m = 1; m <= 32; ++m)
         for (int v : {1, 2, 4}) {
@@ -136,20 +173,20 @@ TEST(Simulator, BubbleMatchesTheFormulas) {
     const double K = sh.k, M = sh.m, v = sh.v;
     const Simulation sim = simulate(make_schedule(sh.kind, sh.k, sh.m, sh.v),
                                     Costs::uniform(sh.k * sh.v, 1 / v, 1 / v, 1 / v));
-    const std::string what = sh.kind + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m) +
+    const std::string what = std::string(name(sh.kind)) + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m) +
                              " v=" + std::to_string(sh.v);
-    if (sh.kind == "gpipe" || sh.kind == "1f1b") {
+    if (sh.kind == Kind::GPipe || sh.kind == Kind::OneFOneB) {
       EXPECT_NEAR(sim.bubble, (K - 1) / (M + K - 1), 1e-12) << what;
       EXPECT_NEAR(sim.makespan_ms, 3 * (M + K - 1), 1e-9) << what;
-    } else if (sh.kind == "interleaved-1f1b") {
+    } else if (sh.kind == Kind::Interleaved1F1B) {
       // The fill and drain shrink by v: idle time (K-1)(F+B)/v per device.
       EXPECT_NEAR(sim.makespan_ms, 3 * M + 3 * (K - 1) / v, 1e-9) << what;
       EXPECT_NEAR(sim.bubble, (K - 1) / (v * M + K - 1), 1e-12) << what;
-    } else if (sh.kind == "zb-h1" && sh.m >= sh.k) {  // idle time (K-1)(F+B-W) per device
+    } else if (sh.kind == Kind::ZbH1 && sh.m >= sh.k) {  // idle time (K-1)(F+B-W) per device
       EXPECT_NEAR(sim.makespan_ms, 3 * M + (K - 1) * (1 + 1 - 1), 1e-9) << what;
-    } else if (sh.kind == "zb-h2" && sh.m >= 2 * sh.k - 1) {  // every span (K-1)(F+B-2W) = 0 over the work
+    } else if (sh.kind == Kind::ZbH2 && sh.m >= 2 * sh.k - 1) {  // every span (K-1)(F+B-2W) = 0 over the work
       for (double span : sim.span_ms) EXPECT_NEAR(span, 3 * M, 1e-9) << what;
-    } else if (sh.kind == "looped-bfs") {  // breadth first: no better than fill-drain over K·v virtual stages
+    } else if (sh.kind == Kind::LoopedBfs) {  // breadth first: no better than fill-drain over K·v virtual stages
       EXPECT_GE(sim.makespan_ms, 3 * M + 3 * (K - 1) / v - 1e-9) << what;
     } else {  // too few micro-batches to hide the drain: still no worse than 1f1b
       const Simulation base = simulate(make_1f1b(sh.k, sh.m), Costs::uniform(sh.k, 1, 1, 1));
@@ -160,13 +197,13 @@ TEST(Simulator, BubbleMatchesTheFormulas) {
 
 TEST(Simulator, NewSchedulesBeat1F1BWithEqualCosts) {
   for (const Shape& sh : all_shapes()) {
-    if (sh.kind != "zb-h2" && sh.kind != "zb-v" && sh.kind != "dualpipev" && sh.kind != "zb-auto") continue;
+    if (sh.kind != Kind::ZbH2 && sh.kind != Kind::ZbV && sh.kind != Kind::DualPipeV && sh.kind != Kind::ZbAuto) continue;
     if (sh.m < sh.k) continue;
     const double v = sh.v;
     const Simulation sim = simulate(make_schedule(sh.kind, sh.k, sh.m, sh.v),
                                     Costs::uniform(sh.k * sh.v, 1 / v, 1 / v, 1 / v));
     const Simulation base = simulate(make_1f1b(sh.k, sh.m), Costs::uniform(sh.k, 1, 1, 1));
-    const std::string what = sh.kind + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m);
+    const std::string what = std::string(name(sh.kind)) + " K=" + std::to_string(sh.k) + " M=" + std::to_string(sh.m);
     EXPECT_LE(sim.makespan_ms, base.makespan_ms + 1e-9) << what;
     if (sh.k > 1) {
       EXPECT_LT(sim.bubble, base.bubble) << what;
@@ -250,8 +287,8 @@ TEST(VPlacement, ChunksTurnOnTheLastDevice) {
   for (int vs = 0; vs < 6; ++vs) EXPECT_EQ(s.virtual_stage(s.device_of(vs), s.chunk_of(vs)), vs);
   EXPECT_EQ(s.device_of(5), 0);
   EXPECT_EQ(s.device_of(2), s.device_of(3));  // the turn: handed over on one device
-  EXPECT_THROW(make_schedule("zb-v", 2, 4, 3), ScheduleError);
-  EXPECT_THROW(make_schedule("dualpipev", 4, 7, 2), ScheduleError);  // needs M >= 2K
+  EXPECT_THROW(make_schedule(parse_kind("zb-v"), 2, 4, 3), ScheduleError);
+  EXPECT_THROW(make_schedule(parse_kind("dualpipev"), 4, 7, 2), ScheduleError);  // needs M >= 2K
 }
 
 TEST(Simulator, ActivationMemoryOverTime) {
@@ -463,4 +500,25 @@ TEST(Validate, DeadlockIsShownAsAGrid) {
     EXPECT_NE(m.find("\n  stage 0: F0 sa0 [rg0] B0 F1"), std::string::npos) << m;
     EXPECT_NE(m.find("\n  stage 1: [ra1]"), std::string::npos) << m;
   }
+}
+
+// A trace always parses: titles with quotes, backslashes and control characters keep them
+// (escaped, not replaced), and a time that is not finite is written as null, not bare.
+TEST(Trace, AnyNameAndTimeMakeValidJson) {
+  const std::string title = "run \"a\"\\b\n\tc\x01";
+  TraceTimeline t{title, {{TraceSpan{"forward", 0, 0, 1, 0.0, 1.5},
+                           TraceSpan{"backward", 0, 0, 1, 2.0, std::numeric_limits<double>::quiet_NaN()}}},
+                  "held", {{{0.5, 3.0}}}};
+  std::ostringstream out;
+  write_chrome_trace(out, {t});
+  const auto j = nlohmann::json::parse(out.str());
+  int spans = 0, nulls = 0;
+  bool titled = false;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") titled = e["args"]["name"] == title;
+    if (e["ph"] == "X") ++spans, nulls += e["dur"].is_null();
+  }
+  EXPECT_TRUE(titled) << out.str();
+  EXPECT_GE(spans, 2);
+  EXPECT_EQ(nulls, 1) << out.str();
 }

@@ -500,7 +500,7 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     pipeline::PipelineOptions o;
     o.stages = stages;
     o.micro_batches = 6;
-    o.schedule = schedule;
+    o.schedule = schedule::parse_kind(schedule);
     o.timeout_s = 30;
     o.transport.backend = backend;
     pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);

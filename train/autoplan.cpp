@@ -8,6 +8,8 @@
 #include <fstream>
 #include <map>
 
+#include "comm/mesh.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/strings.h"
 #include "schedule/auto.h"
@@ -45,18 +47,23 @@ partitioner::Balance balance_for(const std::string& method, const profiler::Prof
 // slowest copy's (every copy waits for the others' reductions). Empty: all alike.
 std::vector<double> stage_speeds(const std::vector<double>& device_speeds, int K, int D) {
   if (device_speeds.empty()) return {};
+  const comm::Mesh mesh{K, D};
   std::vector<double> out(K);
   for (int d = 0; d < K; ++d) {
-    out[d] = device_speeds.at(d * D);
-    for (int r = 1; r < D; ++r) out[d] = std::min(out[d], device_speeds.at(d * D + r));
+    out[d] = device_speeds.at(mesh.rank(d, 0));
+    for (int r = 1; r < D; ++r) out[d] = std::min(out[d], device_speeds.at(mesh.rank(d, r)));
   }
   return out;
 }
 
-std::vector<int> chunk_options(const std::string& kind) {
-  if (schedule::placement_of(kind) == schedule::Placement::V) return {2};
-  if (schedule::uses_chunks(kind)) return {2, 4};
-  return {1};
+// The chunk counts searched: the kind's only count, or 2 and 4 where it runs several.
+std::vector<int> chunk_options(schedule::Kind kind) {
+  const schedule::KindInfo& k = schedule::info(kind);
+  if (k.min_chunks == k.max_chunks) return {k.min_chunks};
+  std::vector<int> out;
+  for (int v : {2, 4})
+    if (v >= k.min_chunks && v <= k.max_chunks) out.push_back(v);
+  return out;
 }
 
 }  // namespace
@@ -86,7 +93,7 @@ SearchResult search_plans(const SearchSpace& sp,
           std::vector<double> stage_bw = stage_speeds(sp.device_bytes_per_ms, K, D), link_speed;
           if (!stage_bw.empty() && sp.bytes_per_ms > 0)
             for (double bw : stage_bw) link_speed.push_back(bw / sp.bytes_per_ms);
-          for (const std::string& kind : sp.schedules)
+          for (schedule::Kind kind : sp.schedules)
             for (int v : chunk_options(kind)) {
               try {
                 schedule::check_supported(kind, K, M, v);
@@ -94,7 +101,7 @@ SearchResult search_plans(const SearchSpace& sp,
                 continue;
               }
               const int V = K * v;
-              if (V > sp.layers || (K == 1 && kind != "gpipe")) continue;  // one stage: every schedule is the plain loop
+              if (V > sp.layers || (K == 1 && kind != schedule::Kind::GPipe)) continue;  // one stage: every schedule is the plain loop
               const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
               for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
                 for (const std::string& method : sp.balances)
@@ -123,7 +130,7 @@ SearchResult search_plans(const SearchSpace& sp,
                       // Copy r of device d runs on device d * D + r, as a rank's device: each
                       // copy is held to that device's limit.
                       for (int r = 0; r < D; ++r) {
-                        const double limit = limit_of(d * D + r);
+                        const double limit = limit_of(comm::Mesh{K, D}.rank(d, r));
                         if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) fits = false;
                       }
                     }
@@ -191,7 +198,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   sp.max_data_parallel = sp.devices;
   sp.batch = c.data.batch_size;
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
-  sp.schedules = schedule::schedule_kinds();
+  sp.schedules = schedule::all_kinds();
   sp.recompute = {Recompute::Never, Recompute::ExceptLast, Recompute::Always};
   // A cost file holds the costs of one precision: the config's.
   sp.precisions = {filed ? c.train.precision : Precision::FP32};
@@ -233,7 +240,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     Config cc = c;
     cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
     cc.train.precision = p;
-    cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = "gpipe";
+    cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = schedule::Kind::GPipe;
     cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
     cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
     prof = profile_job(prepare(cc), o.repeat, rows);
@@ -246,7 +253,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   auto& pipe = root["pipeline"];
   pipe["stages"] = best.stages;
   pipe["micro_batches"] = best.micro_batches;
-  pipe["schedule"] = best.schedule;
+  pipe["schedule"] = schedule::name(best.schedule);
   pipe["chunks"] = best.chunks;
   pipe["recompute"] = recompute_name(best.recompute);
   pipe["balance"] = best.balance;
@@ -258,15 +265,11 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   root["train"]["precision"] = precision_name(best.precision);
   r.chosen = parse_config(root, o.write_config.empty() ? "the chosen plan" : o.write_config);
   if (!o.write_config.empty()) {
-    const std::string tmp = o.write_config + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::out | std::ios::trunc);
-      if (!f) throw ConfigError("--write-config " + o.write_config + ": cannot open for writing");
-      f << root.dump(2) << "\n";
-      if (!f.flush()) throw Error("--write-config " + o.write_config + ": write failed");
+    try {
+      write_file_atomically(o.write_config, root.dump(2) + "\n");
+    } catch (const IoError& e) {
+      throw ConfigError("--write-config " + o.write_config + ": " + e.what());
     }
-    if (std::rename(tmp.c_str(), o.write_config.c_str()) != 0)
-      throw Error("--write-config " + o.write_config + ": cannot rename");
   }
   return r;
 }
@@ -293,7 +296,7 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
     else why = pct(c.step_ms / f[0].step_ms - 1) + " slower";
     if (c.bubble < f[0].bubble && i > 0) why += ", less bubble";
     if (c.max_peak_bytes() < f[0].max_peak_bytes() && i > 0) why += ", less memory";
-    const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : c.schedule;
+    const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : schedule::name(c.schedule);
     const std::string copies = detail::concat(c.data_parallel, c.sharded ? "z" : "");
     std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
                   c.stages, copies.c_str(), c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
@@ -310,7 +313,7 @@ void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
   for (const Candidate& c : r.result.fitting)
     out << nlohmann::json{{"stages", c.stages}, {"data_parallel", c.data_parallel}, {"shard_optimizer", c.sharded},
                           {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
-                          {"schedule", c.schedule}, {"recompute", recompute_name(c.recompute)},
+                          {"schedule", schedule::name(c.schedule)}, {"recompute", recompute_name(c.recompute)},
                           {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},
                           {"balance", c.balance}, {"step_ms", c.step_ms}, {"bubble", c.bubble},
                           {"exposed_reduce_ms", c.exposed_reduce_ms},

@@ -27,7 +27,7 @@ struct SearchSpace {
   int64_t batch = 1;      // samples per step
   int layers = 1;
   std::vector<int> micro_batches;          // each <= batch
-  std::vector<std::string> schedules;      // schedule kinds
+  std::vector<schedule::Kind> schedules;   // schedule kinds
   std::vector<Recompute> recompute;
   std::vector<Precision> precisions;
   std::vector<std::string> balances;       // uniform, parameters, time
@@ -51,7 +51,8 @@ struct Candidate {
   int stages = 1, micro_batches = 1, chunks = 1;
   int data_parallel = 1;
   bool sharded = false;  // the copies' optimizer state
-  std::string schedule, balance_method;
+  schedule::Kind schedule = schedule::Kind::GPipe;
+  std::string balance_method;
   Recompute recompute = Recompute::Never;
   Precision precision = Precision::FP32;
   partitioner::Balance balance;

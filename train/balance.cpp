@@ -111,7 +111,7 @@ profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
 
 double state_factor(const OptimizerConfig& optimizer, Precision precision, int data_parallel, bool sharded) {
   // Optimizer state: momentum buffer for SGD with momentum, two moments for Adam.
-  double state = optimizer.kind == "sgd" ? (optimizer.momentum != 0 ? 1.0 : 0.0) : 2.0;
+  double state = pipeline::state_tensors_per_parameter(optimizer.kind, optimizer.momentum);
   double f = 1.0;  // the gradient
   if (data_parallel > 1) {
     f += 1.0;  // the reduction's flat copy of the gradients, from a stage's Reduce to its end
@@ -133,7 +133,7 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
   // `except_last` keeps the last micro-batch's graph, but only gpipe is sure to hold it at the
   // peak; the other schedules may peak with recomputed micro-batches only, plus one rebuilt
   // graph, which is what `always` predicts.
-  if (m.recompute == Recompute::ExceptLast && c.pipeline.schedule != "gpipe")
+  if (m.recompute == Recompute::ExceptLast && c.pipeline.schedule != schedule::Kind::GPipe)
     m.recompute = Recompute::Always;
   m.input_bytes = p.input_bytes;
   return m;

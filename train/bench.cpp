@@ -175,7 +175,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   r.prediction.reduce_ms = median(reduces);
   r.prediction.exposed_reduce_ms = median(exposed);
   for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs)
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) r.prediction.optimizer_state_bytes += optimizer_state_bytes(*opt);
+    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) r.prediction.optimizer_state_bytes += pipeline::state_bytes(*opt);
   if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
@@ -316,7 +316,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
             sets.push_back("pipeline.micro_batches=" + std::to_string(m));
             sets.push_back("pipeline.recompute=" + mode);
             sets.push_back("pipeline.schedule=" + sched);
-            const int chunks = schedule::uses_chunks(sched) ? std::max(2, base.pipeline.chunks) : 1;
+            const int chunks = schedule::chunks_for(schedule::parse_kind(sched), base.pipeline.chunks);
             sets.push_back("pipeline.chunks=" + std::to_string(chunks));
             if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
               sets.push_back("pipeline.balance=uniform");

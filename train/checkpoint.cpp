@@ -17,11 +17,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "common/atomic_file.h"
 #include "common/fault.h"
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "models/model.h"
 #include "train/manifest.h"
+#include "pipeline/optimizer_state.h"
 #include "pipeline/pipeline.h"
 #include "train/shard.h"
 
@@ -29,6 +31,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace pipetrain::train {
+
+using pipeline::OptimizerInfo;
+using pipeline::OptimizerKind;
+using pipeline::ParamState;
+using pipeline::parse_optimizer;
 
 namespace {
 
@@ -42,39 +49,22 @@ std::string step_name(int64_t step) {
 }
 
 
-std::string sys_error(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
-}
 
-// Writes `size` bytes to `path`, flushed to the disk before it returns.
+// common/atomic_file.h, its errors as checkpoint errors.
 void write_synced(const std::string& path, const char* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(sys_error("cannot create", path));
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string msg = sys_error("cannot write", path);
-      ::close(fd);
-      throw CheckpointError(msg);
-    }
-    done += static_cast<size_t>(n);
+  try {
+    write_file_synced(path, data, size);
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what());
   }
-  if (::fsync(fd) != 0) {
-    const std::string msg = sys_error("cannot flush", path);
-    ::close(fd);
-    throw CheckpointError(msg);
-  }
-  if (::close(fd) != 0) throw CheckpointError(sys_error("cannot close", path));
 }
 
 void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw CheckpointError(sys_error("cannot open directory", dir.string()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw CheckpointError(sys_error("cannot flush directory", dir.string()));
+  try {
+    fsync_directory(dir.string());
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what());
+  }
 }
 
 std::vector<char> read_file(const std::string& path) {
@@ -217,26 +207,18 @@ void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10
     auto put = [&](const char* field, const at::Tensor& t) {
       if (t.defined()) d.insert(base + field, t.detach().contiguous());
     };
-    torch::optim::OptimizerParamState* s = it->second.get();
-    if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(s)) {
-      put("momentum_buffer", sgd->momentum_buffer());
-    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
-      put("step", torch::tensor(a->step(), torch::kLong));
-      put("exp_avg", a->exp_avg());
-      put("exp_avg_sq", a->exp_avg_sq());
-      put("max_exp_avg_sq", a->max_exp_avg_sq());
-    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
-      put("step", torch::tensor(w->step(), torch::kLong));
-      put("exp_avg", w->exp_avg());
-      put("exp_avg_sq", w->exp_avg_sq());
-      put("max_exp_avg_sq", w->max_exp_avg_sq());
-    } else {
-      throw CheckpointError("checkpoints cover the state of sgd, adam and adamw; this optimizer's is another kind");
+    ParamState state;
+    try {
+      state = pipeline::to_param_state(*it->second);
+    } catch (const Error& e) {
+      throw CheckpointError(std::string("checkpoints cover the optimizer state of ") + e.what());
     }
+    if (pipeline::info(state.kind).counts_steps) put("step", torch::tensor(state.step, torch::kLong));
+    for (const auto& [field, t] : state.tensors) put(field.c_str(), t);
   }
 }
 
-void load_optimizer(torch::optim::Optimizer& opt, const std::string& kind, torch::nn::Module& layers,
+void load_optimizer(torch::optim::Optimizer& opt, OptimizerKind kind, torch::nn::Module& layers,
                     std::map<std::string, at::Tensor>& saved, const std::string& dir) {
   opt.state().clear();
   for (const auto& p : layers.named_parameters()) {
@@ -254,32 +236,25 @@ void load_optimizer(torch::optim::Optimizer& opt, const std::string& kind, torch
                               ", the parameter " + shape_text(p.value()));
       return t;
     };
-    std::unique_ptr<torch::optim::OptimizerParamState> state;
-    if (kind == "sgd") {
-      at::Tensor buf = check("momentum_buffer", take("momentum_buffer"));
-      if (!buf.defined()) continue;
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(buf);
-      state = std::move(s);
-    } else {
-      at::Tensor step = take("step");
-      at::Tensor avg = check("exp_avg", take("exp_avg")), sq = check("exp_avg_sq", take("exp_avg_sq"));
-      at::Tensor mx = check("max_exp_avg_sq", take("max_exp_avg_sq"));
-      if (!step.defined() && !avg.defined()) continue;
-      if (!step.defined() || !avg.defined() || !sq.defined() || step.numel() != 1)
-        throw CheckpointError("checkpoint " + dir + ": incomplete " + kind + " state for " + p.key());
-      auto fill = [&](auto s) {
-        s->step(step.item<int64_t>());
-        s->exp_avg(avg);
-        s->exp_avg_sq(sq);
-        if (mx.defined()) s->max_exp_avg_sq(mx);
-        return s;
-      };
-      if (kind == "adam")
-        state = fill(std::make_unique<torch::optim::AdamParamState>());
-      else
-        state = fill(std::make_unique<torch::optim::AdamWParamState>());
+    ParamState ps{kind, 0, {}};
+    const OptimizerInfo& row = pipeline::info(kind);
+    for (const std::string& field : row.fields)
+      if (at::Tensor t = check(field.c_str(), take(field.c_str())); t.defined()) ps.tensors[field] = t;
+    if (row.counts_steps) {
+      const at::Tensor step = take("step");
+      if (step.defined() && step.numel() != 1)
+        throw CheckpointError("checkpoint " + dir + ": " + base + "step holds " + std::to_string(step.numel()) + " values");
+      if (step.defined()) ps.step = step.item<int64_t>();
+      else if (!ps.tensors.empty())
+        throw CheckpointError("checkpoint " + dir + ": incomplete " + row.name + " state for " + p.key() + ": no step");
     }
+    std::unique_ptr<torch::optim::OptimizerParamState> state;
+    try {
+      state = pipeline::make_param_state(ps);
+    } catch (const Error& e) {
+      throw CheckpointError("checkpoint " + dir + ": " + e.what() + " for " + p.key());
+    }
+    if (!state) continue;
     opt.state()[state_key(p.value())] = std::move(state);
   }
 }
@@ -327,7 +302,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     // Data parallelism: copy 0 writes its stages (every copy holds the same); a sharded
     // optimizer's state is gathered from every copy first, and written whole.
     std::unique_ptr<torch::optim::Optimizer> gathered = pipe.gathered_optimizer(vs);
-    if (pipe.replica() != 0) continue;
+    if (pipe.copy() != 0) continue;
     torch::nn::Sequential& layers = pipe.stage_layers(vs);
     c10::Dict<std::string, at::Tensor> d;
     const std::set<std::string> followers = followers_of(pipe.tied_names());
@@ -369,9 +344,9 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"seed", config.train.seed},
                       {"stages", pipe.stages()},
                       {"chunks", V / pipe.stages()},
-                      {"schedule", config.pipeline.schedule},
+                      {"schedule", schedule::name(config.pipeline.schedule)},
                       {"balance", pipe.balance()},
-                      {"optimizer", config.optimizer.kind},
+                      {"optimizer", pipeline::name(config.optimizer.kind)},
                       {"precision", precision_name(config.train.precision)},
                       {"loss_scale", pipe.loss_scale()},
                       {"loss_scale_good_steps", pipe.loss_scale_good_steps()},
@@ -486,7 +461,12 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
     }
   }
   refuse_leftovers(saved, dir);
-  const std::string kind = m.value("optimizer", config.optimizer.kind);
+  OptimizerKind kind = config.optimizer.kind;
+  try {
+    kind = parse_optimizer(m.value("optimizer", std::string(pipeline::name(config.optimizer.kind))), "optimizer");
+  } catch (const ConfigError& e) {
+    throw CheckpointError("checkpoint " + dir + ": manifest: " + e.what());
+  }
   bool optimizers = false;
   for (int vs = 0; vs < V; ++vs)
     if (auto full = pipe.unsharded_optimizer(vs)) {  // a sharded optimizer takes its slices
@@ -551,12 +531,10 @@ size_t export_checkpoint(const std::string& dir, const std::string& out) {
       ++count;
     }
   const std::vector<char> bytes = save_tensor_dict(d);
-  const std::string tmp = out + ".partial";
-  write_synced(tmp, bytes.data(), bytes.size());
-  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-    const std::string msg = sys_error("cannot rename " + tmp + " to", out);
-    std::remove(tmp.c_str());
-    throw CheckpointError(msg);
+  try {
+    write_file_atomically(out, bytes.data(), bytes.size());
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what());
   }
   return count;
 }

@@ -101,9 +101,10 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   JsonReader pipe = top.child("pipeline");
   c.pipeline.stages = static_cast<int>(pipe.get_int("stages", 1, 1, 4096));
   c.pipeline.micro_batches = static_cast<int>(pipe.get_int("micro_batches", 1, 1, 1 << 20));
-  c.pipeline.schedule = pipe.get_choice("schedule", c.pipeline.schedule, schedule::schedule_kinds());
+  c.pipeline.schedule = schedule::parse_kind(
+      pipe.get_choice("schedule", schedule::name(c.pipeline.schedule), schedule::kind_names()));
   c.pipeline.chunks = static_cast<int>(
-      pipe.get_int("chunks", schedule::uses_chunks(c.pipeline.schedule) ? 2 : 1, 1, 64));
+      pipe.get_int("chunks", schedule::info(c.pipeline.schedule).default_chunks, 1, 64));
   try {
     schedule::check_supported(c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches,
                               c.pipeline.chunks);
@@ -183,7 +184,8 @@ Config parse_config(const json& input, const std::string& source, const std::vec
                                               " micro-batches each is cut into"));
 
   JsonReader opt = top.child("optimizer");
-  c.optimizer.kind = opt.get_choice("kind", c.optimizer.kind, {"sgd", "adam", "adamw"});
+  c.optimizer.kind = pipeline::parse_optimizer(
+      opt.get_choice("kind", pipeline::name(c.optimizer.kind), pipeline::optimizer_names()));
   c.optimizer.lr = opt.get_number("lr", c.optimizer.lr, 0.0, 1e6);
   c.optimizer.momentum = opt.get_number("momentum", c.optimizer.momentum, 0.0, 1.0);
   c.optimizer.nesterov = opt.get_bool("nesterov", c.optimizer.nesterov);

@@ -14,6 +14,8 @@
 #include "common/json_reader.h"
 #include "common/precision.h"
 #include "common/recompute.h"
+#include "pipeline/optimizer_state.h"
+#include "schedule/kinds.h"
 
 namespace pipetrain::train {
 
@@ -33,8 +35,8 @@ struct DataConfig {
 struct PipelineConfig {
   int stages = 1;
   int micro_batches = 1;
-  std::string schedule = "gpipe";  // gpipe, 1f1b, interleaved-1f1b, zb-h1
-  int chunks = 1;                  // virtual stages per device; interleaved-1f1b defaults to 2
+  schedule::Kind schedule = schedule::Kind::GPipe;  // parsed once here (schedule/kinds.h)
+  int chunks = 1;  // virtual stages per device; the kind's default when not given
   Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
   // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
   // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
@@ -51,7 +53,7 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd" | "adam" | "adamw"
+  pipeline::OptimizerKind kind = pipeline::OptimizerKind::SGD;  // pipeline/optimizer_state.h
   double lr = 0.01;
   double momentum = 0.0;
   bool nesterov = false;

@@ -59,31 +59,19 @@ Batch to_model(const Job& job, Batch b) {
 
 OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (c.kind == "sgd")
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
-    if (c.kind == "adam")
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-    if (c.kind == "adamw")
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-    throw ConfigError("optimizer.kind: unknown optimizer '" + c.kind + "'");
+    switch (c.kind) {
+      case pipeline::OptimizerKind::SGD:
+        return std::make_unique<torch::optim::SGD>(
+            params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
+      case pipeline::OptimizerKind::Adam:
+        return std::make_unique<torch::optim::Adam>(
+            params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+      case pipeline::OptimizerKind::AdamW:
+        return std::make_unique<torch::optim::AdamW>(
+            params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+    }
+    throw ConfigError(detail::concat("optimizer.kind: no builder for optimizer ", static_cast<int>(c.kind)));
   };
-}
-
-int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
-  int64_t n = 0;
-  auto add = [&n](const at::Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
-  for (const auto& [key, state] : optimizer.state()) {
-    const torch::optim::OptimizerParamState* s = state.get();
-    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) add(sgd->momentum_buffer());
-    if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s))
-      add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
-    if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s))
-      add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
-  }
-  return n;
 }
 
 int64_t held_bytes(Pipeline& pipe, int device) {
@@ -92,7 +80,7 @@ int64_t held_bytes(Pipeline& pipe, int device) {
     if (pipe.schedule().device_of(vs) != device || !pipe.is_local_stage(vs)) continue;
     for (const auto& p : pipe.stage_layers(vs)->parameters()) held += static_cast<int64_t>(p.nbytes());
     if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
-      held += optimizer_state_bytes(*opt);
+      held += pipeline::state_bytes(*opt);
       if (pipe.sharded_optimizer())  // the slice it steps, the optimizer's own tensor
         for (const auto& group : opt->param_groups())
           for (const auto& p : group.params()) held += static_cast<int64_t>(p.nbytes());

@@ -42,8 +42,6 @@ OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
 // Cross-entropy over the last dimension with mean reduction (classifiers and language models).
 at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target);
 
-// Bytes of an optimizer's state tensors (SGD's momentum, Adam's moments), every parameter's.
-int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);
 // What a device of `pipe` holds between steps: its stages' parameters and optimizer state (a
 // sharded optimizer's slice included). 0 for a device run by another rank.
 int64_t held_bytes(Pipeline& pipe, int device);

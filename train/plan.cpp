@@ -218,12 +218,12 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     for (size_t v = 0; v < r.stages.size(); ++v) r.stages[v].reduce_ms = costs.reduce_ms[v];
   }
   if (o.compare) {
-    // Every schedule with its own balance by the same method (interleaved: 2 chunks unless the
-    // config sets more).
-    for (const auto& kind : schedule::schedule_kinds()) {
+    // Every schedule with its own balance by the same method, each with the config's chunks
+    // where it runs them, else its default.
+    for (schedule::Kind kind : schedule::all_kinds()) {
       Config cc = c;
       cc.pipeline.schedule = kind;
-      cc.pipeline.chunks = schedule::uses_chunks(kind) ? std::max(2, c.pipeline.chunks) : 1;
+      cc.pipeline.chunks = schedule::chunks_for(kind, c.pipeline.chunks);
       try {
         schedule::check_supported(kind, cc.pipeline.stages, cc.pipeline.micro_batches, cc.pipeline.chunks);
         if (virtual_stages(cc) > static_cast<int>(names.size()))
@@ -272,7 +272,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
     out << line;
   }
   std::snprintf(line, sizeof line, "\npredicted step %.2f ms, bubble %.1f%% (%s)\n", r.configured.step_ms,
-                100 * r.configured.bubble, r.configured.kind.c_str());
+                100 * r.configured.bubble, schedule::name(r.configured.kind));
   out << line;
   if (r.data_parallel.copies > 1) {
     const auto& dp = r.data_parallel;
@@ -321,7 +321,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
       }
       std::vector<std::string> f;
       for (int n : s.peak_in_flight) f.push_back(std::to_string(n));
-      std::snprintf(line, sizeof line, "%-18s %12.2f %7.1f%% %14s %12s\n", s.kind.c_str(), s.step_ms,
+      std::snprintf(line, sizeof line, "%-18s %12.2f %7.1f%% %14s %12s\n", schedule::name(s.kind), s.step_ms,
                     100 * s.bubble, join(f, "/").c_str(), bytes_text(static_cast<double>(s.peak_bytes)).c_str());
       out << line;
     }
@@ -332,7 +332,7 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
   using nlohmann::json;
   auto fit_json = [](const profiler::LinkFit& f) { return json{{"gb_s", f.bytes_per_ms / 1e6}, {"latency_ms", f.latency_ms}}; };
   auto schedule_json = [](const ScheduleRow& s) {
-    json j{{"schedule", s.kind}, {"chunks", s.chunks}};
+    json j{{"schedule", schedule::name(s.kind)}, {"chunks", s.chunks}};
     if (!s.error.empty()) {
       j["error"] = s.error;
       return j;

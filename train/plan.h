@@ -70,7 +70,7 @@ struct StageRow {
 };
 
 struct ScheduleRow {
-  std::string kind;
+  schedule::Kind kind = schedule::Kind::GPipe;
   int chunks = 1;
   double step_ms = 0, bubble = 0;
   std::vector<int> peak_in_flight;  // per device

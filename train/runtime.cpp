@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "comm/launcher_env.h"
+#include "comm/mesh.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
@@ -82,8 +83,9 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   comm::StoreHook join_copies;
   if (D > 1)
     join_copies = [&copies, &info, D, &c](const c10::intrusive_ptr<c10d::Store>& store) {
-      const int stage = info.rank / D;
-      copies = comm::make_gloo_group(store, detail::concat("pipetrain/stage", stage, "/copies/"), info.rank % D, D,
+      const comm::Mesh mesh{c.pipeline.stages, D};
+      copies = comm::make_gloo_group(store, detail::concat("pipetrain/stage", mesh.stage_of(info.rank), "/copies/"),
+                                     mesh.copy_of(info.rank), D,
                                      comm::interface_towards(info.master_addr), c.runtime.timeout_s);
     };
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,

@@ -76,7 +76,7 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   SimulateReport r;
   r.options = o;
   const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
-  const int chunks = o.chunks > 0 ? o.chunks : schedule::uses_chunks(o.schedule) ? 2 : 1;
+  const int chunks = o.chunks > 0 ? o.chunks : schedule::info(o.schedule).default_chunks;
   r.options.chunks = chunks;
   try {
     schedule::check_supported(o.schedule, o.stages, o.micro_batches, chunks);
@@ -112,7 +112,7 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   apply_speeds(c, shape, speeds);
   if (!file.devices.empty() && o.bandwidth_gb_s < 0)
     for (const auto& d : file.devices) c.device_bytes_per_ms.push_back((d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s : gb_s) * 1e6);
-  if (o.schedule == "zb-auto") {
+  if (schedule::info(o.schedule).searched) {  // on the file's costs
     const double limit = o.memory_limit > 0 ? o.memory_limit : schedule::twice_1f1b_memory(o.stages, o.micro_batches, c);
     r.schedule = schedule::make_zb_auto(o.stages, o.micro_batches, c, limit);
   } else {
@@ -143,7 +143,7 @@ void print_simulation(std::ostream& out, const SimulateReport& r, bool json) {
       stages.push_back({{"stage", d}, {"busy_ms", sim.busy_ms[d]}, {"span_ms", sim.span_ms[d]},
                         {"peak_in_flight", sim.peak_awaiting_weight[d]}, {"peak_activation_bytes", sim.peak_memory[d]},
                         {"param_bytes", r.param_bytes[d]}, {"peak_memory_bytes", r.peak_bytes[d]}});
-    nlohmann::json j{{"schedule", o.schedule}, {"stages", o.stages}, {"micro_batches", o.micro_batches},
+    nlohmann::json j{{"schedule", schedule::name(o.schedule)}, {"stages", o.stages}, {"micro_batches", o.micro_batches},
                      {"chunks", o.chunks}, {"step_ms", sim.makespan_ms}, {"bubble", sim.bubble},
                      {"balance", r.balance}, {"split", r.split}, {"peak_memory_bytes", r.peak_bytes},
                      {"per_stage", stages}};
@@ -151,7 +151,7 @@ void print_simulation(std::ostream& out, const SimulateReport& r, bool json) {
     return;
   }
   char line[256];
-  std::snprintf(line, sizeof line, "simulate: %s, %d stages%s, %d micro-batches, recompute %s\n", o.schedule.c_str(),
+  std::snprintf(line, sizeof line, "simulate: %s, %d stages%s, %d micro-batches, recompute %s\n", schedule::name(o.schedule),
                 o.stages, o.chunks > 1 ? detail::concat(" x ", o.chunks, " chunks").c_str() : "", o.micro_batches,
                 recompute_name(o.recompute));
   out << line << "costs " << o.costs_path << " (" << r.split << ")\n";

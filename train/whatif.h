@@ -34,7 +34,7 @@ partitioner::CostFile transformer_costs(const TransformerShape& shape);
 
 struct SimulateOptions {
   std::string costs_path;
-  std::string schedule = "1f1b";
+  schedule::Kind schedule = schedule::Kind::OneFOneB;
   int stages = 1, micro_batches = 1;
   int chunks = 0;                   // 0: the kind's default (1, or 2 for kinds with chunks)
   Recompute recompute = Recompute::Never;

@@ -1,0 +1,183 @@
+// The small parts the engine is built from, each on its own: the mesh of ranks, the fork-join
+// over workers, files written whole or not at all, the optimizer-state codec and the step
+// result the ranks exchange.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include <torch/torch.h>
+
+#include "comm/mesh.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
+#include "pipeline/optimizer_state.h"
+#include "pipeline/step_trace.h"
+#include "pipeline/worker.h"
+
+using namespace pipetrain;
+
+TEST(Mesh, RanksAreStageMajorAndRoundTrip) {
+  const comm::Mesh mesh{3, 2};
+  EXPECT_EQ(mesh.world(), 6);
+  for (int stage = 0; stage < 3; ++stage)
+    for (int copy = 0; copy < 2; ++copy) {
+      const int r = mesh.rank(stage, copy);
+      EXPECT_EQ(r, stage * 2 + copy);  // pipeline outer, data inner
+      EXPECT_EQ(mesh.stage_of(r), stage);
+      EXPECT_EQ(mesh.copy_of(r), copy);
+    }
+  EXPECT_EQ(mesh.peers_of(3), (std::vector<int>{2, 3}));
+  EXPECT_THROW(mesh.rank(3, 0), InternalError);
+  EXPECT_THROW(mesh.stage_of(6), InternalError);
+}
+
+TEST(ForkJoin, RunsEveryJobAndReturnsTheFirstError) {
+  std::vector<std::unique_ptr<pipeline::Worker>> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<pipeline::Worker>("w", 1));
+  std::atomic<int> ran{0};
+  bool here = false;
+  EXPECT_FALSE(pipeline::fork_join(workers, {0, 1, 2, 3}, [&](int) { ++ran; }, [&] { here = true; }));
+  EXPECT_EQ(ran.load(), 4);
+  EXPECT_TRUE(here);
+  // Workers 1 and 3 fail: every job still runs to its end, each error is kept by index, and
+  // the first in `which` order is returned.
+  std::vector<std::exception_ptr> errors;
+  ran = 0;
+  auto first = pipeline::fork_join(
+      workers, {3, 1, 2},
+      [&](int i) {
+        ++ran;
+        if (i % 2) throw std::runtime_error("worker " + std::to_string(i));
+      },
+      nullptr, &errors);
+  EXPECT_EQ(ran.load(), 3);
+  ASSERT_EQ(errors.size(), 4u);
+  EXPECT_FALSE(errors[0]);
+  EXPECT_TRUE(errors[1] && errors[3]);
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "worker 3");
+  }
+  // The calling thread's error comes first.
+  first = pipeline::fork_join(workers, {0}, [](int) { throw std::runtime_error("worker"); },
+                              [] { throw std::runtime_error("here"); });
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "here");
+  }
+}
+
+TEST(AtomicFile, ReplacesWholeOrLeavesTheOldFile) {
+  const std::string dir = ::testing::TempDir() + "/pipetrain_atomic_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  const std::string path = dir + "/f.json";
+  write_file_atomically(path, std::string("old\n"));
+  write_file_atomically(path, std::string("new\n"));
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  EXPECT_EQ(text.str(), "new\n");
+  EXPECT_FALSE(std::ifstream(path + ".partial").good());
+  // A target that cannot be replaced (a directory): IoError naming it, no partial file left.
+  ASSERT_EQ(std::system(("mkdir -p " + dir + "/d && touch " + dir + "/d/x").c_str()), 0);
+  try {
+    write_file_atomically(dir + "/d", std::string("x"));
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/d"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::ifstream(dir + "/d.partial").good());
+  // A full disk (/dev/full where there is one) fails the write and keeps nothing.
+  if (std::ifstream("/dev/full").good()) {
+    EXPECT_THROW(write_file_synced("/dev/full", "x", 1), IoError);
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Every kind's state goes to data and back unchanged, a deep copy shares no storage, a state
+// that holds part of its fields is refused by name, and one that holds none is no state.
+TEST(OptimizerState, EveryKindRoundTripsThroughTheCodec) {
+  for (const std::string& name : pipeline::optimizer_names()) {
+    SCOPED_TRACE(name);
+    const pipeline::OptimizerKind kind = pipeline::parse_optimizer(name);
+    torch::manual_seed(0);
+    auto w = torch::randn({3, 2}, torch::requires_grad());
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (kind == pipeline::OptimizerKind::SGD)
+      opt = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(0.1).momentum(0.9));
+    else if (kind == pipeline::OptimizerKind::Adam)
+      opt = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{w}, torch::optim::AdamOptions(0.1));
+    else
+      opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{w}, torch::optim::AdamWOptions(0.1));
+    for (int i = 0; i < 2; ++i) {
+      opt->zero_grad();
+      (w * w).sum().backward();
+      opt->step();
+    }
+    const auto& state = *opt->state().begin()->second;
+    ASSERT_EQ(pipeline::kind_of(state), kind);
+    const pipeline::ParamState data = pipeline::to_param_state(state);
+    EXPECT_EQ(data.step, pipeline::info(kind).counts_steps ? 2 : 0);
+    for (const auto& f : pipeline::info(kind).required) ASSERT_TRUE(data.tensors.count(f)) << f;
+    auto copy = pipeline::deep_copy(state);
+    const pipeline::ParamState back = pipeline::to_param_state(*copy);
+    EXPECT_EQ(back.step, data.step);
+    ASSERT_EQ(back.tensors.size(), data.tensors.size());
+    for (const auto& [field, t] : data.tensors) {
+      EXPECT_TRUE(torch::equal(back.tensors.at(field), t)) << field;
+      EXPECT_NE(back.tensors.at(field).data_ptr(), t.data_ptr()) << field << " shares storage";
+    }
+    EXPECT_EQ(pipeline::state_bytes(*opt), static_cast<int64_t>(data.tensors.size() * 6 * sizeof(float)));
+    pipeline::ParamState part = data;
+    part.tensors.erase(pipeline::info(kind).required.back());
+    if (part.tensors.empty() && !pipeline::info(kind).counts_steps) {
+      EXPECT_EQ(pipeline::make_param_state(part), nullptr);  // SGD without its one field: nothing
+    } else {
+      EXPECT_THROW(pipeline::make_param_state(part), Error);
+    }
+    EXPECT_EQ(pipeline::make_param_state(pipeline::ParamState{kind, 0, {}}), nullptr);
+  }
+  EXPECT_THROW(pipeline::parse_optimizer("lamb"), ConfigError);
+}
+
+TEST(StepResult, RoundTripsAndRefusesMalformedNumbers) {
+  pipeline::StepResult r{{0.5, 0.25, 0.125}, 3, 1, {}};
+  r.spans.push_back({schedule::Op::Forward, 2, 1, 0.001, 0.002, 0});
+  r.spans.push_back({schedule::Op::Reduce, -1, 0, 0.003, 0.004, 0});
+  const std::vector<double> v = pipeline::encode_step_result(r);
+  const pipeline::StepResult back = pipeline::decode_step_result(v.data(), static_cast<int64_t>(v.size()), 3);
+  EXPECT_EQ(back.losses, r.losses);
+  EXPECT_EQ(back.peak_in_flight, 3);
+  EXPECT_EQ(back.peak_awaiting_weight, 1);
+  ASSERT_EQ(back.spans.size(), 2u);
+  EXPECT_EQ(back.spans[0].op, schedule::Op::Forward);
+  EXPECT_EQ(back.spans[1].micro_batch, -1);
+  EXPECT_DOUBLE_EQ(back.spans[1].end, 0.004);
+  auto refused = [&](std::vector<double> bad, int micro_batches, const char* why) {
+    try {
+      pipeline::decode_step_result(bad.data(), static_cast<int64_t>(bad.size()), micro_batches);
+      ADD_FAILURE() << why << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused({}, 3, "of 0 values");
+  refused(v, 4, "3 losses for 4 micro-batches");
+  refused(std::vector<double>(v.begin(), v.end() - 1), 3, "values for 3 losses and 2 spans");
+  std::vector<double> huge = v;
+  huge[1] = 1e12;  // a count that would allocate beyond what was sent
+  refused(huge, 3, "claiming");
+  std::vector<double> code = v;
+  code[2 + 3 + 2] = 42;  // the first span's action
+  refused(code, 3, "unknown action code 42");
+  std::vector<double> nan = v;
+  nan[2 + 3] = std::numeric_limits<double>::quiet_NaN();
+  refused(nan, 3, "peaks");
+}
