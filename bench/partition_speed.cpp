@@ -1,11 +1,13 @@
 // Speed of the exact partitioner (partitioner/partition.h): min_max of 10,000 random layers
-// into 64 stages, without and with memory limits, median of several runs. Every run must give
-// the first run's bottleneck; exactness itself is tested in tests/partitioner_test.cpp against
-// brute force and a dynamic program.
-#include <algorithm>
-#include <chrono>
+// into 64 stages, without and with memory limits, timed by Google Benchmark (which picks the
+// iterations; --benchmark_repetitions=N gives medians). Every call must give the first call's
+// bottleneck, or the case reports an error and the program exits 1; exactness itself is tested in
+// tests/partitioner_test.cpp against brute force and a dynamic program.
+#include <benchmark/benchmark.h>
+
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "partitioner/partition.h"
@@ -38,16 +40,41 @@ struct Case {
   Constraints constraints;
 };
 
+// What the calls of one case have found so far.
+struct Check {
+  double first_bottleneck = -1;  // from the first call; every later call must match it
+  std::string error;             // lives as long as the report that names it
+};
+
 // A limit that binds: `slack` times what each stage would hold if memory split evenly.
 int64_t even_limit(const std::vector<LayerCost>& layers, int stages, const MemoryModel& m, double slack) {
   const int n = static_cast<int>(layers.size());
   return static_cast<int64_t>(slack * stage_memory(layers, 0, n, 0, m) / stages);
 }
 
+// A case whose later call finds another bottleneck than its first call is an error: a timing of
+// a nondeterministic partitioner is worthless, and the exit status says so.
+void time_case(benchmark::State& state, const Case& c, int stages, Check& check, bool& mismatch) {
+  for (auto _ : state) {
+    const Plan plan = min_max(c.layers, stages, c.constraints);
+    if (check.first_bottleneck < 0) check.first_bottleneck = plan.bottleneck_ms;
+    if (plan.bottleneck_ms != check.first_bottleneck) {
+      char message[160];
+      std::snprintf(message, sizeof message, "found bottleneck %.17g ms, first call %.17g ms",
+                    plan.bottleneck_ms, check.first_bottleneck);
+      check.error = message;
+      state.SkipWithError(check.error.c_str());
+      mismatch = true;
+      break;
+    }
+  }
+  state.counters["bottleneck_ms"] = check.first_bottleneck;
+}
+
 }  // namespace
 
-int main() {
-  const int n = 10000, stages = 64, runs = 15;
+int main(int argc, char** argv) {
+  const int n = 10000, stages = 64;
   std::vector<Case> cases;
   cases.push_back({"no limit", random_layers(n, 1, false), {}});
   {
@@ -88,23 +115,20 @@ int main() {
     cases.push_back(c);
   }
 
-  std::printf("min_max: %d random layers into %d stages, median of %d runs\n", n, stages, runs);
-  std::printf("%-32s %10s %10s %14s\n", "case", "median ms", "min ms", "bottleneck ms");
-  for (const Case& c : cases) {
-    std::vector<double> ms;
-    double bottleneck = -1;
-    for (int r = 0; r < runs; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const Plan plan = min_max(c.layers, stages, c.constraints);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      if (bottleneck >= 0 && plan.bottleneck_ms != bottleneck) {
-        std::printf("%s: run %d found %.17g, first run %.17g\n", c.name, r, plan.bottleneck_ms, bottleneck);
-        return 1;
-      }
-      bottleneck = plan.bottleneck_ms;
-    }
-    std::sort(ms.begin(), ms.end());
-    std::printf("%-32s %10.3f %10.3f %14.4f\n", c.name, ms[ms.size() / 2], ms.front(), bottleneck);
+  std::vector<Check> checks(cases.size());
+  bool mismatch = false;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    Check& check = checks[i];
+    benchmark::RegisterBenchmark(c.name, [&c, &check, &mismatch](benchmark::State& state) {
+      time_case(state, c, stages, check, mismatch);
+    })->Unit(benchmark::kMillisecond);
   }
-  return 0;
+  benchmark::AddCustomContext(
+      "min_max", std::to_string(n) + " random layers into " + std::to_string(stages) + " stages");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return mismatch ? 1 : 0;
 }

@@ -19,7 +19,7 @@ int main() {
   pipetrain::pipeline::Pipeline pipe(model, options, [](const at::Tensor& out, const at::Tensor& target) {
     return torch::nn::functional::cross_entropy(out, target);
   });
-  pipe.set_optimizer([](std::vector<at::Tensor> params) {
+  pipe.optimizers().set([](std::vector<at::Tensor> params) {
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
   });
 

@@ -3,7 +3,7 @@
 // micro-batches than configured.
 #include "common/error.h"
 #include "common/strings.h"
-#include "pipeline/impl.h"
+#include "pipeline/executor.h"
 
 namespace pipetrain::pipeline {
 
@@ -19,7 +19,7 @@ std::string join_keys(const Skips& skips) {
 }
 }  // namespace
 
-void Pipeline::Impl::check_crossing() const {
+void Executor::check_crossing() const {
   for (size_t b = 0; b < crossing.size(); ++b)
     if (crossing[b].size() > 62)
       throw ConfigError(detail::concat("pipeline: ", crossing[b].size(), " skips cross the cut after virtual stage ", b,
@@ -27,7 +27,7 @@ void Pipeline::Impl::check_crossing() const {
   if (options.chunks > 255) throw ConfigError(detail::concat("pipeline: at most 255 chunks, got ", options.chunks));
 }
 
-void Pipeline::Impl::send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step,
+void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step,
                                  const at::Tensor& t, const Skips& skips, LocalHandoff& local) {
   const int device = sched.device_of(to_vs), chunk = sched.chunk_of(to_vs);
   auto put = [&](int part, const at::Tensor& x) {
@@ -51,7 +51,7 @@ void Pipeline::Impl::send_across(int r, comm::Kind kind, int to_vs, int boundary
   for (size_t i = 0; i < names.size(); ++i) put(static_cast<int>(i) + 1, skips.at(names[i]));
 }
 
-at::Tensor Pipeline::Impl::recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m,
+at::Tensor Executor::recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m,
                                        int64_t tag_step, Skips* skips, LocalHandoff& local) {
   const int device = sched.device_of(from_vs);
   auto get = [&](int part) {
@@ -64,7 +64,7 @@ at::Tensor Pipeline::Impl::recv_across(int r, comm::Kind kind, int from_vs, int 
   return t;
 }
 
-const schedule::Schedule& Pipeline::Impl::schedule_for(int m) {
+const schedule::Schedule& Executor::schedule_for(int m) {
   if (m >= configured.micro_batches) return configured;
   auto it = fewer.find(m);
   if (it != fewer.end()) return it->second;

@@ -13,9 +13,9 @@ namespace {
 
 const std::vector<OptimizerInfo>& table() {
   static const std::vector<OptimizerInfo> rows = {
-      {OptimizerKind::SGD, "sgd", false, {"momentum_buffer"}, {"momentum_buffer"}},
-      {OptimizerKind::Adam, "adam", true, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}},
-      {OptimizerKind::AdamW, "adamw", true, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}},
+      {OptimizerKind::SGD, false, {"momentum_buffer"}, {"momentum_buffer"}},
+      {OptimizerKind::Adam, true, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}},
+      {OptimizerKind::AdamW, true, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}},
   };
   return rows;
 }
@@ -47,20 +47,6 @@ std::unique_ptr<torch::optim::OptimizerParamState> fill_adam(const ParamState& s
 }  // namespace
 
 const OptimizerInfo& info(OptimizerKind kind) { return table().at(static_cast<size_t>(kind)); }
-const char* name(OptimizerKind kind) { return info(kind).name; }
-
-std::vector<std::string> optimizer_names() {
-  std::vector<std::string> out;
-  for (const auto& row : table()) out.emplace_back(row.name);
-  return out;
-}
-
-OptimizerKind parse_optimizer(const std::string& name, const std::string& where) {
-  for (const auto& row : table())
-    if (name == row.name) return row.kind;
-  throw ConfigError(where + ": unknown optimizer '" + name + "' (known: " + join(optimizer_names(), ", ") + ")");
-}
-
 std::optional<OptimizerKind> kind_of(const torch::optim::OptimizerParamState& state) {
   // AdamW's state is not an Adam state in torch's C++ API: each kind is its own class.
   if (dynamic_cast<const torch::optim::SGDParamState*>(&state)) return OptimizerKind::SGD;
@@ -94,7 +80,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(const ParamS
     if (!s.tensors.count(f)) missing.push_back(f);
   if (missing.size() == row.required.size() && (!row.counts_steps || s.step == 0)) return nullptr;
   if (!missing.empty())
-    throw Error(detail::concat("incomplete ", row.name, " state: no ", join(missing, ", ")));
+    throw Error(detail::concat("incomplete ", optimizer_name(row.kind), " state: no ", join(missing, ", ")));
   switch (s.kind) {
     case OptimizerKind::SGD: {
       auto out = std::make_unique<torch::optim::SGDParamState>();

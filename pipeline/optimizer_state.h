@@ -12,25 +12,21 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "common/optimizer_kind.h"
+
 namespace pipetrain::pipeline {
 
-/// The optimizers a config can name.
-enum class OptimizerKind { SGD, Adam, AdamW };
+using ::pipetrain::OptimizerKind;
 
 /// One row of the optimizer table.
 struct OptimizerInfo {
   OptimizerKind kind;                ///< the row's kind
-  const char* name;                  ///< as configs spell it ("adamw")
   bool counts_steps;                 ///< its state holds a step count (Adam's bias correction)
   std::vector<std::string> fields;   ///< its per-element state tensors, each shaped as the parameter
   std::vector<std::string> required;  ///< the fields a state cannot lack once it has any
 };
 
-const OptimizerInfo& info(OptimizerKind kind);  ///< the kind's row
-const char* name(OptimizerKind kind);           ///< "sgd", "adam", "adamw"
-std::vector<std::string> optimizer_names();     ///< every kind's name, in the table's order
-/// The kind named `name`; ConfigError (naming `where`) listing the known names otherwise.
-OptimizerKind parse_optimizer(const std::string& name, const std::string& where = "optimizer.kind");
+const OptimizerInfo& info(OptimizerKind kind);  ///< the kind's row (common/optimizer_kind.h names them)
 /// The kind of a state torch made; nullopt for a kind not in the table.
 std::optional<OptimizerKind> kind_of(const torch::optim::OptimizerParamState& state);
 

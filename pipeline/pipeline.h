@@ -1,12 +1,14 @@
 // The public C++ API. A Pipeline takes a torch::nn::Sequential, splits it into stages (the
 // modules are shared, so the caller's model sees every update), and runs each step as a
-// schedule of micro-batch forwards and backwards, one thread per stage, over a transport.
+// schedule of micro-batch forwards and backwards, one thread per stage, over a transport. Its
+// executor runs the schedule's action lists; its stage optimizers (optimizers.h) step, clip and
+// scale apart from it, on the same stage threads.
 //
 //   pipetrain::pipeline::PipelineOptions options;
 //   options.stages = 2;
 //   options.micro_batches = 8;
 //   pipetrain::pipeline::Pipeline pipe(model, options, loss_fn);
-//   pipe.set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
+//   pipe.optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
 //   double loss = pipe.train_step(input, target);
 #pragma once
 
@@ -27,6 +29,7 @@
 #include "models/model.h"
 #include "models/skip.h"
 #include "pipeline/loss_scale.h"
+#include "pipeline/optimizers.h"
 #include "partitioner/partition.h"
 #include "pipeline/step_trace.h"
 #include "schedule/schedule.h"
@@ -78,11 +81,7 @@ struct PipelineOptions {
   int64_t bucket_bytes = 25 << 20;  ///< gradients reduced per operation
 };
 
-/// Builds the optimizer of one stage (one copy) over the parameters it owns.
-using OptimizerFactory =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
-
-/// A gradient with a NaN or an infinity, found by step_optimizer() before any parameter changed.
+/// A gradient with a NaN or an infinity, found by StageOptimizers::step() before any parameter changed.
 class NonFiniteGradient : public Error {
  public:
   NonFiniteGradient(int stage, const std::string& what) : Error(what), stage_(stage) {}  ///< at `stage`
@@ -121,32 +120,20 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  /// Each stage gets its own optimizer over its own parameters (with a sharded optimizer: over
-  /// one tensor, this copy's slice of the stage's flattened parameters).
-  void set_optimizer(OptimizerFactory factory);
+  /// The stage optimizers: set them, step them, clip, scale (optimizers.h).
+  StageOptimizers& optimizers();
 
   /// Data parallelism: whether the next forward_backward reduces the gradients across the copies
   /// (default on). Turn it off for all but the last of several accumulated batches, as DDP's
-  /// no_sync; step_optimizer() reduces gradients left unreduced.
+  /// no_sync; StageOptimizers::step() reduces gradients left unreduced.
   void sync_gradients(bool on);
-  int data_parallel() const;  ///< D
-  int copy() const;           ///< this process's copy (multi-process); 0 in-process
   /// After parameters, buffers or optimizer state were loaded (into copy 0 in-process, into every
   /// rank multi-process): copies 1..D-1 of an in-process pipeline take copy 0's, and a sharded
   /// optimizer's slices are read again from the parameters.
   void sync_copies();
-  /// Sharded optimizer (checkpoints): an optimizer over the virtual stage's own parameters that
-  /// holds the whole state, gathered from every copy's slice. Collective: every copy (rank) that
-  /// runs the stage calls it, for the same stages in the same order. Null when not sharded.
-  std::unique_ptr<torch::optim::Optimizer> gathered_optimizer(int virtual_stage);
-  /// Sharded: an optimizer over the stage's parameters without state (to load a checkpoint
-  /// into), and every local copy's slice of such an optimizer's state.
-  std::unique_ptr<torch::optim::Optimizer> unsharded_optimizer(int virtual_stage);
-  void scatter_optimizer(int virtual_stage, torch::optim::Optimizer& full);  ///< see unsharded_optimizer()
-  bool sharded_optimizer() const;  ///< shard_optimizer with more than one copy
 
   /// Zeroes gradients, runs forward and backward of every micro-batch, and (when an optimizer
-  /// is set) steps it. Returns the batch's mean loss.
+  /// is set) steps every stage's optimizer. Returns the batch's mean loss.
   double train_step(const at::Tensor& input, const at::Tensor& target);
 
   /// Forward and backward only: gradients go into the parameters' .grad, cleared first unless
@@ -158,31 +145,18 @@ class Pipeline {
   double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
                           double scale = 1.0);
 
-  /// Clips the global gradient norm (all stages together) to set_grad_clip's bound and steps every
-  /// stage's optimizer; returns the norm before clipping (0 unless clipping or tracking is on).
-  double step_optimizer();
-  void track_grad_norm(bool on);        ///< compute the global norm even without clipping
-  /// Check every stage's gradients before stepping: a NaN or infinity throws NonFiniteGradient
-  /// naming the stage, and no parameter changes.
-  void check_finite_grads(bool on);
-  void set_grad_clip(double max_norm);  ///< 0: off (the default)
-  void set_learning_rate(double lr);    ///< every stage's optimizer, every parameter group
-  double last_grad_norm() const;        ///< of the last optimizer step
-
-  /// fp16: the loss scale the next step runs with, and whether the last optimizer step was
-  /// skipped because a gradient overflowed (somewhere: every stage and rank skips it, and the
-  /// scale backs off). Under fp32 and bf16 the scale is 1 and no step is skipped here.
-  double loss_scale() const;
-  int64_t loss_scale_good_steps() const;  ///< steps since the scale last changed by an overflow or growth
-  bool last_step_skipped() const;  ///< see loss_scale()
-  void restore_loss_scale(double scale, int64_t good_steps);  ///< a resumed run (every rank the same)
   /// Forward of the whole batch in evaluation mode, without gradients or recomputation, pipelined:
-  /// the batch flows through the stages as the configured micro-batches. Multi-process: only the
-  /// rank that runs the last stage returns the output; the others return an undefined tensor.
+  /// the batch flows through the stages as the configured micro-batches, on a forward-only
+  /// schedule (schedule::forward_only) run by the same executor as a training step. Multi-process:
+  /// only the rank that runs the last stage returns the output; the others return an undefined
+  /// tensor.
   at::Tensor predict(const at::Tensor& input);
 
+  /// The parallel layout: stages x data-parallel copies (comm/mesh.h).
+  const comm::Mesh& mesh() const;
   /// Multi-process runtime (in-process, every device is local and these are trivial):
-  int rank() const;                  ///< this process's rank (device * D + copy); -1 in-process
+  int rank() const;                  ///< this process's rank (mesh().rank(device, copy)); -1 in-process
+  int copy() const;                  ///< this process's copy (multi-process); 0 in-process
   bool is_local(int device) const;   ///< whether this process runs `device`
   bool is_local_stage(int virtual_stage) const;  ///< whether this process runs that virtual stage
   /// The control plane among the ranks (comm/collectives.h: all-gather, broadcast, barrier,
@@ -207,14 +181,11 @@ class Pipeline {
   /// for checkpoints, which store a tie once.
   const std::vector<std::pair<std::string, std::string>>& tied_names() const;
   void set_step(int64_t step);  ///< continues the streams of a resumed run
-  /// The optimizer of a virtual stage; null before set_optimizer or for a stage without parameters.
-  torch::optim::Optimizer* optimizer(int virtual_stage);
   torch::nn::Sequential& stage_layers(int virtual_stage);  ///< multi-process: another rank's are released
 
  private:
-  struct Impl;
-  explicit Pipeline(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Executor> impl_;
+  std::unique_ptr<StageOptimizers> optimizers_;
 };
 
 }  // namespace pipetrain::pipeline

@@ -9,11 +9,11 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "models/model.h"
-#include "pipeline/impl.h"
+#include "pipeline/executor.h"
 
 namespace pipetrain::pipeline {
 
-void Pipeline::Impl::init_ties(const torch::nn::Sequential& model) {
+void Executor::init_ties(const torch::nn::Sequential& model) {
   if (options.ties.empty()) return;
   if (sharded())
     throw ConfigError("pipeline: a sharded optimizer (shard_optimizer) does not take tied parameters: the tie's "
@@ -56,7 +56,7 @@ void Pipeline::Impl::init_ties(const torch::nn::Sequential& model) {
   }
 }
 
-void Pipeline::Impl::sum_tied_grads() {
+void Executor::sum_tied_grads() {
   torch::NoGradGuard no_grad;
   for (const auto& members : tie_groups) {
     std::vector<at::Tensor> grads;
@@ -78,7 +78,5 @@ void Pipeline::Impl::sum_tied_grads() {
       if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).clone();
   }
 }
-
-const std::vector<std::pair<std::string, std::string>>& Pipeline::tied_names() const { return impl_->tied_names; }
 
 }  // namespace pipetrain::pipeline

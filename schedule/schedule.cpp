@@ -72,8 +72,21 @@ Schedule pipeline_schedule(Kind kind, int stages, int micro_batches, int chunks,
   return data_parallel > 1 ? with_reductions(std::move(s)) : s;
 }
 
+Schedule forward_only(const Schedule& shape, int micro_batches) {
+  if (micro_batches < 1)
+    throw ScheduleError(detail::concat("schedule: micro_batches must be >= 1, got ", micro_batches));
+  std::vector<std::vector<Unit>> order(shape.stages);
+  for (auto& o : order)
+    for (int m = 0; m < micro_batches; ++m)
+      for (int c = 0; c < shape.chunks; ++c) o.push_back({Op::Forward, m, c});
+  Schedule s = expand(shape.kind, shape.stages, micro_batches, shape.chunks, shape.placement, order);
+  s.forward_only = true;
+  return s;
+}
+
 Schedule with_reductions(Schedule s) {
   if (s.reduces) return s;
+  if (s.forward_only) throw ScheduleError("schedule: a forward-only schedule has no gradients to reduce");
   for (auto& list : s.actions)
     for (int c = s.chunks - 1; c >= 0; --c) {
       size_t last = list.size();

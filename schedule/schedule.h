@@ -65,6 +65,7 @@ struct Schedule {
   std::vector<std::vector<Action>> actions;  ///< actions[stage]
   Placement placement = Placement::Loop;  ///< how virtual stages sit on devices
   bool reduces = false;  ///< with_reductions(): one Reduce per virtual stage
+  bool forward_only = false;  ///< forward_only(): an evaluation, with no backward
 
   int virtual_stages() const { return stages * chunks; }  ///< stages times chunks
   /// The virtual stage that chunk `chunk` of device `stage` runs.
@@ -107,6 +108,13 @@ Schedule make_looped_bfs(int stages, int micro_batches, int chunks);
 /// turn), and the last micro-batches' backwards are split to fill the drain. Needs M >= 2K.
 Schedule make_dualpipev(int stages, int micro_batches);
 
+/// An evaluation's lists: forwards only, for `micro_batches` micro-batches on the devices,
+/// chunks and placement of `shape`. Each device takes the micro-batches in order and, within
+/// one, its chunks in order (receive, forward, send), so no device waits on a later micro-batch
+/// and the order is the same under in-order delivery. Pipeline::predict runs these through the
+/// training step's executor.
+Schedule forward_only(const Schedule& shape, int micro_batches);
+
 /// `s` with a Reduce action (data parallelism) for each virtual stage right after its last
 /// backward part (fused backward or W) on its device.
 Schedule with_reductions(Schedule s);
@@ -117,8 +125,8 @@ Schedule with_reductions(Schedule s);
 /// searched on equal costs: a pipeline has no profile).
 Schedule pipeline_schedule(Kind kind, int stages, int micro_batches, int chunks, int data_parallel);
 
-/// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W)
-/// on its device, that each compute has its input (received or local) before it runs, that every
+/// Checks that every (micro-batch, chunk) gets one forward and one backward (fused, or B then W;
+/// a forward_only schedule has none) on its device, that each compute has its input (received or local) before it runs, that every
 /// send has a matching receive, and that the lists complete without deadlock. Throws
 /// ScheduleError naming stage and action.
 void validate(const Schedule& s);

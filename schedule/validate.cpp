@@ -47,6 +47,8 @@ void check_local_order(const Schedule& s, int r) {
       if (!done.insert(k).second) fail(r, i, a, "repeated");
     };
     const bool backwarded = st.fused.count(k) || st.input_done.count(k);
+    if (s.forward_only && a.op != Op::RecvActivation && a.op != Op::Forward && a.op != Op::SendActivation)
+      fail(r, i, a, "a forward-only schedule has no backward");
     switch (a.op) {
       case Op::RecvActivation:
         if (first) fail(r, i, a, "the first stage has no previous stage");
@@ -99,10 +101,13 @@ void check_local_order(const Schedule& s, int r) {
                                              " for micro-batch ", m, c ? detail::concat(" chunk ", c) : ""));
       };
       missing(st.forwarded, "forward");
+      if (vs > 0) missing(st.received_act, "recv_activation");
+      if (vs < V - 1) missing(st.sent_act, "send_activation");
+      if (s.forward_only) continue;
       if (!st.fused.count(k)) missing(st.input_done, "backward");
       if (st.input_done.count(k)) missing(st.weight_done, "backward_weight");
-      if (vs > 0) missing(st.received_act, "recv_activation"), missing(st.sent_grad, "send_grad");
-      if (vs < V - 1) missing(st.sent_act, "send_activation"), missing(st.received_grad, "recv_grad");
+      if (vs > 0) missing(st.sent_grad, "send_grad");
+      if (vs < V - 1) missing(st.received_grad, "recv_grad");
     }
 }
 

@@ -195,7 +195,7 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
   s.schedules = {schedule::Kind::GPipe};
   s.memory_limit = {2000};
   OptimizerConfig adam;
-  adam.kind = pipeline::OptimizerKind::Adam;
+  adam.kind = OptimizerKind::Adam;
   s.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(adam, p, D, sharded); };
   const SearchResult r =
       search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });

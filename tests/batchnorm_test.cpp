@@ -301,7 +301,7 @@ TEST_P(Deferred, StatisticsAreThoseOfTheWholeBatch) {
     SCOPED_TRACE(one_norm ? "one BatchNorm" : "three BatchNorms");
     auto model = net(true, one_norm);
     Pipeline pipe(model, options(stages, micro_batches, schedule, mode), mean_ce);
-    pipe.set_optimizer(sgd(0.0));
+    pipe.optimizers().set(sgd(0.0));
     for (int s : {1, 2}) {
       Data b = batch(s);
       pipe.train_step(b.x, b.y);

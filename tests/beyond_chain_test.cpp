@@ -107,7 +107,7 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
   ASSERT_EQ(want.ties.size(), 1u);
   const std::vector<double> want_losses = reference(want);
   pipeline::Pipeline pipe(got.layers, options(got, 3), mean_ce);
-  pipe.set_optimizer(adamw());
+  pipe.optimizers().set(adamw());
   for (int s = 0; s < kSteps; ++s) {
     const auto [x, y] = tokens(8, 10 + s);
     EXPECT_NEAR(pipe.train_step(x, y), want_losses[s], 1e-10 * want_losses[s]) << "step " << s;
@@ -128,7 +128,7 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
 TEST(TiedWeights, RanksHoldEqualCopies) {
   models::Model threads_model = build(tied_gpt());
   pipeline::Pipeline threads(threads_model.layers, options(threads_model, 3), mean_ce);
-  threads.set_optimizer(adamw());
+  threads.optimizers().set(adamw());
   std::vector<double> threads_losses;
   for (int s = 0; s < kSteps; ++s) {
     const auto [x, y] = tokens(8, 10 + s);
@@ -145,7 +145,7 @@ TEST(TiedWeights, RanksHoldEqualCopies) {
     ranks.emplace_back([&, r] {
       try {
         pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]));
-        pipe.set_optimizer(adamw());
+        pipe.optimizers().set(adamw());
         for (int s = 0; s < kSteps; ++s) {
           const auto [x, y] = tokens(8, 10 + s);
           losses[r].push_back(pipe.train_step(x, y));

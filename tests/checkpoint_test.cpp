@@ -51,7 +51,7 @@ struct Trainee {
   std::unique_ptr<Pipeline> pipe;
   explicit Trainee(const Config& c) : job(prepare(c)) {
     pipe = std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
-    pipe->set_optimizer(make_optimizer_factory(job.config.optimizer));
+    pipe->optimizers().set(make_optimizer_factory(job.config.optimizer));
   }
   double step(int64_t s) {
     Batch b = to_model(job, job.data.train_batch(s, job.config.data.batch_size, job.config.train.seed));
@@ -173,7 +173,7 @@ TEST(Checkpoint, OptimizerStateIsWhatMakesItExact) {
   const double after = a.step(4);  // the loss after an update that used the state
   Trainee b(c);
   load_checkpoint(saved, c, *b.pipe);
-  for (int vs = 0; vs < 2; ++vs) b.pipe->optimizer(vs)->state().clear();
+  for (int vs = 0; vs < 2; ++vs) b.pipe->optimizers().of(vs)->state().clear();
   b.step(3);
   EXPECT_GT(std::abs(b.step(4) - after), 1e-9);
 }

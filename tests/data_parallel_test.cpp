@@ -162,7 +162,7 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
   if (!c.ranks) {
     models::Model got = build(c.family);
     pipeline::Pipeline pipe(got.layers, o, mean_ce);
-    pipe.set_optimizer(factory);
+    pipe.optimizers().set(factory);
     for (int s = 0; s < kSteps; ++s) {
       const Batch b = make_batch(got, c.batch, 100 + s);
       EXPECT_NEAR(pipe.train_step(b.input, b.target), want_losses[s], 1e-10 * std::abs(want_losses[s])) << "step " << s;
@@ -194,7 +194,7 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
         pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]), groups[r / c.copies][r % c.copies]);
         EXPECT_EQ(pipe.rank(), r);
         EXPECT_EQ(pipe.copy(), r % c.copies);
-        pipe.set_optimizer(factory);
+        pipe.optimizers().set(factory);
         for (int s = 0; s < kSteps; ++s) {
           const Batch b = make_batch(models[r], c.batch, 100 + s);
           losses[r].push_back(pipe.train_step(b.input, b.target));
@@ -271,14 +271,14 @@ TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
   opt->step();
   Case c{"mlp", "1f1b", 2, 2, 2, 8};
   pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
-  pipe.set_optimizer(sgd());
+  pipe.optimizers().set(sgd());
   pipe.sync_gradients(false);
   pipe.forward_backward(b0.input, b0.target, false, 0.5);
   for (const auto& spans : pipe.last_trace().spans)
     for (const auto& sp : spans) EXPECT_NE(sp.op, schedule::Op::Reduce);
   pipe.sync_gradients(true);
   pipe.forward_backward(b1.input, b1.target, true, 0.5);
-  pipe.step_optimizer();
+  pipe.optimizers().step();
   expect_same(got, want, "after two accumulated batches");
 }
 
@@ -297,7 +297,7 @@ TEST(DataParallelPartialBatch, ShardsSmallerThanTheMicroBatchesRunAsFewer) {
   opt->step();
   Case c{"mlp", "1f1b", 2, 3, 4, 10};
   pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
-  pipe.set_optimizer(sgd());
+  pipe.optimizers().set(sgd());
   EXPECT_NEAR(pipe.train_step(b.input, b.target), l.item<double>(), 1e-10 * l.item<double>());
   EXPECT_EQ(pipe.fewest_micro_batches(), 3);  // 10 over 3 copies: shards of 4, 3 and 3
   expect_same(got, want, "after a step of 3 micro-batches per copy");

@@ -104,15 +104,15 @@ TEST(AtomicFile, ReplacesWholeOrLeavesTheOldFile) {
 // Every kind's state goes to data and back unchanged, a deep copy shares no storage, a state
 // that holds part of its fields is refused by name, and one that holds none is no state.
 TEST(OptimizerState, EveryKindRoundTripsThroughTheCodec) {
-  for (const std::string& name : pipeline::optimizer_names()) {
+  for (const std::string& name : optimizer_names()) {
     SCOPED_TRACE(name);
-    const pipeline::OptimizerKind kind = pipeline::parse_optimizer(name);
+    const OptimizerKind kind = parse_optimizer(name);
     torch::manual_seed(0);
     auto w = torch::randn({3, 2}, torch::requires_grad());
     std::unique_ptr<torch::optim::Optimizer> opt;
-    if (kind == pipeline::OptimizerKind::SGD)
+    if (kind == OptimizerKind::SGD)
       opt = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(0.1).momentum(0.9));
-    else if (kind == pipeline::OptimizerKind::Adam)
+    else if (kind == OptimizerKind::Adam)
       opt = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{w}, torch::optim::AdamOptions(0.1));
     else
       opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{w}, torch::optim::AdamWOptions(0.1));
@@ -144,7 +144,7 @@ TEST(OptimizerState, EveryKindRoundTripsThroughTheCodec) {
     }
     EXPECT_EQ(pipeline::make_param_state(pipeline::ParamState{kind, 0, {}}), nullptr);
   }
-  EXPECT_THROW(pipeline::parse_optimizer("lamb"), ConfigError);
+  EXPECT_THROW(parse_optimizer("lamb"), ConfigError);
 }
 
 TEST(StepResult, RoundTripsAndRefusesMalformedNumbers) {

@@ -158,7 +158,7 @@ std::vector<PipelineRun> step_ranks(std::vector<models::Model>& copies, const pi
       try {
         runs[r].pipe = std::make_unique<pipeline::Pipeline>(copies[r].layers, o, mean_ce, std::move(endpoints[r]));
         runs[r].loss = runs[r].pipe->forward_backward(b.input, b.target);
-        runs[r].pipe->step_optimizer();  // no optimizer: sums tied gradients, steps nothing
+        runs[r].pipe->optimizers().step();  // no optimizer: sums tied gradients, steps nothing
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -264,7 +264,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     runs.emplace_back();
     runs[0].pipe = std::make_unique<pipeline::Pipeline>(copies[0].layers, o, mean_ce);
     runs[0].loss = runs[0].pipe->forward_backward(b.input, b.target);
-    runs[0].pipe->step_optimizer();  // no optimizer: sums tied gradients, steps nothing
+    runs[0].pipe->optimizers().step();  // no optimizer: sums tied gradients, steps nothing
   }
 
   // Every Pipeline, so every rank, returns the batch's loss.

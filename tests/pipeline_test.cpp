@@ -218,7 +218,7 @@ TEST(Pipeline, TrainStepUpdatesTheCallersModelAndLowersTheLoss) {
   o.stages = 2;
   o.micro_batches = 4;
   Pipeline pipe(model, o, mean_ce);
-  pipe.set_optimizer([](std::vector<at::Tensor> p) {
+  pipe.optimizers().set([](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
   });
   auto before = model->named_parameters()["fc0.weight"].clone();
@@ -250,7 +250,7 @@ TEST(Pipeline, OptimizerStepMatchesSingleDevice) {
     o.stages = 2;
     o.micro_batches = 3;
     Pipeline pipe(b, o, mean_ce);
-    pipe.set_optimizer(make);
+    pipe.optimizers().set(make);
     for (int s = 0; s < 3; ++s) {
       opt->zero_grad();
       mean_ce(a->forward(x), y).backward();
@@ -456,7 +456,7 @@ TEST(Executor, FailedStepChangesNoParameter) {
   o.micro_batches = 4;
   o.recompute = Recompute::Always;
   Pipeline pipe(model, o, mean_ce);
-  pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
+  pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
   std::vector<at::Tensor> before;
   for (auto& p : model->parameters()) before.push_back(p.detach().clone());
   auto x = torch::randn({8, 4});
@@ -531,7 +531,7 @@ TEST(Controls, GlobalGradientClipping) {
   o.stages = 4;
   o.micro_batches = 2;
   Pipeline pipe(model, o, mean_ce);
-  pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1.0); });
+  pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1.0); });
   auto x = torch::randn({8, 8}, torch::kDouble);
   auto y = torch::randint(0, 8, {8}, torch::kLong);
   pipe.forward_backward(x, y);
@@ -542,17 +542,17 @@ TEST(Controls, GlobalGradientClipping) {
     before.push_back(p.detach().clone());
   }
   const double clip = 0.25 * std::sqrt(sq);
-  pipe.set_grad_clip(clip);
-  EXPECT_NEAR(pipe.step_optimizer(), std::sqrt(sq), 1e-9 * std::sqrt(sq));
+  pipe.optimizers().set_grad_clip(clip);
+  EXPECT_NEAR(pipe.optimizers().step(), std::sqrt(sq), 1e-9 * std::sqrt(sq));
   double update = 0;
   auto params = model->parameters();
   for (size_t i = 0; i < params.size(); ++i) update += (params[i] - before[i]).pow(2).sum().item<double>();
   EXPECT_NEAR(std::sqrt(update), clip, 1e-5 * clip);
-  EXPECT_THROW(pipe.set_grad_clip(-1), ConfigError);
-  pipe.set_learning_rate(0.0);  // no update at all
+  EXPECT_THROW(pipe.optimizers().set_grad_clip(-1), ConfigError);
+  pipe.optimizers().set_learning_rate(0.0);  // no update at all
   pipe.forward_backward(x, y);
   for (auto& p : params) before.push_back(p.detach().clone());
-  pipe.step_optimizer();
+  pipe.optimizers().step();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[params.size() + i])) << i;
 }
 
@@ -563,8 +563,8 @@ TEST(Controls, NonFiniteGradientNamesTheStageAndChangesNothing) {
   o.stages = 4;
   o.micro_batches = 2;
   Pipeline pipe(model, o, mean_ce);
-  pipe.set_optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); });
-  pipe.check_finite_grads(true);
+  pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); });
+  pipe.optimizers().check_finite_grads(true);
   auto x = torch::randn({8, 8}, torch::kDouble);
   auto y = torch::randint(0, 8, {8}, torch::kLong);
   pipe.forward_backward(x, y);
@@ -574,7 +574,7 @@ TEST(Controls, NonFiniteGradientNamesTheStageAndChangesNothing) {
   ASSERT_FALSE(stage2.empty());
   stage2[0].mutable_grad()[0][0] = std::numeric_limits<double>::quiet_NaN();
   try {
-    pipe.step_optimizer();
+    pipe.optimizers().step();
     FAIL() << "the NaN gradient was not reported";
   } catch (const NonFiniteGradient& e) {
     EXPECT_EQ(e.stage(), 2);

@@ -170,7 +170,7 @@ TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
   o.seed = 7;
   o.precision = Precision::BF16;
   pipeline::Pipeline pipe(m.layers, o, mean_ce);
-  pipe.set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.5); });
+  pipe.optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.5); });
   for (const auto& [x, y] : batches) pipe.train_step(x, y);
   auto want = ref.layers->named_parameters();
   for (const auto& p : m.layers->named_parameters()) {
@@ -316,7 +316,7 @@ TEST(Fp16, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     threads.emplace_back([&, r] {
       try {
         pipes[r] = std::make_unique<pipeline::Pipeline>(models[r], o, mean_ce, std::move(endpoints[r]));
-        pipes[r]->set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
+        pipes[r]->optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
         for (int s = 0; s < kSteps; ++s) {
           std::vector<at::Tensor> before;
           for (int vs = 0; vs < K; ++vs)
@@ -324,8 +324,8 @@ TEST(Fp16, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
               for (auto& p : pipes[r]->stage_layers(vs)->parameters()) before.push_back(p.detach().clone());
           if (r == 1) g_armed = s == kArmed;  // only rank 1 runs the blow-up layer
           pipes[r]->train_step(batches[s].first, batches[s].second);
-          skipped[r][s] = pipes[r]->last_step_skipped();
-          scale[r][s] = pipes[r]->loss_scale();
+          skipped[r][s] = pipes[r]->optimizers().last_step_skipped();
+          scale[r][s] = pipes[r]->optimizers().loss_scale();
           size_t i = 0;
           bool any = false;
           for (int vs = 0; vs < K; ++vs)
@@ -384,12 +384,12 @@ TEST(Fp16, AScaledStepEqualsTheReferenceWithTheSameScale) {
   o.precision = Precision::FP16;
   o.loss_scale.initial = S;
   pipeline::Pipeline pipe(m.layers, o, mean_ce);
-  pipe.set_optimizer([](auto params) { return std::make_unique<torch::optim::SGD>(params, 1.0); });
+  pipe.optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 1.0); });
   std::vector<at::Tensor> before;
   for (auto& p : m.layers->parameters()) before.push_back(p.detach().clone());
   const double loss = pipe.train_step(x, y);
   EXPECT_NEAR(loss, ref_loss, 1e-6 * std::abs(ref_loss));
-  EXPECT_FALSE(pipe.last_step_skipped());
+  EXPECT_FALSE(pipe.optimizers().last_step_skipped());
   size_t i = 0;
   auto want = ref.layers->parameters();
   for (auto& p : m.layers->parameters()) {

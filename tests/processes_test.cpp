@@ -176,7 +176,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
   o.micro_batches = 4;
   o.balance = {2, 3};
   pl::Pipeline reference(make_model(), o, pipetrain::train::mean_cross_entropy);
-  reference.set_optimizer(sgd);
+  reference.optimizers().set(sgd);
   std::vector<double> want;
   for (int s = 0; s < 3; ++s) want.push_back(reference.train_step(x, y));
 
@@ -192,7 +192,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
         pl::PipelineOptions mine = o;
         mine.balance = r == 0 ? pipetrain::partitioner::Balance{2, 3} : pipetrain::partitioner::Balance{4, 1};
         pl::Pipeline pipe(models[r], mine, pipetrain::train::mean_cross_entropy, std::move(endpoints[r]));
-        pipe.set_optimizer(sgd);
+        pipe.optimizers().set(sgd);
         balances[r] = pipe.balance();
         // The other rank's layers are released here; this rank's keep their weights.
         for (int vs = 0; vs < 2; ++vs)

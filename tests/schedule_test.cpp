@@ -522,3 +522,25 @@ TEST(Trace, AnyNameAndTimeMakeValidJson) {
   EXPECT_GE(spans, 2);
   EXPECT_EQ(nulls, 1) << out.str();
 }
+
+// An evaluation's lists (Pipeline::predict runs them): forwards only, for every kind's placement
+// and chunks, valid and deadlock-free; a backward in such a schedule is refused.
+TEST(ForwardOnly, ValidForEveryKindAndRefusesBackwards) {
+  for (const Shape& sh : all_shapes()) {
+    if (sh.k > 4 || sh.m > 8) continue;
+    const Schedule train = make_schedule(sh.kind, sh.k, sh.m, sh.v);
+    for (int m : {1, sh.m}) {
+      const Schedule eval = forward_only(train, m);
+      EXPECT_TRUE(eval.forward_only);
+      EXPECT_EQ(eval.placement, train.placement);
+      ASSERT_NO_THROW(validate(eval)) << name(sh.kind) << " K=" << sh.k << " M=" << m << " v=" << sh.v;
+      for (const auto& list : eval.actions)
+        for (const Action& a : list)
+          EXPECT_TRUE(a.op == Op::Forward || a.op == Op::RecvActivation || a.op == Op::SendActivation);
+    }
+  }
+  Schedule bad = forward_only(make_gpipe(1, 1), 1);
+  bad.actions[0].push_back({Op::Backward, 0, 0});
+  EXPECT_THROW(validate(bad), ScheduleError);
+  EXPECT_THROW(with_reductions(forward_only(make_gpipe(2, 2), 2)), ScheduleError);
+}

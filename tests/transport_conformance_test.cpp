@@ -504,7 +504,7 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     o.timeout_s = 30;
     o.transport.backend = backend;
     pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
-    pipe.set_optimizer(
+    pipe.optimizers().set(
         [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
     std::vector<double> losses;
     for (int step = 0; step < 5; ++step) losses.push_back(pipe.train_step(x, y));

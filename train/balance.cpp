@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/stats.h"
+#include "pipeline/optimizer_state.h"
 #include "schedule/simulate.h"
 
 namespace pipetrain::train {

@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/strings.h"
+#include "pipeline/optimizer_state.h"
 #include "train/balance.h"
 #include "train/plan.h"
 #include "train/single_device.h"
@@ -134,7 +135,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   r.baseline_all_cores = baseline("single-device, all cores", cores);
 
   Pipeline pipe(fresh_model(), job.options, mean_cross_entropy);
-  pipe.set_optimizer(make_optimizer_factory(c.optimizer));
+  pipe.optimizers().set(make_optimizer_factory(c.optimizer));
   std::vector<StepTrace> traces;  // simulated after the timing, not inside it
   r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
     pipe.train_step(batches[i].input, batches[i].target);
@@ -167,7 +168,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     profiler::MemoryCounter counter;
     pipe.train_step(batches[0].input, batches[0].target);
     r.prediction.pipeline_peak_tensor_bytes = counter.peak();
-    // Copy 0's stage r allocates into account r (pipeline.cpp).
+    // Copy 0's stage r allocates into account r (pipeline/executor.cpp).
     for (int d = 0; d < pipe.stages(); ++d) r.prediction.device_peak_bytes.push_back(counter.peak(d) + held_bytes(pipe, d));
   }
   r.prediction.measured_step_s = median(walls);
@@ -175,19 +176,19 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   r.prediction.reduce_ms = median(reduces);
   r.prediction.exposed_reduce_ms = median(exposed);
   for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs)
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) r.prediction.optimizer_state_bytes += pipeline::state_bytes(*opt);
+    if (torch::optim::Optimizer* opt = pipe.optimizers().of(vs)) r.prediction.optimizer_state_bytes += pipeline::state_bytes(*opt);
   if (!o.profile) return r;
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
   const profiler::Profile profile = profile_job(job);
   auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
   add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
-                 {c.pipeline.data_parallel, pipe.sharded_optimizer(), reduce_link(c.pipeline.data_parallel, nullptr)});
+                 {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr)});
   const schedule::Simulation sim = schedule::simulate(pipe.schedule(), costs);
   r.prediction.profiled_step_s = sim.makespan_ms / 1e3;
   r.prediction.predicted_device_peak_bytes =
       device_peak_bytes(profile, pipe.balance(), pipe.schedule(), sim, job.options.recompute,
-                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.sharded_optimizer()));
+                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded()));
   return r;
 }
 

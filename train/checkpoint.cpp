@@ -35,7 +35,6 @@ namespace pipetrain::train {
 using pipeline::OptimizerInfo;
 using pipeline::OptimizerKind;
 using pipeline::ParamState;
-using pipeline::parse_optimizer;
 
 namespace {
 
@@ -246,7 +245,7 @@ void load_optimizer(torch::optim::Optimizer& opt, OptimizerKind kind, torch::nn:
         throw CheckpointError("checkpoint " + dir + ": " + base + "step holds " + std::to_string(step.numel()) + " values");
       if (step.defined()) ps.step = step.item<int64_t>();
       else if (!ps.tensors.empty())
-        throw CheckpointError("checkpoint " + dir + ": incomplete " + row.name + " state for " + p.key() + ": no step");
+        throw CheckpointError("checkpoint " + dir + ": incomplete " + optimizer_name(row.kind) + " state for " + p.key() + ": no step");
     }
     std::unique_ptr<torch::optim::OptimizerParamState> state;
     try {
@@ -301,14 +300,14 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     if (!pipe.is_local_stage(vs)) continue;
     // Data parallelism: copy 0 writes its stages (every copy holds the same); a sharded
     // optimizer's state is gathered from every copy first, and written whole.
-    std::unique_ptr<torch::optim::Optimizer> gathered = pipe.gathered_optimizer(vs);
+    std::unique_ptr<torch::optim::Optimizer> gathered = pipe.optimizers().gathered(vs);
     if (pipe.copy() != 0) continue;
     torch::nn::Sequential& layers = pipe.stage_layers(vs);
     c10::Dict<std::string, at::Tensor> d;
     const std::set<std::string> followers = followers_of(pipe.tied_names());
     for (auto& [n, t] : named_state(*layers))
       if (!followers.count(n)) d.insert(n, t.detach().contiguous());
-    if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizer(vs))
+    if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizers().of(vs))
       save_optimizer(*opt, *layers, d, followers);
     if (vs == 0) {
       auto gen = at::detail::getDefaultCPUGenerator();
@@ -346,10 +345,10 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
                       {"chunks", V / pipe.stages()},
                       {"schedule", schedule::name(config.pipeline.schedule)},
                       {"balance", pipe.balance()},
-                      {"optimizer", pipeline::name(config.optimizer.kind)},
+                      {"optimizer", optimizer_name(config.optimizer.kind)},
                       {"precision", precision_name(config.train.precision)},
-                      {"loss_scale", pipe.loss_scale()},
-                      {"loss_scale_good_steps", pipe.loss_scale_good_steps()},
+                      {"loss_scale", pipe.optimizers().loss_scale()},
+                      {"loss_scale_good_steps", pipe.optimizers().loss_scale_good_steps()},
                       {"identity", identity},
                       {"identity_hash", identity_hash(identity)},
                       {"shards", shards}};
@@ -463,17 +462,17 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   refuse_leftovers(saved, dir);
   OptimizerKind kind = config.optimizer.kind;
   try {
-    kind = parse_optimizer(m.value("optimizer", std::string(pipeline::name(config.optimizer.kind))), "optimizer");
+    kind = parse_optimizer(m.value("optimizer", std::string(optimizer_name(config.optimizer.kind))), "optimizer");
   } catch (const ConfigError& e) {
     throw CheckpointError("checkpoint " + dir + ": manifest: " + e.what());
   }
   bool optimizers = false;
   for (int vs = 0; vs < V; ++vs)
-    if (auto full = pipe.unsharded_optimizer(vs)) {  // a sharded optimizer takes its slices
+    if (auto full = pipe.optimizers().unsharded(vs)) {  // a sharded optimizer takes its slices
       load_optimizer(*full, kind, *pipe.stage_layers(vs), saved, dir);
-      pipe.scatter_optimizer(vs, *full);
+      pipe.optimizers().scatter(vs, *full);
       optimizers = true;
-    } else if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+    } else if (torch::optim::Optimizer* opt = pipe.optimizers().of(vs)) {
       load_optimizer(*opt, kind, *pipe.stage_layers(vs), saved, dir);
       optimizers = true;
     }
@@ -493,7 +492,7 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
   pipe.set_step(m.at("pipeline_step").get<int64_t>());
   // fp16 continues with the loss scale it had; from another precision it starts afresh.
   if (config.train.precision == Precision::FP16 && m.value("precision", "fp32") == "fp16")
-    pipe.restore_loss_scale(m.at("loss_scale").get<double>(), m.at("loss_scale_good_steps").get<int64_t>());
+    pipe.optimizers().restore_loss_scale(m.at("loss_scale").get<double>(), m.at("loss_scale_good_steps").get<int64_t>());
   return state_of(dir, m);
 }
 

@@ -184,8 +184,8 @@ Config parse_config(const json& input, const std::string& source, const std::vec
                                               " micro-batches each is cut into"));
 
   JsonReader opt = top.child("optimizer");
-  c.optimizer.kind = pipeline::parse_optimizer(
-      opt.get_choice("kind", pipeline::name(c.optimizer.kind), pipeline::optimizer_names()));
+  c.optimizer.kind = parse_optimizer(
+      opt.get_choice("kind", optimizer_name(c.optimizer.kind), optimizer_names()));
   c.optimizer.lr = opt.get_number("lr", c.optimizer.lr, 0.0, 1e6);
   c.optimizer.momentum = opt.get_number("momentum", c.optimizer.momentum, 0.0, 1.0);
   c.optimizer.nesterov = opt.get_bool("nesterov", c.optimizer.nesterov);

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_reader.h"
+#include "common/optimizer_kind.h"
 #include "common/precision.h"
 #include "common/recompute.h"
-#include "pipeline/optimizer_state.h"
 #include "schedule/kinds.h"
 
 namespace pipetrain::train {
@@ -53,7 +53,7 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  pipeline::OptimizerKind kind = pipeline::OptimizerKind::SGD;  // pipeline/optimizer_state.h
+  OptimizerKind kind = OptimizerKind::SGD;  // common/optimizer_kind.h
   double lr = 0.01;
   double momentum = 0.0;
   bool nesterov = false;

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "pipeline/optimizer_state.h"
 #include "models/layers.h"
 
 namespace pipetrain::train {
@@ -60,13 +61,13 @@ Batch to_model(const Job& job, Batch b) {
 OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     switch (c.kind) {
-      case pipeline::OptimizerKind::SGD:
+      case OptimizerKind::SGD:
         return std::make_unique<torch::optim::SGD>(
             params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
-      case pipeline::OptimizerKind::Adam:
+      case OptimizerKind::Adam:
         return std::make_unique<torch::optim::Adam>(
             params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-      case pipeline::OptimizerKind::AdamW:
+      case OptimizerKind::AdamW:
         return std::make_unique<torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
     }
@@ -79,9 +80,9 @@ int64_t held_bytes(Pipeline& pipe, int device) {
   for (int vs = 0; vs < pipe.schedule().virtual_stages(); ++vs) {
     if (pipe.schedule().device_of(vs) != device || !pipe.is_local_stage(vs)) continue;
     for (const auto& p : pipe.stage_layers(vs)->parameters()) held += static_cast<int64_t>(p.nbytes());
-    if (torch::optim::Optimizer* opt = pipe.optimizer(vs)) {
+    if (torch::optim::Optimizer* opt = pipe.optimizers().of(vs)) {
       held += pipeline::state_bytes(*opt);
-      if (pipe.sharded_optimizer())  // the slice it steps, the optimizer's own tensor
+      if (pipe.optimizers().sharded())  // the slice it steps, the optimizer's own tensor
         for (const auto& group : opt->param_groups())
           for (const auto& p : group.params()) held += static_cast<int64_t>(p.nbytes());
     }

@@ -223,15 +223,15 @@ double run_step(Job& job, Pipeline& pipe, int64_t s, double lr, std::string& ski
   if (!std::isfinite(loss)) {
     skipped = detail::concat("the loss is ", loss, " (computed by stage ", pipe.stages() - 1, ", the last)");
   } else {
-    pipe.set_learning_rate(lr);
+    pipe.optimizers().set_learning_rate(lr);
     try {
-      pipe.step_optimizer();
+      pipe.optimizers().step();
     } catch (const NonFiniteGradient& e) {
       skipped = e.what();
     }
     // fp16: an overflow is loss scaling at work (the scale backs off), not a diverging run.
-    if (pipe.last_step_skipped()) {
-      skipped = detail::concat("a float16 gradient overflowed; the loss scale backs off to ", pipe.loss_scale());
+    if (pipe.optimizers().last_step_skipped()) {
+      skipped = detail::concat("a float16 gradient overflowed; the loss scale backs off to ", pipe.optimizers().loss_scale());
       return loss;
     }
   }
@@ -253,7 +253,7 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
 
 TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) {
   const Config& c = job.config;
-  pipe.set_optimizer(make_optimizer_factory(c.optimizer));
+  pipe.optimizers().set(make_optimizer_factory(c.optimizer));
   TrainResult result;
   result.rank = pipe.rank();
   const Checkpoints ckpt = open_checkpoints(c, options, pipe);
@@ -300,9 +300,9 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   const auto tell = [&](auto&& event) {
     for (TrainObserver* o : observers) event(*o);
   };
-  pipe.set_grad_clip(c.optimizer.grad_clip);
-  pipe.track_grad_norm(metrics != nullptr);
-  pipe.check_finite_grads(true);
+  pipe.optimizers().set_grad_clip(c.optimizer.grad_clip);
+  pipe.optimizers().track_grad_norm(metrics != nullptr);
+  pipe.optimizers().check_finite_grads(true);
   if (!ckpt.note.empty()) tell([&](TrainObserver& o) { o.note(ckpt.note); });
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 
@@ -325,8 +325,8 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     r.step = s + 1;
     r.steps = steps;
     r.last_step = last_step;
-    r.grad_norm = pipe.last_grad_norm();
-    r.loss_scale = pipe.loss_scale();
+    r.grad_norm = pipe.optimizers().last_grad_norm();
+    r.loss_scale = pipe.optimizers().loss_scale();
     r.step_s = std::chrono::duration<double>(t1 - t0).count();
     r.elapsed_s = std::chrono::duration<double>(t1 - start).count();
     r.samples = step_samples(job, s);
@@ -345,7 +345,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     }
     r.stage_busy_ms = pipeline::stage_busy_ms(pipe.last_trace());
     if (memory) {
-      // Copy 0's stage d allocates into account d (pipeline.cpp); a rank runs its own device.
+      // Copy 0's stage d allocates into account d (pipeline/executor.cpp); a rank runs its own device.
       std::vector<double> mine(pipe.stages(), 0.0);
       for (int d = 0; d < pipe.stages(); ++d)
         if (pipe.is_local(d)) mine[d] = static_cast<double>(memory->peak(d) + held_before[d]);

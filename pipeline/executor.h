@@ -1,6 +1,9 @@
-// Internal to the pipeline module: the state behind Pipeline (pipeline.h), shared by the files
-// that implement it (pipeline.cpp: construction and training steps; predict.cpp: evaluation and
-// accessors).
+// Internal to the pipeline module: the executor behind Pipeline (pipeline.h). It runs action
+// lists (a training step's, or an evaluation's forward-only ones) on each local device's worker
+// over the transport, and traces them (executor.cpp; boundary messages and short batches in
+// messages.cpp; tied parameters in ties.cpp; the copies of data parallelism in
+// data_parallel.cpp). The stage optimizers are apart from it (OptimizerSide here, optimizers.cpp:
+// stepping, clipping, the loss scale, the sharded state); they share its workers.
 #pragma once
 
 #include <atomic>
@@ -30,6 +33,9 @@ struct ClearAutocastCache {  // on the thread that ran the forwards (stages/auto
   ~ClearAutocastCache() { stages::clear_autocast_cache(); }
 };
 
+// Hands tensors between two virtual stages of one device (the turn of a V placement, or a
+// device that holds consecutive chunks): no transfer, the sending action leaves it here and the
+// receiving action takes it.
 struct LocalHandoff {
   std::map<std::tuple<int, int, int>, at::Tensor> held;  // (kind, micro-batch, chunk there)
   void put(comm::Kind kind, int m, int chunk, at::Tensor t) { held[{static_cast<int>(kind), m, chunk}] = std::move(t); }
@@ -44,7 +50,22 @@ struct LocalHandoff {
 
 using Skips = stages::Skips;
 
-struct Pipeline::Impl {
+// The optimizer side of one copy (optimizers.cpp): every virtual stage's optimizer and what
+// happens between the last backward and the next forward.
+struct OptimizerSide {
+  OptimizerFactory factory;  // StageOptimizers::set's
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;  // by virtual stage; null: none
+  double grad_clip = 0, grad_norm = 0;
+  bool track_norm = false, check_finite = false;
+  LossScaler scaler;
+  bool skipped = false;  // the last optimizer step, for a float16 overflow
+};
+
+// What a list of actions is run for: a training step (forward with the loss, backward) or an
+// evaluation (forward only, no gradients, the layers in evaluation mode).
+enum class Pass { Train, Evaluate };
+
+struct Executor {
   PipelineOptions options;
   torch::nn::Sequential model;
   partitioner::Balance balance;
@@ -56,7 +77,6 @@ struct Pipeline::Impl {
   // most micro-batches it supports up to m; the same placement and chunks).
   const schedule::Schedule& schedule_for(int m);
   std::vector<std::unique_ptr<stages::Stage>> stages;
-  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<std::unique_ptr<comm::Transport>> transports;
   std::vector<std::unique_ptr<Worker>> workers;
   StepTrace trace;
@@ -79,9 +99,9 @@ struct Pipeline::Impl {
   int copy = 0;     // this pipeline's copy
   std::vector<comm::ProcessGroup> device_groups;
   std::vector<std::unique_ptr<GradientReducer>> reducers;
-  std::vector<std::unique_ptr<Pipeline>> others;
+  std::vector<std::unique_ptr<Executor>> others;
   std::vector<std::unique_ptr<Worker>> drivers;
-  OptimizerFactory factory;     // set_optimizer's
+  OptimizerSide opt;
   bool sync = true;             // reduce in the next forward-backward
   double world_loss = 0;        // multi-process: the last step's loss summed over every copy
   bool grads_reduced = true;    // the gradients held now are reduced (or need no reduction)
@@ -90,11 +110,11 @@ struct Pipeline::Impl {
   void make_reducers();
   void make_replicas(const torch::nn::Sequential& model, const stages::LossFn& loss);
   void reduce_now();  // the gradients left unreduced, on every local device
-  void merge_batch_norm();
+  void merge_batch_norm();  // every BatchNorm's statistics of the step, merged over the copies
   std::string abort_notice(int r);  // a peer's abort reason that reached this rank's endpoint, if any
-  std::unique_ptr<torch::optim::Optimizer> gather_optimizer(int vs);  // every BatchNorm's statistics of the step, merged over the copies
-  // Runs `f` on every copy's Impl in-process (copy 0 here, the others on their drivers).
-  void on_every_copy(const std::function<void(Impl&)>& f);
+  // Runs `f` on every copy's Executor in-process (copy 0 here, the others on their drivers).
+  void on_every_copy(const std::function<void(Executor&)>& f);
+  void sync_copies();  // Pipeline::sync_copies
   double run(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
              double scale);
 
@@ -137,29 +157,34 @@ struct Pipeline::Impl {
   void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
   [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
 
-  // Inputs of the step being run, shared read-only with the stage threads.
-  std::vector<at::Tensor> inputs, targets;
+  // Inputs of the step being run, shared read-only with the stage threads; an evaluation's
+  // outputs (the last virtual stage's, per micro-batch).
+  std::vector<at::Tensor> inputs, targets, outputs;
   std::vector<int64_t> offsets;
   std::vector<double> weights, losses;
 
-  void run_stage(int r, Clock::time_point t0);
-  void step_optimizers(int r, Clock::time_point t0, double grad_scale);
-  double stage_grad_sq_norm(int r) const;
-  double step_all(Clock::time_point t0);
+  // Runs every local device's list of `lists` on its worker (run_stage). A failing device aborts
+  // its transport at once so that its peers stop waiting; returns the device whose error came
+  // first (-1: none), every device's error in `errors`. `tag_step` tags the messages (negative
+  // for evaluations, which never meet a training step's).
+  int run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0,
+                std::vector<std::exception_ptr>& errors);
+  void run_stage(int r, const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0);
   double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
                   bool accumulate = false, double scale = 1.0);
-  double grad_clip = 0, grad_norm = 0;
-  bool track_norm = false, check_finite = false;
-  LossScaler scaler;
-  bool skipped = false;  // the last optimizer step, for a float16 overflow
+  at::Tensor evaluate(const at::Tensor& input);  // Pipeline::predict on this copy
   bool scaling() const { return options.precision == Precision::FP16; }
   Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
   bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
 };
 
 
-// Hands tensors between two virtual stages of one device (the turn of a V placement, or a
-// device that holds consecutive chunks): no transfer, the sending action leaves it here and the
-// receiving action takes it.
+// The optimizer side's steps (optimizers.cpp), on an executor's workers.
+// Clips the global gradient norm (every stage's gradients together), checks it, and steps every
+// stage's optimizer, each in its own worker. Returns the norm before clipping (0 when nothing
+// asked for it); infinity when an fp16 overflow skipped the step.
+double step_all(Executor& e, Clock::time_point t0);
+// Sharded optimizer: the whole state of virtual stage `vs`, gathered from every copy's slice.
+std::unique_ptr<torch::optim::Optimizer> gather_optimizer(Executor& e, int vs);
 
 }  // namespace pipetrain::pipeline
