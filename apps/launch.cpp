@@ -7,11 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <set>
 
 #include "comm/rendezvous.h"
 #include "common/error.h"
@@ -19,8 +19,6 @@
 namespace pipetrain::launch {
 
 namespace {
-
-const std::set<std::string> kSubcommands{"train", "eval", "generate", "export", "plan", "partition", "bench"};
 
 int g_signal_pipe[2] = {-1, -1};
 
@@ -71,7 +69,7 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port) {
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(std::string("launch: cannot create pipes: ") + std::strerror(errno));
   std::vector<std::string> args;
-  const bool sub = kSubcommands.count(o.command[0]) > 0;
+  const bool sub = std::find(o.subcommands.begin(), o.subcommands.end(), o.command[0]) != o.subcommands.end();
   if (sub) args.push_back(o.self);
   args.insert(args.end(), o.command.begin(), o.command.end());
   std::vector<char*> argv;

@@ -17,6 +17,8 @@ struct LaunchOptions {
   double grace_s = 10;       // after a failure, how long the other ranks get to exit on SIGTERM
   std::vector<std::string> command;  // a pipetrain subcommand and its arguments, or a program
   std::string self;          // the pipetrain binary (for subcommands)
+  // pipetrain's subcommands (from its command-line parser): a command that starts with one runs `self`.
+  std::vector<std::string> subcommands;
 };
 
 // Runs the ranks to the end; returns the exit status for the launcher: 0 when every rank

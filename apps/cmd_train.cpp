@@ -1,0 +1,98 @@
+// `pipetrain train`: trains the model a config describes (optionally planned first, --auto),
+// with the progress line, checkpoints on SIGINT/SIGTERM, and the test result at the end.
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "apps/commands.h"
+#include "apps/common_options.h"
+#include "apps/signals.h"
+#include "common/error.h"
+#include "train/autoplan.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace pipetrain::apps {
+
+namespace {
+
+class Train final : public Command {
+ public:
+  explicit Train(CLI::App& app)
+      : Command(app.add_subcommand("train", "Train the model a config describes and report test accuracy")) {
+    CLI::App* s = subcommand_;
+    config_.add_path(s);
+    config_.add_steps(s);
+    config_.add_set(s);
+    s->add_option("--metrics", options_.metrics_path, "Write one JSON object per step to this file");
+    s->add_flag("--auto", auto_,
+                "Plan first (plan --auto on pipeline.stages devices), print the plan, train it");
+    config_.add_quiet(s);
+    s->add_option("--trace", options_.trace_path,
+                  "Write the measured timeline of the second step (Chrome trace JSON, for Perfetto)");
+    s->add_option("--trace-steps", options_.trace_steps, "Steps to put in the --trace timeline")
+        ->check(CLI::PositiveNumber);
+    s->add_option(
+        "--tensorboard", options_.tensorboard_dir,
+        "Write a TensorBoard log (loss, learning rate, gradient norm, samples/s, stage busy time and bubble, "
+        "peak memory per device, test results) into this directory (instead of train.tensorboard)");
+    s->add_option(
+        "--checkpoint-dir", options_.checkpoint_dir,
+        "Save checkpoints here (every train.checkpoint_every steps, at the end, and on SIGINT/SIGTERM)");
+    s->add_flag("--resume", options_.resume,
+                "Continue from the latest complete checkpoint in the checkpoint directory");
+    s->add_option(
+         "--until-step", options_.until_step,
+         "Stop after this step with a checkpoint, as if interrupted (the schedule still spans train.steps)")
+        ->check(CLI::PositiveNumber);
+  }
+
+  int run() override {
+    train::Config config = config_.load();
+    ProgressLine progress = config_.progress(config);
+    if (auto_) config = planned(config);
+    train::Job job = train::prepare(config);
+    options_.observers = {&progress};
+    options_.names = {"--checkpoint-dir", "--resume", "--until-step",
+                      "--metrics",        "--trace",  "--tensorboard"};
+    // SIGINT/SIGTERM finish the step and save, when the run saves checkpoints.
+    std::optional<StopSignals> signals;
+    if (!options_.checkpoint_dir.empty() || !config.train.checkpoint_dir.empty()) signals.emplace();
+    options_.stop_requested = [] { return StopSignals::requested(); };
+    const train::TrainResult r = train::train(job, options_);
+    if (r.signal) return 128 + r.signal;
+    if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports
+    if (r.stopped_at > 0)
+      std::printf("stopped at step %lld; checkpoint %s\n", static_cast<long long>(r.stopped_at),
+                  r.checkpoint.c_str());
+    else if (r.test_samples > 0)
+      std::printf("%s; %.1f samples/s in training\n", train::describe_test(r).c_str(), r.samples_per_s);
+    else
+      std::printf("final loss %.4f; %.1f samples/s in training\n", r.losses.empty() ? 0.0 : r.losses.back(),
+                  r.samples_per_s);
+    return 0;
+  }
+
+ private:
+  // --auto: the plan the auto-planner chooses for `config`, printed before the run.
+  static train::Config planned(const train::Config& config) {
+    if (config.runtime.kind == "processes")
+      throw ConfigError(
+          "train --auto: plan with `plan --auto --write-config FILE` and launch the ranks on FILE "
+          "(each rank would profile on its own and could choose another plan)");
+    const train::AutoPlanReport r = train::auto_plan(config, train::AutoPlanOptions{});
+    train::print_auto_plan(std::cout, r, 3);
+    std::cout << "\n" << std::flush;
+    return r.chosen;
+  }
+
+  ConfigOptions config_;
+  train::TrainOptions options_;
+  bool auto_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> add_train(CLI::App& app) { return std::make_unique<Train>(app); }
+
+}  // namespace pipetrain::apps

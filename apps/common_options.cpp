@@ -1,0 +1,54 @@
+#include "apps/common_options.h"
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace pipetrain::apps {
+
+namespace {
+
+// The value of `--steps TEXT`: a whole number from 0 to 2^40 (as train.steps). Read by hand, not
+// by CLI11, so that a bad value is a ConfigError with the config's own wording.
+int64_t parse_steps_flag(const std::string& text) {
+  constexpr int64_t kMax = int64_t(1) << 40;
+  int64_t v = 0;
+  bool ok = !text.empty() && text.size() <= 14;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') ok = false;
+    if (ok) v = v * 10 + (ch - '0');
+  }
+  if (!ok || v > kMax)
+    throw ConfigError(detail::concat("--steps ", printable(text, 40),
+                                     ": expected a whole number of steps from 0 to ", kMax));
+  return v;
+}
+
+}  // namespace
+
+void ConfigOptions::add_path(CLI::App* subcommand, const std::string& description) {
+  subcommand->add_option("config", path, description)->required();
+}
+
+void ConfigOptions::add_set(CLI::App* subcommand) {
+  subcommand->add_option(kSetFlag, overrides, "Override a config key: key.path=value (repeatable)");
+}
+
+void ConfigOptions::add_steps(CLI::App* subcommand) {
+  subcommand->add_option("--steps", steps, "Number of training steps (instead of train.steps)");
+}
+
+void ConfigOptions::add_quiet(CLI::App* subcommand) {
+  subcommand->add_flag("--quiet", quiet, "No progress line");
+}
+
+train::Config ConfigOptions::load() const {
+  train::Config config = train::load_config(path, overrides, kSetFlag);
+  if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
+  return config;
+}
+
+ProgressLine ConfigOptions::progress(const train::Config& config) const {
+  return ProgressLine(quiet, config.train.log_every);
+}
+
+}  // namespace pipetrain::apps

@@ -1,0 +1,36 @@
+// The options that several subcommands share (the config file, --set, --steps, --quiet),
+// spelled and described once, and what they make: the config as the command line changes it
+// and the progress line of a run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/progress.h"
+#include "train/config.h"
+
+namespace pipetrain::apps {
+
+struct ConfigOptions {
+  std::string path;
+  std::vector<std::string> overrides;  // --set key.path=value, in order
+  std::string steps;                   // --steps as typed; empty: train.steps
+  bool quiet = false;
+
+  // One option each, so that every subcommand keeps its own order of options in --help.
+  void add_path(CLI::App* subcommand, const std::string& description = "JSON config file");
+  void add_set(CLI::App* subcommand);
+  void add_steps(CLI::App* subcommand);
+  void add_quiet(CLI::App* subcommand);
+
+  // The file is read and checked as written; --steps then replaces its train.steps.
+  train::Config load() const;
+  ProgressLine progress(const train::Config& config) const;
+};
+
+// How the messages of the run layer spell the override option.
+inline constexpr const char* kSetFlag = "--set";
+
+}  // namespace pipetrain::apps
