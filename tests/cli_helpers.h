@@ -24,3 +24,11 @@ inline std::string write_config(const std::string& name, const std::string& text
 }
 
 }  // namespace pipetrain::test
+
+// The names every command-line suite uses unqualified (this header serves those suites only).
+using pipetrain::test::expect_clean_error;
+using pipetrain::test::Result;
+using pipetrain::test::run;
+using pipetrain::test::shell;
+using pipetrain::test::write_config;
+inline const std::string& kSmall = pipetrain::test::kSmallConfig;

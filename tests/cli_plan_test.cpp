@@ -15,17 +15,7 @@
 
 #include "tests/cli_helpers.h"
 
-namespace {
 
-using pipetrain::test::expect_clean_error;
-using pipetrain::test::Result;
-using pipetrain::test::run;
-using pipetrain::test::shell;
-using pipetrain::test::write_config;
-
-const std::string& kSmall = pipetrain::test::kSmallConfig;
-
-}  // namespace
 TEST(Cli, CostsTransformerAndSimulate) {
   const std::string dir = ::testing::TempDir() + "/pipetrain_cli_sim_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);

@@ -14,17 +14,7 @@
 
 #include "tests/cli_helpers.h"
 
-namespace {
 
-using pipetrain::test::expect_clean_error;
-using pipetrain::test::Result;
-using pipetrain::test::run;
-using pipetrain::test::shell;
-using pipetrain::test::write_config;
-
-const std::string& kSmall = pipetrain::test::kSmallConfig;
-
-}  // namespace
 // Checkpoints, resume, eval and export as a user drives them.
 namespace {
 

@@ -17,17 +17,7 @@
 
 #include "tests/cli_helpers.h"
 
-namespace {
 
-using pipetrain::test::expect_clean_error;
-using pipetrain::test::Result;
-using pipetrain::test::run;
-using pipetrain::test::shell;
-using pipetrain::test::write_config;
-
-const std::string& kSmall = pipetrain::test::kSmallConfig;
-
-}  // namespace
 TEST(Cli, HelpOnEverySubcommand) {
   for (const char* sub : {"", "train ", "eval ", "generate ", "export ", "launch ", "bench ", "plan ", "partition ",
                           "simulate ", "costs ", "costs transformer "}) {
