@@ -8,7 +8,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "partitioner/cost_file.h"
-#include "train/whatif.h"
+#include "planner/whatif.h"
 
 namespace pipetrain::apps {
 
@@ -43,7 +43,7 @@ class Costs final : public Command {
   }
 
   int run() override {
-    const auto file = train::transformer_costs(shape_);
+    const auto file = planner::transformer_costs(shape_);
     if (out_.empty()) {
       partitioner::write_cost_file(std::cout, file);
       return 0;
@@ -61,7 +61,7 @@ class Costs final : public Command {
   }
 
  private:
-  train::TransformerShape shape_;
+  planner::TransformerShape shape_;
   std::string out_;
 };
 

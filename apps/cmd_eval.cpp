@@ -6,8 +6,8 @@
 
 #include "apps/commands.h"
 #include "apps/common_options.h"
-#include "train/checkpoint.h"
-#include "train/job.h"
+#include "checkpoint/checkpoint.h"
+#include "job/job.h"
 #include "train/trainer.h"
 
 namespace pipetrain::apps {

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "apps/commands.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace pipetrain::apps {
 
@@ -20,8 +20,8 @@ class Export final : public Command {
   }
 
   int run() override {
-    const std::string dir = train::find_checkpoint(checkpoint_);
-    const size_t n = train::export_checkpoint(dir, out_);
+    const std::string dir = checkpoint::find_checkpoint(checkpoint_);
+    const size_t n = checkpoint::export_checkpoint(dir, out_);
     std::printf("exported %zu tensors of %s to %s\n", n, dir.c_str(), out_.c_str());
     return 0;
   }

@@ -3,9 +3,9 @@
 
 #include "apps/commands.h"
 #include "apps/common_options.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/generate.h"
-#include "train/job.h"
+#include "job/job.h"
 
 namespace pipetrain::apps {
 

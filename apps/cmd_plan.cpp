@@ -9,8 +9,8 @@
 #include "common/error.h"
 #include "profiler/profile.h"
 #include "schedule/trace.h"
-#include "train/autoplan.h"
-#include "train/plan.h"
+#include "planner/autoplan.h"
+#include "planner/plan.h"
 
 namespace pipetrain::apps {
 

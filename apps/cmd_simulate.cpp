@@ -5,7 +5,7 @@
 #include "apps/commands.h"
 #include "common/recompute.h"
 #include "schedule/kinds.h"
-#include "train/whatif.h"
+#include "planner/whatif.h"
 
 namespace pipetrain::apps {
 
@@ -43,14 +43,14 @@ class Simulate final : public Command {
   int run() override {
     options_.recompute = parse_recompute(recompute_);
     options_.schedule = schedule::parse_kind(schedule_);
-    const train::SimulateReport r = train::simulate_cost_file(options_);
-    if (!trace_path_.empty()) train::write_simulation_trace(trace_path_, r);
-    train::print_simulation(std::cout, r, json_);
+    const planner::SimulateReport r = planner::simulate_cost_file(options_);
+    if (!trace_path_.empty()) planner::write_simulation_trace(trace_path_, r);
+    planner::print_simulation(std::cout, r, json_);
     return 0;
   }
 
  private:
-  train::SimulateOptions options_;
+  planner::SimulateOptions options_;
   // The flags' words, checked by CLI11 against the vocabularies and parsed once given.
   std::string schedule_ = schedule::name(options_.schedule), recompute_ = "never", trace_path_;
   bool json_ = false;

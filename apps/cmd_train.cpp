@@ -8,8 +8,8 @@
 #include "apps/common_options.h"
 #include "apps/signals.h"
 #include "common/error.h"
-#include "train/autoplan.h"
-#include "train/job.h"
+#include "planner/autoplan.h"
+#include "job/job.h"
 #include "train/trainer.h"
 
 namespace pipetrain::apps {

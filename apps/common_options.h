@@ -9,7 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/progress.h"
-#include "train/config.h"
+#include "job/config.h"
 
 namespace pipetrain::apps {
 

@@ -11,13 +11,14 @@ set_target_properties(pipetrain_api PROPERTIES EXPORT_NAME pipetrain)
 add_library(pipetrain::pipetrain ALIAS pipetrain_api)
 
 set(_pipetrain_libraries pipetrain_base pipetrain_common pipetrain_schedule pipetrain_partitioner
-    pipetrain_profiler pipetrain_models pipetrain_stages pipetrain_comm pipetrain_pipeline pipetrain_train pipetrain_api)
+    pipetrain_profiler pipetrain_models pipetrain_stages pipetrain_comm pipetrain_pipeline pipetrain_job pipetrain_checkpoint
+    pipetrain_planner pipetrain_train pipetrain_api)
 install(TARGETS ${_pipetrain_libraries} EXPORT pipetrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain)
 install(TARGETS pipetrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-foreach(folder common schedule partitioner models stages comm profiler pipeline train)
+foreach(folder common schedule partitioner models stages comm profiler pipeline job checkpoint planner train)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain/${folder}
           FILES_MATCHING PATTERN "*.h")
 endforeach()

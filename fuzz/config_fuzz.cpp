@@ -9,7 +9,7 @@
 #include "comm/transport.h"
 #include "common/error.h"
 #include "common/json_reader.h"
-#include "train/config.h"
+#include "job/config.h"
 
 // The transports a build has, without linking the transports (the harness's one stand-in).
 namespace pipetrain::comm {
@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   parts.push_back(input.substr(start));
   const std::vector<std::string> overrides(parts.begin() + 1, parts.end());
   try {
-    const auto c = pipetrain::train::parse_config(pipetrain::parse_json(parts[0], "fuzz.json"), "fuzz.json", overrides);
+    const auto c = pipetrain::job::parse_config(pipetrain::parse_json(parts[0], "fuzz.json"), "fuzz.json", overrides);
     (void)c.where("train.steps");
   } catch (const pipetrain::Error&) {
   }

@@ -6,15 +6,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/manifest.h"
+#include "checkpoint/manifest.h"
 
-using pipetrain::train::CheckpointError;
+using pipetrain::checkpoint::CheckpointError;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   nlohmann::json m;
   try {
-    m = pipetrain::train::check_manifest(text, "fuzz/manifest.json", "step-00000002");
+    m = pipetrain::checkpoint::check_manifest(text, "fuzz/manifest.json", "step-00000002");
   } catch (const CheckpointError&) {
     return 0;
   }

@@ -5,15 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "train/manifest.h"
-#include "train/shard.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/shard.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<char> bytes(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
   try {
-    for (const auto& [name, tensor] : pipetrain::train::load_tensor_dict(bytes, "fuzz/stage-0.pt"))
+    for (const auto& [name, tensor] : pipetrain::checkpoint::load_tensor_dict(bytes, "fuzz/stage-0.pt"))
       (void)tensor.numel();
-  } catch (const pipetrain::train::CheckpointError&) {
+  } catch (const pipetrain::checkpoint::CheckpointError&) {
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 // D in-process members over loopback (comm/process_group.h) — the all-reduce of an unsharded
 // optimizer, the reduce-scatter and all-gather of a sharded one — each timed at two sizes and
 // fitted as a latency plus bytes over a bandwidth. The planner charges each stage's Reduce
-// action (and a sharded optimizer's all-gather) this way (train/plan.h).
+// action (and a sharded optimizer's all-gather) this way (planner/plan.h).
 #pragma once
 
 namespace pipetrain::profiler {

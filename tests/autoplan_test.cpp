@@ -7,12 +7,13 @@
 
 #include "common/error.h"
 #include "pipeline/pipeline.h"
-#include "train/autoplan.h"
-#include "train/balance.h"
+#include "planner/autoplan.h"
+#include "job/balance.h"
 #include "schedule/schedule.h"
 
 using namespace pipetrain;
-using namespace pipetrain::train;
+using namespace pipetrain::job;
+using namespace pipetrain::planner;
 
 namespace {
 

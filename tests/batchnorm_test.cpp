@@ -19,15 +19,16 @@
 #include "common/recompute.h"
 #include "models/layers.h"
 #include "models/model.h"
-#include "train/config.h"
+#include "job/config.h"
 #include "pipeline/pipeline.h"
-#include "train/single_device.h"
+#include "job/single_device.h"
 #include "train/trainer.h"
 #include "stages/stage.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::job;
 using namespace pipetrain::train;
 
 namespace {

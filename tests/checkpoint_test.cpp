@@ -13,14 +13,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "pipeline/pipeline.h"
-#include "train/shard.h"
+#include "checkpoint/shard.h"
 #include "train/trainer.h"
 #include "tests/process_helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::checkpoint;
 using namespace pipetrain::train;
 namespace fs = std::filesystem;
 using json = nlohmann::json;

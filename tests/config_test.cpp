@@ -3,13 +3,14 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "train/config.h"
-#include "train/balance.h"
+#include "job/config.h"
+#include "job/balance.h"
 #include "train/trainer.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::job;
 using namespace pipetrain::train;
 using nlohmann::json;
 

@@ -8,11 +8,12 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "train/data.h"
+#include "job/data.h"
 #include "train/trainer.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
+using namespace pipetrain::job;
 using namespace pipetrain::train;
 
 namespace {

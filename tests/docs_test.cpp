@@ -15,7 +15,7 @@
 #include "common/json_reader.h"
 #include "models/model.h"
 #include "tests/process_helpers.h"
-#include "train/config.h"
+#include "job/config.h"
 
 namespace {
 
@@ -68,7 +68,7 @@ std::set<std::string> config_keys() {
     nlohmann::json c = nlohmann::json::parse(R"({"model": {"family": "mlp"}})");
     c.merge_patch(nlohmann::json::parse(extra));
     try {
-      pipetrain::train::parse_config(c, "test");
+      pipetrain::job::parse_config(c, "test");
     } catch (const pipetrain::Error&) {  // a key read before a refusal is recorded all the same
     }
   }

@@ -20,8 +20,8 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
+#include "checkpoint/checkpoint.h"
+#include "job/config.h"
 #include "tests/process_helpers.h"
 
 namespace {
@@ -52,7 +52,7 @@ using pipetrain::test::expect_clean_error;
 
 std::string config_error(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
-    pipetrain::train::parse_config(cfg, "cfg.json", overrides, "--set");
+    pipetrain::job::parse_config(cfg, "cfg.json", overrides, "--set");
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -196,7 +196,7 @@ class EditedManifest : public ::testing::Test {
     if (rehash) {
       json without = m;
       without.erase("manifest_hash");
-      m["manifest_hash"] = pipetrain::train::identity_hash(without);
+      m["manifest_hash"] = pipetrain::checkpoint::identity_hash(without);
     }
     std::ofstream(manifest_, std::ios::trunc) << m.dump(2);
   }

@@ -17,7 +17,7 @@
 #if PIPETRAIN_HAVE_UCX
 #include "comm/ucx/testing.h"
 #endif
-#include "train/config.h"
+#include "job/config.h"
 #include "train/trainer.h"
 #include "tests/ranks.h"
 

@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "profiler/profile.h"
 #include "pipeline/pipeline.h"
-#include "train/plan.h"
+#include "planner/plan.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
 #include "tests/helpers.h"
@@ -20,7 +20,7 @@
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
-using namespace pipetrain::train;
+using namespace pipetrain::planner;
 using pipetrain::test::Failing;
 
 namespace {

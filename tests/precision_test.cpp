@@ -25,8 +25,8 @@
 #include "profiler/profile.h"
 #include "stages/autocast.h"
 #include "stages/stage.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
+#include "checkpoint/checkpoint.h"
+#include "job/config.h"
 #include "train/trainer.h"
 
 using namespace pipetrain;

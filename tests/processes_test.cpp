@@ -35,7 +35,7 @@
 #include <torch/torch.h>
 
 #include "pipeline/pipeline.h"
-#include "train/config.h"
+#include "job/config.h"
 #include "train/trainer.h"
 #include "tests/process_helpers.h"
 #include "tests/ranks.h"

@@ -23,7 +23,7 @@
 #include "comm/wire.h"
 #include "common/config.h"
 #include "common/error.h"
-#include "train/config.h"
+#include "job/config.h"
 #include "pipeline/pipeline.h"
 #include "train/trainer.h"
 #if PIPETRAIN_HAVE_UCX

@@ -24,9 +24,9 @@
 #include "common/stats.h"
 #include "common/strings.h"
 #include "pipeline/optimizer_state.h"
-#include "train/balance.h"
-#include "train/plan.h"
-#include "train/single_device.h"
+#include "job/balance.h"
+#include "planner/plan.h"
+#include "job/single_device.h"
 #include "pipeline/step_trace.h"
 
 namespace pipetrain::train {

@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/tensorboard.h"
 #include "profiler/profile.h"
 

@@ -7,10 +7,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/job.h"
-#include "train/runtime.h"
+#include "job/job.h"
+#include "job/runtime.h"
+
+namespace pipetrain::job {}
+namespace pipetrain::checkpoint {}
+namespace pipetrain::planner {}
 
 namespace pipetrain::train {
+
+// The train namespace also offers the run layer below it (configs and jobs, checkpoints,
+// plans), so that train:: names the whole run layer to its callers.
+using namespace ::pipetrain::job;
+using namespace ::pipetrain::checkpoint;
+using namespace ::pipetrain::planner;
 
 struct TrainResult {
   std::vector<double> losses;

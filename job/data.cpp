@@ -1,4 +1,4 @@
-#include "train/data.h"
+#include "job/data.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 namespace {
 
@@ -302,4 +302,4 @@ Dataset load_dataset(const Config& c, const models::Model& model) {
   return d;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -6,10 +6,10 @@
 
 #include "models/model.h"
 #include "pipeline/pipeline.h"
-#include "train/config.h"
-#include "train/data.h"
+#include "job/config.h"
+#include "job/data.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 // The engine's vocabulary, as the run layer uses it.
 using pipeline::NonFiniteGradient;
@@ -22,7 +22,7 @@ struct Job {
   Config config;
   models::Model model;
   Dataset data;
-  PipelineOptions options;  // options.balance: the config's list; a method is resolved by train/balance.h
+  PipelineOptions options;  // options.balance: the config's list; a method is resolved by job/balance.h
   at::ScalarType dtype;
 };
 
@@ -46,4 +46,4 @@ at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target
 // sharded optimizer's slice included). 0 for a device run by another rank.
 int64_t held_bytes(Pipeline& pipe, int device);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -8,9 +8,9 @@
 #include "partitioner/cost.h"
 #include "partitioner/partition.h"
 #include "profiler/profile.h"
-#include "train/job.h"
+#include "job/job.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 // One micro-batch of the job's training data (of the first copy's shard with data
 // parallelism), profiled layer by layer with the stage's thread count, with each layer's
@@ -44,4 +44,4 @@ partitioner::Balance resolve_balance(const Job& job);
 // prepare() with the balance resolved: a job ready for a pipeline.
 Job prepare_balanced(const Config& config);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

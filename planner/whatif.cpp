@@ -1,5 +1,5 @@
 // What-if tools (whatif.h).
-#include "train/whatif.h"
+#include "planner/whatif.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,9 +12,11 @@
 #include "partitioner/partition.h"
 #include "schedule/auto.h"
 #include "schedule/trace.h"
-#include "train/plan.h"
+#include "planner/plan.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 partitioner::CostFile transformer_costs(const TransformerShape& t) {
   auto positive = [](const char* name, double v) {
@@ -179,4 +181,4 @@ void write_simulation_trace(const std::string& path, const SimulateReport& r) {
   if (!out) throw ConfigError("--trace " + path + ": write failed");
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

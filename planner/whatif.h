@@ -11,7 +11,7 @@
 #include "partitioner/cost_file.h"
 #include "schedule/simulate.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
 
 // A decoder-only transformer and the device it runs on. Per micro-batch of b sequences of s
 // tokens, hidden size h, a heads, vocabulary V, d bytes per activation value:
@@ -59,4 +59,4 @@ SimulateReport simulate_cost_file(const SimulateOptions& options);
 void print_simulation(std::ostream& out, const SimulateReport& r, bool json);
 void write_simulation_trace(const std::string& path, const SimulateReport& r);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

@@ -17,7 +17,7 @@
 #include "common/recompute.h"
 #include "schedule/kinds.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 struct DataConfig {
   std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text"
@@ -138,4 +138,4 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).
 int intra_op_threads(const RuntimeConfig& runtime, int stages);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

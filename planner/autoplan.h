@@ -17,9 +17,11 @@
 #include "partitioner/partition.h"
 #include "profiler/collectives.h"
 #include "profiler/profile.h"
-#include "train/config.h"
+#include "job/config.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 struct SearchSpace {
   int devices = 1;        // stages x copies <= devices
@@ -107,4 +109,4 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top);
 // balance, step_ms, bubble, exposed_reduce_ms, samples_per_s, peak_bytes (per device).
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

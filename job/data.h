@@ -9,9 +9,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "models/model.h"
-#include "train/config.h"
+#include "job/config.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 struct Split {
   // [N, ...]: uint8 images, float features, int64 tokens, or uint8 bytes (text: overlapping
@@ -77,4 +77,4 @@ Dataset make_text(const at::Tensor& bytes, int64_t seq_len, double test_fraction
 // `train_bytes` with add-one smoothing.
 double unigram_loss(const at::Tensor& train_bytes, const at::Tensor& targets);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

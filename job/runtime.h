@@ -9,9 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "train/job.h"
+#include "job/job.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 // Receives what the runtime has to say about the set-up (a launcher starting in-process runs,
 // threads outnumbering cores); the caller decides where it goes.
@@ -23,4 +23,4 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
 // The hash the ranks of a multi-process run compare at the rendezvous.
 std::string run_fingerprint(const Config& config, const std::string& run_options = "");
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

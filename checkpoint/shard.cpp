@@ -1,5 +1,5 @@
 // Checkpoint shards (pipeline/shard.h).
-#include "train/shard.h"
+#include "checkpoint/shard.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,9 +12,9 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 
 #include "common/strings.h"
-#include "train/manifest.h"
+#include "checkpoint/manifest.h"
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
 
 // torch::pickle_save tags the dict's types with a global (torch.jit._pickle.restore_type_tag)
 // that torch.load's weights_only loader refuses, so the pickle is written untagged and packed
@@ -177,4 +177,4 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensor_dict(const std::vect
   return out;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint

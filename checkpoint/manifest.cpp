@@ -1,5 +1,5 @@
 // Checkpoint manifests (pipeline/manifest.h).
-#include "train/manifest.h"
+#include "checkpoint/manifest.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "common/precision.h"
 #include "common/strings.h"
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
 
 using json = nlohmann::json;
 
@@ -122,4 +122,4 @@ json check_manifest(const std::string& text, const std::string& file, const std:
   return m;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint

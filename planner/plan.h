@@ -12,12 +12,14 @@
 #include "partitioner/partition.h"
 #include "profiler/collectives.h"
 #include "profiler/profile.h"
-#include "train/balance.h"
-#include "train/job.h"
+#include "job/balance.h"
+#include "job/job.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 // The per-virtual-stage cost table of `balance` for simulate(): sums of the layers' costs, with
 // the recomputation mode's extra forwards; for split backwards B and W, where the first stage
@@ -102,4 +104,4 @@ schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r)
 void print_plan(std::ostream& out, const PlanReport& r);
 void print_plan_json(std::ostream& out, const PlanReport& r);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

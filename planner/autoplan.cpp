@@ -1,5 +1,5 @@
 // The auto-planner's search (autoplan.h).
-#include "train/autoplan.h"
+#include "planner/autoplan.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,11 +15,13 @@
 #include "schedule/auto.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
-#include "train/balance.h"
-#include "train/job.h"
-#include "train/plan.h"
+#include "job/balance.h"
+#include "job/job.h"
+#include "planner/plan.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 double Candidate::max_peak_bytes() const {
   return peak_bytes.empty() ? 0.0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
@@ -322,4 +324,4 @@ void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
         << "\n";
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

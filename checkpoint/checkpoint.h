@@ -24,10 +24,12 @@
 
 #include "common/error.h"
 #include "pipeline/pipeline.h"
-#include "train/config.h"
-#include "train/manifest.h"
+#include "job/config.h"
+#include "checkpoint/manifest.h"
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 using pipeline::Pipeline;
 
@@ -71,4 +73,4 @@ CheckpointState load_weights(const std::string& dir, const Config& config, torch
 // torch.load-readable dict of named tensors (written atomically); returns how many tensors.
 size_t export_checkpoint(const std::string& dir, const std::string& out);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint

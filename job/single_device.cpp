@@ -1,5 +1,5 @@
-// The plain single-device loop (train/single_device.h).
-#include "train/single_device.h"
+// The plain single-device loop (job/single_device.h).
+#include "job/single_device.h"
 
 #include <unordered_set>
 
@@ -8,7 +8,7 @@
 #include "models/skip.h"
 #include "stages/autocast.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 SingleDevice::SingleDevice(torch::nn::Sequential model, stages::LossFn loss, pipeline::OptimizerFactory optimizer,
                            uint64_t seed, Precision precision, std::vector<models::Tie> ties)
@@ -53,4 +53,4 @@ double SingleDevice::train_step(const at::Tensor& input, const at::Tensor& targe
   return loss.item<double>();
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -9,7 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/Dict.h>
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
 
 std::vector<char> save_tensor_dict(const c10::Dict<std::string, at::Tensor>& dict);
 
@@ -18,4 +18,4 @@ std::vector<char> save_tensor_dict(const c10::Dict<std::string, at::Tensor>& dic
 std::vector<std::pair<std::string, at::Tensor>> load_tensor_dict(const std::vector<char>& bytes,
                                                                  const std::string& path);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint

@@ -1,4 +1,4 @@
-#include "train/plan.h"
+#include "planner/plan.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,9 @@
 #include "common/stats.h"
 #include "common/strings.h"
 
-namespace pipetrain::train {
+namespace pipetrain::planner {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 namespace {
 
@@ -364,4 +366,4 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
   out << j.dump(2) << "\n";
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::planner

@@ -1,5 +1,5 @@
-// The job's pipeline in its runtime (train/runtime.h).
-#include "train/runtime.h"
+// The job's pipeline in its runtime (job/runtime.h).
+#include "job/runtime.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,9 +12,9 @@
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
-#include "train/balance.h"
+#include "job/balance.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 std::string run_fingerprint(const Config& c, const std::string& run_options) {
   // train.steps as run (--steps replaces the file's value without touching root).
@@ -94,4 +94,4 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint), copies);
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "job/config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "common/strings.h"
 #include "schedule/schedule.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 using nlohmann::json;
 
@@ -268,4 +268,4 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * t));
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
 
 // A checkpoint that is missing, damaged, or written by a different run; says which and why.
 class CheckpointError : public Error {
@@ -38,4 +38,4 @@ void seal_manifest(nlohmann::json& manifest);
 // `dir_name` ("" when unknown); throws CheckpointError saying what is wrong.
 nlohmann::json check_manifest(const std::string& text, const std::string& file, const std::string& dir_name);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint

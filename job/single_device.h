@@ -13,7 +13,7 @@
 #include "pipeline/pipeline.h"
 #include "stages/stage.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 class SingleDevice {
  public:
@@ -34,4 +34,4 @@ class SingleDevice {
   int64_t step_ = 0;
 };
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

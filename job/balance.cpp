@@ -1,5 +1,5 @@
-// Choosing the balance (train/balance.h).
-#include "train/balance.h"
+// Choosing the balance (job/balance.h).
+#include "job/balance.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "pipeline/optimizer_state.h"
 #include "schedule/simulate.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 namespace {
 
@@ -197,4 +197,4 @@ Job prepare_balanced(const Config& config) {
   return job;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -1,5 +1,5 @@
-// Building what a config describes (train/job.h).
-#include "train/job.h"
+// Building what a config describes (job/job.h).
+#include "job/job.h"
 
 #include <torch/torch.h>
 
@@ -8,7 +8,7 @@
 #include "pipeline/optimizer_state.h"
 #include "models/layers.h"
 
-namespace pipetrain::train {
+namespace pipetrain::job {
 
 models::Model build_model(const Config& c) {
   JsonReader model_reader(c.model, "model", c.source, c.origins);
@@ -48,7 +48,7 @@ Job prepare(const Config& c) {
   o.transport.max_message_bytes = c.runtime.max_message_bytes;
   o.transport.backend = c.runtime.transport;
   o.transport.detect_peer_failure = c.runtime.detect_peer_failure;
-  o.balance = c.pipeline.balance;  // a method other than a list: train/balance.h resolves it
+  o.balance = c.pipeline.balance;  // a method other than a list: job/balance.h resolves it
   o.ties = job.model.ties;
   return job;
 }
@@ -94,4 +94,4 @@ at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target
   return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::job

@@ -1,4 +1,4 @@
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,15 +22,17 @@
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "models/model.h"
-#include "train/manifest.h"
+#include "checkpoint/manifest.h"
 #include "pipeline/optimizer_state.h"
 #include "pipeline/pipeline.h"
-#include "train/shard.h"
+#include "checkpoint/shard.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace pipetrain::train {
+namespace pipetrain::checkpoint {
+
+using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 using pipeline::OptimizerInfo;
 using pipeline::OptimizerKind;
@@ -538,4 +540,4 @@ size_t export_checkpoint(const std::string& dir, const std::string& out) {
   return count;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::checkpoint
