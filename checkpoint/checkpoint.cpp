@@ -206,7 +206,7 @@ void save_optimizer(torch::optim::Optimizer& opt, torch::nn::Module& layers, c10
     if (it == opt.state().end()) continue;
     const std::string base = kOptimizerPrefix + p.key() + "/";
     auto put = [&](const char* field, const at::Tensor& t) {
-      if (t.defined()) d.insert(base + field, t.detach().contiguous());
+      if (t.defined()) d.insert(base + field, t.detach().cpu().contiguous());  // a GPU stage's too
     };
     ParamState state;
     try {
@@ -308,7 +308,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     c10::Dict<std::string, at::Tensor> d;
     const std::set<std::string> followers = followers_of(pipe.tied_names());
     for (auto& [n, t] : named_state(*layers))
-      if (!followers.count(n)) d.insert(n, t.detach().contiguous());
+      if (!followers.count(n)) d.insert(n, t.detach().cpu().contiguous());
     if (torch::optim::Optimizer* opt = gathered ? gathered.get() : pipe.optimizers().of(vs))
       save_optimizer(*opt, *layers, d, followers);
     if (vs == 0) {

@@ -1,5 +1,7 @@
 #include "job/config.h"
 
+#include "stages/device.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "schedule/schedule.h"
+#include "stages/device.h"
 
 namespace pipetrain::job {
 
@@ -143,6 +146,21 @@ Config parse_config(const json& input, const std::string& source, const std::vec
                                describe(*b));
     }
   }
+  if (const json* d = pipe.get_raw("devices")) {
+    // "auto", "cpu", one device for every stage, or a list of one per stage (stages/device.h).
+    if (d->is_string()) {
+      c.pipeline.devices = {d->get<std::string>()};
+    } else if (d->is_array() && !d->empty()) {
+      for (const auto& e : *d) {
+        if (!e.is_string()) pipe.fail("devices", "expected device names (\"cpu\", \"cuda:0\"), found " + describe(e));
+        c.pipeline.devices.push_back(e.get<std::string>());
+      }
+    } else {
+      pipe.fail("devices", "expected \"auto\", \"cpu\", a device name or a list of them (one per stage), found " + describe(*d));
+    }
+    // The names, their count, and that each device exists here and this build can run it.
+    stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"));
+  }
   if (const json* m = pipe.get_raw("memory_limit")) {
     auto bytes = [&](const json& v) {
       constexpr double kMax = 1152921504606846976.0;  // 2^60 bytes
@@ -220,9 +238,14 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
                                   "over whole tensors, which sharding splits");
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
-  if (c.train.precision == Precision::FP16)
-    train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
-                            "(float32's range, no loss scaling needed)");
+  if (c.train.precision == Precision::FP16) {
+    bool gpus = false;
+    for (const auto& d : stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices")))
+      gpus = gpus || d.is_cuda();
+    if (!gpus)
+      train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
+                              "(float32's range, no loss scaling needed)");
+  }
   train.finish();
 
   JsonReader rt = top.child("runtime");

@@ -50,6 +50,9 @@ struct PipelineConfig {
   // starts stages x data_parallel ranks, rank = stage * data_parallel + copy.
   int data_parallel = 1;
   int64_t bucket_bytes = 25 << 20;  // gradients per reduction operation
+  // pipeline.devices: {"auto"} (or empty: the same), {"cpu"}, one name for every stage, or one
+  // per stage (stages/device.h resolves them).
+  std::vector<std::string> devices;
 };
 
 struct OptimizerConfig {

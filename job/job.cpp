@@ -7,6 +7,7 @@
 #include "common/strings.h"
 #include "pipeline/optimizer_state.h"
 #include "models/layers.h"
+#include "stages/device.h"
 
 namespace pipetrain::job {
 
@@ -18,7 +19,7 @@ models::Model build_model(const Config& c) {
 }
 
 Job prepare(const Config& c) {
-  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat};
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat, {}};
   const int layers = static_cast<int>(job.model.layers->size());
   const int V = c.pipeline.stages * c.pipeline.chunks;
   if (V > layers)
@@ -39,6 +40,9 @@ Job prepare(const Config& c) {
   o.recompute = c.pipeline.recompute;
   o.precision = c.train.precision;
   // In-process every copy's stages are threads of this process.
+  std::string note;
+  o.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"), &note);
+  job.device_note = note;
   o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == "processes" ? 1 : c.pipeline.data_parallel));
   o.data_parallel = c.pipeline.data_parallel;
   o.shard_optimizer = c.train.shard_optimizer;

@@ -24,6 +24,7 @@ struct Job {
   Dataset data;
   PipelineOptions options;  // options.balance: the config's list; a method is resolved by job/balance.h
   at::ScalarType dtype;
+  std::string device_note;  // what pipeline.devices "auto" chose, in one line (job/runtime.cpp says it)
 };
 
 // The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.

@@ -11,6 +11,7 @@
 #include "comm/mesh.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "stages/device.h"
 #include "common/error.h"
 #include "job/balance.h"
 
@@ -45,6 +46,12 @@ void warn_if_oversubscribed(const Job& job, int stages_here, const NoteSink& not
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options, const NoteSink& note) {
   const Config& c = job.config;
   if (job.options.balance.empty()) job.options.balance = resolve_balance(job);
+  // pipeline.devices "auto" says what it chose: whenever that is a GPU, and always when asked for.
+  bool gpus = false;
+  for (const auto& d : job.options.devices) gpus = gpus || d.is_cuda();
+  const bool asked_auto = c.pipeline.devices.size() == 1 && c.pipeline.devices[0] == "auto";
+  if (note && !job.device_note.empty() && (asked_auto || (gpus && c.pipeline.devices.empty())))
+    note("note: " + job.device_note);
   if (c.runtime.kind != "processes") {
     match_stage_threads(job);
     warn_if_oversubscribed(job, c.pipeline.stages * c.pipeline.data_parallel, note);
@@ -73,6 +80,12 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   if (c.runtime.intra_op_threads == 0 && info.local_world_size > 0)
     job.options.intra_op_threads = intra_op_threads(c.runtime, info.local_world_size);
   match_stage_threads(job);
+  // "auto" on GPUs: each rank takes its host's GPU by its place among the host's ranks.
+  if ((c.pipeline.devices.empty() || asked_auto) && gpus) {
+    std::string why;
+    const int n = stages::detail_cuda::cuda_devices(&why);
+    if (n > 0) job.options.devices.assign(c.pipeline.stages, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank % n)));
+  }
   if (info.rank == 0) warn_if_oversubscribed(job, info.local_world_size > 0 ? info.local_world_size : 1, note);
   // UCX listens only on the interface by which this host reaches rank 0's, not on every one.
   job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);

@@ -117,11 +117,12 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   }
   p.opt.optimizers.resize(V);
   if (p.self < 0) p.transports = comm::make_transport_group(options.transport, options.stages);
+  p.place_stages();
   p.workers.resize(options.stages);
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
   for (int r : p.local)
     p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads,
-                                            (p.self >= 0 ? 0 : p.copy) * options.stages + r);
+                                            (p.self >= 0 ? 0 : p.copy) * options.stages + r, p.contexts[r].get());
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
@@ -130,6 +131,37 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
     if (p.self < 0 && p.copy == 0) p.make_replicas(model, loss);
     p.make_reducers();
   }
+}
+
+void Executor::place_stages() {
+  const int S = options.stages;
+  if (!options.devices.empty() && options.devices.size() != 1 && static_cast<int>(options.devices.size()) != S)
+    throw ConfigError(detail::concat("pipeline: ", options.devices.size(), " devices for ", S,
+                                     " stages; give one for every stage, or one for all"));
+  devices.clear();
+  for (int r = 0; r < S; ++r)
+    devices.push_back(options.devices.empty() ? c10::Device(c10::kCPU)
+                                              : options.devices[options.devices.size() == 1 ? 0 : static_cast<size_t>(r)]);
+  bool gpus = false;
+  for (int r : local) gpus = gpus || !devices[r].is_cpu();
+  if (gpus && options.checking_contexts)
+    throw ConfigError("pipeline: the checking device context runs stages on the CPU only");
+  if (gpus && mesh.data_parallel > 1)
+    throw ConfigError("pipeline: data parallelism with stages on GPUs is not supported yet (its gradient reduction "
+                      "runs over Gloo on CPU tensors); run the copies on the CPU or use one copy");
+  contexts.clear();
+  contexts.resize(S);
+  for (int r : local) contexts[r] = stages::make_device_context(devices[r], options.checking_contexts);
+  torch::NoGradGuard no_grad;
+  for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs)
+    if (runs(vs)) {
+      const c10::Device d = devices[sched.device_of(vs)];
+      auto& layers = stages[vs]->layers();
+      bool there = true;
+      for (const auto& t : layers->parameters()) there = there && t.device() == d;
+      for (const auto& t : layers->buffers()) there = there && t.device() == d;
+      if (!there) layers->to(d);
+    }
 }
 
 void Executor::check_usable() const {
@@ -167,6 +199,19 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
   using Key = std::pair<int, int>;
   std::map<Key, at::Tensor> received, outbox, grads;
   std::map<Key, Skips> received_skips, outbox_skips, grad_skips;  // the skips crossing with each
+  std::map<Key, std::vector<stages::Marker>> received_ready, grad_ready;  // waited for before use
+  stages::DeviceContext& ctx = *contexts[r];
+  auto wait_all = [&ctx](std::map<Key, std::vector<stages::Marker>>& ready, const Key& key) {
+    auto it = ready.find(key);
+    if (it == ready.end()) return;
+    for (const auto& mk : it->second) ctx.wait(mk);
+    ready.erase(it);
+  };
+  auto bring = [&ctx](const at::Tensor& t) {  // a batch's tensor from the host (or the caller's device)
+    stages::Received got = ctx.receive(t, {});
+    ctx.wait(got.ready);
+    return got.tensor;
+  };
   LocalHandoff local;  // between this device's own virtual stages
   // An evaluation leaves the training step's trace as it was.
   std::vector<Span> evaluation_spans;
@@ -198,19 +243,20 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
       switch (a.op) {
         case Op::RecvActivation:
           received[key] = recv_across(r, comm::Kind::Activation, vs - 1, a.chunk, vs - 1, m, tag_step,
-                                      &received_skips[key], local);
+                                      &received_skips[key], local, received_ready[key]);
           break;
         case Op::Forward: {
-          at::Tensor in = stage.is_first() ? inputs[m] : received.at(key);
+          wait_all(received_ready, key);
+          at::Tensor in = stage.is_first() ? bring(inputs[m]) : received.at(key);
           received.erase(key);
           Skips passed_on;
-          at::Tensor out = training ? stage.forward(m, in, offsets[m], stage.is_last() ? targets[m] : at::Tensor(),
+          at::Tensor out = training ? stage.forward(m, in, offsets[m], stage.is_last() ? bring(targets[m]) : at::Tensor(),
                                                     weights[m], received_skips[key], &passed_on)
                                     : stage.forward_only(in, received_skips[key], &passed_on);
           received_skips.erase(key);
           if (stage.is_last()) {
             if (training)
-              losses[m] = out.item<double>();
+              loss_values[m] = out.detach();  // read at the end of the list, not per micro-batch
             else
               outputs[m] = out;
           } else {
@@ -225,10 +271,12 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
           outbox_skips.erase(key);
           break;
         case Op::RecvGrad:
-          grads[key] = recv_across(r, comm::Kind::Grad, vs + 1, a.chunk, vs, m, tag_step, &grad_skips[key], local);
+          grads[key] = recv_across(r, comm::Kind::Grad, vs + 1, a.chunk, vs, m, tag_step, &grad_skips[key], local,
+                                   grad_ready[key]);
           break;
         case Op::Backward:
         case Op::BackwardInput: {
+          wait_all(grad_ready, key);
           at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(key);
           grads.erase(key);
           Skips skip_grads_in;
@@ -267,6 +315,13 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
     if (first_action && training) fault_point("pipeline.step", r, step);  // common/fault.h
     first_action = false;
+  }
+  // The step's losses, read from the device once (one host synchronization per step).
+  if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M > 0) {
+    std::vector<at::Tensor> values;
+    for (int m = 0; m < M; ++m) values.push_back(loss_values.at(m).to(at::kDouble).reshape({}));
+    const at::Tensor all = torch::stack(values).cpu();
+    for (int m = 0; m < M; ++m) losses[m] = all.data_ptr<double>()[m];
   }
   // The optimizer needs the reductions: wait for them here, after the last action.
   const double t0_s = std::chrono::duration<double>(t0.time_since_epoch()).count();
@@ -332,6 +387,7 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   offsets.assign(M, 0);
   weights.assign(M, 0);
   losses.assign(M, 0);
+  loss_values.assign(M, at::Tensor());
   for (int m = 0; m < M; ++m) {
     offsets[m] = m ? offsets[m - 1] + inputs[m - 1].size(0) : first_sample;
     weights[m] = scale * loss_scale * static_cast<double>(inputs[m].size(0)) / static_cast<double>(N);
@@ -347,6 +403,11 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   const int failed = run_lists(sched, Pass::Train, step, t0, errors);
   inputs.clear();
   targets.clear();
+  loss_values.clear();
+  {
+    std::lock_guard<std::mutex> lock(marks_mu);
+    marks.clear();  // a failed step's marks that were never received
+  }
   for (auto& o : trace.optimizer) o = {0.0, 0.0};
   if (self >= 0) {
     // Multi-process: the exchange of the last stage's losses also tells every rank that every

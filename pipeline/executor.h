@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "pipeline/replicas.h"
 #include "pipeline/worker.h"
 #include "stages/autocast.h"
+#include "stages/device.h"
 #include "stages/stage.h"
 
 namespace pipetrain::pipeline {
@@ -78,6 +80,15 @@ struct Executor {
   const schedule::Schedule& schedule_for(int m);
   std::vector<std::unique_ptr<stages::Stage>> stages;
   std::vector<std::unique_ptr<comm::Transport>> transports;
+  // Where each device's stages run, and its device context (stages/device.h) for the devices
+  // run here (null elsewhere); each worker enters its device's context for every job.
+  std::vector<c10::Device> devices;
+  std::vector<std::unique_ptr<stages::DeviceContext>> contexts;
+  // In-process, a message between two devices carries the sender's mark, which the receiver's
+  // context waits for: by (kind, micro-batch, channel, step tag, receiving device).
+  std::mutex marks_mu;
+  std::map<std::tuple<int, int, int, int64_t, int>, stages::Marker> marks;
+  void place_stages();  // devices, contexts and the layers on their devices (executor.cpp)
   std::vector<std::unique_ptr<Worker>> workers;
   StepTrace trace;
   Clock::time_point created = Clock::now();
@@ -142,9 +153,11 @@ struct Executor {
   // there in name order, each on a channel of its own (messages.cpp).
   void send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step, const at::Tensor& t,
                    const Skips& skips, LocalHandoff& local);
-  // The same message received on this device's chunk `chunk_here`, from virtual stage `from_vs`.
+  // The same message received on this device's chunk `chunk_here`, from virtual stage `from_vs`,
+  // through the device's context: its tensors may be read once the markers left in `ready` are
+  // waited for.
   at::Tensor recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m, int64_t tag_step,
-                         Skips* skips, LocalHandoff& local);
+                         Skips* skips, LocalHandoff& local, std::vector<stages::Marker>& ready);
 
   // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
   // holds it, or finds it in transports[self].
@@ -162,6 +175,7 @@ struct Executor {
   std::vector<at::Tensor> inputs, targets, outputs;
   std::vector<int64_t> offsets;
   std::vector<double> weights, losses;
+  std::vector<at::Tensor> loss_values;  // the last stage's, on its device: read once, at the end of its list
 
   // Runs every local device's list of `lists` on its worker (run_stage). A failing device aborts
   // its transport at once so that its peers stop waiting; returns the device whose error came

@@ -30,11 +30,21 @@ void Executor::check_crossing() const {
 void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step,
                                  const at::Tensor& t, const Skips& skips, LocalHandoff& local) {
   const int device = sched.device_of(to_vs), chunk = sched.chunk_of(to_vs);
+  // In-process the receiver's context waits for this device's work so far; between processes
+  // a tensor on a GPU crosses through the host (on the compute stream: ready when copied).
+  const stages::Marker produced = device != r && self < 0 ? contexts[r]->mark() : stages::Marker{};
   auto put = [&](int part, const at::Tensor& x) {
-    if (device == r)
+    if (device == r) {
       local.put(kind, m, channel(chunk, part), x);
-    else
-      transports[r]->send(peer(device), {kind, m, channel(chunk, part), tag_step}, x);
+    } else if (self < 0) {
+      {
+        std::lock_guard<std::mutex> lock(marks_mu);
+        marks[{static_cast<int>(kind), m, channel(chunk, part), tag_step, device}] = produced;
+      }
+      transports[r]->send(device, {kind, m, channel(chunk, part), tag_step}, x);
+    } else {
+      transports[r]->send(peer(device), {kind, m, channel(chunk, part), tag_step}, x.is_cpu() ? x : x.cpu());
+    }
   };
   const auto& names = crossing.at(boundary);
   if (skips.size() != names.size())
@@ -52,11 +62,25 @@ void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int 
 }
 
 at::Tensor Executor::recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m,
-                                       int64_t tag_step, Skips* skips, LocalHandoff& local) {
+                                       int64_t tag_step, Skips* skips, LocalHandoff& local,
+                                       std::vector<stages::Marker>& ready) {
   const int device = sched.device_of(from_vs);
   auto get = [&](int part) {
     if (device == r) return local.take(kind, m, channel(chunk_here, part));
-    return transports[r]->recv(peer(device), {kind, m, channel(chunk_here, part), tag_step}, Deadline::after(options.timeout_s));
+    const at::Tensor t =
+        transports[r]->recv(peer(device), {kind, m, channel(chunk_here, part), tag_step}, Deadline::after(options.timeout_s));
+    stages::Marker produced;
+    if (self < 0) {
+      std::lock_guard<std::mutex> lock(marks_mu);
+      auto it = marks.find({static_cast<int>(kind), m, channel(chunk_here, part), tag_step, r});
+      if (it != marks.end()) {
+        produced = std::move(it->second);
+        marks.erase(it);
+      }
+    }
+    stages::Received got = contexts[r]->receive(t, produced);
+    ready.push_back(std::move(got.ready));
+    return got.tensor;
   };
   at::Tensor t = get(0);
   const auto& names = crossing.at(boundary);

@@ -40,12 +40,18 @@ double stage_grad_sq_norm(const Executor& e, int r) {
   for (int c = 0; c < e.sched.chunks; ++c)
     if (e.sharded() && e.reducers[e.sched.virtual_stage(r, c)])  // summed across the copies' slices
       sum += e.reducers[e.sched.virtual_stage(r, c)]->grad_sq_norm(Deadline::after(e.options.timeout_s));
-    else
-    for (const auto& p : e.stages[e.sched.virtual_stage(r, c)]->layers()->parameters())
-      if (p.grad().defined() && !e.tie_followers.count(p.unsafeGetTensorImpl())) {  // a tied weight counts once
-        const double n = p.grad().norm().item<double>();  // no copy; NaN and inf carry through
-        sum += n * n;
-      }
+    else {
+      // Each parameter's norm on its device, read back together (one host synchronization per
+      // chunk, not one per parameter), then summed in parameter order as before.
+      std::vector<at::Tensor> norms;
+      for (const auto& p : e.stages[e.sched.virtual_stage(r, c)]->layers()->parameters())
+        if (p.grad().defined() && !e.tie_followers.count(p.unsafeGetTensorImpl()))  // a tied weight counts once
+          norms.push_back(p.grad().norm().reshape({}).to(at::kDouble));  // NaN and inf carry through
+      if (norms.empty()) continue;
+      const at::Tensor all = at::stack(norms).cpu();
+      const double* n = all.data_ptr<double>();
+      for (int64_t i = 0; i < all.numel(); ++i) sum += n[i] * n[i];
+    }
   return sum;
 }
 

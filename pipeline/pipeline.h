@@ -47,6 +47,16 @@ struct PipelineOptions {
   int chunks = 1;  ///< virtual stages per device (schedule::info(kind).default_chunks for kinds with chunks)
   Recompute recompute = Recompute::ExceptLast;  ///< which micro-batches re-run their forward in backward
   int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
+  /// Where each device's stages run (stages/device.h: resolve_devices makes this from names):
+  /// empty, every stage on the CPU; one device, every stage there; else one per device (several
+  /// may share a GPU). The stage's layers are moved there (the caller's model with them: the
+  /// modules are shared), and so are its optimizer state, the first stage's inputs and the last
+  /// stage's targets; predict() returns the output on the last stage's device. Multi-process: the
+  /// entry of this rank's device.
+  std::vector<c10::Device> devices;
+  /// Tests: every stage runs in the checking CPU context (stages/device.h), which delays each
+  /// copy between stages until its wait, so that a missing wait corrupts the result.
+  bool checking_contexts = false;
   double timeout_s = 300;    ///< longest wait for a message from another stage
   uint64_t seed = 0;         ///< seeds the random streams of dropout (common/rng.h)
   /// The compute dtype of every stage's forward (common/precision.h); parameters, gradients and

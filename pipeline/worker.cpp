@@ -6,8 +6,8 @@
 
 namespace pipetrain::pipeline {
 
-Worker::Worker(std::string name, int intra_op_threads, int memory_account)
-    : name_(std::move(name)), intra_op_threads_(intra_op_threads), account_(memory_account),
+Worker::Worker(std::string name, int intra_op_threads, int memory_account, stages::DeviceContext* context)
+    : name_(std::move(name)), intra_op_threads_(intra_op_threads), account_(memory_account), context_(context),
       thread_([this] { loop(); }) {}
 
 Worker::~Worker() {
@@ -52,9 +52,16 @@ void Worker::loop() {
     lock.unlock();
     std::exception_ptr error;
     try {
-      job();
+      std::unique_ptr<stages::DeviceContext::Scope> scope;
+      if (context_) scope = context_->enter();
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (context_) context_->synchronize();
     } catch (...) {
-      error = std::current_exception();
+      if (!error) error = std::current_exception();
     }
     lock.lock();
     error_ = error;

@@ -12,13 +12,17 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "stages/device.h"
 
 namespace pipetrain::pipeline {
 
 class Worker {
  public:
   // `memory_account`: the thread's common/memory_account.h (its device), -1 for none.
-  Worker(std::string name, int intra_op_threads, int memory_account = -1);
+  // `context`: the stage's device context (stages/device.h), entered for every job and
+  // synchronized at its end (once per step: the caller then sees what the job computed); null
+  // for none. It must outlive the worker.
+  Worker(std::string name, int intra_op_threads, int memory_account = -1, stages::DeviceContext* context = nullptr);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -33,6 +37,7 @@ class Worker {
   std::string name_;
   int intra_op_threads_;
   int account_;
+  stages::DeviceContext* context_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;

@@ -17,4 +17,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DPIPETRAIN_PYTHON="$(pipetrain_python)" "$@" >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log" >&2; exit 1; }
 grep -E '^-- pipetrain' "$build/configure.log" || true
-cmake --build "$build" -j "$(nproc)"
+# PIPETRAIN_BUILD_TARGETS: only these targets (scripts/gpu.sh builds what its checks run).
+targets=()
+for t in ${PIPETRAIN_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"

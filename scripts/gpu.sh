@@ -4,21 +4,32 @@
 # and result to one folder.
 #
 #   here (Debian registry):  bash scripts/gpu_deps.sh       # fetches .gpu-deps/ (travels along)
-#   on the GPU machine:      bash scripts/gpu.sh [--all] [RESULTS_DIR]
+#   on the GPU machine:      bash scripts/gpu.sh [--all] [--phase build|test|bench] [RESULTS_DIR]
 #
 # RESULTS_DIR defaults to $OUT when set, else gpu-results/. The build uses the machine's own
 # torch (python3's) and the Debian packages from .gpu-deps/, unpacked into .gpu-deps/root.
+# Without --all it builds only what the GPU checks run (the binary, the gpu tests, the GPU
+# benchmark). Without --phase it runs every phase; each phase fits a 10-minute call, and a
+# later phase reuses the build folder an earlier call left.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all=0
-if [ "${1:-}" = "--all" ]; then all=1; shift; fi
+phase=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --all) all=1; shift ;;
+    --phase) phase=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+want() { [ "$phase" = all ] || [ "$phase" = "$1" ]; }
 out=${1:-${OUT:-$root/gpu-results}}
 mkdir -p "$out"
 deps=$root/.gpu-deps
 prefix=$deps/root
 arch=x86_64-linux-gnu
 log() { echo "gpu.sh: $*" | tee -a "$out/summary.txt"; }
-: >"$out/summary.txt"
+: >>"$out/summary.txt"
 
 if ! ls "$deps"/*.deb >/dev/null 2>&1; then
   log "no packages in $deps: run scripts/gpu_deps.sh on a machine with Debian's registry first"
@@ -41,30 +52,33 @@ export PIPETRAIN_BUILD_DIR=${PIPETRAIN_BUILD_DIR:-$root/build-gpu}
 export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+if [ "$all" = 0 ]; then export PIPETRAIN_BUILD_TARGETS=${PIPETRAIN_BUILD_TARGETS:-"pipetrain gpu_test equivalence_test gpu_pipeline"}; fi
 start=$(date +%s)
-if ! bash "$root/scripts/build.sh" "${generator[@]}" \
+if want build && ! bash "$root/scripts/build.sh" "${generator[@]}" \
     -DGTest_DIR="$prefix/usr/lib/$arch/cmake/GTest" \
     -DCLI11_DIR="$(dirname "$(find "$prefix" -name 'CLI11Config.cmake' | head -1)")" \
     -Dnlohmann_json_DIR="$(dirname "$(find "$prefix" -name 'nlohmann_jsonConfig.cmake' | head -1)")" \
-    -DPIPETRAIN_WITH_CUDA=ON -DPIPETRAIN_WITH_NCCL=ON >"$out/build.log" 2>&1; then
+    -DPIPETRAIN_WITH_CUDA=ON -DPIPETRAIN_WITH_NCCL="${PIPETRAIN_WITH_NCCL:-ON}" >"$out/build.log" 2>&1; then
   log "build failed after $(( $(date +%s) - start )) s (see build.log)"
   tail -30 "$out/build.log"
   exit 1
 fi
-log "built in $(( $(date +%s) - start )) s"
+want build && log "built in $(( $(date +%s) - start )) s"
 bin=$PIPETRAIN_BUILD_DIR/apps/pipetrain
 "$bin" --version | tee "$out/version.txt"
 
 status=0
-ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
-log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1)"
-grep -E 'Skipped|\*\*\*' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
-if [ "$all" = 1 ]; then
+if want test; then
+  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
+  log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1)"
+  grep -E 'Skipped|\*\*\*' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
+fi
+if want test && [ "$all" = 1 ]; then
   ctest --test-dir "$PIPETRAIN_BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure --timeout 300 \
     >"$out/tests.log" 2>&1 || status=1
   log "whole suite: $(grep -E 'tests passed|tests failed' "$out/tests.log" | tail -1)"
 fi
-if [ -f "$root/bench/gpu.sh" ]; then
+if want bench && [ -f "$root/bench/gpu.sh" ]; then
   bash "$root/bench/gpu.sh" "$PIPETRAIN_BUILD_DIR" "$out" >"$out/bench.log" 2>&1 || status=1
   log "benchmarks: see bench.log and the results beside it"
 fi

@@ -6,6 +6,7 @@
 #include "job/config.h"
 #include "job/balance.h"
 #include "train/trainer.h"
+#include "stages/accelerator.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
@@ -61,6 +62,42 @@ TEST(Config, UnknownKeysNameTheNearestValidKey) {
   c = base();
   c["model"]["widht"] = 3;
   EXPECT_ERROR(error_of(c), "cfg.json: model.widht: unknown key (did you mean 'model.width'?)");
+}
+
+// pipeline.devices: "auto", "cpu", one name for all, or one per stage; a device that does not
+// exist, a kind the stages cannot run and a CUDA device where there is none are one line each.
+TEST(Config, PipelineDevices) {
+  auto with = [](const json& d) {
+    json c = base();
+    c["pipeline"]["devices"] = d;
+    return error_of(c);
+  };
+  EXPECT_EQ(with("cpu"), "");
+  EXPECT_EQ(with("auto"), "");
+  EXPECT_EQ(with(json::array({"cpu", "cpu"})), "");
+  EXPECT_ERROR(with("tpu:0"), "cfg.json: pipeline.devices: unknown device \"tpu:0\"; stages run on \"cpu\" or \"cuda\"");
+  EXPECT_ERROR(with("mps"), "pipeline.devices: unknown device \"mps\"");
+  EXPECT_ERROR(with(json::array({"cpu", "tpu:0"})), "cfg.json: pipeline.devices[1]: unknown device \"tpu:0\"");
+  EXPECT_ERROR(with(json::array({"cpu", "cpu", "cpu"})), "pipeline.devices: 3 devices for 2 stages");
+  EXPECT_ERROR(with(json::array({"auto", "cpu"})), "pipeline.devices[0]: \"auto\" stands alone");
+  EXPECT_ERROR(with(7), "pipeline.devices: expected \"auto\", \"cpu\", a device name or a list of them");
+  EXPECT_ERROR(with(json::array({"cpu", 3})), "pipeline.devices: expected device names");
+  const int gpus = stages::accelerator_info().gpus;
+  EXPECT_ERROR(with(pipetrain::detail::concat("cuda:", gpus)), pipetrain::detail::concat("\"cuda:", gpus, "\" does not exist: this process sees"));
+  if (gpus == 0) {
+    EXPECT_ERROR(with("cuda"), "pipeline.devices: \"cuda\" does not exist: this process sees no CUDA device");
+    // fp16 is refused on the CPU, here where "auto" means the CPU.
+    json c = base();
+    c["train"]["precision"] = "fp16";
+    EXPECT_ERROR(error_of(c), "fp16 is for GPU stages only");
+    // "auto" trains on the CPU.
+    c = base();
+    c["pipeline"]["devices"] = "auto";
+    const Job job = prepare_balanced(parse_config(c, "cfg.json"));
+    ASSERT_EQ(job.options.devices.size(), 2u);
+    for (const auto& d : job.options.devices) EXPECT_TRUE(d.is_cpu());
+    EXPECT_NE(job.device_note.find("pipeline.devices auto: the CPU"), std::string::npos) << job.device_note;
+  }
 }
 
 TEST(Config, RecomputeModes) {

@@ -44,7 +44,9 @@
 #include "models/skip.h"
 #include "pipeline/pipeline.h"
 #include "schedule/schedule.h"
+#include "stages/accelerator.h"
 #include "stages/autocast.h"
+#include "stages/device.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -124,8 +126,14 @@ struct Case {
   std::string transport = "local";
   Precision precision = Precision::FP32;
   int64_t batch = 10;  // samples; fewer than micro_batches: an epoch's short last batch
+  // Where the stages run (stages/device.h): "cpu"; "checking", the checking CPU context, which
+  // copies every tensor crossing between stages late, so that a missing wait corrupts the step;
+  // "cuda", every stage on cuda:0 (skipped without a GPU).
+  std::string device = "cpu";
 
-  std::string runtime() const { return std::string(ranks ? "ranks_" : "threads_") + transport; }
+  std::string runtime() const {
+    return std::string(ranks ? "ranks_" : "threads_") + transport + (device == "cpu" ? "" : "_" + device);
+  }
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -217,6 +225,15 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   const Case& c = GetParam();
   if (!comm::has_transport_backend(c.transport))
     GTEST_SKIP() << "the " << c.transport << " transport is not compiled into this build";
+  if (c.device == "cuda") {
+    const auto acc = stages::accelerator_info();
+    if (acc.gpus == 0) GTEST_SKIP() << "no CUDA device: " << acc.no_gpu_reason;
+    // Deterministic kernels in true float32 (no TF32 in products or convolutions): the device
+    // then differs from the CPU only in summation order.
+    at::globalContext().setDeterministicAlgorithms(true, true);
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
   const bool reduced = c.precision != Precision::FP32;
   const double tol = reduced ? kBf16Tight : c.dtype == torch::kDouble ? 1e-10 : 1e-4;
   const int64_t batch = c.batch;  // 10: 3 and 8 micro-batches split it unevenly
@@ -253,6 +270,8 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   o.timeout_s = 60;
   o.transport.backend = c.transport;
   o.ties = ref.ties;
+  if (c.device == "cuda") o.devices = {c10::Device(c10::kCUDA, 0)};
+  o.checking_contexts = c.device == "checking";
   // A model copy per Pipeline, all equal to the reference's initial weights. Built here, one after
   // another: models::build seeds torch's global generator, which concurrent rank threads would share.
   std::vector<models::Model> copies;
@@ -286,7 +305,8 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     for (int vs = 0; vs < static_cast<int>(runs[r].pipe->balance().size()); ++vs) {
       if (!runs[r].pipe->is_local_stage(vs)) continue;
       for (const auto& p : runs[r].pipe->stage_layers(vs)->named_parameters())
-        EXPECT_TRUE(grads.emplace(p.key(), p.value().grad()).second) << p.key() << " is run twice";
+        EXPECT_TRUE(grads.emplace(p.key(), p.value().grad().defined() ? p.value().grad().cpu() : at::Tensor()).second)
+            << p.key() << " is run twice";
     }
   auto want = (reduced ? tight : ref).layers->named_parameters();
   auto loose = ref.layers->named_parameters();
@@ -440,6 +460,86 @@ std::vector<Case> partial_cases() {
         cases.push_back(c);
       }
   return cases;
+}
+
+// The device contexts (stages/device.h). Checking: every schedule x the five runtime shapes
+// (every family, skips across stages, a tie from the first stage to the last, every
+// recomputation mode), as threads and as ranks over the local transport, in float64 on the CPU.
+// CUDA: every schedule x those shapes x every recomputation mode, all stages on cuda:0, in
+// float64 and (the plain shapes) float32.
+std::vector<Case> device_cases(const std::string& device) {
+  std::vector<Case> cases;
+  for (Case c : runtime_cases()) {
+    if (c.transport != "ucx" || c.ranks) continue;  // one of each shape per schedule
+    c.transport = "local";
+    c.device = device;
+    if (device == "checking") {
+      cases.push_back(c);
+      c.ranks = true;
+      cases.push_back(c);
+      continue;
+    }
+    for (auto mode : kModes) {
+      c.recompute = mode;
+      c.dtype = torch::kDouble;
+      cases.push_back(c);
+      if (!schedule::uses_chunks(schedule::parse_kind(c.schedule)) && c.family != "unet") {
+        c.dtype = torch::kFloat;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checking, Equivalence, ::testing::ValuesIn(device_cases("checking")), case_name);
+INSTANTIATE_TEST_SUITE_P(Cuda, Equivalence, ::testing::ValuesIn(device_cases("cuda")), case_name);
+
+// The checking context catches a missing wait: the same step with any one of its waits left out
+// (the k-th the stages make, whichever thread makes it) reads a tensor before its copy and ends
+// in a NaN, a wrong gradient or an error, never in the reference's result.
+TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
+  models::Model ref = build("mlp", torch::kDouble, false);
+  const Batch b = make_batch(ref, 8, torch::kDouble);
+  {
+    RngContextGuard rng(RngContext{42, 0, 0});
+    mean_ce(models::forward_with_skips(ref.layers, b.input), b.target).backward();
+  }
+  // 2 stages x 4 micro-batches: 4 inputs, 4 targets, 4 activations and 4 gradients, each waited for.
+  for (int k = 0; k < 16; ++k) {
+    models::Model m = build("mlp", torch::kDouble, false);
+    pipeline::PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.seed = 42;
+    o.timeout_s = 60;
+    o.checking_contexts = true;
+    pipeline::Pipeline pipe(m.layers, o, mean_ce);
+    stages::checking_contexts_skip_waits(1, k);
+    bool equal = true;
+    try {
+      pipe.forward_backward(b.input, b.target);
+      for (const auto& p : ref.layers->named_parameters()) {
+        const at::Tensor g = m.layers->named_parameters()[p.key()].grad();
+        equal = equal && g.defined() && g.isfinite().all().item<bool>() && rel_error(g, p.value().grad()) < 1e-10;
+      }
+    } catch (const std::exception&) {
+      equal = false;  // e.g. a target read as -1
+    }
+    stages::checking_contexts_skip_waits(0);
+    EXPECT_FALSE(equal) << "leaving out wait " << k << " did not change the step";
+  }
+  // And with every wait in place the same pipeline equals the reference.
+  models::Model m = build("mlp", torch::kDouble, false);
+  pipeline::PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.seed = 42;
+  o.checking_contexts = true;
+  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipe.forward_backward(b.input, b.target);
+  for (const auto& p : ref.layers->named_parameters())
+    EXPECT_LE(rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
 }
 
 INSTANTIATE_TEST_SUITE_P(Float64, Equivalence, ::testing::ValuesIn(float64_cases()), case_name);

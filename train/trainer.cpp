@@ -25,6 +25,7 @@ void evaluate(Job& job, Pipeline& pipe, TrainResult& result) {
   for (int64_t i = 0; i < batches; ++i) {
     Batch b = to_model(job, job.data.test_batch(i, B));
     at::Tensor out = pipe.predict(b.input);
+    if (out.defined() && !out.is_cpu()) out = out.cpu();  // the last stage's device
     const int64_t n = b.target.numel();
     targets += n;
     samples += b.input.size(0);

@@ -1,0 +1,245 @@
+// A GPT of real size on one GPU: the plain single-device loop against the same model as a
+// pipeline of 1, 2 and 4 stages sharing that GPU (the overhead of pipelining where the
+// schedule cannot hide anything), its peak memory per recomputation mode, and the largest batch
+// that fits with and without recomputation. Writes one JSON line per measurement.
+//
+//   gpu_pipeline OUT.jsonl [--layers 24] [--d-model 1024] [--seq 1024] [--batch 16] [--steps 10]
+//
+// bf16 autocast over float32 master weights, SGD, no dropout. Rounds alternate the variants; each
+// reports the median and the range of its steps' samples/s. Needs a CUDA device.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/json_reader.h"
+#include "models/model.h"
+#include "pipeline/pipeline.h"
+#include "stages/autocast.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string out;
+  int64_t layers = 24, d_model = 1024, seq = 1024, batch = 16, vocab = 32000;
+  int steps = 10, rounds = 2;
+};
+
+at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}).to(torch::kFloat), target.reshape({-1}));
+}
+
+models::Model build(const Args& a) {
+  json cfg{{"family", "gpt"}, {"vocab_size", a.vocab}, {"seq_len", a.seq}, {"d_model", a.d_model},
+           {"n_heads", a.d_model / 64}, {"n_layers", a.layers}, {"d_ff", 4 * a.d_model}, {"dropout", 0.0}};
+  JsonReader r(cfg, "model", "gpu_pipeline");
+  return models::build(r, 1);
+}
+
+int64_t peak() {
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+void reset_peak() { c10::cuda::CUDACachingAllocator::resetPeakStats(0); }
+
+struct Variant {
+  std::string name;  // "plain" or "pipeline"
+  int stages = 1, micro_batches = 8;
+  schedule::Kind schedule = schedule::Kind::OneFOneB;
+  Recompute recompute = Recompute::Never;
+};
+
+// Runs `steps` steps of one variant and returns each step's seconds (the device finished).
+std::vector<double> run(const Variant& v, torch::nn::Sequential model, const at::Tensor& x, const at::Tensor& y,
+                        int steps, int warmup) {
+  std::vector<double> times;
+  const c10::Device gpu(c10::kCUDA, 0);
+  if (v.name == "plain" || v.name == "accumulate") {
+    // The plain loop: the whole batch at once, or (accumulate) the pipeline's micro-batches one
+    // after another, their gradients summed, which separates the cost of smaller products from
+    // the executor's.
+    model->to(gpu);
+    torch::optim::SGD opt(model->parameters(), 1e-4);
+    const at::Tensor xg = x.to(gpu), yg = y.to(gpu);
+    const int parts = v.name == "plain" ? 1 : v.micro_batches;
+    const auto xs = xg.tensor_split(parts, 0), ys = yg.tensor_split(parts, 0);
+    for (int i = 0; i < warmup + steps; ++i) {
+      const auto t0 = Clock::now();
+      opt.zero_grad();
+      for (int k = 0; k < parts; ++k) {
+        at::Tensor loss;
+        {
+          stages::AutocastGuard autocast(Precision::BF16, torch::kCUDA);
+          loss = mean_ce(model->forward(xs[k]), ys[k]) * (static_cast<double>(xs[k].size(0)) / x.size(0));
+        }
+        loss.backward();
+      }
+      opt.step();
+      stages::clear_autocast_cache();
+      c10::cuda::device_synchronize();
+      if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return times;
+  }
+  pipeline::PipelineOptions o;
+  o.stages = v.stages;
+  o.micro_batches = v.micro_batches;
+  o.schedule = v.schedule;
+  o.recompute = v.recompute;
+  o.precision = Precision::BF16;
+  o.devices = {gpu};
+  o.timeout_s = 600;
+  pipeline::Pipeline pipe(model, o, mean_ce);
+  pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-4); });
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    pipe.train_step(x, y);  // returns once every stage's stream is done
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return times;
+}
+
+std::string describe(const Variant& v) {
+  if (v.name == "plain") return "plain";
+  if (v.name == "accumulate") return pipetrain::detail::concat("plain, ", v.micro_batches, " accumulated micro-batches");
+  return pipetrain::detail::concat("pipeline ", v.stages, " stage", v.stages == 1 ? "" : "s", " ", schedule::name(v.schedule), " M=",
+                        v.micro_batches, " recompute=", recompute_name(v.recompute));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (argc < 2) {
+    std::cerr << "usage: gpu_pipeline OUT.jsonl [--layers N] [--d-model N] [--seq N] [--batch N] [--steps N]\n";
+    return 2;
+  }
+  a.out = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (k == "--layers") a.layers = v;
+    else if (k == "--d-model") a.d_model = v;
+    else if (k == "--seq") a.seq = v;
+    else if (k == "--batch") a.batch = v;
+    else if (k == "--steps") a.steps = static_cast<int>(v);
+    else if (k == "--rounds") a.rounds = static_cast<int>(v);
+    else {
+      std::cerr << "gpu_pipeline: unknown option " << k << "\n";
+      return 2;
+    }
+  }
+  if (!torch::cuda::is_available()) {
+    std::cerr << "gpu_pipeline: no CUDA device\n";
+    return 1;
+  }
+  at::globalContext().setAllowTF32CuBLAS(true);
+  std::ofstream out(a.out, std::ios::app);
+  models::Model m = build(a);
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
+  const at::Tensor y = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
+  const json common{{"bench", "gpu_pipeline"}, {"device", c10::cuda::device_count() ? std::string(at::cuda::getDeviceProperties(0)->name) : ""},
+                    {"layers", a.layers}, {"d_model", a.d_model}, {"seq", a.seq}, {"batch", a.batch}, {"vocab", a.vocab},
+                    {"precision", "bf16"}, {"optimizer", "sgd"}};
+
+  // 1. Throughput: plain against 1, 2 and 4 stages (1F1B and GPipe, 8 micro-batches, no
+  // recomputation), alternating rounds.
+  std::vector<Variant> variants{{"plain"}, {"accumulate", 1, 8}};
+  for (int k : {1, 2, 4}) variants.push_back({"pipeline", k, 8, schedule::Kind::OneFOneB, Recompute::Never});
+  variants.push_back({"pipeline", 4, 8, schedule::Kind::GPipe, Recompute::Never});
+  variants.push_back({"pipeline", 4, 8, schedule::Kind::OneFOneB, Recompute::ExceptLast});
+  std::map<std::string, std::vector<double>> times;
+  std::map<std::string, int64_t> peaks;
+  for (int round = 0; round < a.rounds; ++round)
+    for (const Variant& v : variants) {
+      reset_peak();
+      auto t = run(v, m.layers, x, y, a.steps, round == 0 ? 3 : 1);
+      peaks[describe(v)] = std::max(peaks[describe(v)], peak());
+      auto& all = times[describe(v)];
+      all.insert(all.end(), t.begin(), t.end());
+      std::cerr << "round " << round << " " << describe(v) << ": " << a.batch / t[t.size() / 2] << " samples/s\n";
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double plain = a.batch / median(times["plain"]);
+  for (const Variant& v : variants) {
+    auto t = times[describe(v)];
+    std::sort(t.begin(), t.end());
+    json j = common;
+    j["measure"] = "throughput";
+    j["variant"] = describe(v);
+    j["stages"] = v.name == "pipeline" ? v.stages : 0;
+    j["samples_per_s"] = a.batch / median(t);
+    j["samples_per_s_min"] = a.batch / t.back();
+    j["samples_per_s_max"] = a.batch / t.front();
+    j["steps"] = t.size();
+    j["vs_plain"] = a.batch / median(t) / plain;
+    j["peak_bytes"] = peaks[describe(v)];
+    out << j.dump() << "\n";
+    out.flush();
+    std::cout << j.dump() << "\n";
+  }
+
+  // 2. Peak memory per recomputation mode (2 stages, 1F1B, 8 micro-batches).
+  for (Recompute mode : {Recompute::Never, Recompute::ExceptLast, Recompute::Always}) {
+    reset_peak();
+    Variant v{"pipeline", 2, 8, schedule::Kind::OneFOneB, mode};
+    auto t = run(v, m.layers, x, y, 2, 1);
+    json j = common;
+    j["measure"] = "peak_memory";
+    j["variant"] = describe(v);
+    j["peak_bytes"] = peak();
+    j["samples_per_s"] = a.batch / median(t);
+    out << j.dump() << "\n";
+    out.flush();
+    std::cout << j.dump() << "\n";
+  }
+
+  // 3. The largest batch that fits (doubling, one step each, 2 samples per micro-batch, GPipe on
+  // one stage): without recomputation and with it for every micro-batch.
+  for (Recompute mode : {Recompute::Never, Recompute::Always}) {
+    int64_t fits = 0;
+    for (int64_t b = a.batch; b <= 512; b *= 2) {
+      const at::Tensor xb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
+      const at::Tensor yb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
+      Variant v{"pipeline", 1, static_cast<int>(b / 2), schedule::Kind::GPipe, mode};
+      try {
+        run(v, m.layers, xb, yb, 1, 0);
+        fits = b;
+      } catch (const std::exception& e) {
+        std::cerr << "batch " << b << " " << recompute_name(mode) << ": " << std::string(e.what()).substr(0, 200) << "\n";
+        break;
+      }
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    json j = common;
+    j["measure"] = "largest_batch";
+    j["searched_up_to"] = 512;
+    j["recompute"] = recompute_name(mode);
+    j["largest_batch"] = fits;
+    out << j.dump() << "\n";
+    out.flush();
+    std::cout << j.dump() << "\n";
+  }
+  return 0;
+}

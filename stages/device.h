@@ -1,0 +1,103 @@
+// Where stages run, and the device context of each: the only code that touches streams, events,
+// the caching allocator and a device's random state (architecture.md, "Devices through one door").
+//
+// A context belongs to one pipeline device (one stage thread, which runs every chunk of that
+// device). Its thread enters it for every job (Worker does), so everything the stage issues —
+// forward, backward, the optimizer — runs on the context's compute stream. What crosses to
+// another stage's thread is marked (an event after the producing work) and the receiver makes
+// its own stream wait for the mark before it uses the tensor; a tensor from another device or
+// the host is brought over by receive(), whose result may be read only after wait() on the
+// marker it returns. Three implementations:
+//   cpu       no streams: every call is a no-op or a plain copy;
+//   cuda      a compute stream per context, events for marks, record_stream so the caching
+//             allocator knows which streams use a received tensor (compiled in every CUDA build);
+//   checking  CPU, for tests: receive() returns a poisoned tensor (NaN, or the lowest integer)
+//             and performs the copy only when its marker is waited for, on a copy thread of its
+//             own, so a missing wait corrupts the result as a missing event wait would on a GPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace pipetrain::stages {
+
+/// pipeline.devices resolved for `stages` stages. `names`: empty or {"auto"} (the GPUs when this
+/// process sees any, stage s on cuda:(s mod gpus), else the CPU), {"cpu"}, one device name for
+/// every stage, or one per stage ("cuda:0", "cuda:1"; several stages may share a device). A
+/// device that does not exist or a kind this build cannot run is a ConfigError naming `where`
+/// and the entry. `note`, when given, receives one line saying what "auto" chose
+/// ("pipeline.devices auto: the CPU (why)").
+std::vector<c10::Device> resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
+                                         std::string* note = nullptr);
+
+/// One device name ("cpu", "cuda", "cuda:1") checked as resolve_devices checks a list's entries.
+c10::Device parse_device(const std::string& name, const std::string& where);
+
+/// A point in a context's work that another context can wait for: an event on CUDA, a pending
+/// copy on the checking context, nothing on the CPU. Copyable; empty means "already done".
+struct Marker {
+  std::shared_ptr<void> impl;
+  explicit operator bool() const { return static_cast<bool>(impl); }
+};
+
+/// A tensor brought onto a context's device, readable once `ready` has been waited for.
+struct Received {
+  at::Tensor tensor;
+  Marker ready;
+};
+
+class DeviceContext {
+ public:
+  /// Held while the calling thread works in the context (device guard and compute stream).
+  class Scope {
+   public:
+    virtual ~Scope() = default;
+  };
+
+  virtual ~DeviceContext() = default;
+  virtual c10::Device device() const = 0;
+  virtual std::string kind() const = 0;  ///< "cpu", "cuda" or "checking"
+
+  /// Makes the calling thread issue its work on this context's device and compute stream until
+  /// the returned scope ends.
+  virtual std::unique_ptr<Scope> enter() = 0;
+  /// The point after the work issued so far on the compute stream (in the calling thread's scope).
+  virtual Marker mark() = 0;
+  /// Makes the work issued from now on in this context wait for `m` (never blocks the host on
+  /// CUDA). An empty marker is already done.
+  virtual void wait(const Marker& m) = 0;
+  /// Brings `t`, produced up to `produced` by another context (or on the host), onto this
+  /// context's device, from the calling thread inside this context's scope. The result's tensor
+  /// may be read only after wait(result.ready).
+  virtual Received receive(const at::Tensor& t, const Marker& produced) = 0;
+  /// Blocks the host until the work issued in this context so far is done (once per step: never
+  /// a device-wide synchronization).
+  virtual void synchronize() = 0;
+  /// Bytes held at most by the device's allocator since the last reset (0 on the CPU, where
+  /// common/memory_account.h counts them).
+  virtual int64_t peak_bytes() const { return 0; }
+  virtual void reset_peak() {}
+};
+
+/// The context for `device`: "cpu" (or a CPU device) -> the no-op one, a CUDA device -> the CUDA
+/// one (ConfigError in a build without CUDA), `checking` -> the checking one (CPU devices only).
+std::unique_ptr<DeviceContext> make_device_context(const c10::Device& device, bool checking = false);
+
+/// The checking context's deliberate fault, for the test that shows the equivalence grid catches
+/// a missing wait: counting the waits on any checking context from this call (0 first), waits
+/// `after` to `after + n - 1` do nothing (their copies then run only at synchronize(), too late).
+/// n = 0 restores normal waits.
+void checking_contexts_skip_waits(int n, int after = 0);
+
+namespace detail_cuda {
+/// Implemented in device_cuda.cpp (a CUDA build) or device_none.cpp.
+std::unique_ptr<DeviceContext> make_cuda_context(const c10::Device& device);
+int cuda_devices(std::string* why_none);
+}  // namespace detail_cuda
+
+}  // namespace pipetrain::stages

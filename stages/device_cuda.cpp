@@ -1,0 +1,108 @@
+// The CUDA device context (device.h): a compute stream per context, events for marks, the
+// caching allocator told which streams use a received tensor, its peak for the stage's memory.
+// Compiled in every build whose libtorch has CUDA.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include "common/error.h"
+#include "stages/device.h"
+
+namespace pipetrain::stages {
+
+namespace {
+
+class CudaScope : public DeviceContext::Scope {
+ public:
+  // The stage's stream first waits for what callers outside any context issued on the
+  // device's default stream (a loaded checkpoint, a tied gradient summed by the caller).
+  explicit CudaScope(const c10::cuda::CUDAStream& s) : guard_(s) {
+    at::cuda::CUDAEvent issued;
+    issued.record(c10::cuda::getDefaultCUDAStream(s.device_index()));
+    issued.block(s);
+  }
+
+ private:
+  c10::cuda::CUDAStreamGuard guard_;  // the device and its current stream, for this thread
+};
+
+class CudaContext : public DeviceContext {
+ public:
+  explicit CudaContext(const c10::Device& d) : device_(d), stream_(c10::cuda::getStreamFromPool(false, d.index())) {}
+
+  c10::Device device() const override { return device_; }
+  std::string kind() const override { return "cuda"; }
+  std::unique_ptr<Scope> enter() override { return std::make_unique<CudaScope>(stream_); }
+
+  Marker mark() override {
+    auto e = std::make_shared<at::cuda::CUDAEvent>();
+    e->record(stream_);
+    return Marker{e};
+  }
+
+  void wait(const Marker& m) override {
+    if (m) static_cast<at::cuda::CUDAEvent*>(m.impl.get())->block(stream_);
+  }
+
+  Received receive(const at::Tensor& t, const Marker& produced) override {
+    if (!t.is_cuda()) {
+      // From the host: on the compute stream, in its order (pageable memory: the call returns
+      // once the source was read).
+      c10::cuda::CUDAStreamGuard guard(stream_);
+      return {t.to(device_), {}};
+    }
+    wait(produced);
+    if (t.device() == device_) {
+      // Produced on another stream of this device: the allocator must not reuse its memory
+      // before this stream's work on it is done.
+      t.record_stream(stream_);
+      return {t, {}};
+    }
+    // From another GPU: ATen copies on the source device's current stream of this thread after a
+    // barrier with this stream; that stream waits for the producer too, and keeps the source.
+    const auto src_stream = c10::cuda::getCurrentCUDAStream(t.device().index());
+    if (produced) static_cast<at::cuda::CUDAEvent*>(produced.impl.get())->block(src_stream);
+    c10::cuda::CUDAStreamGuard guard(stream_);
+    at::Tensor out = t.to(device_);
+    t.record_stream(src_stream);
+    return {out, {}};
+  }
+
+  void synchronize() override { stream_.synchronize(); }
+
+  int64_t peak_bytes() const override {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+  void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index()); }
+
+ private:
+  c10::Device device_;
+  c10::cuda::CUDAStream stream_;
+};
+
+}  // namespace
+
+namespace detail_cuda {
+
+std::unique_ptr<DeviceContext> make_cuda_context(const c10::Device& device) {
+  return std::make_unique<CudaContext>(device);
+}
+
+int cuda_devices(std::string* why_none) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why_none) *why_none = cudaGetErrorString(err);
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (count == 0 && why_none) *why_none = "the CUDA runtime sees no device";
+  return count;
+}
+
+}  // namespace detail_cuda
+
+}  // namespace pipetrain::stages

@@ -1,0 +1,70 @@
+// Device names (device.h): pipeline.devices resolved and checked. libtorch's c10 only (no ATen),
+// so that the config reader stays light (the config fuzzer compiles it).
+#include <algorithm>
+#include <optional>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "stages/device.h"
+
+namespace pipetrain::stages {
+
+namespace {
+
+std::string gpus_seen(int gpus, const std::string& why_none) {
+  if (gpus == 0) return detail::concat("this process sees no CUDA device (", why_none, ")");
+  return detail::concat("this process sees ", gpus, " CUDA device", gpus == 1 ? "" : "s", " (cuda:0",
+                        gpus > 1 ? detail::concat(" to cuda:", gpus - 1) : std::string(), ")");
+}
+
+}  // namespace
+
+c10::Device parse_device(const std::string& name, const std::string& where) {
+  std::optional<c10::Device> parsed;
+  try {
+    parsed.emplace(name);
+  } catch (const c10::Error&) {
+  }
+  if (!parsed || !(parsed->is_cpu() || parsed->is_cuda()))
+    throw ConfigError(detail::concat(where, ": unknown device \"", name, "\"; stages run on \"cpu\" or \"cuda\" (\"cuda:N\" for the N-th GPU)"));
+  if (parsed->is_cpu()) return c10::Device(c10::kCPU);
+  if (!PIPETRAIN_HAVE_CUDA)
+    throw ConfigError(detail::concat(where, ": \"", name, "\" needs CUDA, but this build has none (its libtorch has no CUDA)"));
+  std::string why;
+  const int gpus = detail_cuda::cuda_devices(&why);
+  const int index = parsed->has_index() ? parsed->index() : 0;
+  if (index >= gpus)
+    throw ConfigError(detail::concat(where, ": \"", name, "\" does not exist: ", gpus_seen(gpus, why)));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+std::vector<c10::Device> resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
+                                         std::string* note) {
+  if (names.empty() || (names.size() == 1 && names[0] == "auto")) {
+    std::string why;
+    const int gpus = PIPETRAIN_HAVE_CUDA ? detail_cuda::cuda_devices(&why) : 0;
+    if (!PIPETRAIN_HAVE_CUDA) why = "this build has no CUDA";
+    std::vector<c10::Device> out;
+    for (int s = 0; s < stages; ++s)
+      out.push_back(gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s % gpus)) : c10::Device(c10::kCPU));
+    if (note)
+      *note = gpus > 0 ? detail::concat("pipeline.devices auto: ", stages, " stage", stages == 1 ? "" : "s", " on ",
+                                        std::min(stages, gpus), " of ", gpus, " GPU", gpus == 1 ? "" : "s")
+                       : detail::concat("pipeline.devices auto: the CPU (", why.empty() ? "no CUDA device" : why, ")");
+    return out;
+  }
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == "auto")
+      throw ConfigError(detail::concat(where, "[", i, "]: \"auto\" stands alone (\"devices\": \"auto\"), not in a list"));
+  if (names.size() != 1 && static_cast<int>(names.size()) != stages)
+    throw ConfigError(detail::concat(where, ": ", names.size(), " devices for ", stages, " stage", stages == 1 ? "" : "s",
+                                     "; give one device for every stage, or one for all"));
+  std::vector<c10::Device> out;
+  for (int s = 0; s < stages; ++s) {
+    const size_t i = names.size() == 1 ? 0 : static_cast<size_t>(s);
+    out.push_back(parse_device(names[i], names.size() == 1 ? where : detail::concat(where, "[", i, "]")));
+  }
+  return out;
+}
+
+}  // namespace pipetrain::stages
