@@ -4,7 +4,7 @@
 #include "apps/commands.h"
 #include "apps/common_options.h"
 #include "checkpoint/checkpoint.h"
-#include "train/generate.h"
+#include "models/generate.h"
 #include "job/job.h"
 
 namespace pipetrain::apps {
@@ -34,7 +34,7 @@ class Generate final : public Command {
     train::Job job = train::prepare(config);  // one process: no balance needed
     train::load_weights(train::find_checkpoint(checkpoint_), config, job.model.layers, job.model.ties);
     options_.seq_len = job.model.sample_shape.empty() ? 0 : job.model.sample_shape.back();
-    const std::string text = train::generate(job.model.layers, prompt_, options_);
+    const std::string text = models::generate(job.model.layers, prompt_, options_);
     std::fwrite(prompt_.data(), 1, prompt_.size(), stdout);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");
@@ -44,7 +44,7 @@ class Generate final : public Command {
  private:
   ConfigOptions config_;
   std::string checkpoint_, prompt_;
-  train::GenerateOptions options_;
+  models::GenerateOptions options_;
 };
 
 }  // namespace

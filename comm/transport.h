@@ -57,6 +57,11 @@ struct TransportOptions {
   /// ("eth0,mlx5_0:1"); empty: UCX's own choice (every device). UCX_NET_DEVICES in the
   /// environment wins. A multi-process run passes ucx_devices_towards(MASTER_ADDR).
   std::string net_devices;
+  /// local: deliver as NCCL does, each pair's messages in the order they were sent whatever the
+  /// receiver asks for (a receive takes the pair's oldest message, and a message that is not the
+  /// one asked for is an error naming both); for testing that schedules hold under it
+  /// (schedule/in_order.h).
+  bool in_order = false;
 };
 
 /// One rank's endpoint: tensors to and from the other ranks of its world.

@@ -265,6 +265,11 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.runtime.max_message_bytes = static_cast<uint64_t>(
       rt.get_int("max_message_bytes", static_cast<int64_t>(c.runtime.max_message_bytes), 1, INT64_MAX));
   c.runtime.dtype = rt.get_choice("dtype", c.runtime.dtype, {"float32", "float64"});
+  c.runtime.cudnn_benchmark = rt.get_bool("cudnn_benchmark", c.runtime.cudnn_benchmark);
+  c.runtime.tf32 = rt.get_bool("tf32", c.runtime.tf32);
+  c.runtime.deterministic = rt.get_bool("deterministic", c.runtime.deterministic);
+  if (c.runtime.deterministic && c.runtime.cudnn_benchmark)
+    rt.fail("cudnn_benchmark", "picks convolution algorithms by timing, which runtime.deterministic rules out");
   if (c.runtime.dtype != "float32" && c.train.precision != Precision::FP32)
     rt.fail("dtype", std::string("train.precision ") + precision_name(c.train.precision) +
                          " computes in a reduced precision from float32 master weights; it needs runtime.dtype float32");

@@ -106,6 +106,12 @@ struct RuntimeConfig {
   double timeout_s = 300;
   uint64_t max_message_bytes = uint64_t(1) << 32;
   std::string dtype = "float32";
+  // GPU stages (docs/gpu.md): cuDNN picks the fastest convolution algorithm per shape (at the
+  // cost of run-to-run equality); float32 products and convolutions may use TF32 (10 bits of
+  // mantissa); deterministic kernels only (an error names an operation that has none).
+  bool cudnn_benchmark = false;
+  bool tf32 = false;
+  bool deterministic = false;
 };
 
 struct Config {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include "comm/launcher_env.h"
@@ -43,8 +44,18 @@ void warn_if_oversubscribed(const Job& job, int stages_here, const NoteSink& not
 }
 }  // namespace
 
+void apply_kernel_switches(const RuntimeConfig& r) {
+  auto& ctx = at::globalContext();
+  ctx.setBenchmarkCuDNN(r.cudnn_benchmark);
+  ctx.setAllowTF32CuBLAS(r.tf32);
+  ctx.setAllowTF32CuDNN(r.tf32);
+  ctx.setDeterministicCuDNN(r.deterministic);
+  ctx.setDeterministicAlgorithms(r.deterministic, /*warn_only=*/false);
+}
+
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options, const NoteSink& note) {
   const Config& c = job.config;
+  apply_kernel_switches(c.runtime);
   if (job.options.balance.empty()) job.options.balance = resolve_balance(job);
   // pipeline.devices "auto" says what it chose: whenever that is a GPU, and always when asked for.
   bool gpus = false;

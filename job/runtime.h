@@ -19,6 +19,9 @@ using NoteSink = std::function<void(const std::string&)>;
 
 // `run_options`: what the ranks must agree on beyond the config (e.g. the resume flag).
 std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options = "", const NoteSink& note = {});
+// libtorch's process-wide kernel switches from runtime.cudnn_benchmark, runtime.tf32 and
+// runtime.deterministic (make_pipeline sets them).
+void apply_kernel_switches(const RuntimeConfig& runtime);
 
 // The hash the ranks of a multi-process run compare at the rendezvous.
 std::string run_fingerprint(const Config& config, const std::string& run_options = "");

@@ -16,6 +16,7 @@
 #include "common/fault.h"
 #include "models/layers.h"
 #include "models/skip.h"
+#include "schedule/in_order.h"
 
 namespace pipetrain::pipeline {
 
@@ -62,6 +63,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   p.sched = schedule::pipeline_schedule(options.schedule, options.stages, options.micro_batches, options.chunks,
                                        p.mesh.data_parallel);
   schedule::validate(p.sched);
+  p.check_delivery(p.sched);
   p.configured = p.sched;
   if (endpoint) {
     if (endpoint->world_size() != p.mesh.world())
@@ -162,6 +164,15 @@ void Executor::place_stages() {
       for (const auto& t : layers->buffers()) there = there && t.device() == d;
       if (!there) layers->to(d);
     }
+}
+
+void Executor::check_delivery(const schedule::Schedule& s) const {
+  if (!options.transport.in_order) return;
+  try {
+    schedule::validate_in_order(s);
+  } catch (const ScheduleError& e) {
+    throw ConfigError(detail::concat("pipeline: a transport that delivers in order cannot run this schedule: ", e.what()));
+  }
 }
 
 void Executor::check_usable() const {

@@ -167,6 +167,9 @@ struct Executor {
   bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
   int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
   void check_usable() const;
+  // With a transport that delivers in order (options.transport.in_order), `s` must hold under
+  // it (schedule/in_order.h): a ConfigError otherwise.
+  void check_delivery(const schedule::Schedule& s) const;
   void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
   [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
 

@@ -100,6 +100,7 @@ const schedule::Schedule& Executor::schedule_for(int m) {
     }
     schedule::Schedule s = schedule::pipeline_schedule(options.schedule, options.stages, k, options.chunks, mesh.data_parallel);
     schedule::validate(s);
+    check_delivery(s);
     return fewer.emplace(m, std::move(s)).first->second;
   }
   std::string why;

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "job/config.h"
 #include "job/balance.h"
+#include "job/runtime.h"
 #include "train/trainer.h"
 #include "stages/accelerator.h"
 #include "tests/helpers.h"
@@ -98,6 +99,27 @@ TEST(Config, PipelineDevices) {
     for (const auto& d : job.options.devices) EXPECT_TRUE(d.is_cpu());
     EXPECT_NE(job.device_note.find("pipeline.devices auto: the CPU"), std::string::npos) << job.device_note;
   }
+}
+
+// runtime.cudnn_benchmark, runtime.tf32 and runtime.deterministic: booleans, and benchmark-picked
+// algorithms are not deterministic; make_pipeline hands them to libtorch.
+TEST(Config, KernelSwitches) {
+  json c = base();
+  c["runtime"] = {{"tf32", true}, {"deterministic", true}};
+  const Config parsed = parse_config(c, "cfg.json");
+  EXPECT_TRUE(parsed.runtime.tf32);
+  EXPECT_TRUE(parsed.runtime.deterministic);
+  EXPECT_FALSE(parsed.runtime.cudnn_benchmark);
+  c["runtime"]["cudnn_benchmark"] = true;
+  EXPECT_ERROR(error_of(c), "cfg.json: runtime.cudnn_benchmark: picks convolution algorithms by timing");
+  c["runtime"] = {{"tf32", "yes"}};
+  EXPECT_ERROR(error_of(c), "runtime.tf32");
+  apply_kernel_switches(parsed.runtime);
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
+  apply_kernel_switches(RuntimeConfig{});
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  EXPECT_FALSE(at::globalContext().allowTF32CuBLAS());
 }
 
 TEST(Config, RecomputeModes) {

@@ -8,10 +8,10 @@
 
 #include "common/error.h"
 #include "models/model.h"
-#include "train/generate.h"
+#include "models/generate.h"
 
 using namespace pipetrain;
-using namespace pipetrain::train;
+using namespace pipetrain::models;
 
 namespace {
 

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "schedule/auto.h"
+#include "schedule/in_order.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
 #include "schedule/trace.h"
@@ -543,4 +544,50 @@ TEST(ForwardOnly, ValidForEveryKindAndRefusesBackwards) {
   bad.actions[0].push_back({Op::Backward, 0, 0});
   EXPECT_THROW(validate(bad), ScheduleError);
   EXPECT_THROW(with_reductions(forward_only(make_gpipe(2, 2), 2)), ScheduleError);
+}
+
+// In-order delivery (schedule/in_order.h): every kind with its devices in a loop sends each
+// neighbour its messages in the order the neighbour receives them. In the V placements a device
+// exchanges activations and gradients of two chunks with the same neighbour: zb-v keeps the
+// order only with at most as many micro-batches as stages, dualpipev only on two stages. A
+// hand-made crossing is named by pair, position and message.
+TEST(InOrder, LoopPlacementsHoldAndVPlacementsDoNot) {
+  int checked = 0;
+  for (Kind k : all_kinds())
+    for (int stages = 1; stages <= 4; ++stages)
+      for (int m = 1; m <= 9; ++m) {
+        const int chunks = chunks_for(k);
+        Schedule s;
+        try {
+          check_supported(k, stages, m, chunks);
+          s = make_schedule(k, stages, m, chunks);
+        } catch (const ScheduleError&) {
+          continue;
+        }
+        ++checked;
+        const bool holds = placement_of(k) != Placement::V || stages == 1 ||
+                           (k == Kind::ZbV && m <= stages) || (k == Kind::DualPipeV && stages == 2);
+        if (!holds) {
+          EXPECT_THROW(validate_in_order(s), ScheduleError) << name(k) << " K=" << stages << " M=" << m;
+        } else {
+          EXPECT_NO_THROW(validate_in_order(s)) << name(k) << " K=" << stages << " M=" << m;
+        }
+      }
+  EXPECT_GT(checked, 100);
+  Schedule s = make_1f1b(2, 2);
+  auto& sends = s.actions[0];  // stage 0 sends the activations of micro-batches 0 and 1 swapped
+  std::vector<size_t> at;
+  for (size_t i = 0; i < sends.size(); ++i)
+    if (sends[i].op == Op::SendActivation) at.push_back(i);
+  ASSERT_EQ(at.size(), 2u);
+  std::swap(sends[at[0]].micro_batch, sends[at[1]].micro_batch);
+  try {
+    validate_in_order(s);
+    ADD_FAILURE() << "a crossing was accepted";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1's receive #1 from stage 0 is the activation of micro-batch 0, but stage "
+                                         "0's send #1 to it is the activation of micro-batch 1"),
+              std::string::npos)
+        << e.what();
+  }
 }

@@ -48,7 +48,7 @@ class LocalTransport : public Transport {
       if (hub_->aborted)
         throw TransportError(dst, detail::concat("rank ", rank_, ": cannot send ", id.describe(),
                                                  " to rank ", dst, ": aborted: ", hub_->abort_reason));
-      hub_->boxes[{rank_, dst, id.tag()}].push_back(std::move(msg));
+      hub_->boxes[{rank_, dst, hub_->options.in_order ? 0 : id.tag()}].push_back(std::move(msg));
     }
     hub_->cv.notify_all();
   }
@@ -56,7 +56,7 @@ class LocalTransport : public Transport {
   at::Tensor recv(int src, const MessageId& id, Deadline deadline) override {
     check_peer(src);
     std::unique_lock<std::mutex> lock(hub_->mu);
-    auto key = std::make_tuple(src, rank_, id.tag());
+    auto key = std::make_tuple(src, rank_, hub_->options.in_order ? uint64_t(0) : id.tag());
     for (;;) {
       if (hub_->aborted)
         throw TransportError(src, detail::concat("rank ", rank_, ": aborted while waiting for ",

@@ -7,17 +7,7 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
-namespace pipetrain::job {}
-namespace pipetrain::checkpoint {}
-namespace pipetrain::planner {}
-
-namespace pipetrain::train {
-
-// The train namespace also offers the run layer below it (configs and jobs, checkpoints,
-// plans), so that train:: names the whole run layer to its callers.
-using namespace ::pipetrain::job;
-using namespace ::pipetrain::checkpoint;
-using namespace ::pipetrain::planner;
+namespace pipetrain::models {
 
 struct GenerateOptions {
   int64_t new_bytes = 256;   // bytes to generate
@@ -33,4 +23,4 @@ struct GenerateOptions {
 // Bad options are a one-line ConfigError naming the option.
 std::string generate(torch::nn::Sequential& model, const std::string& prompt, const GenerateOptions& options);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::models

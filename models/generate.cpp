@@ -1,4 +1,4 @@
-#include "train/generate.h"
+#include "models/generate.h"
 
 #include <cmath>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 
-namespace pipetrain::train {
+namespace pipetrain::models {
 
 namespace {
 
@@ -82,4 +82,4 @@ std::string generate(torch::nn::Sequential& model, const std::string& prompt, co
   return out;
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain::models

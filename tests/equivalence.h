@@ -1,0 +1,148 @@
+// The equivalence grid's shared fixture (equivalence_test.cpp, equivalence_axes_test.cpp): the
+// model families with dropout, their batches, the cases and the fixture, the whole-batch helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <stdexcept>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "comm/transport.h"
+#include "common/precision.h"
+#include "common/rng.h"
+#include "models/model.h"
+#include "models/layers.h"
+#include "models/skip.h"
+#include "pipeline/pipeline.h"
+#include "schedule/in_order.h"
+#include "schedule/schedule.h"
+#include "stages/accelerator.h"
+#include "stages/autocast.h"
+#include "stages/device.h"
+
+namespace equivalence {
+
+using namespace pipetrain;
+using nlohmann::json;
+
+// Five layers each, or eight for the mlp and gpt when an interleaved schedule needs more
+// virtual stages (the cnn has five layers, so it is interleaved on at most two stages).
+inline json family_config(const std::string& family, bool deep = false) {
+  if (family == "unet")  // skips crossing one and two stage boundaries
+    return {{"family", "unet"}, {"image_size", 8}, {"channels", 2}, {"classes", 5}, {"dropout", 0.2}};
+  if (family == "gpt_tied") {  // the head's weight tied to the token embedding, on the first and last stages
+    json g = family_config("gpt", deep);
+    g["tie_embeddings"] = true;
+    return g;
+  }
+  if (family == "mlp")
+    return {{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", deep ? 7 : 4}, {"out", 5}, {"dropout", 0.2}};
+  if (family == "cnn")
+    return {{"family", "cnn"}, {"image_size", 8}, {"channels", 2}, {"hidden", 8}, {"classes", 3}, {"dropout", 0.3}};
+  return {{"family", "gpt"}, {"vocab_size", 11}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
+          {"n_layers", deep ? 5 : 2}, {"d_ff", 16}, {"dropout", 0.2}};
+}
+
+inline models::Model build(const std::string& family, at::ScalarType dtype, bool deep) {
+  JsonReader r(family_config(family, deep), "model", "test");
+  models::Model m = models::build(r, /*seed=*/42);
+  m.layers->to(dtype);
+  return m;
+}
+
+struct Batch {
+  at::Tensor input, target;
+};
+
+inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  std::vector<int64_t> shape{n};
+  shape.insert(shape.end(), m.sample_shape.begin(), m.sample_shape.end());
+  if (m.token_input)
+    return {torch::randint(0, m.classes, shape, gen, torch::kLong), torch::randint(0, m.classes, shape, gen, torch::kLong)};
+  if (m.pixel_targets)  // a class per pixel
+    return {torch::randn(shape, gen).to(dtype),
+            torch::randint(0, m.classes, {n, m.sample_shape[1], m.sample_shape[2]}, gen, torch::kLong)};
+  return {torch::randn(shape, gen).to(dtype), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
+}
+
+// A tie's gradient on one device: the sum of its members' (one weight used in several places).
+inline void tie_gradients(models::Model& m) {
+  torch::NoGradGuard no_grad;
+  for (const models::Tie& tie : m.ties) {
+    std::vector<at::Tensor> members;
+    for (const auto& ref : tie) members.push_back(m.layers->ptr(ref.layer)->named_parameters()[ref.name]);
+    at::Tensor sum = members[0].grad().clone();
+    for (size_t i = 1; i < members.size(); ++i) sum.add_(members[i].grad());
+    for (auto& p : members) p.mutable_grad() = sum.clone();
+  }
+}
+
+inline at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
+  const double denom = std::max(want.norm().item<double>(), 1e-30);
+  return (got - want).norm().item<double>() / denom;
+}
+
+
+// One equivalence case. `ranks` and `transport` say how the pipeline runs: by default as today's
+// trainer runs runtime.kind threads (one Pipeline, all stages as its threads, the local transport).
+struct Case {
+  std::string schedule, family;
+  int stages, micro_batches;
+  Recompute recompute;
+  at::ScalarType dtype;
+  bool ranks = false;  // one Pipeline per rank, each with its own endpoint and model copy
+  std::string transport = "local";
+  Precision precision = Precision::FP32;
+  int64_t batch = 10;  // samples; fewer than micro_batches: an epoch's short last batch
+  // Where the stages run (stages/device.h): "cpu"; "checking", the checking CPU context, which
+  // copies every tensor crossing between stages late, so that a missing wait corrupts the step;
+  // "cuda", every stage on cuda:0 (skipped without a GPU).
+  std::string device = "cpu";
+  // The local transport delivering each pair's messages in the order they were sent, as NCCL does.
+  bool in_order = false;
+  // Data parallelism: copies of the pipeline (in-process), and the optimizer state sharded across
+  // them. These, and fp16, are compared through one optimizer step (SGD, lr 1: each parameter
+  // moves by minus its gradient), since a sharded optimizer keeps no whole gradient and fp16
+  // gradients are unscaled there.
+  int copies = 1;
+  bool shard = false;
+
+  bool stepped() const { return copies > 1 || shard || precision == Precision::FP16; }
+
+  std::string runtime() const {
+    return std::string(ranks ? "ranks_" : "threads_") + transport + (in_order ? "_inorder" : "") +
+           (device == "cpu" ? "" : "_" + device) + (copies > 1 ? "_D" + std::to_string(copies) : "") +
+           (shard ? "_sharded" : "");
+  }
+};
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.schedule << ", " << c.family << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches, "
+      << recompute_name(c.recompute) << ", " << (c.dtype == torch::kDouble ? "float64" : "float32") << ", "
+      << precision_name(c.precision) << ", " << c.runtime() << ", a batch of " << c.batch;
+}
+
+class Equivalence : public ::testing::TestWithParam<Case> {};
+
+inline const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute::Never};
+
+// The sampled runtime shapes (equivalence_test.cpp), reused by the other axes.
+std::vector<Case> runtime_cases();
+// The case's gtest name: the threads/local grid keeps plain names, other runtimes lead with theirs.
+std::string case_name(const ::testing::TestParamInfo<Case>& info);
+
+}  // namespace equivalence

@@ -1,0 +1,179 @@
+// The equivalence grid's other axes (the fixture and the step: equivalence.h and
+// equivalence_test.cpp): the device contexts (the checking CPU context, which catches a missing
+// wait, and every stage on one GPU), a transport that delivers in order, and data-parallel copies,
+// the sharded optimizer and fp16.
+#include "tests/equivalence.h"
+
+namespace equivalence {
+
+namespace {
+
+
+// The device contexts (stages/device.h). Checking: every schedule x the five runtime shapes
+// (every family, skips across stages, a tie from the first stage to the last, every
+// recomputation mode), as threads and as ranks over the local transport, in float64 on the CPU.
+// CUDA: every schedule x those shapes x every recomputation mode, all stages on cuda:0, in
+// float64 and (the plain shapes) float32.
+std::vector<Case> device_cases(const std::string& device) {
+  std::vector<Case> cases;
+  for (Case c : runtime_cases()) {
+    if (c.transport != "ucx" || c.ranks) continue;  // one of each shape per schedule
+    c.transport = "local";
+    c.device = device;
+    if (device == "checking") {
+      cases.push_back(c);
+      c.ranks = true;
+      cases.push_back(c);
+      continue;
+    }
+    for (auto mode : kModes) {
+      c.recompute = mode;
+      c.dtype = torch::kDouble;
+      cases.push_back(c);
+      if (!schedule::uses_chunks(schedule::parse_kind(c.schedule)) && c.family != "unet") {
+        c.dtype = torch::kFloat;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+// In-order delivery (comm/transport.h, schedule/in_order.h): every kind x the five runtime shapes
+// where its lists hold under it (every shape but those of the V placements with more
+// micro-batches than zb-v or more stages than dualpipev keep in order), as threads and as ranks.
+std::vector<Case> in_order_cases() {
+  std::vector<Case> cases;
+  for (Case c : runtime_cases()) {
+    if (c.transport != "ucx" || c.ranks) continue;
+    const schedule::Kind kind = schedule::parse_kind(c.schedule);
+    try {
+      schedule::validate_in_order(schedule::make_schedule(kind, c.stages, c.micro_batches, schedule::chunks_for(kind)));
+    } catch (const ScheduleError&) {
+      continue;  // InOrderDelivery.VPlacementsAreRefusedNamingTheCrossing
+    }
+    c.transport = "local";
+    c.in_order = true;
+    cases.push_back(c);
+    c.ranks = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Data parallelism and fp16 in the same grid (a sample; data_parallel_test and precision_test
+// run more steps and the ranks runtime): 2 copies of 2 stages (and 3 copies of 1), with and
+// without the sharded optimizer, for a schedule of each family of kinds (fill-drain, 1F1B, split
+// backward, interleaved, V), every model family (the tie not with sharding, which refuses it),
+// float64; fp16 over three kinds and three families, against the micro-batch reference under the
+// same autocast and loss scale.
+std::vector<Case> stepped_cases() {
+  std::vector<Case> cases;
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"})
+    for (const std::string family : {"mlp", "cnn", "gpt", "unet", "gpt_tied"})
+      for (bool shard : {false, true}) {
+        if (shard && family == "gpt_tied") continue;
+        const bool chunked = schedule::uses_chunks(schedule::parse_kind(schedule));
+        Case c{schedule, family, 2, chunked ? 4 : 3, Recompute::ExceptLast, torch::kDouble};
+        c.batch = 14;  // 7 per copy: an uneven split into micro-batches
+        c.copies = 2;
+        c.shard = shard;
+        cases.push_back(c);
+      }
+  for (bool shard : {false, true}) {
+    Case c{"gpipe", "mlp", 1, 2, Recompute::Always, torch::kDouble};
+    c.batch = 11;  // 4 + 4 + 3
+    c.copies = 3;
+    c.shard = shard;
+    cases.push_back(c);
+  }
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"})
+    for (const std::string family : {"mlp", "cnn", "gpt"}) {
+      Case c{schedule, family, 2, 3, Recompute::ExceptLast, torch::kFloat};
+      c.precision = Precision::FP16;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stepped, Equivalence, ::testing::ValuesIn(stepped_cases()), case_name);
+
+INSTANTIATE_TEST_SUITE_P(InOrder, Equivalence, ::testing::ValuesIn(in_order_cases()), case_name);
+
+// A V placement sends a neighbour activations and gradients in another order than it receives
+// them: over a transport that delivers in order the pipeline refuses it at construction, naming
+// the first message that would be taken for another.
+TEST(InOrderDelivery, VPlacementsAreRefusedNamingTheCrossing) {
+  for (const auto& [kind, stages, micro_batches] : {std::tuple{"zb-v", 2, 4}, std::tuple{"dualpipev", 3, 6}}) {
+    models::Model m = build("mlp", torch::kDouble, true);
+    pipeline::PipelineOptions o;
+    o.schedule = schedule::parse_kind(kind);
+    o.chunks = 2;
+    o.stages = stages;
+    o.micro_batches = micro_batches;
+    o.transport.in_order = true;
+    try {
+      pipeline::Pipeline pipe(m.layers, o, mean_ce);
+      ADD_FAILURE() << kind << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("a transport that delivers in order cannot run this schedule: schedule ") +
+                                           kind + ": under in-order delivery stage"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checking, Equivalence, ::testing::ValuesIn(device_cases("checking")), case_name);
+INSTANTIATE_TEST_SUITE_P(Cuda, Equivalence, ::testing::ValuesIn(device_cases("cuda")), case_name);
+
+// The checking context catches a missing wait: the same step with any one of its waits left out
+// (the k-th the stages make, whichever thread makes it) reads a tensor before its copy and ends
+// in a NaN, a wrong gradient or an error, never in the reference's result.
+TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
+  models::Model ref = build("mlp", torch::kDouble, false);
+  const Batch b = make_batch(ref, 8, torch::kDouble);
+  {
+    RngContextGuard rng(RngContext{42, 0, 0});
+    mean_ce(models::forward_with_skips(ref.layers, b.input), b.target).backward();
+  }
+  // 2 stages x 4 micro-batches: 4 inputs, 4 targets, 4 activations and 4 gradients, each waited for.
+  for (int k = 0; k < 16; ++k) {
+    models::Model m = build("mlp", torch::kDouble, false);
+    pipeline::PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.seed = 42;
+    o.timeout_s = 60;
+    o.checking_contexts = true;
+    pipeline::Pipeline pipe(m.layers, o, mean_ce);
+    stages::checking_contexts_skip_waits(1, k);
+    bool equal = true;
+    try {
+      pipe.forward_backward(b.input, b.target);
+      for (const auto& p : ref.layers->named_parameters()) {
+        const at::Tensor g = m.layers->named_parameters()[p.key()].grad();
+        equal = equal && g.defined() && g.isfinite().all().item<bool>() && rel_error(g, p.value().grad()) < 1e-10;
+      }
+    } catch (const std::exception&) {
+      equal = false;  // e.g. a target read as -1
+    }
+    stages::checking_contexts_skip_waits(0);
+    EXPECT_FALSE(equal) << "leaving out wait " << k << " did not change the step";
+  }
+  // And with every wait in place the same pipeline equals the reference.
+  models::Model m = build("mlp", torch::kDouble, false);
+  pipeline::PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.seed = 42;
+  o.checking_contexts = true;
+  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipe.forward_backward(b.input, b.target);
+  for (const auto& p : ref.layers->named_parameters())
+    EXPECT_LE(rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
+}
+
+}  // namespace
+
+}  // namespace equivalence
