@@ -70,7 +70,6 @@ class Bench final : public Command {
     if (sweep_.recompute.empty()) sweep_.recompute = {recompute_name(config.pipeline.recompute)};
     if (sweep_.schedules.empty()) sweep_.schedules = {schedule::name(config.pipeline.schedule)};
     sweep_.bench = options_;
-    sweep_.override_flag = kSetFlag;
     sweep_.bench.profile = false;
     std::ofstream json;
     if (!json_path_.empty()) {

@@ -1,5 +1,6 @@
 // `pipetrain train`: trains the model a config describes (optionally planned first, --auto),
 // with the progress line, checkpoints on SIGINT/SIGTERM, and the test result at the end.
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -53,14 +54,12 @@ class Train final : public Command {
     if (auto_) config = planned(config);
     train::Job job = train::prepare(config);
     options_.observers = {&progress};
-    options_.names = {"--checkpoint-dir", "--resume", "--until-step",
-                      "--metrics",        "--trace",  "--tensorboard"};
     // SIGINT/SIGTERM finish the step and save, when the run saves checkpoints.
     std::optional<StopSignals> signals;
     if (!options_.checkpoint_dir.empty() || !config.train.checkpoint_dir.empty()) signals.emplace();
     options_.stop_requested = [] { return StopSignals::requested(); };
     const train::TrainResult r = train::train(job, options_);
-    if (r.signal) return 128 + r.signal;
+    if (r.stop_request) return 128 + (r.stop_request > 0 ? r.stop_request : SIGTERM);  // -1: a peer's (launch sends SIGTERM)
     if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports
     if (r.stopped_at > 0)
       std::printf("stopped at step %lld; checkpoint %s\n", static_cast<long long>(r.stopped_at),

@@ -42,7 +42,7 @@ void ConfigOptions::add_quiet(CLI::App* subcommand) {
 }
 
 train::Config ConfigOptions::load() const {
-  train::Config config = train::load_config(path, overrides, kSetFlag);
+  train::Config config = train::load_config(path, overrides);
   if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
   return config;
 }

@@ -12,6 +12,7 @@
 
 #include "apps/commands.h"
 #include "apps/faults.h"
+#include "apps/option_flags.h"
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -25,7 +26,7 @@ namespace {
 
 // An error as one printable line of bounded length, whatever bytes the input put in it.
 void report(const std::string& message) {
-  std::fprintf(stderr, "pipetrain: error: %s\n", pipetrain::printable(message, 600).c_str());
+  std::fprintf(stderr, "pipetrain: error: %s\n", pipetrain::printable(apps::with_flags(message), 600).c_str());
 }
 
 // `pipetrain --version`: this build, its libtorch, and what is compiled in and usable here.

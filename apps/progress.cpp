@@ -1,5 +1,7 @@
 #include "apps/progress.h"
 
+#include "apps/option_flags.h"
+
 #include <unistd.h>
 
 #include <csignal>
@@ -22,7 +24,7 @@ ProgressLine::ProgressLine(bool quiet, int64_t log_every)
 
 const char* ProgressLine::fresh_line() const { return tty_ && !quiet_ ? "\n" : ""; }
 
-void ProgressLine::note(const std::string& text) { std::fprintf(stderr, "pipetrain: %s\n", text.c_str()); }
+void ProgressLine::note(const std::string& text) { std::fprintf(stderr, "pipetrain: %s\n", with_flags(text).c_str()); }
 
 void ProgressLine::started(const std::string& description, const std::string& resumed_from, int64_t first_step,
                            int64_t steps) {
@@ -72,7 +74,7 @@ void ProgressLine::ended(const train::TrainResult& r) {
   if (r.stopped_at > 0) {
     std::fprintf(stderr, "pipetrain: stopped at step %lld of %lld%s; continue with --resume\n",
                  static_cast<long long>(r.stopped_at), static_cast<long long>(steps_),
-                 r.signal ? (r.signal == SIGINT ? " (SIGINT)" : " (SIGTERM)") : "");
+                 r.stop_request ? (r.stop_request == SIGINT ? " (SIGINT)" : " (SIGTERM)") : "");
     return;
   }
   std::fprintf(stderr, "pipetrain: %zu steps in %s, %.1f samples/s, final loss %.4f%s\n", r.losses.size(),

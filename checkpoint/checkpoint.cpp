@@ -68,11 +68,45 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+// A file of a checkpoint, read only if it is a regular file of at most `max_bytes` (`exact`: of
+// exactly that many): a FIFO, a device (a link to /dev/zero), a directory or a file of another
+// size is refused before anything is read, so nothing there can hang a load or grow it
+// without bound.
+std::vector<char> read_file(const std::string& path, uint64_t max_bytes, bool exact, const std::string& what) {
+  // O_NONBLOCK: opening a FIFO with no writer returns at once (and is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw CheckpointError(what + " " + path + ": not a regular file (" +
+                          (S_ISDIR(st.st_mode)    ? "a directory"
+                           : S_ISFIFO(st.st_mode) ? "a FIFO"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                                                  : "not a file") +
+                          ")");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (exact ? size != max_bytes : size > max_bytes)
+    throw CheckpointError(what + " " + path + ": " + std::to_string(size) + " bytes, " +
+                          (exact ? "the manifest says " : "more than the most a manifest may hold, ") + std::to_string(max_bytes) +
+                          (exact ? " (truncated or replaced)" : ""));
+  std::vector<char> bytes(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CheckpointError("cannot read " + path + ": " + (n < 0 ? std::strerror(errno) : "it shrank while read"));
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
 }
+
+constexpr uint64_t kMaxManifestBytes = uint64_t(64) << 20;
 
 uint32_t crc_of(const std::vector<char>& bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -114,7 +148,7 @@ json read_manifest(const std::string& dir) {
   const fs::path file = fs::path(dir) / "manifest.json";
   if (!fs::exists(file))
     throw CheckpointError("checkpoint " + dir + ": no manifest.json (not a checkpoint, or a save that did not finish)");
-  const std::vector<char> bytes = read_file(file.string());
+  const std::vector<char> bytes = read_file(file.string(), kMaxManifestBytes, false, "checkpoint manifest");
   return check_manifest(std::string(bytes.begin(), bytes.end()), file.string(), fs::path(dir).filename().string());
 }
 
@@ -126,10 +160,7 @@ std::map<std::string, at::Tensor> read_shards(const std::string& dir, const json
   for (const json& s : manifest.at("shards")) {
     const std::string path = (fs::path(dir) / s.at("file").get<std::string>()).string();
     if (!fs::exists(path)) throw CheckpointError("checkpoint " + dir + ": shard " + path + " is missing");
-    const std::vector<char> bytes = read_file(path);
-    if (bytes.size() != s.at("bytes").get<uint64_t>())
-      throw CheckpointError("checkpoint shard " + path + ": " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                            brief(s.at("bytes")) + " (truncated or replaced)");
+    const std::vector<char> bytes = read_file(path, s.at("bytes").get<uint64_t>(), true, "checkpoint shard");
     if (crc_of(bytes) != s.at("crc32").get<uint32_t>())
       throw CheckpointError("checkpoint shard " + path + ": CRC-32 mismatch (the file is damaged)");
     for (auto& [name, tensor] : load_tensor_dict(bytes, path)) {

@@ -11,6 +11,7 @@
 #include "comm/transport.h"
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "common/option.h"
 #include "common/strings.h"
 #include "schedule/schedule.h"
 #include "stages/device.h"
@@ -21,10 +22,9 @@ using nlohmann::json;
 
 std::string Config::where(const std::string& key_path) const { return where_of(key_path, source, origins.get()); }
 
-void apply_overrides(json& root, const std::vector<std::string>& overrides, Origins& origins,
-                     const std::string& flag) {
+void apply_overrides(json& root, const std::vector<std::string>& overrides, Origins& origins) {
   for (const auto& full_text : overrides) {
-    const std::string text = flag + " " + printable(full_text, 120);  // as messages show it
+    const std::string text = option(Option::Override) + " " + printable(full_text, 120);  // as messages show it
     const auto eq = full_text.find('=');
     if (eq == std::string::npos || eq == 0)
       throw ConfigError(text + ": expected key.path=value");
@@ -65,17 +65,15 @@ int intra_op_threads(const RuntimeConfig& runtime, int stages) {
   return std::max(1, cores / std::max(1, stages));
 }
 
-Config parse_config(const json& input, const std::string& source, const std::vector<std::string>& overrides,
-                    const std::string& flag) {
+Config parse_config(const json& input, const std::string& source, const std::vector<std::string>& overrides) {
   if (!input.is_object()) throw ConfigError(source + ": the config must be a JSON object");
   json root = input;
   auto origins = std::make_shared<Origins>();
-  apply_overrides(root, overrides, *origins, flag);
+  apply_overrides(root, overrides, *origins);
 
   Config c;
   c.source = source;
   c.origins = origins;
-  c.override_flag = flag;
   c.root = root;
   JsonReader top(root, "", source, origins);
 
@@ -279,12 +277,12 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& flag) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(parse_json(ss.str(), path), path, overrides, flag);
+  return parse_config(parse_json(ss.str(), path), path, overrides);
 }
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {

@@ -118,7 +118,6 @@ struct Config {
   std::string source;                   // file name, for messages
   nlohmann::json model;                 // the `model` object, read by models::build
   std::shared_ptr<const Origins> origins;  // key path -> the override that set it
-  std::string override_flag = "override";  // how overrides are named in messages ("--set")
   nlohmann::json root;                  // the whole config after --set overrides (checkpoint identity)
   DataConfig data;
   PipelineConfig pipeline;
@@ -126,22 +125,21 @@ struct Config {
   TrainConfig train;
   RuntimeConfig runtime;
 
-  // Where a key came from, for messages: "--set k=v: k" or "<file>: k".
+  // Where a key came from, for messages: "<option:override> k=v: k" (common/option.h; the command
+  // line spells it "--set k=v: k") or "<file>: k".
   std::string where(const std::string& key_path) const;
 };
 
-// Applies "key.path=value" overrides (value parsed as JSON, else taken as a string).
 // Applies `key.path=value` texts to a config's JSON, recording in `origins` which override set
-// which path, as `flag text` ("--set a.b=1"). A value that is not JSON is a string.
-void apply_overrides(nlohmann::json& root, const std::vector<std::string>& overrides, Origins& origins,
-                     const std::string& flag = "override");
+// which path, as option(Option::Override) and the text ("--set a.b=1" on the command line). A
+// value that is not JSON is a string.
+void apply_overrides(nlohmann::json& root, const std::vector<std::string>& overrides, Origins& origins);
 
 // The config in `root` (read from `source`) with the overrides applied; ConfigError for anything
 // wrong, naming where it came from.
 Config parse_config(const nlohmann::json& root, const std::string& source,
-                    const std::vector<std::string>& overrides = {}, const std::string& flag = "override");
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
-                   const std::string& flag = "override");
+                    const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).

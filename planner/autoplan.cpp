@@ -11,6 +11,7 @@
 #include "comm/mesh.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/option.h"
 #include "common/strings.h"
 #include "schedule/auto.h"
 #include "schedule/schedule.h"
@@ -196,7 +197,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   const int file_devices = static_cast<int>(file.devices.size());
   sp.devices = o.devices > 0 ? o.devices : file_devices > 0 ? file_devices : c.pipeline.stages * c.pipeline.data_parallel;
   if (file_devices > 0 && file_devices != sp.devices)
-    throw ConfigError(detail::concat("--devices: ", sp.devices, " devices, but ", o.costs_path, " describes ", file_devices));
+    throw ConfigError(detail::concat(option(Option::Devices), ": ", sp.devices, " devices, but ", o.costs_path, " describes ", file_devices));
   sp.max_data_parallel = sp.devices;
   sp.batch = c.data.batch_size;
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
@@ -211,13 +212,13 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)  // the config's, per stage
     for (int64_t b : c.pipeline.memory_limit) sp.memory_limit.push_back(static_cast<double>(b));
   if (sp.memory_limit.size() > 1 && static_cast<int>(sp.memory_limit.size()) != sp.devices)
-    throw ConfigError(detail::concat("--memory-limit: ", sp.memory_limit.size(), " limits for ", sp.devices, " devices"));
+    throw ConfigError(detail::concat(option(Option::MemoryLimit), ": ", sp.memory_limit.size(), " limits for ", sp.devices, " devices"));
   if (!o.speeds.empty()) sp.speeds = o.speeds;
   else if (file_devices > 0)
     for (const auto& d : file.devices) sp.speeds.push_back(d.speed);
   else if (c.pipeline.stages == sp.devices) sp.speeds = c.pipeline.speeds;
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
-    throw ConfigError(detail::concat("--speeds: ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
+    throw ConfigError(detail::concat(option(Option::Speeds), ": ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
   sp.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(c.optimizer, p, D, sharded); };
   if (filed) {
     sp.latency_ms = file.latency_ms;
@@ -270,7 +271,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     try {
       write_file_atomically(o.write_config, root.dump(2) + "\n");
     } catch (const IoError& e) {
-      throw ConfigError("--write-config " + o.write_config + ": " + e.what());
+      throw ConfigError(option(Option::WriteConfig) + " " + o.write_config + ": " + e.what());
     }
   }
   return r;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/option.h"
 #include "common/strings.h"
 #include "partitioner/partition.h"
 #include "schedule/auto.h"
@@ -19,16 +20,17 @@ namespace pipetrain::planner {
 using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 partitioner::CostFile transformer_costs(const TransformerShape& t) {
-  auto positive = [](const char* name, double v) {
-    if (!(v > 0) || !std::isfinite(v)) throw ConfigError(detail::concat("--", name, " must be a positive number, got ", v));
+  auto positive = [](Option o, double v) {
+    if (!(v > 0) || !std::isfinite(v)) throw ConfigError(detail::concat(option(o), " must be a positive number, got ", v));
   };
-  positive("layers", t.layers), positive("hidden", t.hidden), positive("seq", t.seq), positive("heads", t.heads);
-  positive("vocab", t.vocab), positive("micro-batch", t.micro_batch), positive("device-tflops", t.device_tflops);
-  positive("efficiency", t.efficiency), positive("bandwidth", t.bandwidth_gb_s), positive("bytes-per-value", t.bytes_per_value);
-  if (t.efficiency > 1) throw ConfigError(detail::concat("--efficiency is a share of the peak, at most 1, got ", t.efficiency));
-  if (t.latency_ms < 0) throw ConfigError(detail::concat("--latency-ms must be >= 0, got ", t.latency_ms));
+  positive(Option::Layers, t.layers), positive(Option::Hidden, t.hidden), positive(Option::Seq, t.seq);
+  positive(Option::Heads, t.heads), positive(Option::Vocab, t.vocab), positive(Option::MicroBatch, t.micro_batch);
+  positive(Option::DeviceTflops, t.device_tflops), positive(Option::Efficiency, t.efficiency);
+  positive(Option::Bandwidth, t.bandwidth_gb_s), positive(Option::BytesPerValue, t.bytes_per_value);
+  if (t.efficiency > 1) throw ConfigError(detail::concat(option(Option::Efficiency), " is a share of the peak, at most 1, got ", t.efficiency));
+  if (t.latency_ms < 0) throw ConfigError(detail::concat(option(Option::LatencyMs), " must be >= 0, got ", t.latency_ms));
   if (t.hidden % t.heads != 0)
-    throw ConfigError(detail::concat("--hidden (", t.hidden, ") must be a multiple of --heads (", t.heads, ")"));
+    throw ConfigError(detail::concat(option(Option::Hidden), " (", t.hidden, ") must be a multiple of ", option(Option::Heads), " (", t.heads, ")"));
   const double b = t.micro_batch, s = t.seq, h = t.hidden, a = t.heads, V = t.vocab, d = t.bytes_per_value;
   const double flop_per_ms = t.device_tflops * 1e12 * t.efficiency / 1e3;
   auto ms = [&](double flop) { return flop / flop_per_ms; };
@@ -176,9 +178,9 @@ void write_simulation_trace(const std::string& path, const SimulateReport& r) {
       r.simulation, detail::concat("simulated: ", r.options.schedule, ", ", r.options.stages, " stages, ",
                                    r.options.micro_batches, " micro-batches"));
   std::ofstream out(path);
-  if (!out) throw ConfigError("--trace " + path + ": cannot write");
+  if (!out) throw ConfigError(option(Option::Trace) + " " + path + ": cannot write");
   schedule::write_chrome_trace(out, {t});
-  if (!out) throw ConfigError("--trace " + path + ": write failed");
+  if (!out) throw ConfigError(option(Option::Trace) + " " + path + ": write failed");
 }
 
 }  // namespace pipetrain::planner

@@ -2,10 +2,12 @@
 // buffers and optimizer state, so training continues exactly; damaged, partial or foreign
 // checkpoints are refused with the reason; the export is what Python's torch.load reads.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -220,6 +222,39 @@ TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {
   EXPECT_NE(load_error(saved.string(), other_lr).find("optimizer.lr"), std::string::npos);
 
   EXPECT_THROW(find_checkpoint(temp_dir("empty")), CheckpointError);
+}
+
+// A checkpoint's files are read only when they are regular files of the expected size: a shard
+// or a manifest that is a link to /dev/zero (a device), a FIFO (opening one would wait for a
+// writer) or a directory is refused at once, naming the file and what it is, before anything is
+// read; nothing grows without bound or hangs.
+TEST(Checkpoint, RefusesFilesThatAreNotRegular) {
+  const std::string dir = temp_dir("irregular");
+  Config c = parse_config(make_config(R"({"kind": "sgd", "lr": 0.05})"), "cfg.json");
+  Trainee a(c);
+  a.step(0);
+  const fs::path saved = save_checkpoint(dir, c, *a.pipe, 1, 1, 3);
+  const fs::path shard = saved / "stage-1.pt", kept = saved / "kept.pt";
+  fs::rename(shard, kept);
+  auto expect_refused = [&](const std::string& needle) {
+    const std::string e = load_error(saved.string(), c);
+    EXPECT_NE(e.find(needle), std::string::npos) << e;
+  };
+  fs::create_symlink("/dev/zero", shard);
+  expect_refused("checkpoint shard " + shard.string() + ": not a regular file (a device)");
+  fs::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0) << std::strerror(errno);
+  expect_refused("checkpoint shard " + shard.string() + ": not a regular file (a FIFO)");
+  fs::remove(shard);
+  fs::create_directory(shard);
+  expect_refused("checkpoint shard " + shard.string() + ": not a regular file (a directory)");
+  fs::remove(shard);
+  fs::rename(kept, shard);
+  EXPECT_EQ(load_error(saved.string(), c), "");
+  const fs::path manifest = saved / "manifest.json";
+  fs::rename(manifest, saved / "manifest.kept");
+  fs::create_symlink("/dev/urandom", manifest);
+  expect_refused("checkpoint manifest " + manifest.string() + ": not a regular file (a device)");
 }
 
 // A save that dies before its manifest leaves only a hidden partial directory: the previous

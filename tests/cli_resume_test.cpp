@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -142,6 +143,26 @@ TEST(Cli, KillDuringSaveKeepsThePreviousCheckpoint) {
   EXPECT_NE(resumed.out.find("step-00000002 (step 2 of 6"), std::string::npos) << resumed.out;
   EXPECT_EQ(test_line(resumed.out), ref.test);
   EXPECT_FALSE(exists(dir2 + "/.step-00000004.partial/stage-0.pt"));  // cleared by the next save
+}
+
+// --resume where no complete checkpoint is yet (a run killed before or during its first save, its
+// cut-short save left as a .partial folder) starts afresh, says so in one line, and saves.
+TEST(Cli, ResumeWithoutACompleteCheckpointStartsAfresh) {
+  const std::string cfg = write_config("lm.json", kLm);
+  const std::string dir = fresh_dir("afresh");
+  std::filesystem::create_directories(dir + "/.step-00000002.partial");
+  std::ofstream(dir + "/.step-00000002.partial/stage-0.pt") << "cut short";
+  const Result r = run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir + " --until-step 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("pipetrain: note: --resume: " + dir + " holds no complete checkpoint yet; starting afresh\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(exists(dir + "/step-00000002/manifest.json")) << r.out;
+  // The next restart resumes from that save.
+  const Result again = run("train " + cfg + " --quiet --resume --checkpoint-dir " + dir + " --until-step 4");
+  ASSERT_EQ(again.status, 0) << again.out;
+  EXPECT_EQ(again.out.find("starting afresh"), std::string::npos) << again.out;
+  EXPECT_TRUE(exists(dir + "/step-00000004/manifest.json")) << again.out;
 }
 
 TEST(Cli, DamagedOrMisusedCheckpointsAreRefused) {

@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "common/option.h"
 #include "common/rng.h"
 #include "common/strings.h"
 
@@ -109,4 +110,18 @@ TEST(Rng, GuardRestoresContext) {
   }
   EXPECT_EQ(current_rng_context().seed, 1u);
   EXPECT_EQ(current_rng_context().sample_offset, 3);
+}
+
+// Run options named by id (common/option.h): a marker per option, spelled by the caller; a
+// marker of no known option and text around markers stay as they are.
+TEST(Options, MarkersAreSpelledByTheCaller) {
+  using pipetrain::Option;
+  const std::string text = pipetrain::option(Option::Resume) + ": runs/a holds no checkpoint (" +
+                           pipetrain::option(Option::CheckpointDir) + " or train.checkpoint_dir) <option:nothing> <b>";
+  EXPECT_EQ(text.find("--"), std::string::npos) << text;
+  EXPECT_EQ(pipetrain::render_options(text, [](Option o) { return std::string(pipetrain::option_name(o)); }),
+            "resume: runs/a holds no checkpoint (checkpoint_dir or train.checkpoint_dir) <option:nothing> <b>");
+  EXPECT_EQ(pipetrain::render_options(pipetrain::option(Option::Override) + " a=1: " + pipetrain::option(Option::Trace),
+                                      [](Option o) { return o == Option::Override ? std::string("--set") : std::string("?"); }),
+            "--set a=1: ?");
 }

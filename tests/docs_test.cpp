@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "common/option.h"
 #include "models/model.h"
 #include "tests/process_helpers.h"
 #include "job/config.h"
@@ -154,4 +155,25 @@ TEST(Manual, EverySubcommandAndOptionIsInTheCommandReference) {
           << "pipetrain " << sub << " " << flag << " is not in docs/cli.md";
     }
   }
+}
+
+// The one table of run-option flags (apps/option_flags.cpp, read as text: tests go through the
+// command, not apps/) names only flags the command has, one per option id.
+TEST(Manual, EveryRunOptionIsSpelledAsAFlagOfTheCommand) {
+  std::set<std::string> flags;
+  for (const char* sub : {"train", "eval", "generate", "launch", "export", "bench", "plan", "partition", "simulate", "costs transformer"}) {
+    const auto help = pipetrain::test::shell(std::string(PIPETRAIN_BINARY) + " " + sub + " --help 2>&1");
+    const std::regex option(R"((--[a-z][a-z-]+))");
+    for (auto it = std::sregex_iterator(help.out.begin(), help.out.end(), option); it != std::sregex_iterator(); ++it)
+      flags.insert((*it)[1]);
+  }
+  std::ifstream in(std::string(PIPETRAIN_SOURCE_DIR) + "/apps/option_flags.cpp");
+  const std::string table((std::istreambuf_iterator<char>(in)), {});
+  const std::regex entry(R"re(case Option::([A-Za-z]+): return "(--[a-z-]+)";)re");
+  std::set<std::string> ids;
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), entry); it != std::sregex_iterator(); ++it) {
+    EXPECT_TRUE(ids.insert((*it)[1]).second) << (*it)[1] << " is spelled twice";
+    EXPECT_TRUE(flags.count((*it)[2])) << "Option::" << (*it)[1] << " is spelled " << (*it)[2] << ", which no subcommand has";
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(pipetrain::Option::BytesPerValue) + 1) << "an option id without a flag";
 }

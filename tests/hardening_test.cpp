@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/option.h"
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "checkpoint/checkpoint.h"
@@ -52,9 +53,10 @@ using pipetrain::test::expect_clean_error;
 
 std::string config_error(const json& cfg, const std::vector<std::string>& overrides = {}) {
   try {
-    pipetrain::job::parse_config(cfg, "cfg.json", overrides, "--set");
+    pipetrain::job::parse_config(cfg, "cfg.json", overrides);
   } catch (const ConfigError& e) {
-    return e.what();
+    // Run options by their plain names (the command spells them as flags: cli tests).
+    return pipetrain::render_options(e.what(), [](pipetrain::Option o) { return std::string(pipetrain::option_name(o)); });
   }
   return "";
 }
@@ -97,7 +99,7 @@ TEST(Hardening, DeepNestingIsAnErrorNotACrash) {
 // [4294967297, 8] was read as [1, 8]; every integer is now range checked as the wider type.
 TEST(Hardening, IntegersAreRangeCheckedNotTruncated) {
   EXPECT_NE(config_error(small(), {"pipeline.balance=[4294967297,8]"})
-                .find("--set pipeline.balance=[4294967297,8]: pipeline.balance: a stage's layer count must be between 0 "
+                .find("override pipeline.balance=[4294967297,8]: pipeline.balance: a stage's layer count must be between 0 "
                       "and 1073741824, found number 4294967297"),
             std::string::npos)
       << config_error(small(), {"pipeline.balance=[4294967297,8]"});

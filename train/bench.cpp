@@ -292,7 +292,7 @@ nlohmann::json machine_json() {
 
 void run_sweep(const std::string& path, const std::vector<std::string>& overrides, const SweepOptions& o,
                std::ostream& progress, std::ostream* json_lines) {
-  const Config base = load_config(path, overrides, o.override_flag);
+  const Config base = load_config(path, overrides);
   const nlohmann::json& base_json = base.root;  // the file with the overrides applied
   const nlohmann::json machine = machine_json();
   const std::vector<std::string> precisions =
@@ -328,7 +328,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
                           d > 1 ? detail::concat(" D=", d).c_str() : "", m, sched.c_str(),
                           mode.c_str(), o.precisions.empty() ? "" : " ", o.precisions.empty() ? "" : precision.c_str());
             try {
-              const Config c = load_config(path, sets, o.override_flag);
+              const Config c = load_config(path, sets);
               BenchResult r = run_bench(c, o.bench);
               const double K = k, M = m, v = chunks;
               line["balance"] = r.balance;

@@ -82,7 +82,6 @@ struct SweepOptions {
   std::vector<std::string> recompute, schedules;
   std::vector<std::string> precisions;  // train.precision values; empty: the config's
   BenchOptions bench;
-  std::string override_flag = "override";  // how messages name the overrides ("--set")
 };
 void run_sweep(const std::string& config_path, const std::vector<std::string>& overrides,
                const SweepOptions& options, std::ostream& progress, std::ostream* json_lines);

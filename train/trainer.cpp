@@ -1,12 +1,12 @@
 #include "train/trainer.h"
 
 #include <cmath>
-#include <csignal>
 #include <fstream>
 
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/option.h"
 #include "common/strings.h"
 #include "checkpoint/checkpoint.h"
 #include "train/tensorboard.h"
@@ -162,25 +162,26 @@ struct Checkpoints {
 };
 
 Checkpoints open_checkpoints(const Config& c, const TrainOptions& o, Pipeline& pipe) {
-  const RunOptionNames& n = o.names;
   Checkpoints k;
   k.dir = o.checkpoint_dir.empty() ? c.train.checkpoint_dir : o.checkpoint_dir;
-  k.where = o.checkpoint_dir.empty() ? c.where("train.checkpoint_dir") : n.checkpoint_dir;
-  const std::string either = detail::concat("(", n.checkpoint_dir, " or train.checkpoint_dir)");
-  if (o.resume && k.dir.empty()) throw ConfigError(n.resume + ": no checkpoint directory " + either);
+  k.where = o.checkpoint_dir.empty() ? c.where("train.checkpoint_dir") : option(Option::CheckpointDir);
+  const std::string either = detail::concat("(", option(Option::CheckpointDir), " or train.checkpoint_dir)");
+  if (o.resume && k.dir.empty()) throw ConfigError(option(Option::Resume) + ": no checkpoint directory " + either);
   if (c.train.checkpoint_every > 0 && k.dir.empty())
     throw ConfigError(detail::concat(c.where("train.checkpoint_every"), ": checkpoints every ", c.train.checkpoint_every,
                                      " steps need a directory ", either));
   if (o.until_step > 0 && k.dir.empty())
-    throw ConfigError(n.until_step + ": stops the run with a checkpoint to resume from, which needs a directory " + either);
+    throw ConfigError(option(Option::UntilStep) + ": stops the run with a checkpoint to resume from, which needs a directory " + either);
   if (k.dir.empty()) return k;
   check_checkpoint_dir(k.dir, k.where);
   const std::string latest = latest_checkpoint(k.dir);
-  if (o.resume) {
-    if (latest.empty()) throw ConfigError(n.resume + ": " + k.dir + " holds no complete checkpoint");
+  if (o.resume && latest.empty()) {
+    // Killed before or during its first save: a restart that always passes resume starts afresh.
+    k.note = detail::concat("note: ", option(Option::Resume), ": ", k.dir, " holds no complete checkpoint yet; starting afresh");
+  } else if (o.resume) {
     const CheckpointState st = load_checkpoint(latest, c, pipe);
     if (st.step > c.train.steps)
-      throw ConfigError(detail::concat(n.resume, ": the checkpoint ", latest, " is at step ", st.step,
+      throw ConfigError(detail::concat(option(Option::Resume), ": the checkpoint ", latest, " is at step ", st.step,
                                        " but train.steps is ", c.train.steps));
     k.first_step = st.step;
     k.resumed_from = latest;
@@ -190,7 +191,7 @@ Checkpoints open_checkpoints(const Config& c, const TrainOptions& o, Pipeline& p
                               " (train.precision); the float32 weights and optimizer state carry over as they are");
   } else if (!latest.empty()) {
     throw ConfigError(detail::concat(k.where, ": ", k.dir, " already holds checkpoints (latest ", latest, "); pass ",
-                                     n.resume, " to continue that run, or choose another directory"));
+                                     option(Option::Resume), " to continue that run, or choose another directory"));
   }
   return k;
 }
@@ -262,7 +263,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   result.checkpoint = ckpt.resumed_from;
   const int64_t steps = c.train.steps, first = ckpt.first_step;
   if (options.until_step < 0 || (options.until_step > 0 && options.until_step <= first))
-    throw ConfigError(detail::concat(options.names.until_step, ": ", options.until_step,
+    throw ConfigError(detail::concat(option(Option::UntilStep), ": ", options.until_step,
                                      " is not after the first step to run (", first + 1, ")"));
   const int64_t last_step = options.until_step > 0 ? std::min(steps, options.until_step) : steps;
 
@@ -272,12 +273,12 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   std::unique_ptr<TraceFile> trace;
   if (pipe.rank() <= 0) {
     if (!options.metrics_path.empty())
-      metrics = std::make_unique<MetricsFile>(options.metrics_path, options.resume, options.names.metrics);
+      metrics = std::make_unique<MetricsFile>(options.metrics_path, options.resume, option(Option::Metrics));
     if (!options.trace_path.empty())
       trace = std::make_unique<TraceFile>(options.trace_path, options.trace_steps,
                                           detail::concat("measured: ", c.pipeline.schedule, ", ", pipe.stages(),
                                                          " stages, ", job.options.micro_batches, " micro-batches"),
-                                          pipe.stages(), steps, options.names.trace);
+                                          pipe.stages(), steps, option(Option::Trace));
     observers = options.observers;
     if (metrics) observers.push_back(metrics.get());
     if (trace) observers.push_back(trace.get());
@@ -292,7 +293,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
       try {
         board = std::make_unique<TensorBoardLog>(tensorboard);
       } catch (const ConfigError& e) {
-        throw ConfigError((options.tensorboard_dir.empty() ? c.where("train.tensorboard") : options.names.tensorboard) + ": " + e.what());
+        throw ConfigError((options.tensorboard_dir.empty() ? c.where("train.tensorboard") : option(Option::TensorBoard)) + ": " + e.what());
       }
       observers.push_back(board.get());
     }
@@ -373,7 +374,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
       tell([&](TrainObserver& o) { o.saved(result.checkpoint); });
     }
     if (stopping) {
-      result.signal = asked ? asked : SIGTERM;  // a peer's signal
+      result.stop_request = asked ? asked : -1;  // -1: another rank was asked
       result.stopped_at = s + 1;
       break;
     }

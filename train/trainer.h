@@ -33,20 +33,12 @@ struct TrainResult {
   std::string baseline_name;    // e.g. "unigram" (text data); empty: none
   double baseline_loss = 0;     // the baseline's loss on the whole test split
   int64_t first_step = 0;       // steps already done when this run started (resumed runs)
-  int64_t stopped_at = 0;       // the step the run stopped at before train.steps (until_step, a signal); 0: none
-  int signal = 0;               // SIGINT or SIGTERM that stopped the run; 0: none
+  int64_t stopped_at = 0;       // the step the run stopped at before train.steps (until_step, a stop request); 0: none
+  // What stop_requested returned when it stopped the run (the command line: the signal), -1 when
+  // another rank was asked; 0: not stopped on request.
+  int stop_request = 0;
   std::string checkpoint;       // the last checkpoint saved; empty: none
   int rank = -1;                // runtime.kind processes: this process's rank; -1: in-process
-};
-
-// How the caller names the run options in messages (the command line: its flags).
-struct RunOptionNames {
-  std::string checkpoint_dir = "the checkpoint directory option";
-  std::string resume = "resume";
-  std::string until_step = "until_step";
-  std::string metrics = "the metrics file";
-  std::string trace = "the trace file";
-  std::string tensorboard = "the tensorboard directory";
 };
 
 // One finished step, as observers see it.
@@ -79,7 +71,7 @@ class TrainObserver {
   virtual void stepped(const StepReport& report) {}
   virtual void evaluated(int64_t step, const TrainResult& result) {}  // every train.eval_every steps
   virtual void saved(const std::string& checkpoint) {}
-  // The loop is over: at train.steps, or stopped early (result.stopped_at, result.signal).
+  // The loop is over: at train.steps, or stopped early (result.stopped_at, result.stop_request).
   virtual void ended(const TrainResult& result) {}
   virtual void tested(const TrainResult& result) {}  // the final evaluation on the test split
 };
@@ -93,10 +85,10 @@ struct TrainOptions {
   bool resume = false;         // continue from the latest complete checkpoint in the checkpoint directory
   int64_t until_step = 0;      // stop after this step (saving a checkpoint), as if interrupted; 0: run to the end
   std::vector<TrainObserver*> observers;
-  // Polled after every step: the signal that asks the run to stop there (with a checkpoint), or
-  // 0. Multi-process: every rank stops after the same step, whichever rank was asked.
+  // Polled after every step: nonzero asks the run to stop there, with a checkpoint (the command
+  // line returns the signal it caught), 0 goes on. Multi-process: every rank stops after the same
+  // step, whichever rank was asked.
   std::function<int()> stop_requested;
-  RunOptionNames names;
 };
 
 TrainResult train(Job& job, const TrainOptions& options);
