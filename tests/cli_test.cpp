@@ -270,6 +270,17 @@ TEST(Cli, TrainWritesAChromeTrace) {
   expect_clean_error(r, "--trace /nonexistent/dir/t.json: cannot open for writing");
 }
 
+// A metrics file that cannot be written (a full disk: /dev/full refuses every write) ends the run
+// at its first line, naming the file and the reason, instead of going on without it.
+TEST(Cli, MetricsOnAFullDiskEndTheRunNamingTheFile) {
+  const std::string cfg = write_config("full.json", kSmall);
+  const Result r = run("train " + cfg + " --quiet --metrics /dev/full");
+  EXPECT_EQ(r.status, 1) << r.out;
+  const std::string error = "pipetrain: error: --metrics /dev/full: write failed (No space left on device)\n";
+  ASSERT_GE(r.out.size(), error.size()) << r.out;
+  EXPECT_EQ(r.out.substr(r.out.size() - error.size()), error) << r.out;  // the run's last word
+}
+
 // `costs transformer` writes a cost file for hardware this machine lacks; `simulate` runs every
 // schedule on it and prints the step, the bubble and each stage's memory (as JSON with --json),
 // and a trace with memory counters; bad input is one line.

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <torch/torch.h>
@@ -92,7 +94,7 @@ TrainResult collectively(Pipeline& pipe, Work&& work) {
 // run appends to the file of the run it continues.
 class MetricsFile final : public TrainObserver {
  public:
-  MetricsFile(const std::string& path, bool append, const std::string& name) {
+  MetricsFile(const std::string& path, bool append, const std::string& name) : path_(path), name_(name) {
     out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
     if (!out_) throw ConfigError(name + " " + path + ": cannot open for writing");
   }
@@ -113,7 +115,15 @@ class MetricsFile final : public TrainObserver {
     j["step"] = step;
     return j;
   }
-  void write(const json& j) { out_ << j.dump() << "\n" << std::flush; }
+  // Every line is flushed and checked: a full disk ends the run with the reason instead of
+  // cutting the file mid-line and going on (the lines before stay whole).
+  void write(const json& j) {
+    errno = 0;
+    out_ << j.dump() << "\n" << std::flush;
+    if (!out_)
+      throw IoError(detail::concat(name_, " ", path_, ": write failed (", errno ? std::strerror(errno) : "stream error", ")"));
+  }
+  std::string path_, name_;
   std::ofstream out_;
 };
 
