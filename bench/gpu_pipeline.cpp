@@ -28,6 +28,7 @@
 #include "models/model.h"
 #include "pipeline/pipeline.h"
 #include "stages/autocast.h"
+#include "stages/device.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -52,11 +53,13 @@ models::Model build(const Args& a) {
   return models::build(r, 1);
 }
 
-int64_t peak() {
-  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-  return s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+// The GPU's allocator peak, through the device context that reports it for the stages.
+stages::DeviceContext& gpu_context() {
+  static const auto ctx = stages::make_device_context(c10::Device(c10::kCUDA, 0));
+  return *ctx;
 }
-void reset_peak() { c10::cuda::CUDACachingAllocator::resetPeakStats(0); }
+int64_t peak() { return gpu_context().peak_bytes(); }
+void reset_peak() { gpu_context().reset_peak(); }
 
 struct Variant {
   std::string name;  // "plain" or "pipeline"

@@ -156,9 +156,10 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     } else {
       pipe.fail("devices", "expected \"auto\", \"cpu\", a device name or a list of them (one per stage), found " + describe(*d));
     }
-    // The names, their count, and that each device exists here and this build can run it.
-    stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"));
   }
+  // The names, their count, and that each device exists here and this build can run it.
+  const std::vector<c10::Device> devices =
+      stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"));
   if (const json* m = pipe.get_raw("memory_limit")) {
     auto bytes = [&](const json& v) {
       constexpr double kMax = 1152921504606846976.0;  // 2^60 bytes
@@ -238,8 +239,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
   if (c.train.precision == Precision::FP16) {
     bool gpus = false;
-    for (const auto& d : stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices")))
-      gpus = gpus || d.is_cuda();
+    for (const auto& d : devices) gpus = gpus || d.is_cuda();
     if (!gpus)
       train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
                               "(float32's range, no loss scaling needed)");

@@ -12,6 +12,7 @@
 #include "comm/mesh.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "stages/accelerator.h"
 #include "stages/device.h"
 #include "common/error.h"
 #include "job/balance.h"
@@ -93,8 +94,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   match_stage_threads(job);
   // "auto" on GPUs: each rank takes its host's GPU by its place among the host's ranks.
   if ((c.pipeline.devices.empty() || asked_auto) && gpus) {
-    std::string why;
-    const int n = stages::detail_cuda::cuda_devices(&why);
+    const int n = stages::accelerator_info().gpus;
     if (n > 0) job.options.devices.assign(c.pipeline.stages, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank % n)));
   }
   if (info.rank == 0) warn_if_oversubscribed(job, info.local_world_size > 0 ? info.local_world_size : 1, note);

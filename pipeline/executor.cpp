@@ -140,7 +140,7 @@ void Executor::place_stages() {
   if (!options.devices.empty() && options.devices.size() != 1 && static_cast<int>(options.devices.size()) != S)
     throw ConfigError(detail::concat("pipeline: ", options.devices.size(), " devices for ", S,
                                      " stages; give one for every stage, or one for all"));
-  devices.clear();
+  std::vector<c10::Device> devices;
   for (int r = 0; r < S; ++r)
     devices.push_back(options.devices.empty() ? c10::Device(c10::kCPU)
                                               : options.devices[options.devices.size() == 1 ? 0 : static_cast<size_t>(r)]);
@@ -154,16 +154,10 @@ void Executor::place_stages() {
   contexts.clear();
   contexts.resize(S);
   for (int r : local) contexts[r] = stages::make_device_context(devices[r], options.checking_contexts);
+  marking = gpus;
   torch::NoGradGuard no_grad;
   for (int vs = 0; vs < static_cast<int>(stages.size()); ++vs)
-    if (runs(vs)) {
-      const c10::Device d = devices[sched.device_of(vs)];
-      auto& layers = stages[vs]->layers();
-      bool there = true;
-      for (const auto& t : layers->parameters()) there = there && t.device() == d;
-      for (const auto& t : layers->buffers()) there = there && t.device() == d;
-      if (!there) layers->to(d);
-    }
+    if (runs(vs)) stages[vs]->layers()->to(devices[sched.device_of(vs)]);  // tensors already there stay
 }
 
 void Executor::check_delivery(const schedule::Schedule& s) const {

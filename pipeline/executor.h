@@ -80,15 +80,15 @@ struct Executor {
   const schedule::Schedule& schedule_for(int m);
   std::vector<std::unique_ptr<stages::Stage>> stages;
   std::vector<std::unique_ptr<comm::Transport>> transports;
-  // Where each device's stages run, and its device context (stages/device.h) for the devices
-  // run here (null elsewhere); each worker enters its device's context for every job.
-  std::vector<c10::Device> devices;
+  // Each device's context (stages/device.h) for the devices run here (null elsewhere); each
+  // worker enters its device's context for every job.
   std::vector<std::unique_ptr<stages::DeviceContext>> contexts;
   // In-process, a message between two devices carries the sender's mark, which the receiver's
   // context waits for: by (kind, micro-batch, channel, step tag, receiving device).
   std::mutex marks_mu;
   std::map<std::tuple<int, int, int, int64_t, int>, stages::Marker> marks;
-  void place_stages();  // devices, contexts and the layers on their devices (executor.cpp)
+  bool marking = false;  // some stage here runs on a GPU, whose work its marks follow
+  void place_stages();  // the contexts, and the layers on their devices (executor.cpp)
   std::vector<std::unique_ptr<Worker>> workers;
   StepTrace trace;
   Clock::time_point created = Clock::now();

@@ -37,7 +37,7 @@ void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int 
     if (device == r) {
       local.put(kind, m, channel(chunk, part), x);
     } else if (self < 0) {
-      {
+      if (marking) {  // only GPU contexts mark: no bookkeeping on the CPU's path
         std::lock_guard<std::mutex> lock(marks_mu);
         marks[{static_cast<int>(kind), m, channel(chunk, part), tag_step, device}] = produced;
       }
@@ -70,7 +70,7 @@ at::Tensor Executor::recv_across(int r, comm::Kind kind, int from_vs, int chunk_
     const at::Tensor t =
         transports[r]->recv(peer(device), {kind, m, channel(chunk_here, part), tag_step}, Deadline::after(options.timeout_s));
     stages::Marker produced;
-    if (self < 0) {
+    if (self < 0 && marking) {
       std::lock_guard<std::mutex> lock(marks_mu);
       auto it = marks.find({static_cast<int>(kind), m, channel(chunk_here, part), tag_step, r});
       if (it != marks.end()) {

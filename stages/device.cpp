@@ -22,8 +22,11 @@ class CpuContext : public DeviceContext {
   std::string kind() const override { return "cpu"; }
   std::unique_ptr<Scope> enter() override { return std::make_unique<Scope>(); }
   Marker mark() override { return {}; }
-  void wait(const Marker&) override {}
-  Received receive(const at::Tensor& t, const Marker&) override {
+  void wait(const Marker& m) override {
+    if (m) m.impl->host_wait();  // a GPU's work: the CPU has no stream to queue the wait on
+  }
+  Received receive(const at::Tensor& t, const Marker& produced) override {
+    wait(produced);
     return {t.device().is_cpu() ? t : t.to(c10::kCPU), {}};
   }
   void synchronize() override {}
@@ -32,7 +35,7 @@ class CpuContext : public DeviceContext {
 std::atomic<int64_t> waits_seen{0}, skip_from{0}, skip_to{0};
 
 // A copy the checking context owes: done when its marker is waited for, or at synchronize().
-struct PendingCopy {
+struct PendingCopy : MarkerImpl {
   at::Tensor src, dst;
   std::once_flag done;
   void perform() {
@@ -42,6 +45,7 @@ struct PendingCopy {
       src = at::Tensor();
     });
   }
+  void host_wait() override { perform(); }
 };
 
 class CheckingContext : public DeviceContext {
@@ -54,7 +58,7 @@ class CheckingContext : public DeviceContext {
     if (!m) return;
     const int64_t seen = waits_seen.fetch_add(1);
     if (seen >= skip_from.load() && seen < skip_to.load()) return;  // the deliberate fault: this wait is missing
-    static_cast<PendingCopy*>(m.impl.get())->perform();
+    m.impl->host_wait();  // the copy runs now
   }
   Received receive(const at::Tensor& t, const Marker& produced) override {
     wait(produced);

@@ -38,10 +38,17 @@ std::vector<c10::Device> resolve_devices(const std::vector<std::string>& names, 
 /// One device name ("cpu", "cuda", "cuda:1") checked as resolve_devices checks a list's entries.
 c10::Device parse_device(const std::string& name, const std::string& where);
 
+/// What a marker stands for (an event on CUDA, a pending copy on the checking context).
+struct MarkerImpl {
+  virtual ~MarkerImpl() = default;
+  /// Blocks the host until the marked work is done (a context without streams, the CPU, waits so).
+  virtual void host_wait() = 0;
+};
+
 /// A point in a context's work that another context can wait for: an event on CUDA, a pending
 /// copy on the checking context, nothing on the CPU. Copyable; empty means "already done".
 struct Marker {
-  std::shared_ptr<void> impl;
+  std::shared_ptr<MarkerImpl> impl;
   explicit operator bool() const { return static_cast<bool>(impl); }
 };
 
@@ -97,7 +104,6 @@ void checking_contexts_skip_waits(int n, int after = 0);
 namespace detail_cuda {
 /// Implemented in device_cuda.cpp (a CUDA build) or device_none.cpp.
 std::unique_ptr<DeviceContext> make_cuda_context(const c10::Device& device);
-int cuda_devices(std::string* why_none);
 }  // namespace detail_cuda
 
 }  // namespace pipetrain::stages

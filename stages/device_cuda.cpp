@@ -5,7 +5,6 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
 
 #include "common/error.h"
 #include "stages/device.h"
@@ -13,6 +12,11 @@
 namespace pipetrain::stages {
 
 namespace {
+
+struct CudaMarker : MarkerImpl {
+  at::cuda::CUDAEvent event;
+  void host_wait() override { event.synchronize(); }
+};
 
 class CudaScope : public DeviceContext::Scope {
  public:
@@ -37,13 +41,14 @@ class CudaContext : public DeviceContext {
   std::unique_ptr<Scope> enter() override { return std::make_unique<CudaScope>(stream_); }
 
   Marker mark() override {
-    auto e = std::make_shared<at::cuda::CUDAEvent>();
-    e->record(stream_);
-    return Marker{e};
+    auto m = std::make_shared<CudaMarker>();
+    m->event.record(stream_);
+    return Marker{m};
   }
 
+  // Markers come from CUDA contexts (only they mark); a checking context's run on the CPU only.
   void wait(const Marker& m) override {
-    if (m) static_cast<at::cuda::CUDAEvent*>(m.impl.get())->block(stream_);
+    if (m) static_cast<CudaMarker*>(m.impl.get())->event.block(stream_);
   }
 
   Received receive(const at::Tensor& t, const Marker& produced) override {
@@ -63,7 +68,7 @@ class CudaContext : public DeviceContext {
     // From another GPU: ATen copies on the source device's current stream of this thread after a
     // barrier with this stream; that stream waits for the producer too, and keeps the source.
     const auto src_stream = c10::cuda::getCurrentCUDAStream(t.device().index());
-    if (produced) static_cast<at::cuda::CUDAEvent*>(produced.impl.get())->block(src_stream);
+    if (produced) static_cast<CudaMarker*>(produced.impl.get())->event.block(src_stream);
     c10::cuda::CUDAStreamGuard guard(stream_);
     at::Tensor out = t.to(device_);
     t.record_stream(src_stream);
@@ -89,18 +94,6 @@ namespace detail_cuda {
 
 std::unique_ptr<DeviceContext> make_cuda_context(const c10::Device& device) {
   return std::make_unique<CudaContext>(device);
-}
-
-int cuda_devices(std::string* why_none) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    if (why_none) *why_none = cudaGetErrorString(err);
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (count == 0 && why_none) *why_none = "the CUDA runtime sees no device";
-  return count;
 }
 
 }  // namespace detail_cuda

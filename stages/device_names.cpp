@@ -1,10 +1,11 @@
-// Device names (device.h): pipeline.devices resolved and checked. libtorch's c10 only (no ATen),
-// so that the config reader stays light (the config fuzzer compiles it).
+// Device names (device.h): pipeline.devices resolved and checked against the accelerator report
+// (accelerator.h). libtorch's c10 only (no ATen), so that the config reader stays light (the config
+// fuzzer compiles it).
 #include <algorithm>
 #include <optional>
 
-#include "common/config.h"
 #include "common/error.h"
+#include "stages/accelerator.h"
 #include "stages/device.h"
 
 namespace pipetrain::stages {
@@ -28,22 +29,21 @@ c10::Device parse_device(const std::string& name, const std::string& where) {
   if (!parsed || !(parsed->is_cpu() || parsed->is_cuda()))
     throw ConfigError(detail::concat(where, ": unknown device \"", name, "\"; stages run on \"cpu\" or \"cuda\" (\"cuda:N\" for the N-th GPU)"));
   if (parsed->is_cpu()) return c10::Device(c10::kCPU);
-  if (!PIPETRAIN_HAVE_CUDA)
+  const AcceleratorInfo acc = accelerator_info();
+  if (!acc.cuda)
     throw ConfigError(detail::concat(where, ": \"", name, "\" needs CUDA, but this build has none (its libtorch has no CUDA)"));
-  std::string why;
-  const int gpus = detail_cuda::cuda_devices(&why);
   const int index = parsed->has_index() ? parsed->index() : 0;
-  if (index >= gpus)
-    throw ConfigError(detail::concat(where, ": \"", name, "\" does not exist: ", gpus_seen(gpus, why)));
+  if (index >= acc.gpus)
+    throw ConfigError(detail::concat(where, ": \"", name, "\" does not exist: ", gpus_seen(acc.gpus, acc.no_gpu_reason)));
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 std::vector<c10::Device> resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
                                          std::string* note) {
   if (names.empty() || (names.size() == 1 && names[0] == "auto")) {
-    std::string why;
-    const int gpus = PIPETRAIN_HAVE_CUDA ? detail_cuda::cuda_devices(&why) : 0;
-    if (!PIPETRAIN_HAVE_CUDA) why = "this build has no CUDA";
+    const AcceleratorInfo acc = accelerator_info();
+    const int gpus = acc.gpus;
+    const std::string& why = acc.no_gpu_reason;
     std::vector<c10::Device> out;
     for (int s = 0; s < stages; ++s)
       out.push_back(gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s % gpus)) : c10::Device(c10::kCPU));

@@ -181,12 +181,16 @@ TEST(Checkpoint, OptimizerStateIsWhatMakesItExact) {
   EXPECT_GT(std::abs(b.step(4) - after), 1e-9);
 }
 
+// The checkpoint of one SGD step, saved under temp_dir(name).
+fs::path one_step_checkpoint(const std::string& name, const Config& c) {
+  Trainee t(c);
+  t.step(0);
+  return save_checkpoint(temp_dir(name), c, *t.pipe, 1, 1, 3);
+}
+
 TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {
-  const std::string dir = temp_dir("refuse");
   Config c = parse_config(make_config(R"({"kind": "sgd", "lr": 0.05})"), "cfg.json");
-  Trainee a(c);
-  a.step(0);
-  const fs::path saved = save_checkpoint(dir, c, *a.pipe, 1, 1, 3);
+  const fs::path saved = one_step_checkpoint("refuse", c);
   const fs::path manifest = saved / "manifest.json";
   const std::string good = [&] { std::ifstream in(manifest); return std::string(std::istreambuf_iterator<char>(in), {}); }();
   auto restore = [&] { std::ofstream(manifest, std::ios::trunc) << good; };
@@ -199,9 +203,7 @@ TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {
   fs::resize_file(saved / "stage-0.pt", fs::file_size(saved / "stage-0.pt") - 10);
   EXPECT_NE(load_error(saved.string(), c).find("truncated"), std::string::npos);
 
-  Trainee again(c);
-  again.step(0);
-  const fs::path second = save_checkpoint(temp_dir("refuse2"), c, *again.pipe, 1, 1, 3);
+  const fs::path second = one_step_checkpoint("refuse2", c);
   std::ofstream(second / "manifest.json", std::ios::trunc) << "{\"format\": \"pipetrain-checkpoint\", ";
   EXPECT_NE(load_error(second.string(), c).find("manifest.json: not valid JSON"), std::string::npos);
 
@@ -216,7 +218,7 @@ TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {
   restore();
 
   Config wider = parse_config(make_config(R"({"kind": "sgd", "lr": 0.05})"), "cfg.json", {"model.d_model=32"});
-  const std::string foreign = load_error(dir + "/step-00000001", wider);
+  const std::string foreign = load_error(saved.string(), wider);
   EXPECT_NE(foreign.find("different run: model.d_model: 16 in the checkpoint, 32 in the config"), std::string::npos) << foreign;
   Config other_lr = parse_config(make_config(R"({"kind": "sgd", "lr": 0.07})"), "cfg.json");
   EXPECT_NE(load_error(saved.string(), other_lr).find("optimizer.lr"), std::string::npos);
@@ -229,11 +231,8 @@ TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {
 // writer) or a directory is refused at once, naming the file and what it is, before anything is
 // read; nothing grows without bound or hangs.
 TEST(Checkpoint, RefusesFilesThatAreNotRegular) {
-  const std::string dir = temp_dir("irregular");
   Config c = parse_config(make_config(R"({"kind": "sgd", "lr": 0.05})"), "cfg.json");
-  Trainee a(c);
-  a.step(0);
-  const fs::path saved = save_checkpoint(dir, c, *a.pipe, 1, 1, 3);
+  const fs::path saved = one_step_checkpoint("irregular", c);
   const fs::path shard = saved / "stage-1.pt", kept = saved / "kept.pt";
   fs::rename(shard, kept);
   auto expect_refused = [&](const std::string& needle) {
