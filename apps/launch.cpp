@@ -15,6 +15,7 @@
 
 #include "comm/rendezvous.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace pipetrain::launch {
 
@@ -78,7 +79,8 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port) {
   const std::vector<std::pair<std::string, std::string>> env{
       {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
       {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
-      {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)}};
+      {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)},
+      {"PIPETRAIN_LOG_RANK", "0"}};  // the launcher prefixes the ranks' lines itself
 
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
@@ -127,6 +129,7 @@ std::string stopped_ranks(const std::vector<Rank>& ranks, int except) {
 }  // namespace
 
 int run(const LaunchOptions& o) {
+  log::set_name("pipetrain launch");
   if (o.nproc < 1) throw ConfigError("--nproc: must be at least 1");
   if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
   if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
@@ -160,7 +163,7 @@ int run(const LaunchOptions& o) {
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
       while (::read(g_signal_pipe[0], &sig, 1) == 1) {
-        std::fprintf(stderr, "pipetrain launch: %s; forwarding it to every rank\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        log::info(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + "; forwarding it to every rank");
         signal_all(ranks, sig);
         if (stop_by == Clock::time_point{}) stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                                            std::chrono::duration<double>(o.grace_s));
@@ -187,11 +190,11 @@ int run(const LaunchOptions& o) {
       if (::waitpid(r.pid, &st, WNOHANG | WUNTRACED | WCONTINUED) != r.pid) continue;
       if (WIFSTOPPED(st)) {
         r.stopped_by = WSTOPSIG(st);
-        std::fprintf(stderr, "pipetrain launch: rank %d was stopped by SIG%s\n", i, sigabbrev_np(r.stopped_by));
+        log::warning(detail::concat("rank ", i, " was stopped by SIG", sigabbrev_np(r.stopped_by)));
         continue;
       }
       if (WIFCONTINUED(st)) {
-        if (r.stopped_by) std::fprintf(stderr, "pipetrain launch: rank %d continues\n", i);
+        if (r.stopped_by) log::info(detail::concat("rank ", i, " continues"));
         r.stopped_by = 0;
         continue;
       }
@@ -202,9 +205,9 @@ int run(const LaunchOptions& o) {
         failed_rank = i;
         result = r.status;
         if (running > 0)
-          std::fprintf(stderr, "pipetrain launch: rank %d %s %d%s; stopping the other ranks\n", i,
-                       WIFEXITED(st) ? "exited with status" : "was killed by signal",
-                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), stopped_ranks(ranks, i).c_str());
+          log::error(detail::concat("rank ", i, WIFEXITED(st) ? " exited with status " : " was killed by signal ",
+                                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), stopped_ranks(ranks, i),
+                                    "; stopping the other ranks"));
         signal_all(ranks, SIGTERM);
         stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
       } else if (r.status != 0 && result == 0) {
@@ -213,7 +216,8 @@ int run(const LaunchOptions& o) {
       }
     }
     if (!killed && stop_by != Clock::time_point{} && Clock::now() >= stop_by && running > 0) {
-      std::fprintf(stderr, "pipetrain launch: %d rank(s) still running after %.0f s; killing them\n", running, o.grace_s);
+      log::warning(detail::concat(running, " rank(s) still running after ", static_cast<long>(o.grace_s + 0.5),
+                                  " s; killing them"));
       signal_all(ranks, SIGKILL);
       killed = true;
     }
@@ -240,7 +244,7 @@ int run(const LaunchOptions& o) {
   ::close(g_signal_pipe[0]);
   ::close(g_signal_pipe[1]);
   if (failed_rank >= 0 && result != 0)
-    std::fprintf(stderr, "pipetrain launch: rank %d failed (status %d)\n", failed_rank, result);
+    log::error(detail::concat("rank ", failed_rank, " failed (status ", result, ")"));
   return result;
 }
 

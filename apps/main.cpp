@@ -16,6 +16,7 @@
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "stages/accelerator.h"
 
@@ -26,7 +27,7 @@ namespace {
 
 // An error as one printable line of bounded length, whatever bytes the input put in it.
 void report(const std::string& message) {
-  std::fprintf(stderr, "pipetrain: error: %s\n", pipetrain::printable(apps::with_flags(message), 600).c_str());
+  pipetrain::log::error(pipetrain::printable(apps::with_flags(message), 600));
 }
 
 // `pipetrain --version`: this build, its libtorch, and what is compiled in and usable here.
@@ -62,6 +63,11 @@ int main(int argc, char** argv) {
   CLI::App app{"pipetrain: pipeline-parallel training (GPipe) on libtorch", "pipetrain"};
   app.set_version_flag("--version", version_text);
   app.require_subcommand(1);
+  // Before the subcommand; PIPETRAIN_LOG_LEVEL says the same, and carries it to launched ranks.
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "Messages to print: debug, info (the default), warning, error or off (or PIPETRAIN_LOG_LEVEL)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error", "off"}));
   // In the order --help lists them.
   const std::unique_ptr<apps::Command> commands[] = {
       apps::add_train(app),    apps::add_eval(app),  apps::add_generate(app), apps::add_launch(app, argv[0]),
@@ -76,6 +82,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (!log_level.empty()) {
+    pipetrain::log::set_level(pipetrain::log::parse_level(log_level, "--log-level"));
+    setenv("PIPETRAIN_LOG_LEVEL", log_level.c_str(), 1);  // the ranks a launch starts
+  }
   try {
     apps::install_faults_from_environment();
     for (const auto& command : commands)

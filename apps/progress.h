@@ -1,6 +1,7 @@
 // The terminal side of a training run: a progress line on stderr (redrawn in place on a
 // terminal, every train.log_every steps otherwise), checkpoints, skipped updates, evaluations,
-// notes and the closing summary. Quiet: only the first line, notes and skipped updates.
+// notes and the closing summary, all at the info level of common/log.h (skipped updates and
+// warnings at warning). Quiet: only the first line, notes and skipped updates.
 #pragma once
 
 #include "common/deadline.h"
@@ -21,7 +22,7 @@ class ProgressLine final : public train::TrainObserver {
 
  private:
   // A line printed while the progress line is drawn in place starts on a fresh line.
-  const char* fresh_line() const;
+  void fresh_line() const;
 
   bool quiet_, tty_;
   int64_t log_every_;

@@ -15,6 +15,7 @@
 #include "stages/accelerator.h"
 #include "stages/device.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "job/balance.h"
 
 namespace pipetrain::job {
@@ -77,9 +78,12 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
       note(detail::concat("note: started as one of ", info.world_size, " ranks (", info.launcher,
                           ") with runtime.kind threads: every rank runs all ", c.pipeline.stages,
                           " stages on its own; runtime.kind=processes runs one stage per rank"));
+    log::debug(detail::concat(c.pipeline.stages, " stages as threads of this process, transport ",
+                              job.options.transport.backend));
     return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
   }
   const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
+  log::set_rank(info.rank, info.world_size);
   const int D = c.pipeline.data_parallel;
   if (info.world_size != c.pipeline.stages * D)
     throw ConfigError(detail::concat(c.where("runtime.kind"), ": processes runs one rank per stage",
@@ -112,6 +116,9 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
                                      mesh.copy_of(info.rank), D,
                                      comm::interface_towards(info.master_addr), c.runtime.timeout_s);
     };
+  log::debug(detail::concat("rank ", info.rank, " of ", info.world_size, " (", info.launcher, "): stage ",
+                            comm::Mesh{c.pipeline.stages, D}.stage_of(info.rank), ", meeting at ", info.master_addr, ":",
+                            info.master_port, ", transport ", job.options.transport.backend));
   auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
                                                comm::store_exchange(info, run_fingerprint(c, run_options), deadline,
                                                                     "pipetrain", join_copies));

@@ -58,6 +58,7 @@ if want build && ! bash "$root/scripts/build.sh" "${generator[@]}" \
     -DGTest_DIR="$prefix/usr/lib/$arch/cmake/GTest" \
     -DCLI11_DIR="$(dirname "$(find "$prefix" -name 'CLI11Config.cmake' | head -1)")" \
     -Dnlohmann_json_DIR="$(dirname "$(find "$prefix" -name 'nlohmann_jsonConfig.cmake' | head -1)")" \
+    -Dspdlog_DIR="$prefix/usr/lib/$arch/cmake/spdlog" -Dfmt_DIR="$prefix/usr/lib/$arch/cmake/fmt" \
     -DPIPETRAIN_WITH_CUDA=ON -DPIPETRAIN_WITH_NCCL="${PIPETRAIN_WITH_NCCL:-ON}" >"$out/build.log" 2>&1; then
   log "build failed after $(( $(date +%s) - start )) s (see build.log)"
   tail -30 "$out/build.log"

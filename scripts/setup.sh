@@ -12,10 +12,11 @@ source "$root/scripts/env.sh"
 # its network with `ip`; clang and libclang-rt-14-dev: the fuzz targets (libFuzzer, sanitizers);
 # libgloo-dev: the declarations of libtorch's Gloo process group (the wheel has the library, not
 # gloo's headers); doxygen: the API reference and its check (scripts/apidocs.sh);
-# libbenchmark-dev: Google Benchmark, which times the partitioner (bench/partition_speed.cpp).
+# libbenchmark-dev: Google Benchmark, which times the partitioner (bench/partition_speed.cpp);
+# libspdlog-dev: the levelled, rank-prefixed messages (common/log.h).
 packages=(
   build-essential cmake pkg-config zlib1g-dev
-  nlohmann-json3-dev libcli11-dev googletest libgtest-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev googletest libgtest-dev libbenchmark-dev libspdlog-dev
   libucx-dev ucx-utils libgloo-dev doxygen
   openmpi-bin libopenmpi-dev iproute2
   dataset-fashion-mnist

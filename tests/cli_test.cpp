@@ -225,6 +225,22 @@ TEST(Cli, BadInputIsOneLineAndNonZero) {
   expect_clean_error(run("train " + typed), "data.batch_size: expected an integer, got string \"big\"");
 }
 
+// --log-level (and PIPETRAIN_LOG_LEVEL) choose what a run says: warning hides the run's
+// description and summary but not its result on stdout; debug adds how the run is laid out.
+TEST(Cli, LogLevelChoosesTheMessages) {
+  const std::string cfg = write_config("log.json", kSmall);
+  Result quiet = run("--log-level warning train " + cfg);
+  EXPECT_EQ(quiet.status, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.find("pipetrain: mlp on synthetic"), std::string::npos) << quiet.out;
+  EXPECT_NE(quiet.out.find("test accuracy"), std::string::npos) << quiet.out;
+  Result normal = run("train " + cfg);
+  EXPECT_NE(normal.out.find("pipetrain: mlp on synthetic"), std::string::npos) << normal.out;
+  EXPECT_EQ(normal.out.find("debug:"), std::string::npos) << normal.out;
+  Result debug = shell("PIPETRAIN_LOG_LEVEL=debug " + std::string(PIPETRAIN_BINARY) + " train " + cfg + " 2>&1");
+  EXPECT_NE(debug.out.find("pipetrain: debug: 2 stages as threads of this process"), std::string::npos) << debug.out;
+  expect_clean_error(run("--log-level loud train " + cfg), "--log-level: loud not in");
+}
+
 TEST(Cli, BenchPrintsBothRunsAndTheRatio) {
   const std::string cfg = write_config("bench.json", kSmall);
   Result r = run("bench " + cfg + " --warmup 1 --repeat 3");

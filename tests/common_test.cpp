@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
+#include "common/log.h"
 #include "common/option.h"
 #include "common/rng.h"
 #include "common/strings.h"
@@ -124,4 +125,41 @@ TEST(Options, MarkersAreSpelledByTheCaller) {
   EXPECT_EQ(pipetrain::render_options(pipetrain::option(Option::Override) + " a=1: " + pipetrain::option(Option::Trace),
                                       [](Option o) { return o == Option::Override ? std::string("--set") : std::string("?"); }),
             "--set a=1: ?");
+}
+
+TEST(Log, LevelsParseAndFilter) {
+  EXPECT_EQ(log::parse_level("debug", "x"), log::Level::Debug);
+  EXPECT_EQ(log::parse_level("warn", "x"), log::Level::Warning);
+  EXPECT_EQ(log::parse_level("off", "x"), log::Level::Off);
+  try {
+    log::parse_level("loud", "--log-level");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "--log-level: unknown log level 'loud' (debug, info, warning, error, off)");
+  }
+  const log::Level before = log::level();
+  log::set_level(log::Level::Warning);
+  EXPECT_FALSE(log::enabled(log::Level::Info));
+  EXPECT_FALSE(log::enabled(log::Level::Debug));
+  EXPECT_TRUE(log::enabled(log::Level::Warning));
+  EXPECT_TRUE(log::enabled(log::Level::Error));
+  log::set_level(log::Level::Off);
+  EXPECT_FALSE(log::enabled(log::Level::Error));
+  EXPECT_FALSE(log::enabled(log::Level::Off));
+  log::set_level(before);
+}
+
+TEST(Log, ThePrefixNamesTheRankOfARunOfSeveral) {
+  ::unsetenv("PIPETRAIN_LOG_RANK");
+  log::set_rank(2, 4);
+  EXPECT_EQ(log::prefix(), "pipetrain[rank 2]");
+  log::set_rank(0, 1);  // a single process: no rank
+  EXPECT_EQ(log::prefix(), "pipetrain");
+  ::setenv("PIPETRAIN_LOG_RANK", "0", 1);  // under pipetrain launch, which prefixes lines itself
+  log::set_rank(2, 4);
+  EXPECT_EQ(log::prefix(), "pipetrain");
+  ::unsetenv("PIPETRAIN_LOG_RANK");
+  log::set_name("pipetrain launch");
+  EXPECT_EQ(log::prefix(), "pipetrain launch");
+  log::set_name("pipetrain");
 }
