@@ -18,6 +18,7 @@
 #include "comm/process_group.h"
 #include "comm/transport.h"
 #include "common/rng.h"
+#include "job/single_device.h"
 #include "models/layers.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
@@ -96,22 +97,14 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 constexpr int kSteps = 3;
 
-// One device, the whole batch: the reference losses, the model after kSteps optimizer steps.
+// One device, the whole batch (job::SingleDevice, with the pipeline's dropout streams: seed 0,
+// step s): the reference losses, the model after kSteps optimizer steps.
 std::vector<double> reference(models::Model& m, const Case& c) {
-  auto opt = (c.optimizer == "sgd" ? sgd() : adam())(m.layers->parameters());
+  job::SingleDevice one(m.layers, mean_ce, c.optimizer == "sgd" ? sgd() : adam(), /*seed=*/0);
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     const Batch b = make_batch(m, c.batch, 100 + s);
-    opt->zero_grad();
-    at::Tensor l;
-    {
-      RngContextGuard rng(RngContext{0, s, 0});  // the pipeline's dropout streams (seed 0, step s)
-      l = mean_ce(m.layers->forward(b.input), b.target);
-    }
-    l.backward();
-    losses.push_back(l.item<double>());
-    opt->step();
-    models::commit_batch_norm(*m.layers);
+    losses.push_back(one.train_step(b.input, b.target));
   }
   return losses;
 }

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "comm/transport.h"
+#include "job/single_device.h"
 #include "common/precision.h"
 #include "common/rng.h"
 #include "models/model.h"
@@ -75,18 +76,6 @@ inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype)
   return {torch::randn(shape, gen).to(dtype), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
 }
 
-// A tie's gradient on one device: the sum of its members' (one weight used in several places).
-inline void tie_gradients(models::Model& m) {
-  torch::NoGradGuard no_grad;
-  for (const models::Tie& tie : m.ties) {
-    std::vector<at::Tensor> members;
-    for (const auto& ref : tie) members.push_back(m.layers->ptr(ref.layer)->named_parameters()[ref.name]);
-    at::Tensor sum = members[0].grad().clone();
-    for (size_t i = 1; i < members.size(); ++i) sum.add_(members[i].grad());
-    for (auto& p : members) p.mutable_grad() = sum.clone();
-  }
-}
-
 inline at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
@@ -95,6 +84,19 @@ inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
   const double denom = std::max(want.norm().item<double>(), 1e-30);
   return (got - want).norm().item<double>() / denom;
 }
+
+// The reference: job::SingleDevice on the model's copy `m`, the whole batch in one step or, for a
+// reduced precision, micro-batch by micro-batch as the pipeline splits it (its dropout streams and
+// loss weights), each forward under the same autocast as a stage's, with one intra-op thread as a
+// stage's worker (libtorch splits some reductions by thread, a LayerNorm's weight gradient from a
+// bfloat16 input, and bfloat16 partial sums round differently). Returns the loss; the gradients
+// (a tie's members each holding their sum) go to .grad.
+inline double reference(models::Model& m, const Batch& b, Precision precision, int micro_batches = 1, double scale = 1.0) {
+  job::SingleDevice one(m.layers, mean_ce, {}, /*seed=*/42, precision, m.ties);
+  if (precision != Precision::FP32 || micro_batches > 1) one.accumulate({micro_batches, scale, /*intra_op_threads=*/1});
+  return one.forward_backward(b.input, b.target);
+}
+
 
 
 // One equivalence case. `ranks` and `transport` say how the pipeline runs: by default as today's

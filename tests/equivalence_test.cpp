@@ -80,36 +80,6 @@ constexpr double kBf16Tight = 1e-5;      // against the bf16 micro-batch-by-micr
 constexpr double kBf16LooseLoss = 2e-3;  // against the float32 whole-batch step
 double bf16_loose_grad(const std::string& family) { return family == "mlp" ? 0.15 : 2e-2; }
 
-// The reference of a reduced precision: the model on one device, micro-batch by micro-batch
-// (the pipeline's split, its dropout streams and loss weights), each forward under the same
-// autocast as a stage's, each backward outside it. Returns the loss; gradients go to .grad.
-double micro_batch_reference(models::Model& m, const Batch& b, int micro_batches, Precision precision,
-                             double scale = 1.0) {
-  const auto xs = b.input.tensor_split(micro_batches, 0), ys = b.target.tensor_split(micro_batches, 0);
-  const double N = static_cast<double>(b.input.size(0));
-  double loss = 0;
-  int64_t offset = 0;
-  // One intra-op thread, as each stage's worker: libtorch splits some reductions by thread (a
-  // LayerNorm's weight gradient from a bfloat16 input), and bfloat16 partial sums round differently.
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  for (int i = 0; i < micro_batches; ++i) {
-    at::Tensor l;
-    {
-      RngContextGuard rng(RngContext{42, 0, offset});
-      stages::AutocastGuard autocast(precision, torch::kCPU);
-      l = mean_ce(models::forward_with_skips(m.layers, xs[i]), ys[i]).to(torch::kFloat) *
-          (scale * static_cast<double>(xs[i].size(0)) / N);
-    }
-    l.backward();  // fp16: the loss scaled as the pipeline scales it (a power of two: no bit changes)
-    loss += l.item<double>() / scale;
-    offset += xs[i].size(0);
-  }
-  stages::clear_autocast_cache();
-  at::set_num_threads(threads);
-  return loss;
-}
-
 TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   const Case& c = GetParam();
   if (!comm::has_transport_backend(c.transport))
@@ -132,23 +102,16 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   // Reference: the whole batch on one device.
   models::Model ref = build(c.family, c.dtype, deep);
   Batch b = make_batch(ref, batch, c.dtype);
-  at::Tensor ref_loss;
-  {
-    RngContextGuard rng(RngContext{42, 0, 0});
-    ref_loss = mean_ce(models::forward_with_skips(ref.layers, b.input), b.target);
-  }
-  ref_loss.backward();
-  tie_gradients(ref);
+  const double ref_loss = reference(ref, b, Precision::FP32);
   // Dropout is active: the test means nothing if it dropped nothing.
   ASSERT_GT(family_config(c.family)["dropout"].get<double>(), 0.0);
   // A reduced precision: the float32 whole-batch step above is the loose reference; the tight one
   // runs the micro-batches under autocast.
   models::Model tight = build(c.family, c.dtype, deep);
-  constexpr double kFp16Scale = 4096;  // fp16's initial loss scale here, applied by hand in the reference
+  constexpr double kFp16Scale = 4096;  // fp16's initial loss scale here, given to the reference too
   const double scale = c.precision == Precision::FP16 ? kFp16Scale : 1.0;
-  const double tight_loss = reduced ? micro_batch_reference(tight, b, c.micro_batches, c.precision, scale) : 0.0;
-  if (reduced) tie_gradients(tight);
-  const double want_loss = reduced ? tight_loss : ref_loss.item<double>();
+  const double tight_loss = reduced ? reference(tight, b, c.precision, c.micro_batches, scale) : 0.0;
+  const double want_loss = reduced ? tight_loss : ref_loss;
 
   pipeline::PipelineOptions o;
   o.schedule = schedule::parse_kind(c.schedule);
@@ -207,8 +170,8 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     EXPECT_LE(std::abs(runs[r].loss - want_loss), tol * std::abs(want_loss))
         << "pipeline " << r << " loss " << runs[r].loss << " vs " << want_loss;
     if (reduced) {
-      EXPECT_LE(std::abs(runs[r].loss - ref_loss.item<double>()), kBf16LooseLoss * std::abs(ref_loss.item<double>()))
-          << "pipeline " << r << " loss " << runs[r].loss << " vs float32 " << ref_loss.item<double>();
+      EXPECT_LE(std::abs(runs[r].loss - ref_loss), kBf16LooseLoss * std::abs(ref_loss))
+          << "pipeline " << r << " loss " << runs[r].loss << " vs float32 " << ref_loss;
     }
   }
   // Each parameter's gradient from the Pipeline that runs its stage (the others hold it released);

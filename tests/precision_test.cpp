@@ -19,6 +19,7 @@
 #include "comm/transport.h"
 #include "common/precision.h"
 #include "common/rng.h"
+#include "job/single_device.h"
 #include "models/model.h"
 #include "pipeline/loss_scale.h"
 #include "pipeline/pipeline.h"
@@ -116,31 +117,15 @@ TEST(Precision, Bf16StageSpeaksBfloat16AndKeepsFloat32Gradients) {
   }
 }
 
-// The reference of a few bf16 steps with SGD: micro-batch by micro-batch under autocast (one
-// intra-op thread, as a stage), then the update, then the autocast cache dropped.
+// The reference of a few bf16 steps with SGD (lr): job::SingleDevice micro-batch by micro-batch
+// under autocast, one intra-op thread as a stage's worker, the pipeline's dropout streams (seed 7).
 void reference_steps(models::Model& m, const std::vector<std::pair<at::Tensor, at::Tensor>>& batches, int M,
                      double lr) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  for (size_t step = 0; step < batches.size(); ++step) {
-    for (auto& p : m.layers->parameters()) p.mutable_grad() = at::Tensor();
-    const auto xs = batches[step].first.tensor_split(M, 0), ys = batches[step].second.tensor_split(M, 0);
-    int64_t offset = 0;
-    for (int i = 0; i < M; ++i) {
-      at::Tensor l;
-      {
-        RngContextGuard rng(RngContext{7, static_cast<int64_t>(step), offset});
-        stages::AutocastGuard autocast(Precision::BF16, torch::kCPU);
-        l = mean_ce(m.layers->forward(xs[i]), ys[i]) * (static_cast<double>(xs[i].size(0)) / batches[step].first.size(0));
-      }
-      l.backward();
-      offset += xs[i].size(0);
-    }
-    torch::NoGradGuard no_grad;
-    for (auto& p : m.layers->parameters()) p.sub_(p.grad(), lr);
-    at::autocast::clear_cache();  // libtorch's own, not the code under test
-  }
-  at::set_num_threads(threads);
+  job::SingleDevice one(m.layers, mean_ce,
+                        [lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); },
+                        /*seed=*/7, Precision::BF16);
+  one.accumulate({M, 1.0, /*intra_op_threads=*/1});
+  for (const auto& [x, y] : batches) one.train_step(x, y);
 }
 
 models::Model cnn() {
@@ -360,23 +345,9 @@ TEST(Fp16, AScaledStepEqualsTheReferenceWithTheSameScale) {
   const at::Tensor x = torch::randn({8, 12}, gen), y = torch::randint(0, 5, {8}, gen, torch::kLong);
   constexpr double S = 4096;
   models::Model ref = mlp(0.0);
-  double ref_loss = 0;
-  {
-    const int threads = at::get_num_threads();
-    at::set_num_threads(1);
-    const auto xs = x.tensor_split(2, 0), ys = y.tensor_split(2, 0);
-    for (int i = 0; i < 2; ++i) {
-      at::Tensor l;
-      {
-        stages::AutocastGuard autocast(Precision::FP16, torch::kCPU);
-        l = mean_ce(ref.layers->forward(xs[i]), ys[i]).to(torch::kFloat) * (0.5 * S);
-      }
-      l.backward();
-      ref_loss += l.item<double>() / S;
-    }
-    stages::clear_autocast_cache();
-    at::set_num_threads(threads);
-  }
+  job::SingleDevice one(ref.layers, mean_ce, {}, /*seed=*/0, Precision::FP16);
+  one.accumulate({2, S, /*intra_op_threads=*/1});
+  const double ref_loss = one.forward_backward(x, y);
   models::Model m = mlp(0.0);
   pipeline::PipelineOptions o;
   o.stages = 2;
