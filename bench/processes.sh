@@ -2,7 +2,7 @@
 # The MLP pipeline (configs/mlp_bench.json: 2 stages, 8 micro-batches, 1024 wide, gpipe) as one
 # process with a thread per stage (runtime.kind threads) against one process per stage
 # (runtime.kind processes over UCX, started by pipetrain launch; with peer-failure detection on,
-# which means tcp, and off, which allows shared memory), run alternately on the same
+# which means tcp, and off, which allows shared memory; and over c10d's Gloo), run alternately on the same
 # machine. Step time: the median of each run's steps after the first (warm-up), then the median
 # over runs. Also checks that both runtimes logged the same losses.
 #
@@ -27,6 +27,8 @@ for i in $(seq "$repeat"); do
     --set runtime.kind=processes > "$log" 2>&1 || { cat "$log"; exit 1; }
   "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-sm_$i.jsonl" \
     --set runtime.kind=processes --set runtime.detect_peer_failure=false > "$log" 2>&1 || { cat "$log"; exit 1; }
+  "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-gloo_$i.jsonl" \
+    --set runtime.kind=processes --set runtime.transport=gloo > "$log" 2>&1 || { cat "$log"; exit 1; }
 done
 
 python3 - "$work" "$repeat" "$config" <<'EOF'
@@ -38,11 +40,12 @@ def run(kind, i):
     lines = [json.loads(l) for l in open(f"{work}/{kind}_{i}.jsonl") if l.strip()]
     steps = [l for l in lines if "event" not in l]
     return [s["loss"] for s in steps], statistics.median(s["step_time_s"] for s in steps[1:])
-kinds = ("threads", "processes", "processes-sm")
+kinds = ("threads", "processes", "processes-sm", "processes-gloo")
 names = {"threads": "threads (local)", "processes": "processes (ucx, tcp: failure detection on)",
-         "processes-sm": "processes (ucx, shared memory: detection off)"}
+         "processes-sm": "processes (ucx, shared memory: detection off)",
+         "processes-gloo": "processes (c10d gloo, tcp)"}
 res = {k: [run(k, i) for i in range(1, repeat + 1)] for k in kinds}
-same = all(t[0] == p[0] == q[0] for t, p, q in zip(res["threads"], res["processes"], res["processes-sm"]))
+same = all(len({tuple(res[k][i][0]) for k in kinds}) == 1 for i in range(repeat))
 med = {k: statistics.median(r[1] for r in v) for k, v in res.items()}
 print(f"{config}: {cfg['pipeline']['stages']} stages, {cfg['pipeline']['micro_batches']} micro-batches, "
       f"batch {batch}; median of {repeat} runs (each the median of its steps after the first)")
@@ -51,5 +54,5 @@ print("|---|---|---|---|---|")
 for k in kinds:
     runs = ", ".join(f"{r[1] * 1e3:.1f}" for r in res[k])
     print(f"| {names[k]} | {med[k] * 1e3:.1f} | {batch / med[k]:.0f} | {med[k] / med['threads']:.3f} | {runs} |")
-print(f"losses {'bit-identical' if same else 'DIFFER'} across the three in every run")
+print(f"losses {'bit-identical' if same else 'DIFFER'} across the {len(kinds)} in every run")
 EOF

@@ -1,13 +1,14 @@
-// Two processes (fork) talking through the Transport API over UCX: ping-pong latency of an
-// 8-byte message and unidirectional bandwidth at 8 B, 64 KiB and 4 MiB. The worker addresses
-// are exchanged over a socketpair made before the fork. Every received tensor is checked
+// Two processes (fork) talking through the Transport API over UCX or c10d's Gloo (--backend):
+// ping-pong latency of an 8-byte message and unidirectional bandwidth at 8 B, 64 KiB and 4 MiB.
+// UCX's worker addresses are exchanged over a socketpair made before the fork; Gloo's ranks meet
+// in a TCPStore on 127.0.0.1 whose port goes over the same socketpair. Every received tensor is checked
 // against the values the sender wrote. Prints one line per measurement:
 //   latency <bytes> <median one-way microseconds>
 //   bandwidth <bytes> <median MiB/s over windows> <overall MiB/s: all bytes / all time>
 // (MiB/s: 2^20 bytes per second, the unit ucx_perftest prints as MB/s). The transports are
 // chosen by UCX's own environment (UCX_TLS=tcp, UCX_TLS=sm, ...).
 //
-//   transport_bench [--iters N] [--sizes 8,65536,4194304] [--no-peer-failure-detection]
+//   transport_bench [--backend ucx|gloo] [--iters N] [--sizes 8,65536,4194304] [--no-peer-failure-detection]
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,9 +24,16 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
 #include "comm/transport.h"
-#include "comm/ucx/transport.h"
+#include "common/config.h"
 #include "common/error.h"
+#if PIPETRAIN_HAVE_UCX
+#include "comm/ucx/transport.h"
+#endif
 
 using namespace pipetrain;
 using namespace pipetrain::comm;
@@ -142,11 +150,37 @@ std::pair<double, double> bandwidth_mib_s(Transport& t, int64_t bytes, int windo
   return {median(rates), static_cast<double>(bytes) * window * windows / total_s / (1 << 20)};
 }
 
-int run_rank(int rank, int fd, int iters, const std::vector<int64_t>& sizes, bool detect_peer_failure) {
+// Gloo: rank 0 serves a TCPStore on a free loopback port and tells rank 1 which.
+std::unique_ptr<Transport> gloo_transport(int rank, int fd, const TransportOptions& options) {
+  uint16_t port = 0;
+  if (rank == 0) {
+    port = static_cast<uint16_t>(free_loopback_port());
+    write_all(fd, &port, sizeof port);
+  } else {
+    read_all(fd, &port, sizeof port);
+  }
+  c10d::TCPStoreOptions o;
+  o.port = port;
+  o.isServer = rank == 0;
+  o.numWorkers = 2;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(30);
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  return make_group_transport(options, store, "bench/", rank, 2, "lo");
+}
+
+int run_rank(const std::string& backend, int rank, int fd, int iters, const std::vector<int64_t>& sizes,
+             bool detect_peer_failure) {
   TransportOptions options;
-  options.backend = "ucx";
+  options.backend = backend;
   options.detect_peer_failure = detect_peer_failure;
-  auto t = make_ucx_transport(rank, 2, socket_exchange(fd, rank), options);
+  options.timeout_s = kWait;
+  std::unique_ptr<Transport> t;
+  if (backend == "gloo") t = gloo_transport(rank, fd, options);
+#if PIPETRAIN_HAVE_UCX
+  if (backend == "ucx") t = make_ucx_transport(rank, 2, socket_exchange(fd, rank), options);
+#endif
+  if (!t) throw std::runtime_error("backend " + backend + " is not compiled in");
   const double lat = latency_us(*t, iters);
   if (rank == 0) std::printf("latency 8 %.2f\n", lat);
   for (int64_t bytes : sizes) {
@@ -169,10 +203,13 @@ int run_rank(int rank, int fd, int iters, const std::vector<int64_t>& sizes, boo
 int main(int argc, char** argv) {
   int iters = 10000;
   bool detect_peer_failure = true;
+  std::string backend = "ucx";
   std::vector<int64_t> sizes{8, 65536, 4194304};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--iters" && i + 1 < argc) {
+    if (a == "--backend" && i + 1 < argc) {
+      backend = argv[++i];
+    } else if (a == "--iters" && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
     } else if (a == "--sizes" && i + 1 < argc) {
       sizes.clear();
@@ -187,7 +224,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: transport_bench [--iters N] [--sizes 8,65536,4194304] [--no-peer-failure-detection]\n");
+          "usage: transport_bench [--backend ucx|gloo] [--iters N] [--sizes 8,65536,4194304] "
+          "[--no-peer-failure-detection]\n");
       return 2;
     }
   }
@@ -206,7 +244,7 @@ int main(int argc, char** argv) {
   ::close(fds[rank == 0 ? 1 : 0]);
   int rc = 0;
   try {
-    rc = run_rank(rank, fds[rank == 0 ? 0 : 1], iters, sizes, detect_peer_failure);
+    rc = run_rank(backend, rank, fds[rank == 0 ? 0 : 1], iters, sizes, detect_peer_failure);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     rc = 1;

@@ -12,19 +12,20 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
 
 namespace pipetrain::comm {
 
-namespace {
-// The first line of an error, without libtorch's backtrace.
-std::string reason(const std::exception& e) {
+std::string error_reason(const std::exception& e) {
   const auto* c = dynamic_cast<const c10::Error*>(&e);
   std::string text = c ? c->what_without_backtrace() : e.what();
   if (auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
   return printable(text);
 }
+
+namespace {
 
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1e3)));
@@ -46,7 +47,7 @@ ProcessGroup make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const
     return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
   } catch (const std::exception& e) {
     throw TransportError(-1, detail::concat("process group ", prefix, ": member ", rank, " of ", size,
-                                            " could not join: ", reason(e)));
+                                            " could not join: ", error_reason(e)));
   }
 }
 
@@ -93,6 +94,24 @@ c10::intrusive_ptr<c10d::Work> all_gather(c10d::Backend& group, at::Tensor& out,
   return group._allgather_base(out, in);
 }
 
+c10::intrusive_ptr<c10d::Work> send(c10d::Backend& group, at::Tensor& tensor, int peer, int tag) {
+  std::vector<at::Tensor> one{tensor};
+  std::lock_guard<std::mutex> one_at_a_time(start_mutex());
+  return group.send(one, peer, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> recv(c10d::Backend& group, at::Tensor& tensor, int peer, int tag) {
+  std::vector<at::Tensor> one{tensor};
+  std::lock_guard<std::mutex> one_at_a_time(start_mutex());
+  return group.recv(one, peer, tag);
+}
+
+#if !PIPETRAIN_HAVE_NCCL
+ProcessGroup make_nccl_group(const c10::intrusive_ptr<c10d::Store>&, const std::string&, int, int, double) {
+  throw ConfigError("comm: NCCL is not compiled into this build (a libtorch with CUDA and NCCL at configure time)");
+}
+#endif
+
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, Deadline deadline) {
   try {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.at - Clock::now());
@@ -101,7 +120,7 @@ void wait_work(const c10::intrusive_ptr<c10d::Work>& work, Deadline deadline) {
   } catch (const TransportError&) {
     throw;
   } catch (const std::exception& e) {
-    const std::string why = reason(e);
+    const std::string why = error_reason(e);
     if (deadline.passed() || why.find("imed out") != std::string::npos)
       throw TimeoutError(-1, "no answer before the deadline (" + why + ")");
     throw TransportError(-1, why);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 
+#include "comm/c10d/transport.h"
 #include "comm/local/transport.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -86,6 +87,10 @@ std::vector<std::string> transport_backends() {
 #if PIPETRAIN_HAVE_UCX
   names.push_back("ucx");
 #endif
+  names.push_back("gloo");  // libtorch's own Gloo, in every PyTorch build
+#if PIPETRAIN_HAVE_NCCL
+  names.push_back("nccl");
+#endif
   return names;
 }
 
@@ -112,6 +117,8 @@ bool has_transport_backend(const std::string& name) {
 
 std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size) {
   if (options.backend == "local") return make_local_group(world_size, options);
+  if (options.backend == "gloo" || (options.backend == "nccl" && has_transport_backend("nccl")))
+    return make_local_c10d_group(options, world_size);
 #if PIPETRAIN_HAVE_UCX
   if (options.backend == "ucx") return make_ucx_group(world_size, options);
 #else
@@ -129,6 +136,9 @@ std::unique_ptr<Transport> make_process_transport(const TransportOptions& option
 #endif
   if (options.backend == "local")
     throw ConfigError("comm: transport \"local\" connects the threads of one process, not processes; use \"ucx\"");
+  if (options.backend == "gloo" || options.backend == "nccl")
+    throw ConfigError("comm: transport \"" + options.backend +
+                      "\" meets in the rendezvous store: make it with make_group_transport (process_group.h)");
   throw ConfigError("comm: transport \"" + options.backend + "\" cannot connect processes in this build (it has: " +
                     backend_list() + ")");
 }

@@ -2,7 +2,7 @@
 // send() returns without waiting for the receiver; recv() waits until the matching message
 // arrives, its deadline passes (TimeoutError) or the transport is aborted (TransportError).
 // Every message carries the validated wire header (comm/wire.h). Backends live in their own
-// folder (local/, ucx/, later nccl/) and are created through make_transport_group(); outside
+// folder (local/, ucx/, c10d/) and are created through make_transport_group(); outside
 // comm/ only the backends' own tests and benchmarks include a backend header (layout.rule).
 #pragma once
 
@@ -48,7 +48,9 @@ struct MessageId {
 /// How a transport is made (make_transport_group, make_process_transport).
 struct TransportOptions {
   uint64_t max_message_bytes = uint64_t(1) << 32;  ///< 4 GiB
-  std::string backend = "local";  ///< "local" (threads sharing mailboxes) or "ucx" (when compiled in)
+  /// "local" (threads sharing mailboxes), "ucx" (when compiled in), "gloo" (c10d's Gloo group)
+  /// or "nccl" (c10d's NCCL group between GPUs, one per process; when compiled in).
+  std::string backend = "local";
   /// Operations on a peer that failed fail at once instead of at their deadline. UCX: endpoints
   /// in UCP_ERR_HANDLING_MODE_PEER, which UCX 1.13's shared-memory transports do not support,
   /// so ranks on one host then talk over tcp (and cma); turn it off for shared memory.
@@ -62,6 +64,11 @@ struct TransportOptions {
   /// one asked for is an error naming both); for testing that schedules hold under it
   /// (schedule/in_order.h).
   bool in_order = false;
+  /// gloo, nccl: the bound on joining the group (c10d's own timeout, which the transport's
+  /// operations never use: a receive's bound is its deadline).
+  double timeout_s = 300;
+  /// nccl: the GPU this endpoint's activations and gradients live on (its own, one per process).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 /// One rank's endpoint: tensors to and from the other ranks of its world.

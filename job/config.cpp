@@ -250,13 +250,30 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads", "processes"});
   const bool processes = c.runtime.kind == "processes";
   const bool transport_given = rt.has("transport");
-  c.runtime.transport = rt.get_choice("transport", processes ? "ucx" : c.runtime.transport, {"local", "ucx"});
+  c.runtime.transport = rt.get_choice("transport", processes ? "auto" : c.runtime.transport,
+                                      {"local", "ucx", "gloo", "nccl", "auto"});
+  bool gpu_stages = false;
+  for (const auto& d : devices) gpu_stages = gpu_stages || d.is_cuda();
+  // auto: NCCL between GPUs, else UCX, else Gloo; the threads of one process share mailboxes.
+  if (c.runtime.transport == "auto")
+    c.runtime.transport = !processes                                                     ? "local"
+                          : gpu_stages && comm::has_transport_backend("nccl")            ? "nccl"
+                          : comm::has_transport_backend("ucx")                           ? "ucx"
+                                                                                         : "gloo";
   if (!comm::has_transport_backend(c.runtime.transport))
     rt.fail(transport_given ? "transport" : "kind",
-            "\"" + c.runtime.transport + "\" is not compiled into this build (needs UCX at configure time)" +
+            "\"" + c.runtime.transport + "\" is not compiled into this build (needs " +
+                (c.runtime.transport == "nccl" ? "a libtorch with CUDA and NCCL" : "UCX") + " at configure time)" +
                 (transport_given ? "" : "; runtime.kind processes talks over it"));
   if (processes && c.runtime.transport == "local")
-    rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\"");
+    rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\", "
+                         "\"gloo\" or \"nccl\"");
+  if (c.runtime.transport == "nccl" && !processes)
+    rt.fail("transport", "\"nccl\" joins one process per GPU: use it with runtime.kind processes (the stage threads "
+                         "of one process talk over \"local\")");
+  if (c.runtime.transport == "nccl" && !gpu_stages)
+    rt.fail("transport", "\"nccl\" carries tensors between GPUs, and these stages run on the CPU (pipeline.devices); "
+                         "use \"gloo\" or \"ucx\"");
   c.runtime.detect_peer_failure = rt.get_bool("detect_peer_failure", c.runtime.detect_peer_failure);
   c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
   c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);

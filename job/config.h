@@ -97,7 +97,9 @@ struct RuntimeConfig {
   // "threads": one process, a thread per stage; "processes": one process (rank) per stage,
   // started by a launcher (pipetrain launch, torchrun-style, mpirun, srun), over `transport`.
   std::string kind = "threads";
-  std::string transport = "local";  // "local" | "ucx"; processes: "ucx" (the default there)
+  // "local" | "ucx" | "gloo" | "nccl"; "auto" (the default for processes) is resolved when the
+  // config is read: nccl between GPUs, else ucx, else gloo (local for threads).
+  std::string transport = "local";
   // UCX: a peer that dies fails waits at once (UCX 1.13 then cannot use shared memory between
   // processes, so ranks on one host talk over tcp); off: shared memory, and a dead peer is
   // noticed at the timeout.

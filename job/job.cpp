@@ -51,6 +51,7 @@ Job prepare(const Config& c) {
   o.seed = c.train.seed;
   o.transport.max_message_bytes = c.runtime.max_message_bytes;
   o.transport.backend = c.runtime.transport;
+  o.transport.timeout_s = c.runtime.timeout_s;
   o.transport.detect_peer_failure = c.runtime.detect_peer_failure;
   o.balance = c.pipeline.balance;  // a method other than a list: job/balance.h resolves it
   o.ties = job.model.ties;

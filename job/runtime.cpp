@@ -106,22 +106,31 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);
   const Deadline deadline = Deadline::after(c.runtime.timeout_s);
   // Data parallelism: the ranks of one stage (pipeline outer, data inner: rank = stage * D +
-  // copy) form a Gloo group through the rendezvous store, on the interface towards rank 0.
+  // copy) form a Gloo group through the rendezvous store, on the interface towards rank 0. The
+  // c10d transports (gloo, nccl) join their groups there too; UCX exchanges addresses instead.
+  const comm::Mesh mesh{c.pipeline.stages, D};
+  const std::string interface = comm::interface_towards(info.master_addr);
+  const bool c10d_transport = job.options.transport.backend == "gloo" || job.options.transport.backend == "nccl";
+  if (!job.options.devices.empty()) job.options.transport.device = job.options.devices[mesh.stage_of(info.rank)];
   comm::ProcessGroup copies;
-  comm::StoreHook join_copies;
-  if (D > 1)
-    join_copies = [&copies, &info, D, &c](const c10::intrusive_ptr<c10d::Store>& store) {
-      const comm::Mesh mesh{c.pipeline.stages, D};
+  std::unique_ptr<comm::Transport> endpoint;
+  const comm::StoreHook join_groups = [&](const c10::intrusive_ptr<c10d::Store>& store) {
+    if (c10d_transport)
+      endpoint = comm::make_group_transport(job.options.transport, store, "pipetrain/transport/", info.rank,
+                                            info.world_size, interface);
+    if (D > 1)
       copies = comm::make_gloo_group(store, detail::concat("pipetrain/stage", mesh.stage_of(info.rank), "/copies/"),
-                                     mesh.copy_of(info.rank), D,
-                                     comm::interface_towards(info.master_addr), c.runtime.timeout_s);
-    };
+                                     mesh.copy_of(info.rank), D, interface, c.runtime.timeout_s);
+  };
   log::debug(detail::concat("rank ", info.rank, " of ", info.world_size, " (", info.launcher, "): stage ",
-                            comm::Mesh{c.pipeline.stages, D}.stage_of(info.rank), ", meeting at ", info.master_addr, ":",
-                            info.master_port, ", transport ", job.options.transport.backend));
-  auto endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size,
-                                               comm::store_exchange(info, run_fingerprint(c, run_options), deadline,
-                                                                    "pipetrain", join_copies));
+                            mesh.stage_of(info.rank), ", meeting at ", info.master_addr, ":", info.master_port,
+                            ", transport ", job.options.transport.backend));
+  const comm::AddressExchange exchange =
+      comm::store_exchange(info, run_fingerprint(c, run_options), deadline, "pipetrain", join_groups);
+  if (c10d_transport)
+    exchange("c10d " + job.options.transport.backend);  // the rendezvous; the hook makes the endpoint
+  else
+    endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size, exchange);
   return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint), copies);
 }
 

@@ -20,6 +20,15 @@
 
 namespace pipetrain::pipeline {
 
+namespace {
+// The in-process group the stages talk over; a c10d group's own timeout is the pipeline's.
+std::vector<std::unique_ptr<comm::Transport>> stage_transports(const PipelineOptions& o) {
+  comm::TransportOptions t = o.transport;
+  t.timeout_s = o.timeout_s;
+  return comm::make_transport_group(t, o.stages);
+}
+}  // namespace
+
 using schedule::Op;
 
 void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
@@ -118,7 +127,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
     }
   }
   p.opt.optimizers.resize(V);
-  if (p.self < 0) p.transports = comm::make_transport_group(options.transport, options.stages);
+  if (p.self < 0) p.transports = stage_transports(options);
   p.place_stages();
   p.workers.resize(options.stages);
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
@@ -461,7 +470,7 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   }
   if (failed >= 0) {
     trace.wall = seconds_since(t0);
-    transports = comm::make_transport_group(options.transport, options.stages);  // fresh mailboxes
+    transports = stage_transports(options);  // fresh mailboxes
     ++step;
     std::rethrow_exception(errors[failed]);
   }
@@ -503,7 +512,7 @@ at::Tensor Executor::evaluate(const at::Tensor& input) {
   outputs.clear();
   if (failed >= 0) {
     if (self >= 0) fail("evaluation failed", errors[failed]);
-    transports = comm::make_transport_group(options.transport, options.stages);  // fresh mailboxes
+    transports = stage_transports(options);  // fresh mailboxes
     std::rethrow_exception(errors[failed]);
   }
   if (!is_local_device(last_device())) return at::Tensor();

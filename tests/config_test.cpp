@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "comm/transport.h"
+#include "common/config.h"
 #include "common/error.h"
 #include "common/option.h"
 #include "job/config.h"
@@ -332,3 +334,46 @@ TEST(Config, LearningRateSchedules) {
   c["train"] = {{"accumulate", 0}};
   EXPECT_ERROR(error_of(c), "train.accumulate: must be between 1");
 }
+
+// runtime.transport selects the backend: every one compiled in is accepted and reaches the
+// pipeline's options; anything else is a ConfigError naming the key.
+TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
+  const nlohmann::json cfg{
+      {"model", {{"family", "mlp"}, {"in", 8}, {"width", 8}, {"layers", 3}, {"out", 4}}},
+      {"data", {{"kind", "synthetic"}, {"batch_size", 8}, {"samples", 64}, {"test_samples", 16}}},
+      {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}};
+  for (const std::string& backend : comm::transport_backends()) {
+    if (backend == "nccl") continue;  // GPUs, one process each: below
+    const train::Config c = train::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
+    EXPECT_EQ(train::prepare(c).options.transport.backend, backend);
+  }
+  // auto: local for threads; for processes nccl between GPUs, else ucx, else gloo.
+  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.transport=auto"}).runtime.transport, "local");
+  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes"}).runtime.transport,
+            PIPETRAIN_HAVE_UCX ? "ucx" : "gloo");
+  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes", "runtime.transport=gloo"}).runtime.transport,
+            "gloo");
+  // nccl: between GPUs, one process each: refused for threads and for CPU stages, naming why.
+  for (const auto& [sets, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"runtime.transport=nccl"}, "joins one process per GPU"},
+           {{"runtime.transport=nccl", "runtime.kind=processes"}, "these stages run on the CPU"}}) {
+    if (!comm::has_transport_backend("nccl")) break;
+    try {
+      train::parse_config(cfg, "cfg.json", sets);
+      ADD_FAILURE() << "nccl was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  // nccl: between GPUs, one process each; ucx where it is not compiled in.
+  for (const std::string& other : {std::string("nccl"), std::string(PIPETRAIN_HAVE_UCX ? "" : "ucx")}) {
+    if (other.empty()) continue;
+    try {
+      train::parse_config(cfg, "cfg.json", {"runtime.transport=" + other});
+      ADD_FAILURE() << other << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("runtime.transport"), std::string::npos) << e.what();
+    }
+  }
+}
+

@@ -76,6 +76,14 @@ TEST(DataParallelProcesses, LaunchedRanksEqualThreadsAndOneCopy) {
     expect_same(read_steps(mt), read_steps(mp), 0, "threads against processes");
     expect_same(read_steps(m1), read_steps(mt), 1e-10, "one copy against two");
   }
+  // 2 stages x 2 copies with the stages talking over c10d's Gloo.
+  const std::string mt = temp("dp_gloo_threads.jsonl"), mp = temp("dp_gloo_processes.jsonl");
+  const std::string set = " --set runtime.dtype=float64 --set runtime.transport=gloo";
+  Result t = run("train " + cfg + " --quiet --metrics " + mt + set);
+  ASSERT_EQ(t.status, 0) << t.out;
+  Result p = run("launch --nproc 4 -- train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes" + set);
+  ASSERT_EQ(p.status, 0) << p.out;
+  expect_same(read_steps(mt), read_steps(mp), 0, "threads against processes over gloo");
 }
 
 // The other launchers: mpirun (OpenMPI's variables) and Slurm's (srun's variables, set by hand

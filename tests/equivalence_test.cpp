@@ -239,7 +239,8 @@ std::vector<Case> runtime_cases() {
                                     {"gpt_tied", 2, 4, Recompute::Never}};
   std::vector<Case> cases;
   for (const std::string& schedule : schedule::kind_names())
-    for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}})
+    for (const auto& [ranks, transport] :
+         {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}, std::pair{true, "gloo"}})
       for (const Shape& s : schedule::placement_of(schedule::parse_kind(schedule)) == schedule::Placement::V ? v_shapes
                             : schedule::uses_chunks(schedule::parse_kind(schedule))                          ? interleaved
                                                                                        : plain)
@@ -316,7 +317,8 @@ std::vector<Case> bf16_cases() {
         }
       }
   for (const std::string schedule : {"1f1b", "zb-h1"})
-    for (const auto& [ranks, transport] : {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}}) {
+    for (const auto& [ranks, transport] :
+         {std::pair{false, "ucx"}, std::pair{true, "local"}, std::pair{true, "ucx"}, std::pair{true, "gloo"}}) {
       Case c{schedule, "gpt", 2, 3, Recompute::ExceptLast, torch::kFloat, ranks, transport};
       c.precision = Precision::BF16;
       cases.push_back(c);

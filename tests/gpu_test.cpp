@@ -4,6 +4,11 @@
 
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/process_group.h"
+#include "comm/transport.h"
+#include "common/error.h"
 #include "stages/accelerator.h"
 
 namespace {
@@ -54,6 +59,35 @@ TEST(Gpu, NetworkGradientsMatchTheCpu) {
     const double rel = (g - p.value().grad()).norm().item<double>() / p.value().grad().norm().item<double>();
     EXPECT_LT(rel, 1e-10) << p.key();
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The NCCL backend's set-up on this machine's one GPU: a group of one joins, all-reduces a CUDA
+// tensor, and the c10d transport over it ("nccl") delivers a CUDA tensor to itself and refuses
+// after an abort. (Two ranks need two GPUs: not on a one-GPU machine.)
+TEST(Gpu, NcclGroupOfOneReducesAndTheTransportSendsToItself) {
+  REQUIRE_GPU();
+  using namespace pipetrain;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  comm::ProcessGroup group = comm::make_nccl_group(store, "test/", 0, 1, 60);
+  std::vector<at::Tensor> t{torch::full({4}, 3.0, torch::kCUDA)};
+  comm::wait_work(comm::all_reduce(*group, t), Deadline::after(60));
+  EXPECT_EQ(t[0].sum().item<double>(), 12.0);
+
+  comm::TransportOptions o;
+  o.backend = "nccl";
+  o.device = c10::Device(c10::kCUDA, 0);
+  auto endpoint = comm::make_group_transport(o, store, "transport/", 0, 1, "lo");
+  const comm::MessageId id{comm::Kind::Activation, 2, 0, 0};
+  endpoint->send(0, id, torch::arange(5, torch::kCUDA));
+  const at::Tensor got = endpoint->recv(0, id, Deadline::after(60));
+  EXPECT_TRUE(got.is_cuda());
+  EXPECT_EQ(got.sum().item<int64_t>(), 10);
+  endpoint->abort("test");
+  EXPECT_THROW(endpoint->recv(0, id, Deadline::after(1)), TransportError);
 }
 
 }  // namespace

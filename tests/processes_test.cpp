@@ -140,6 +140,10 @@ TEST(Processes, SameLossesAsThreads) {
     EXPECT_EQ(forwards.size(), 2u) << read_text(trace);
     for (const auto& [tid, n] : forwards) EXPECT_EQ(n, 4) << "stage " << tid;  // one step, 4 micro-batches
   }
+  {  // c10d's Gloo between the processes (and between the threads of the in-process run)
+    auto [t, p] = threads_and_processes("mlp_gloo", kMlp, 2, "--set runtime.transport=gloo");
+    expect_same_training(t, p, "mlp, gpipe, 2 stages over gloo");
+  }
   {  // without peer-failure detection UCX may use shared memory between the processes
     auto [t, p] = threads_and_processes("mlp_sm", kMlp, 2, "--set runtime.detect_peer_failure=false");
     expect_same_training(t, p, "mlp, gpipe, 2 stages, shared memory");
@@ -230,13 +234,17 @@ TEST(Processes, Mpirun) {
 
 // SIGKILL and SIGSTOP of the first and of the last of three ranks in the middle of a step
 // (after its first action): the activations (downstream) and the gradients (upstream)
-// direction. Every other rank exits with an error naming the rank within runtime.timeout_s.
+// direction, over UCX and over c10d's Gloo. Every other rank exits with an error naming the rank
+// within runtime.timeout_s.
 TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
   const std::string cfg = write_file("fault.json", kMlp);
   const double timeout_s = 4;
+  std::vector<std::string> transports{"gloo"};
+  if (PIPETRAIN_HAVE_UCX) transports.insert(transports.begin(), "ucx");
+  for (const std::string& transport : transports)
   for (const char* signal : {"kill", "stop"})
     for (int victim : {0, 2}) {
-      SCOPED_TRACE(std::string(signal) + " rank " + std::to_string(victim));
+      SCOPED_TRACE(transport + ": " + signal + " rank " + std::to_string(victim));
       const int port = free_port();
       std::vector<Rank> ranks;
       const auto t0 = Clock::now();
@@ -245,7 +253,7 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
         if (r == victim) env["PIPETRAIN_FAULT"] = "pipeline.step:" + std::to_string(victim) + ":2:" + signal;
         ranks.push_back(spawn({pipetrain_binary(), "train", cfg, "--quiet", "--steps", "50", "--set",
                                "pipeline.stages=3", "--set", "runtime.kind=processes", "--set",
-                               "runtime.timeout_s=" + std::to_string(timeout_s)},
+                               "runtime.timeout_s=" + std::to_string(timeout_s), "--set", "runtime.transport=" + transport},
                               env, temp("fault_" + std::to_string(r) + ".txt")));
       }
       // The moment the victim stops or dies (bounded: start-up and two steps).
@@ -268,7 +276,8 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
         if (r == victim) continue;
         const std::string out = ranks[r].out();
         EXPECT_EQ(ranks[r].status, 1) << "rank " << r << ": " << out;
-        EXPECT_NE(out.find("pipetrain: error: rank "), std::string::npos) << out;
+        // One line, prefixed with the rank that says it (started by hand, without pipetrain launch).
+        EXPECT_NE(out.find("pipetrain[rank " + std::to_string(r) + "]: error: rank "), std::string::npos) << out;
         EXPECT_NE(out.find("rank " + std::to_string(victim)), std::string::npos) << "rank " << r << ": " << out;
         const bool direct = (victim == 0 && r == 1) || (victim == 2 && r == 1);
         if (direct) {  // the neighbour says what it was waiting for
@@ -284,8 +293,8 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
       const double latest =
           std::max(ranks[(victim + 1) % 3].exited_s, ranks[(victim + 2) % 3].exited_s) - fault_s;
       EXPECT_LT(latest, (std::string(signal) == "stop" ? timeout_s : 0.0) + 5.0);
-      std::printf("%s rank %d: the others exited %.2f s after the fault (runtime.timeout_s %.0f)\n", signal, victim,
-                  latest, timeout_s);
+      std::printf("%s: %s rank %d: the others exited %.2f s after the fault (runtime.timeout_s %.0f)\n",
+                  transport.c_str(), signal, victim, latest, timeout_s);
       if (std::string(signal) == "stop") {
         EXPECT_GE(latest, timeout_s - 1.0);
       }
