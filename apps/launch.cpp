@@ -65,7 +65,7 @@ bool drain(int fd, std::string& buf) {
   return n < 0 && (errno == EINTR || errno == EAGAIN);
 }
 
-void start(Rank& r, int rank, const LaunchOptions& o, int port) {
+void start(Rank& r, int rank, const LaunchOptions& o, int port, const std::string& token) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(std::string("launch: cannot create pipes: ") + std::strerror(errno));
@@ -80,7 +80,8 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port) {
       {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
       {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
       {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)},
-      {"PIPETRAIN_LOG_RANK", "0"}};  // the launcher prefixes the ranks' lines itself
+      {"PIPETRAIN_LOG_RANK", "0"},  // the launcher prefixes the ranks' lines itself
+      {"PIPETRAIN_RUN_TOKEN", token}};
 
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
@@ -145,7 +146,11 @@ int run(const LaunchOptions& o) {
   ::sigaction(SIGTERM, &sa, &old_term);
 
   std::vector<Rank> ranks(o.nproc);
-  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, port);
+  // This job's identity: its ranks join only a rendezvous of the same token (comm/rendezvous.h).
+  char token[64];
+  std::snprintf(token, sizeof token, "launch:%d:%d:%llx", static_cast<int>(::getpid()), port,
+                static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, port, token);
 
   int result = 0, failed_rank = -1;
   using Clock = std::chrono::steady_clock;

@@ -126,6 +126,15 @@ RankInfo rank_from_env(const Environment& env) {
       info.local_world_size = parse_int(chosen->local_size, *local, 1, info.world_size);
   }
 
+  if (const std::string* t = find(env, "PIPETRAIN_RUN_TOKEN"))
+    info.run_token = *t;
+  else if (const std::string* t = find(env, "TORCHELASTIC_RUN_ID"))
+    info.run_token = "torchrun:" + *t;
+  else if (const std::string* t = find(env, "SLURM_JOB_ID"))
+    info.run_token = "slurm:" + *t + "." + (find(env, "SLURM_STEP_ID") ? *find(env, "SLURM_STEP_ID") : "");
+  else if (const std::string* t = find(env, "PMIX_NAMESPACE"))
+    info.run_token = "openmpi:" + *t;
+  if (info.run_token.size() > 256) throw ConfigError("the job's run token (PIPETRAIN_RUN_TOKEN, ...) is over 256 bytes");
   info.master_port = optional_int(env, "MASTER_PORT", info.master_port, 1, 65535);
   if (const std::string* addr = find(env, "MASTER_ADDR")) {
     if (addr->empty()) throw ConfigError("MASTER_ADDR is set but empty");

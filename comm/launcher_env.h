@@ -33,6 +33,10 @@ struct RankInfo {
   std::string master_addr = "127.0.0.1";  ///< rank 0's host (MASTER_ADDR, or Slurm's first node)
   int master_port = 29500;                ///< rank 0's store (MASTER_PORT)
   std::string launcher = "none";  ///< "torchrun", "openmpi", "slurm" or "none" (a single process)
+  /// The job's identity, the same on every rank of one job and different between jobs:
+  /// PIPETRAIN_RUN_TOKEN (pipetrain launch sets it), else TORCHELASTIC_RUN_ID (torchrun), else
+  /// SLURM_JOB_ID.SLURM_STEP_ID, else OpenMPI's PMIX_NAMESPACE; "" when none of them is set.
+  std::string run_token;
 };
 
 /// Throws ConfigError naming the variable for a missing, malformed or inconsistent value.

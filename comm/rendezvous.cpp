@@ -9,11 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -106,6 +110,43 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
   return c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
 }
 
+// A client of rank 0's store, connected before `deadline`. c10d's client blocks without a bound
+// while whatever listens at the address accepts and never answers (rank 0 stopped during the
+// rendezvous, a stale or foreign program on the port): the attempt runs on a thread of its own,
+// left behind (with its socket) when the deadline passes first.
+c10::intrusive_ptr<c10d::TCPStore> connect_by(const RankInfo& info, std::chrono::milliseconds timeout,
+                                              Deadline deadline, const std::string& where) {
+  struct Attempt {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::exception_ptr error;
+  };
+  auto a = std::make_shared<Attempt>();
+  std::thread([a, info, timeout] {
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::exception_ptr error;
+    try {
+      store = connect(info, false, timeout);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->store = std::move(store);
+    a->error = error;
+    a->done = true;
+    a->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(a->mu);
+  if (!a->cv.wait_until(lock, deadline.at, [&] { return a->done; }))
+    throw TimeoutError(0, detail::concat("rank ", info.rank, ": something accepts connections at ", where,
+                                         " but does not answer as a rendezvous store before the deadline (rank 0 "
+                                         "stopped or hung, or another program holds the port)"));
+  if (a->error) std::rethrow_exception(a->error);
+  return a->store;
+}
+
 class Rendezvous {
  public:
   Rendezvous(const RankInfo& info, Deadline deadline, const std::string& prefix)
@@ -120,7 +161,8 @@ class Rendezvous {
       if (info.rank != 0) wait_for_server();
       // c10d's client counts its connect timeout in whole seconds and gives up a second early;
       // the server is known to listen by now, so the first attempt connects.
-      store_ = connect(info, info.rank == 0, std::max(left(deadline), std::chrono::milliseconds(3000)));
+      const auto timeout = std::max(left(deadline), std::chrono::milliseconds(3000));
+      store_ = info.rank == 0 ? connect(info, true, timeout) : connect_by(info, timeout, deadline, where_);
     } catch (const TimeoutError&) {
       throw;
     } catch (const std::exception& e) {
@@ -144,6 +186,41 @@ class Rendezvous {
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline_.at - Clock::now()));
       pause = std::min(pause * 2, std::chrono::milliseconds(100));
     }
+  }
+
+  // This job's identity and this rank's place in it. Rank 0 records the job's run token; every
+  // other rank checks it, so that a rank of another job on the same port is refused, naming
+  // both; and every rank claims its rank's slot atomically, so that a second process claiming
+  // the same rank (another job without a token, a rank started twice) is refused, naming the first.
+  void claim() {
+    const std::string token_key = prefix_ + "run_token";
+    const std::string token = "=" + info_.run_token;  // "=": an empty token is a value too
+    if (info_.rank == 0) {
+      store_->compareSet(token_key, {}, bytes(token));
+    } else {
+      try {
+        store_->wait({token_key}, left(deadline_));
+      } catch (const std::exception& e) {
+        throw TimeoutError(0, detail::concat("rank ", info_.rank, ": rendezvous at ", where_,
+                                             ": rank 0 did not say which job it serves before the deadline"));
+      }
+      const std::string theirs = text(store_->get(token_key));
+      if (theirs != token)
+        throw ConfigError(detail::concat(
+            "rank ", info_.rank, ": the rendezvous store at ", where_, " serves another job (run token \"",
+            printable(theirs.substr(1), 80), "\", this rank's \"", printable(info_.run_token, 80),
+            "\"): give each job its own port (MASTER_PORT, pipetrain launch --master-port)"));
+    }
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    static std::atomic<int> claims{0};  // several ranks of one process (tests) claim apart
+    const std::string me = detail::concat(host, ":", ::getpid(), "#", ++claims);
+    const std::string holder = text(store_->compareSet(key("claim", info_.rank), {}, bytes(me)));
+    if (holder != me)
+      throw ConfigError(detail::concat("rank ", info_.rank, ": another process (", printable(holder, 80),
+                                       ") already joined the rendezvous at ", where_, " as rank ", info_.rank,
+                                       ": two jobs on one port, or a rank started twice; give each job its own "
+                                       "port (MASTER_PORT, pipetrain launch --master-port)"));
   }
 
   std::string key(const char* what, int rank) const { return prefix_ + what + "/" + std::to_string(rank); }
@@ -195,6 +272,7 @@ std::vector<std::string> rendezvous(const RankInfo& info, const std::string& add
                                     const std::string& config_hash, Deadline deadline,
                                     const std::string& prefix, const StoreHook& while_up) {
   Rendezvous rv(info, deadline, prefix);
+  rv.claim();
   rv.set("address", encode_address_record(info.rank, address));
   rv.set("config", config_hash);
   rv.wait_all("config", "join");

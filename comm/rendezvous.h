@@ -4,7 +4,11 @@
 // each returns every rank's address once all hashes are known to be equal.
 //
 // Rank 0 binds the store's listening socket to master_addr alone (127.0.0.1 unless the
-// launcher's environment says otherwise) and hands it to c10d's server; ranks connect there.
+// launcher's environment says otherwise) and hands it to c10d's server; ranks connect there,
+// within the deadline even when what listens never answers. A job has an identity
+// (RankInfo::run_token): rank 0 records it in the store, a rank of another job is refused by
+// name, and each rank claims its rank's slot atomically, so that a second claimant (two jobs on
+// one port without tokens, a rank started twice) is refused, naming the first.
 #pragma once
 
 #include <functional>

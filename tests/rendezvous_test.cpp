@@ -1,5 +1,5 @@
-// Rank identity from launcher environments (pure functions of an environment map) and the
-// rendezvous through c10d::TCPStore, with ranks as threads on a free loopback port.
+// The rendezvous through c10d::TCPStore, with ranks as threads on a free loopback port (rank
+// identity from launcher environments: launcher_env_test).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -37,168 +37,6 @@ using namespace pipetrain::comm;
 using pipetrain::test::free_port;
 
 namespace {
-
-std::string config_error(const Environment& env) {
-  try {
-    rank_from_env(env);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-TEST(LauncherEnv, NoLauncherIsOneProcess) {
-  const RankInfo i = rank_from_env({});
-  EXPECT_EQ(i.launcher, "none");
-  EXPECT_EQ(i.rank, 0);
-  EXPECT_EQ(i.world_size, 1);
-  EXPECT_EQ(i.local_rank, 0);
-  EXPECT_EQ(i.master_addr, "127.0.0.1");
-  EXPECT_EQ(i.master_port, 29500);
-}
-
-TEST(LauncherEnv, Torchrun) {
-  const RankInfo i = rank_from_env({{"RANK", "2"},
-                                    {"WORLD_SIZE", "4"},
-                                    {"LOCAL_RANK", "0"},
-                                    {"MASTER_ADDR", "n1"},
-                                    {"MASTER_PORT", "1234"}});
-  EXPECT_EQ(i.launcher, "torchrun");
-  EXPECT_EQ(i.rank, 2);
-  EXPECT_EQ(i.world_size, 4);
-  EXPECT_EQ(i.local_rank, 0);
-  EXPECT_EQ(i.local_world_size, 0);  // not given
-  EXPECT_EQ(i.master_addr, "n1");
-  EXPECT_EQ(i.master_port, 1234);
-  EXPECT_EQ(rank_from_env({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "n1"}, {"LOCAL_WORLD_SIZE", "2"}})
-                .local_world_size,
-            2);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "n1"}, {"LOCAL_WORLD_SIZE", "5"}})
-                .find("LOCAL_WORLD_SIZE=5 is outside [1, 4]"),
-            std::string::npos);
-  // LOCAL_RANK is optional; a single process needs no master address.
-  EXPECT_EQ(rank_from_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).master_addr, "127.0.0.1");
-}
-
-TEST(LauncherEnv, TorchrunErrorsNameTheVariable) {
-  EXPECT_NE(config_error({{"RANK", "1"}}).find("WORLD_SIZE is not set but RANK is"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
-                .find("RANK=4 but WORLD_SIZE=4"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "one"}, {"WORLD_SIZE", "4"}}).find("RANK=one is not an integer"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1x"}, {"WORLD_SIZE", "4"}}).find("not an integer"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}).find("RANK=-1 is outside"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("WORLD_SIZE=0 is outside"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}).find("WORLD_SIZE=99999999999"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}})
-                .find("MASTER_ADDR is set but empty"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
-                .find("MASTER_PORT=70000 is outside [1, 65535]"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"LOCAL_RANK", "2"}})
-                .find("LOCAL_RANK=2 but WORLD_SIZE=2"),
-            std::string::npos);
-}
-
-TEST(LauncherEnv, OpenMpi) {
-  Environment env{{"OMPI_COMM_WORLD_RANK", "3"},
-                  {"OMPI_COMM_WORLD_SIZE", "4"},
-                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
-                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
-  RankInfo i = rank_from_env(env);
-  EXPECT_EQ(i.launcher, "openmpi");
-  EXPECT_EQ(i.rank, 3);
-  EXPECT_EQ(i.world_size, 4);
-  EXPECT_EQ(i.local_rank, 3);
-  EXPECT_EQ(i.local_world_size, 4);
-  EXPECT_EQ(i.master_addr, "127.0.0.1");    // every rank on this host
-  env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts: rank 0's host must be given
-  EXPECT_NE(config_error(env).find("mpirun -x MASTER_ADDR"), std::string::npos);
-  env["MASTER_ADDR"] = "head";
-  EXPECT_EQ(rank_from_env(env).master_addr, "head");
-  EXPECT_NE(config_error({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"),
-            std::string::npos);
-}
-
-TEST(LauncherEnv, Slurm) {
-  Environment env{{"SLURM_PROCID", "5"},
-                  {"SLURM_NTASKS", "8"},
-                  {"SLURM_LOCALID", "1"},
-                  {"SLURM_JOB_NODELIST", "node[01-04]"},
-                  {"SLURM_NODELIST", "other"}};
-  RankInfo i = rank_from_env(env);
-  EXPECT_EQ(i.launcher, "slurm");
-  EXPECT_EQ(i.rank, 5);
-  EXPECT_EQ(i.world_size, 8);
-  EXPECT_EQ(i.local_rank, 1);
-  EXPECT_EQ(i.local_world_size, 0);
-  EXPECT_EQ(i.master_addr, "node01");
-  EXPECT_EQ(i.master_port, 29500);
-  env.erase("SLURM_JOB_NODELIST");
-  env["SLURM_NODELIST"] = "a,b";
-  EXPECT_EQ(rank_from_env(env).master_addr, "a");
-  env["MASTER_ADDR"] = "10.0.0.7";  // an explicit address wins over the node list
-  env["MASTER_PORT"] = "4000";
-  EXPECT_EQ(rank_from_env(env).master_addr, "10.0.0.7");
-  EXPECT_EQ(rank_from_env(env).master_port, 4000);
-  env["SLURM_NTASKS_PER_NODE"] = "2";
-  EXPECT_EQ(rank_from_env(env).local_world_size, 2);
-  env["SLURM_NTASKS_PER_NODE"] = "2(x4)";  // an uneven layout's notation: not known
-  EXPECT_EQ(rank_from_env(env).local_world_size, 0);
-  // SLURM_NPROCS stands in for SLURM_NTASKS; without any node list the host is unknown.
-  EXPECT_EQ(rank_from_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "x"}}).world_size,
-            2);
-  EXPECT_NE(config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("SLURM_JOB_NODELIST"),
-            std::string::npos);
-  EXPECT_NE(config_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "x"}})
-                .find("SLURM_PROCID=2 but SLURM_NTASKS=2"),
-            std::string::npos);
-}
-
-TEST(LauncherEnv, PrecedenceTorchrunThenOpenMpiThenSlurm) {
-  Environment env{{"RANK", "1"},
-                  {"WORLD_SIZE", "2"},
-                  {"MASTER_ADDR", "h"},
-                  {"OMPI_COMM_WORLD_RANK", "0"},
-                  {"OMPI_COMM_WORLD_SIZE", "2"},
-                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                  {"SLURM_PROCID", "0"},
-                  {"SLURM_NTASKS", "1"}};
-  EXPECT_EQ(rank_from_env(env).launcher, "torchrun");
-  EXPECT_EQ(rank_from_env(env).rank, 1);
-  env.erase("RANK");
-  EXPECT_EQ(rank_from_env(env).launcher, "openmpi");  // mpirun inside a Slurm batch step
-  EXPECT_EQ(rank_from_env(env).rank, 0);
-  env.erase("OMPI_COMM_WORLD_RANK");
-  EXPECT_EQ(rank_from_env(env).launcher, "slurm");
-}
-
-TEST(LauncherEnv, FirstSlurmHost) {
-  EXPECT_EQ(first_slurm_host("node01"), "node01");
-  EXPECT_EQ(first_slurm_host("a,b,c"), "a");
-  EXPECT_EQ(first_slurm_host("node[01-04]"), "node01");
-  EXPECT_EQ(first_slurm_host("node[07,01-04]"), "node07");
-  EXPECT_EQ(first_slurm_host("gpu-[3,5],cpu[1-2]"), "gpu-3");
-  EXPECT_EQ(first_slurm_host("rack[2-3]-n[05-06]"), "rack2-n05");
-  EXPECT_THROW(first_slurm_host(""), ConfigError);
-  EXPECT_THROW(first_slurm_host("node[01-"), ConfigError);
-  EXPECT_THROW(first_slurm_host("node[]"), ConfigError);
-}
-
-TEST(LauncherEnv, ReadsTheProcessEnvironment) {
-  ::setenv("PIPETRAIN_RENDEZVOUS_TEST", "a=b", 1);
-  const Environment env = process_environment();
-  ASSERT_TRUE(env.count("PIPETRAIN_RENDEZVOUS_TEST"));
-  EXPECT_EQ(env.at("PIPETRAIN_RENDEZVOUS_TEST"), "a=b");
-  ::unsetenv("PIPETRAIN_RENDEZVOUS_TEST");
-}
 
 RankInfo rank_info(int rank, int world, int port) {
   RankInfo i;
@@ -533,6 +371,112 @@ TEST(Rendezvous, StalledStoreClientsDoNotHoldTheRanksPastTheirDeadline) {
       EXPECT_EQ(peer, 2) << msg;
     }
   }
+}
+
+#if PIPETRAIN_HAVE_UCX
+// A well-formed record around a forged worker address (any client of the store can write one):
+// UCX would abort this process unpacking it; a child process unpacks it first, and the rank is
+// refused with an error naming the rank that published it.
+TEST(Rendezvous, AForgedUcxAddressIsRefusedNamingItsRank) {
+  TransportOptions o;
+  o.backend = "ucx";
+  std::string random(200, '\0');
+  for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const std::vector<std::string> forged{std::string(64, '\x7f'), std::string(300, '\xff'), random};
+  for (const std::string& bad : forged) {
+    int peer = -1;
+    std::string msg;
+    try {
+      make_ucx_transport(0, 2, [&](const std::string& mine) { return std::vector<std::string>{mine, bad}; }, o);
+    } catch (const TransportError& e) {
+      peer = e.peer();
+      msg = e.what();
+    }
+    EXPECT_EQ(peer, 1) << msg;
+    EXPECT_NE(msg.find("the UCX worker address that rank 1 published is not one UCX can use"), std::string::npos)
+        << msg;
+  }
+}
+#endif
+
+// Something accepts connections on the port and never answers (rank 0 stopped during the
+// rendezvous, a stale or foreign program): a rank's wait ends at its deadline, naming what it
+// waited for, instead of blocking in the store client for ever.
+TEST(Rendezvous, ASilentListenerIsNamedAtTheDeadline) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);  // the kernel completes connections; nobody reads them
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  const auto t0 = Clock::now();
+  auto errors = run({1}, [&](int r) { rendezvous(rank_info(r, 2, port), "a", "h", Deadline::after(1.5)); });
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_LT(took, 4.0);
+  int peer = -1;
+  const std::string msg = what_of<TimeoutError>(errors[0], &peer);
+  EXPECT_EQ(peer, 0) << msg;
+  EXPECT_NE(msg.find("accepts connections at 127.0.0.1:" + std::to_string(port) + " but does not answer"),
+            std::string::npos)
+      << msg;
+}
+
+// Two jobs on one port: a rank of the second job (another run token) is refused by name at
+// once, and the first job completes unharmed. A rank started twice within one job is refused,
+// naming the process that holds the slot.
+TEST(Rendezvous, AnotherJobOrASecondClaimantIsRefusedByName) {
+  const int port = free_port();
+  auto job = [&](int r, const std::string& token, int world) {
+    RankInfo i = rank_info(r, world, port);
+    i.run_token = token;
+    return i;
+  };
+  std::vector<std::vector<std::string>> got(3);
+  std::exception_ptr intruder, twice;
+  std::thread rank0([&] {
+    try {
+      got[0] = rendezvous(job(0, "job A", 3), "a0", "h", Deadline::after(30));
+    } catch (...) {
+      got[0] = {"failed"};
+    }
+  });
+  std::thread rank1([&] {
+    try {
+      got[1] = rendezvous(job(1, "job A", 3), "a1", "h", Deadline::after(30));
+    } catch (...) {
+      got[1] = {"failed"};
+    }
+  });
+  const auto t0 = Clock::now();
+  intruder = run({1}, [&](int r) { rendezvous(job(r, "job B", 3), "b1", "h", Deadline::after(30)); })[0];
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  const std::string refused = what_of<ConfigError>(intruder);
+  EXPECT_NE(refused.find("serves another job (run token \"job A\", this rank's \"job B\")"), std::string::npos)
+      << refused;
+  // Once the first rank 1 holds its slot (seen through a client of the store), a second rank 1
+  // of the same job is refused.
+  c10d::TCPStoreOptions client;
+  client.port = static_cast<uint16_t>(port);
+  client.isServer = false;
+  client.timeout = std::chrono::seconds(10);
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", client);
+  for (int i = 0; i < 1000 && !store->check({"pipetrain/claim/1"}); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the store, bounded
+  twice = run({1}, [&](int r) { rendezvous(job(r, "job A", 3), "a1 again", "h", Deadline::after(30)); })[0];
+  const std::string again = what_of<ConfigError>(twice);
+  EXPECT_NE(again.find("another process ("), std::string::npos) << again;
+  EXPECT_NE(again.find("already joined the rendezvous at 127.0.0.1:" + std::to_string(port) + " as rank 1"),
+            std::string::npos)
+      << again;
+  got[2] = rendezvous(job(2, "job A", 3), "a2", "h", Deadline::after(30));
+  rank0.join();
+  rank1.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(got[r], (std::vector<std::string>{"a0", "a1", "a2"})) << "rank " << r;
 }
 
 }  // namespace

@@ -46,6 +46,11 @@ constexpr size_t kHeaderBufferBytes = kWireHeaderBytes + kInlineBytes;
 constexpr size_t kAbortReasonBytes = 1024;
 constexpr int kProgressBatch = 1024;
 
+// Has a child process unpack every peer's address (all but `self`'s) as this rank's worker
+// would, so that a forged one is refused naming the rank that published it instead of aborting
+// this process inside UCX (address_check.cpp). TransportError naming that rank.
+void check_peer_addresses(const std::vector<std::string>& addresses, int self);
+
 class UcxTransport final : public Transport {
  public:
   UcxTransport(int rank, int world, TransportOptions options);

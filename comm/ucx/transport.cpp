@@ -258,6 +258,8 @@ std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const Ad
                                " addresses for a world of ", world_size));
   if (addresses[rank] != t->address())
     throw Error(detail::concat("ucx: the address exchange returned another address for rank ", rank));
+  // The addresses came from other processes (through a store any client may write).
+  ucx::check_peer_addresses(addresses, rank);
   t->connect(addresses);
   return t;
 }
