@@ -24,19 +24,19 @@ class Bench final : public Command {
     config_.add_path(s);
     config_.add_set(s);
     s->add_option("--warmup", options_.warmup, "Untimed steps before measuring")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--repeat", options_.repeat, "Timed steps (the median is reported)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--stages", sweep_.stages, "Sweep these stage counts (comma-separated)")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--micro-batches", sweep_.micro_batches, "Sweep these micro-batch counts")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--data-parallel", sweep_.data_parallel,
                   "Sweep these data-parallel copy counts (pipeline.data_parallel)")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--recompute", sweep_.recompute, "Sweep these recomputation modes")
         ->delimiter(',')
         ->check(CLI::IsMember(recompute_modes()));

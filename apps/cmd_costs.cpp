@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/common_options.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "partitioner/cost_file.h"
@@ -30,13 +31,13 @@ class Costs final : public Command {
         ->required()
         ->check(CLI::Range(1, 1000000));
     t->add_option("--device-tflops", shape_.device_tflops, "Peak dense TFLOP/s of one device (default 400)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     t->add_option("--efficiency", shape_.efficiency, "Share of the peak reached (default 0.5)")
         ->check(CLI::Range(0.001, 1.0));
     t->add_option("--bandwidth", shape_.bandwidth_gb_s, "Link bandwidth between stages in GB/s (default 50)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     t->add_option("--latency-ms", shape_.latency_ms, "Link latency in ms (default 0.01)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     t->add_option("--bytes-per-value", shape_.bytes_per_value, "Bytes per activation value (default 2: bf16)")
         ->check(CLI::Range(1, 8));
     t->add_option("--out", out_, "Write the cost file here (default: standard output)");

@@ -25,7 +25,7 @@ class Eval final : public Command {
         ->required();
     config_.add_set(s);
     s->add_option("--batches", batches_, "Test batches to use (0: all; default train.eval_batches)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_flag("--json", json_, "Print the results as one JSON object");
   }
 

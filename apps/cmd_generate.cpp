@@ -21,11 +21,11 @@ class Generate final : public Command {
         ->required();
     config_.add_set(s);
     s->add_option("--prompt", prompt_, "Text to continue (default: a newline)");
-    s->add_option("--bytes", options_.new_bytes, "Bytes to generate")->check(CLI::PositiveNumber);
+    s->add_option("--bytes", options_.new_bytes, "Bytes to generate")->check(kPositive);
     s->add_option("--temperature", options_.temperature, "Sampling temperature; 0: greedy")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--top-k", options_.top_k, "Sample among the k most likely bytes; 0: all")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--seed", options_.seed, "Seed of the sampling");
   }
 

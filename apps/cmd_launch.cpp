@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include "apps/commands.h"
+#include "apps/common_options.h"
 #include "apps/launch.h"
 
 namespace pipetrain::apps {
@@ -21,7 +22,7 @@ class Launch final : public Command {
                   "MASTER_PORT given to the ranks (default: a free port)")
         ->check(CLI::Range(0, 65535));
     s->add_option("--grace", options_.grace_s, "Seconds the other ranks get to exit after one fails")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("command", options_.command,
                   "After --: a pipetrain subcommand (train CONFIG ...) or a program")
         ->required();

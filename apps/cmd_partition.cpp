@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "apps/common_options.h"
 #include "common/error.h"
 #include "partitioner/cost_file.h"
 #include "partitioner/partition.h"
@@ -19,11 +20,11 @@ class Partition final : public Command {
                                    "Split a cost file into stages exactly (min-max) and print JSON")) {
     CLI::App* s = subcommand_;
     s->add_option("--costs", costs_path_, "JSON array of per-layer costs")->required();
-    s->add_option("--stages", stages_, "Number of stages")->required()->check(CLI::PositiveNumber);
+    s->add_option("--stages", stages_, "Number of stages")->required()->check(kPositive);
     s->add_option("--memory-limit", memory_limit_,
                   "Bytes each stage may hold (parameters x3 for gradient and momentum, plus saved "
                   "activations of one micro-batch)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--speeds", speeds_, "Relative speed of each stage's device (one per stage)")
         ->delimiter(',');
   }

@@ -31,7 +31,7 @@ class Plan final : public Command {
                   "Write the profiled per-layer costs (a cost file for partition)");
     s->add_option("--costs", options_.costs_path, "Use this cost file instead of profiling");
     s->add_option("--repeat", options_.repeat, "Profiling runs per op (the median is used)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_flag("--auto", auto_,
                 "Search stages, micro-batches, schedule, recomputation, precision and balance");
     s->add_option("--devices", auto_options_.devices,
@@ -41,13 +41,13 @@ class Plan final : public Command {
     s->add_option("--memory-limit", auto_options_.memory_limit,
                   "--auto: bytes per device (one, or one per device)")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--memory-headroom", auto_options_.memory_headroom,
                   "--auto: share of each limit kept free for what the memory model misses (default 0.05)")
         ->check(CLI::Range(0.0, 0.9));
     s->add_option("--speeds", auto_options_.speeds, "--auto: relative speed of each device")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option("--top", auto_options_.top, "--auto: plans to list (default 5)")
         ->check(CLI::Range(1, 1000));
     s->add_option("--write-config", auto_options_.write_config,

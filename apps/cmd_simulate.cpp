@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/common_options.h"
 #include "common/recompute.h"
 #include "schedule/kinds.h"
 #include "planner/whatif.h"
@@ -30,11 +31,11 @@ class Simulate final : public Command {
         ->check(CLI::IsMember(recompute_modes()));
     s->add_option("--memory-limit", options_.memory_limit,
                   "zb-auto: activation bytes per device (default: twice 1f1b's)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--bandwidth", options_.bandwidth_gb_s, "Link bandwidth in GB/s (instead of the file's)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--latency-ms", options_.latency_ms, "Link latency in ms (instead of the file's)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(kNonNegative);
     s->add_option("--trace", trace_path_,
                   "Write the simulated step with memory counters (Chrome trace JSON)");
     s->add_flag("--json", json_, "Print one JSON object");

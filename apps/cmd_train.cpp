@@ -32,7 +32,7 @@ class Train final : public Command {
     s->add_option("--trace", options_.trace_path,
                   "Write the measured timeline of the second step (Chrome trace JSON, for Perfetto)");
     s->add_option("--trace-steps", options_.trace_steps, "Steps to put in the --trace timeline")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     s->add_option(
         "--tensorboard", options_.tensorboard_dir,
         "Write a TensorBoard log (loss, learning rate, gradient norm, samples/s, stage busy time and bubble, "
@@ -45,7 +45,7 @@ class Train final : public Command {
     s->add_option(
          "--until-step", options_.until_step,
          "Stop after this step with a checkpoint, as if interrupted (the schedule still spans train.steps)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
   }
 
   int run() override {

@@ -1,5 +1,7 @@
 #include "apps/common_options.h"
 
+#include <cmath>
+
 #include "common/error.h"
 #include "common/strings.h"
 
@@ -50,5 +52,28 @@ train::Config ConfigOptions::load() const {
 ProgressLine ConfigOptions::progress(const train::Config& config) const {
   return ProgressLine(quiet, config.train.log_every);
 }
+
+namespace {
+CLI::Validator number_check(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !std::isfinite(v)) return "not a number: " + printable(text, 40);
+        if (v < 0 || (v == 0 && !zero_allowed))
+          return std::string(zero_allowed ? "must be zero or more" : "must be positive") + ", got " + printable(text, 40);
+        return "";
+      },
+      zero_allowed ? "NUMBER >= 0" : "NUMBER > 0");
+}
+}  // namespace
+
+const CLI::Validator kPositive = number_check(false);
+const CLI::Validator kNonNegative = number_check(true);
 
 }  // namespace pipetrain::apps

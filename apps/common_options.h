@@ -30,6 +30,11 @@ struct ConfigOptions {
   ProgressLine progress(const train::Config& config) const;
 };
 
+// Checks of numeric options whose message says the rule ("--bytes: must be positive, got 0")
+// rather than CLI11's range of a double, printed in 309 digits.
+extern const CLI::Validator kPositive;
+extern const CLI::Validator kNonNegative;
+
 // How the messages of the run layer spell the override option.
 inline constexpr const char* kSetFlag = "--set";
 

@@ -305,6 +305,12 @@ json training_identity(const Config& c) {
 }
 
 
+namespace {
+// The shards, the manifest and the rename of save_checkpoint, into `partial` (made by the writer).
+std::string save_into(const fs::path& partial, const fs::path& root, const std::string& name, const Config& config,
+                      Pipeline& pipe, int64_t step, int64_t batches, int keep, bool writer);
+}  // namespace
+
 std::string save_checkpoint(const std::string& root_dir, const Config& config, Pipeline& pipe, int64_t step,
                             int64_t batches, int keep) {
   // Multi-process: every rank writes the shards of its own stages into the partial directory
@@ -322,6 +328,20 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
     if (!fs::create_directory(partial, ec) || ec)
       throw CheckpointError("cannot create " + partial.string() + ": " + ec.message());
   }
+  try {
+    return save_into(partial, root, name, config, pipe, step, batches, keep, writer);
+  } catch (...) {
+    // A failed save (a full disk, a peer gone) leaves nothing behind to fill the disk further:
+    // the writer removes the partial directory (other ranks' writes into it fail with it).
+    if (writer) fs::remove_all(partial, ec);
+    throw;
+  }
+}
+
+namespace {
+std::string save_into(const fs::path& partial, const fs::path& root, const std::string& name, const Config& config,
+                      Pipeline& pipe, int64_t step, int64_t batches, int keep, bool writer) {
+  std::error_code ec;
   pipe.collectives().barrier("the checkpoint's directory");
   if (!fs::is_directory(partial))
     throw CheckpointError(detail::concat("rank ", pipe.rank(), ": cannot see ", partial.string(),
@@ -417,6 +437,7 @@ std::string save_checkpoint(const std::string& root_dir, const Config& config, P
   pipe.collectives().barrier("the checkpoint's rename");
   return final_dir.string();
 }
+}  // namespace
 
 void check_checkpoint_dir(const std::string& root, const std::string& where) {
   std::error_code ec;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -295,6 +296,15 @@ Config parse_config(const json& input, const std::string& source, const std::vec
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A directory reads as empty text and a device may never end: a regular file, or a pipe
+  // (a shell's process substitution, <(...)).
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(st)) throw ConfigError(path + ": is a directory, not a config file");
+  if (!ec && !std::filesystem::is_regular_file(st) && !std::filesystem::is_fifo(st))
+    throw ConfigError(path + ": not a regular file (a config is a JSON file)");
+  if (!ec && std::filesystem::is_regular_file(st) && std::filesystem::file_size(path, ec) > (uint64_t(64) << 20) && !ec)
+    throw ConfigError(path + ": over 64 MiB, too large for a config file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;

@@ -118,9 +118,12 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
     if (c10d_transport)
       endpoint = comm::make_group_transport(job.options.transport, store, "pipetrain/transport/", info.rank,
                                             info.world_size, interface);
-    if (D > 1)
-      copies = comm::make_gloo_group(store, detail::concat("pipetrain/stage", mesh.stage_of(info.rank), "/copies/"),
-                                     mesh.copy_of(info.rank), D, interface, c.runtime.timeout_s);
+    // The copies' gradient reduction: over NCCL between GPUs (one per rank), over Gloo otherwise.
+    const std::string copies_prefix = detail::concat("pipetrain/stage", mesh.stage_of(info.rank), "/copies/");
+    if (D > 1 && job.options.transport.device.is_cuda() && comm::has_transport_backend("nccl"))
+      copies = comm::make_nccl_group(store, copies_prefix, mesh.copy_of(info.rank), D, c.runtime.timeout_s);
+    else if (D > 1)
+      copies = comm::make_gloo_group(store, copies_prefix, mesh.copy_of(info.rank), D, interface, c.runtime.timeout_s);
   };
   log::debug(detail::concat("rank ", info.rank, " of ", info.world_size, " (", info.launcher, "): stage ",
                             mesh.stage_of(info.rank), ", meeting at ", info.master_addr, ":", info.master_port,

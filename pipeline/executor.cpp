@@ -157,9 +157,6 @@ void Executor::place_stages() {
   for (int r : local) gpus = gpus || !devices[r].is_cpu();
   if (gpus && options.checking_contexts)
     throw ConfigError("pipeline: the checking device context runs stages on the CPU only");
-  if (gpus && mesh.data_parallel > 1)
-    throw ConfigError("pipeline: data parallelism with stages on GPUs is not supported yet (its gradient reduction "
-                      "runs over Gloo on CPU tensors); run the copies on the CPU or use one copy");
   contexts.clear();
   contexts.resize(S);
   for (int r : local) contexts[r] = stages::make_device_context(devices[r], options.checking_contexts);

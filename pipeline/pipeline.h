@@ -151,7 +151,9 @@ class Pipeline {
   /// loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
   /// Returns the (scaled) loss. A call that succeeds updates each models::BatchNorm's running
   /// statistics once, from all the micro-batches it saw, as one forward over their union would;
-  /// a call that fails changes none.
+  /// a call that fails changes none. With a sharded optimizer (options.shard_optimizer) the
+  /// reduced gradients live in each copy's shard of the optimizer, not in .grad, which stays
+  /// undefined: read gradients with the optimizer state unsharded.
   double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
                           double scale = 1.0);
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "pipeline/pipeline.h"
 #include "checkpoint/shard.h"
+#include "common/fault.h"
 #include "train/trainer.h"
 #include "tests/process_helpers.h"
 
@@ -186,6 +188,47 @@ fs::path one_step_checkpoint(const std::string& name, const Config& c) {
   Trainee t(c);
   t.step(0);
   return save_checkpoint(temp_dir(name), c, *t.pipe, 1, 1, 3);
+}
+
+// A save that fails half-way (here a shard's write, as on a full disk) removes its partial
+// directory: nothing of it is left to fill the disk until the next save.
+TEST(Checkpoint, AFailedSaveLeavesNoPartialDirectory) {
+  Config c = parse_config(make_config(R"({"kind": "sgd", "lr": 0.05})"), "cfg.json");
+  Trainee t(c);
+  t.step(0);
+  const std::string dir = temp_dir("failed_save");
+  set_fault_hook([](const FaultPoint& p) {
+    if (std::string(p.where) == "checkpoint.shard") throw IoError("stage-0.pt: write failed (No space left on device)");
+  });
+  EXPECT_THROW(save_checkpoint(dir, c, *t.pipe, 1, 1, 3), IoError);
+  set_fault_hook({});
+  for (const auto& e : fs::directory_iterator(dir)) ADD_FAILURE() << "left behind: " << e.path();
+  // The next save works and is the only thing there.
+  EXPECT_NO_THROW(save_checkpoint(dir, c, *t.pipe, 1, 1, 3));
+}
+
+// A stop asked for while a checkpoint loads (SIGTERM during a long load) ends the run before its
+// first step, writing nothing: the checkpoint just loaded stays the latest.
+TEST(Checkpoint, AStopDuringTheLoadEndsTheRunBeforeItsFirstStep) {
+  const std::string dir = temp_dir("stop_in_load");
+  json j = make_config(R"({"kind": "sgd", "lr": 0.05})");
+  j["train"]["checkpoint_dir"] = dir;
+  {
+    train::Job job = train::prepare(parse_config(j, "cfg.json"));
+    train::TrainOptions o;
+    o.until_step = 2;
+    train::train(job, o);
+  }
+  const std::string saved = latest_checkpoint(dir);
+  train::Job job = train::prepare(parse_config(j, "cfg.json"));
+  train::TrainOptions o;
+  o.resume = true;
+  o.stop_requested = [] { return SIGTERM; };  // already asked when the load ends
+  const train::TrainResult r = train::train(job, o);
+  EXPECT_EQ(r.stop_request, SIGTERM);
+  EXPECT_EQ(r.stopped_at, 2);
+  EXPECT_TRUE(r.losses.empty());
+  EXPECT_EQ(latest_checkpoint(dir), saved);
 }
 
 TEST(Checkpoint, RefusesDamagedOrForeignCheckpoints) {

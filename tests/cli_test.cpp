@@ -219,10 +219,18 @@ TEST(Cli, BadInputIsOneLineAndNonZero) {
   expect_clean_error(run("train " + cfg + " --set data.kind=fashion-mnist --set data.path=/nope"),
                         "dataset-fashion-mnist", 1);
   expect_clean_error(run("train /nonexistent.json"), "/nonexistent.json: cannot open the config file");
+  expect_clean_error(run("train /tmp"), "/tmp: is a directory, not a config file");
+  expect_clean_error(run("train /dev/zero"), "/dev/zero: not a regular file");
   const std::string broken = write_config("broken.json", "{\n  \"model\": {\"family\": \"mlp\",}\n}");
   expect_clean_error(run("train " + broken), broken + ":2:");
   const std::string typed = write_config("typed.json", R"({"model": {"family": "mlp"}, "data": {"batch_size": "big"}})");
   expect_clean_error(run("train " + typed), "data.batch_size: expected an integer, got string \"big\"");
+  // A number out of its range says the rule, not the range of a double in 309 digits.
+  const Result negative = run("costs transformer --layers 2 --hidden 8 --seq 8 --heads 2 --vocab 10 --micro-batch 1 "
+                              "--device-tflops -1");
+  expect_clean_error(negative, "--device-tflops: must be positive, got -1");
+  EXPECT_LT(negative.out.size(), 200u) << negative.out;
+  expect_clean_error(run("train " + cfg + " --trace-steps 0"), "--trace-steps: must be positive, got 0");
 }
 
 // --log-level (and PIPETRAIN_LOG_LEVEL) choose what a run says: warning hides the run's

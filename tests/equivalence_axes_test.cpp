@@ -35,6 +35,14 @@ std::vector<Case> device_cases(const std::string& device) {
         cases.push_back(c);
       }
     }
+    // Data parallelism on the GPU: two copies of the pipeline on cuda:0, their gradients reduced
+    // over Gloo (through the host), one SGD step against the single device's.
+    if ((c.schedule == "gpipe" || c.schedule == "1f1b") && c.family != "gpt_tied") {
+      c.copies = 2;
+      c.recompute = Recompute::Never;
+      c.dtype = torch::kDouble;
+      cases.push_back(c);
+    }
   }
   return cases;
 }

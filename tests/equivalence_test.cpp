@@ -147,7 +147,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     const auto got = copies[0].layers->named_parameters();
     ASSERT_EQ(got.size(), want.size());
     for (const auto& p : want) {
-      const at::Tensor moved = before.at(p.key()) - got[p.key()].detach();
+      const at::Tensor moved = (before.at(p.key()) - got[p.key()].detach()).cpu();
       EXPECT_LE(rel_error(moved, p.value().grad() / scale), tol) << p.key();
     }
     return;

@@ -276,6 +276,16 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
     throw ConfigError(detail::concat(option(Option::UntilStep), ": ", options.until_step,
                                      " is not after the first step to run (", first + 1, ")"));
   const int64_t last_step = options.until_step > 0 ? std::min(steps, options.until_step) : steps;
+  // A stop asked for while the checkpoint loaded (SIGTERM during a long load) ends the run
+  // before its first step: the checkpoint just loaded is the latest, nothing to save.
+  if (!ckpt.resumed_from.empty()) {
+    const int asked = options.stop_requested ? options.stop_requested() : 0;
+    if (pipe.collectives().any(asked != 0, "the stop flags")) {
+      result.stop_request = asked ? asked : -1;
+      result.stopped_at = first;
+      return result;
+    }
+  }
 
   // Multi-process: rank 0 reports and writes the files.
   std::vector<TrainObserver*> observers;
