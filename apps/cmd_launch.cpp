@@ -23,6 +23,10 @@ class Launch final : public Command {
         ->check(CLI::Range(0, 65535));
     s->add_option("--grace", options_.grace_s, "Seconds the other ranks get to exit after one fails")
         ->check(kNonNegative);
+    s->add_option("--max-restarts", options_.max_restarts,
+                  "After a rank fails, start every rank again (a train command from its latest complete "
+                  "checkpoint, adding --resume), up to this many times")
+        ->check(CLI::Range(0, 1000));
     s->add_option("command", options_.command,
                   "After --: a pipetrain subcommand (train CONFIG ...) or a program")
         ->required();

@@ -1,6 +1,7 @@
 // `pipetrain train`: trains the model a config describes (optionally planned first, --auto),
 // with the progress line, checkpoints on SIGINT/SIGTERM, and the test result at the end.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -58,6 +59,12 @@ class Train final : public Command {
     std::optional<StopSignals> signals;
     if (!options_.checkpoint_dir.empty() || !config.train.checkpoint_dir.empty()) signals.emplace();
     options_.stop_requested = [] { return StopSignals::requested(); };
+    // Started again by pipetrain launch --max-restarts: the metrics record the restart and why.
+    if (const char* restart = std::getenv("PIPETRAIN_RESTART")) {
+      options_.restart = std::atoi(restart);
+      const char* cause = std::getenv("PIPETRAIN_RESTART_CAUSE");
+      options_.restart_cause = cause ? cause : "";
+    }
     const train::TrainResult r = train::train(job, options_);
     if (r.stop_request) return 128 + (r.stop_request > 0 ? r.stop_request : SIGTERM);  // -1: a peer's (launch sends SIGTERM)
     if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports

@@ -1,7 +1,9 @@
-// Fault injection for the tests of whole processes: PIPETRAIN_FAULT=POINT:RANK:STEP:ACTION
-// installs a hook (common/fault.h) that sends this process SIGKILL (ACTION kill) or SIGSTOP
-// (stop) when it reaches fault point POINT ("pipeline.step", "checkpoint.shard") as RANK at STEP,
-// once. The environment is read once, at start; unset or empty: no hook.
+// Fault injection for the tests of whole processes: PIPETRAIN_FAULT=POINT:RANK:STEP:ACTION[:ATTEMPT]
+// (several separated by ',') installs a hook (common/fault.h) that sends this process SIGKILL
+// (ACTION kill) or SIGSTOP (stop) when it reaches fault point POINT ("pipeline.step",
+// "pipeline.reduce", "checkpoint.shard") as RANK at STEP, once; ATTEMPT (default 0) limits it to
+// that start of a job restarted by pipetrain launch --max-restarts (PIPETRAIN_RESTART). The
+// environment is read once, at start; unset or empty: no hook.
 #pragma once
 
 namespace pipetrain::apps {

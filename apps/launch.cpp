@@ -65,7 +65,16 @@ bool drain(int fd, std::string& buf) {
   return n < 0 && (errno == EINTR || errno == EAGAIN);
 }
 
-void start(Rank& r, int rank, const LaunchOptions& o, int port, const std::string& token) {
+// Where an attempt of the job stands: its number (0: the first start), why the one before it
+// ended, and its identity.
+struct Attempt {
+  int number = 0;
+  std::string cause;  // why the previous attempt ended ("" for the first)
+  int port = 0;
+  std::string token;
+};
+
+void start(Rank& r, int rank, const LaunchOptions& o, const Attempt& attempt) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(std::string("launch: cannot create pipes: ") + std::strerror(errno));
@@ -73,15 +82,21 @@ void start(Rank& r, int rank, const LaunchOptions& o, int port, const std::strin
   const bool sub = std::find(o.subcommands.begin(), o.subcommands.end(), o.command[0]) != o.subcommands.end();
   if (sub) args.push_back(o.self);
   args.insert(args.end(), o.command.begin(), o.command.end());
+  // A restart continues from the latest complete checkpoint (or starts afresh where none is yet).
+  if (attempt.number > 0 && sub && o.command[0] == "train" &&
+      std::find(o.command.begin(), o.command.end(), "--resume") == o.command.end())
+    args.push_back("--resume");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::vector<std::pair<std::string, std::string>> env{
       {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
       {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
-      {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(port)},
+      {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(attempt.port)},
       {"PIPETRAIN_LOG_RANK", "0"},  // the launcher prefixes the ranks' lines itself
-      {"PIPETRAIN_RUN_TOKEN", token}};
+      {"PIPETRAIN_RUN_TOKEN", attempt.token},
+      {"PIPETRAIN_RESTART", std::to_string(attempt.number)},
+      {"PIPETRAIN_RESTART_CAUSE", attempt.cause}};
 
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
@@ -127,31 +142,20 @@ std::string stopped_ranks(const std::vector<Rank>& ranks, int except) {
   return s.empty() ? s : s + ", which is likely why";
 }
 
-}  // namespace
+// How an attempt ended: its exit status for the launcher, and, when a rank failed, which and how.
+struct Outcome {
+  int result = 0;
+  int failed_rank = -1;
+  std::string cause;      // "rank 1 was killed by signal 9"
+  bool signalled = false; // the launcher was asked to stop (SIGINT, SIGTERM)
+};
 
-int run(const LaunchOptions& o) {
-  log::set_name("pipetrain launch");
-  if (o.nproc < 1) throw ConfigError("--nproc: must be at least 1");
-  if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
-  if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
-  const int port = o.master_port ? o.master_port : comm::free_loopback_port();
-
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {}, old_term {};
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-
+// Starts every rank and supervises them until all have exited.
+Outcome run_attempt(const LaunchOptions& o, const Attempt& attempt) {
   std::vector<Rank> ranks(o.nproc);
-  // This job's identity: its ranks join only a rendezvous of the same token (comm/rendezvous.h).
-  char token[64];
-  std::snprintf(token, sizeof token, "launch:%d:%d:%llx", static_cast<int>(::getpid()), port,
-                static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, port, token);
+  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, attempt);
 
+  Outcome outcome;
   int result = 0, failed_rank = -1;
   using Clock = std::chrono::steady_clock;
   Clock::time_point stop_by{};  // set when the ranks are being stopped: then SIGKILL at this time
@@ -169,6 +173,7 @@ int run(const LaunchOptions& o) {
       unsigned char sig = 0;
       while (::read(g_signal_pipe[0], &sig, 1) == 1) {
         log::info(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + "; forwarding it to every rank");
+        outcome.signalled = true;
         signal_all(ranks, sig);
         if (stop_by == Clock::time_point{}) stop_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                                            std::chrono::duration<double>(o.grace_s));
@@ -209,6 +214,8 @@ int run(const LaunchOptions& o) {
       if (r.status != 0 && failed_rank < 0 && stop_by == Clock::time_point{}) {
         failed_rank = i;
         result = r.status;
+        outcome.cause = detail::concat("rank ", i, WIFEXITED(st) ? " exited with status " : " was killed by signal ",
+                                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
         if (running > 0)
           log::error(detail::concat("rank ", i, WIFEXITED(st) ? " exited with status " : " was killed by signal ",
                                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), stopped_ranks(ranks, i),
@@ -244,13 +251,58 @@ int run(const LaunchOptions& o) {
       emit(buf, is_err ? stderr : stdout, i, true);
     }
   }
+  outcome.result = result;
+  outcome.failed_rank = failed_rank;
+  if (failed_rank >= 0 && outcome.cause.empty())
+    outcome.cause = detail::concat("rank ", failed_rank, " failed (status ", result, ")");
+  return outcome;
+}
+
+}  // namespace
+
+int run(const LaunchOptions& o) {
+  log::set_name("pipetrain launch");
+  if (o.nproc < 1) throw ConfigError("--nproc: must be at least 1");
+  if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
+  if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
+  if (o.max_restarts < 0) throw ConfigError("--max-restarts: must be zero or more");
+
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  Outcome outcome;
+  Attempt attempt;
+  for (;; ++attempt.number) {
+    // Each attempt is a job of its own: a fresh port (unless given) and run token, so that a
+    // straggler of the attempt before cannot join this one (comm/rendezvous.h).
+    attempt.port = o.master_port ? o.master_port : comm::free_loopback_port();
+    char token[96];
+    std::snprintf(token, sizeof token, "launch:%d:%d:%d:%llx", static_cast<int>(::getpid()), attempt.port,
+                  attempt.number,
+                  static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    attempt.token = token;
+    outcome = run_attempt(o, attempt);
+    if (outcome.result == 0 || outcome.signalled || attempt.number >= o.max_restarts) break;
+    attempt.cause = outcome.cause;
+    log::warning(detail::concat("restart ", attempt.number + 1, " of at most ", o.max_restarts, ": ", outcome.cause,
+                                "; starting every rank again from the latest complete checkpoint"));
+  }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   ::close(g_signal_pipe[0]);
   ::close(g_signal_pipe[1]);
-  if (failed_rank >= 0 && result != 0)
-    log::error(detail::concat("rank ", failed_rank, " failed (status ", result, ")"));
-  return result;
+  if (outcome.failed_rank >= 0 && outcome.result != 0)
+    log::error(detail::concat("rank ", outcome.failed_rank, " failed (status ", outcome.result, ")",
+                              attempt.number > 0 ? detail::concat(" after ", attempt.number, " restart",
+                                                                  attempt.number == 1 ? "" : "s")
+                                                 : ""));
+  return outcome.result;
 }
 
 }  // namespace pipetrain::launch

@@ -15,14 +15,19 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;       // 0: a free loopback port, chosen here
   double grace_s = 10;       // after a failure, how long the other ranks get to exit on SIGTERM
+  // After a rank fails, stop every rank and start them all again, up to this many times; a
+  // `train` command then continues from its latest complete checkpoint (--resume is added).
+  int max_restarts = 0;
   std::vector<std::string> command;  // a pipetrain subcommand and its arguments, or a program
   std::string self;          // the pipetrain binary (for subcommands)
   // pipetrain's subcommands (from its command-line parser): a command that starts with one runs `self`.
   std::vector<std::string> subcommands;
 };
 
-// Runs the ranks to the end; returns the exit status for the launcher: 0 when every rank
+// Runs the ranks to the end (restarting them after a failure, up to max_restarts times; not after
+// the launcher was asked to stop); returns the exit status for the launcher: 0 when every rank
 // succeeded, else the first failed rank's status (128 + signal for a rank killed by a signal).
+// Each rank sees PIPETRAIN_RESTART (the attempt, 0 first) and PIPETRAIN_RESTART_CAUSE.
 int run(const LaunchOptions& options);
 
 }  // namespace pipetrain::launch

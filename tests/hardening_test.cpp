@@ -151,12 +151,16 @@ TEST(Hardening, StepsFlagIsCheckedAndTheFileToo) {
 TEST(Hardening, FaultVariableIsChecked) {
   const std::string cfg = write_file("fault.json", kSmall);
   const std::string bin = " timeout -s KILL 120 " + std::string(PIPETRAIN_BINARY) + " train " + cfg + " --quiet 2>&1";
-  expect_clean_error(shell("PIPETRAIN_FAULT=bogus" + bin), "PIPETRAIN_FAULT=bogus: four fields");
+  expect_clean_error(shell("PIPETRAIN_FAULT=bogus" + bin), "PIPETRAIN_FAULT=bogus: four or five fields");
   expect_clean_error(shell("PIPETRAIN_FAULT=pipeline.stage:0:1:kill" + bin), "unknown point pipeline.stage");
-  expect_clean_error(shell("PIPETRAIN_FAULT=pipeline.step:x:1:kill" + bin), "RANK and STEP must be numbers");
+  expect_clean_error(shell("PIPETRAIN_FAULT=pipeline.step:x:1:kill" + bin), "RANK, STEP and ATTEMPT must be numbers");
+  expect_clean_error(shell("PIPETRAIN_FAULT=pipeline.step:1:2:kill:-1" + bin), "ATTEMPT must be an attempt number");
   expect_clean_error(shell("PIPETRAIN_FAULT=pipeline.step:0:1:explode" + bin), "unknown action explode");
   EXPECT_EQ(shell("PIPETRAIN_FAULT=pipeline.step:1:2:kill" + bin).status, 128 + 9);
   EXPECT_EQ(shell("PIPETRAIN_FAULT=pipeline.step:1:100000:kill" + bin).status, 0);  // a step never reached
+  EXPECT_EQ(shell("PIPETRAIN_FAULT=pipeline.step:1:2:kill:1" + bin).status, 0);  // another attempt's
+  EXPECT_EQ(shell("PIPETRAIN_RESTART=1 PIPETRAIN_FAULT=pipeline.step:0:1:stop:0,pipeline.step:1:2:kill:1" + bin).status,
+            128 + 9);
 }
 
 // --until-step without a directory exited 0 having saved nothing; an unusable directory was

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -51,6 +52,7 @@ using namespace pipetrain::test;
 struct Metrics {
   std::map<int, json> steps;
   std::vector<json> evals;
+  std::vector<json> restarts;
   json test;
 };
 
@@ -66,6 +68,8 @@ Metrics read_metrics(const std::string& path) {
       m.test = j;
     else if (event == "eval")
       m.evals.push_back(j);
+    else if (event == "restart")
+      m.restarts.push_back(j);
     else
       m.steps[j.at("step").get<int>()] = j;
   }
@@ -301,6 +305,39 @@ TEST(Processes, RankThatDiesOrStopsAnsweringFailsEveryOtherRank) {
     }
 }
 
+
+// pipetrain launch --max-restarts: rank 1 of 3 killed twice (step 3 of the first attempt, step 6
+// of the second); every rank is stopped and started again from the latest checkpoint, and the run
+// finishes with the losses of an uninterrupted one, each restart and its cause in the metrics.
+TEST(Processes, LaunchRestartsAFailedJobFromItsLatestCheckpoint) {
+  const std::string cfg = write_file("restart.json", kMlp);
+  const std::string dir = temp("restart_ckpt"), plain = temp("restart_plain.jsonl"), healed = temp("restart.jsonl");
+  std::filesystem::remove_all(dir);
+  const std::string set = " --quiet --set pipeline.stages=3 --set train.steps=10";
+  Result u = run("train " + cfg + set + " --metrics " + plain);
+  ASSERT_EQ(u.status, 0) << u.out;
+  Result r = shell("PIPETRAIN_FAULT=pipeline.step:1:3:kill:0,pipeline.step:1:6:kill:1 timeout -s KILL 240 " +
+                   pipetrain_binary() + " launch --nproc 3 --max-restarts 2 -- train " + cfg + set +
+                   " --set runtime.kind=processes --set train.checkpoint_every=1 --checkpoint-dir " + dir +
+                   " --metrics " + healed + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("restart 1 of at most 2: rank 1 was killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restart 2 of at most 2: rank 1 was killed by signal 9"), std::string::npos) << r.out;
+  const Metrics a = read_metrics(plain), b = read_metrics(healed);
+  expect_same_training(a, b, "restarted twice against uninterrupted");
+  ASSERT_EQ(b.restarts.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(b.restarts[i].at("restart").get<int>(), i + 1);
+    EXPECT_EQ(b.restarts[i].at("cause").get<std::string>(), "rank 1 was killed by signal 9");
+  }
+  // Out of restarts: the failure ends the launch with the rank's status.
+  std::filesystem::remove_all(dir);
+  Result out = shell("PIPETRAIN_FAULT=pipeline.step:1:3:kill:0,pipeline.step:1:3:kill:1 timeout -s KILL 240 " +
+                     pipetrain_binary() + " launch --nproc 3 --max-restarts 1 -- train " + cfg + set +
+                     " --set runtime.kind=processes --set train.checkpoint_every=1 --checkpoint-dir " + dir + " 2>&1");
+  EXPECT_EQ(out.status, 128 + SIGKILL) << out.out;
+  EXPECT_NE(out.out.find("rank 1 failed (status 137) after 1 restart"), std::string::npos) << out.out;
+}
 
 // Checkpoints written by every rank, a run stopped and resumed as processes, SIGTERM to the
 // launcher stopping every rank after the same step, and evaluation across ranks.

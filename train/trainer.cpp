@@ -104,6 +104,9 @@ class MetricsFile final : public TrainObserver {
            {"skipped", !r.skipped.empty()}, {"loss_scale", r.loss_scale}});
   }
   void evaluated(int64_t step, const TrainResult& result) override { write(event("eval", step, result)); }
+  void restarted(int attempt, const std::string& cause) override {
+    write({{"event", "restart"}, {"restart", attempt}, {"cause", cause}});
+  }
   void tested(const TrainResult& result) override {
     if (result.test_samples > 0) write(event("test", result.first_step + static_cast<int64_t>(result.losses.size()), result));
   }
@@ -325,6 +328,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   pipe.optimizers().set_grad_clip(c.optimizer.grad_clip);
   pipe.optimizers().track_grad_norm(metrics != nullptr);
   pipe.optimizers().check_finite_grads(true);
+  if (options.restart > 0) tell([&](TrainObserver& o) { o.restarted(options.restart, options.restart_cause); });
   if (!ckpt.note.empty()) tell([&](TrainObserver& o) { o.note(ckpt.note); });
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 

@@ -74,6 +74,9 @@ class TrainObserver {
   // The loop is over: at train.steps, or stopped early (result.stopped_at, result.stop_request).
   virtual void ended(const TrainResult& result) {}
   virtual void tested(const TrainResult& result) {}  // the final evaluation on the test split
+  /// The run was started again after a failure (pipetrain launch --max-restarts): the attempt
+  /// (1 for the first restart) and why the one before ended. Before started().
+  virtual void restarted(int attempt, const std::string& cause) {}
 };
 
 struct TrainOptions {
@@ -89,6 +92,10 @@ struct TrainOptions {
   // line returns the signal it caught), 0 goes on. Multi-process: every rank stops after the same
   // step, whichever rank was asked.
   std::function<int()> stop_requested;
+  // A restart of a failed run (pipetrain launch --max-restarts): which (1 for the first; 0: this
+  // is no restart) and why the run before ended; observers hear of it, the metrics record it.
+  int restart = 0;
+  std::string restart_cause;
 };
 
 TrainResult train(Job& job, const TrainOptions& options);

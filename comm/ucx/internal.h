@@ -20,6 +20,8 @@
 // separate contexts and workers, so they never contend.
 #pragma once
 
+#include <sys/types.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -46,10 +48,22 @@ constexpr size_t kHeaderBufferBytes = kWireHeaderBytes + kInlineBytes;
 constexpr size_t kAbortReasonBytes = 1024;
 constexpr int kProgressBatch = 1024;
 
-// Has a child process unpack every peer's address (all but `self`'s) as this rank's worker
+// A child process that unpacks every peer's address (all but `self`'s) as this rank's worker
 // would, so that a forged one is refused naming the rank that published it instead of aborting
-// this process inside UCX (address_check.cpp). TransportError naming that rank.
-void check_peer_addresses(const std::vector<std::string>& addresses, int self);
+// this process inside UCX (address_check.cpp: this program run again). check() once, which
+// throws TransportError naming that rank.
+class AddressCheck {
+ public:
+  AddressCheck();
+  ~AddressCheck();
+  AddressCheck(const AddressCheck&) = delete;
+  AddressCheck& operator=(const AddressCheck&) = delete;
+  void check(const std::vector<std::string>& addresses, int self);
+
+ private:
+  pid_t pid_ = -1;
+  int to_child_ = -1, from_child_ = -1;
+};
 
 class UcxTransport final : public Transport {
  public:

@@ -251,6 +251,7 @@ std::string ucx_version() { return ucp_get_version_string(); }
 
 std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
                                               TransportOptions options) {
+  ucx::AddressCheck check;  // starts while this rank makes its worker
   auto t = std::make_unique<ucx::UcxTransport>(rank, world_size, std::move(options));
   std::vector<std::string> addresses = exchange(t->address());
   if (addresses.size() != static_cast<size_t>(world_size))
@@ -259,7 +260,7 @@ std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const Ad
   if (addresses[rank] != t->address())
     throw Error(detail::concat("ucx: the address exchange returned another address for rank ", rank));
   // The addresses came from other processes (through a store any client may write).
-  ucx::check_peer_addresses(addresses, rank);
+  check.check(addresses, rank);
   t->connect(addresses);
   return t;
 }
