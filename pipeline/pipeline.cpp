@@ -75,6 +75,12 @@ void Pipeline::set_step(int64_t step) {
   impl_->on_every_copy([step](Executor& p) { p.step = step; });
 }
 int Pipeline::fewest_micro_batches() const { return impl_->fewest ? impl_->fewest : impl_->configured.micro_batches; }
+int64_t Pipeline::take_device_peak(int device) {
+  if (device < 0 || device >= static_cast<int>(impl_->contexts.size()) || !impl_->contexts[device]) return 0;
+  const int64_t peak = impl_->contexts[device]->peak_bytes();
+  impl_->contexts[device]->reset_peak();
+  return peak;
+}
 const std::vector<std::pair<std::string, std::string>>& Pipeline::tied_names() const { return impl_->tied_names; }
 torch::nn::Sequential& Pipeline::stage_layers(int virtual_stage) { return impl_->stages.at(virtual_stage)->layers(); }
 

@@ -189,6 +189,9 @@ class Pipeline {
   /// micro-batches then holding one sample (or as the schedule kind allows, e.g. a multiple of
   /// the stages for interleaved-1f1b). Its loss and gradients are still one device's on it.
   int fewest_micro_batches() const;
+  /// The most memory `device`'s allocator held since the last call (a GPU stage: the CUDA caching
+  /// allocator's peak; 0 for a CPU stage or another rank's device); each call starts the next peak.
+  int64_t take_device_peak(int device);
   /// Tied parameters (PipelineOptions::ties): (follower, first member) names, "layer.parameter",
   /// for checkpoints, which store a tie once.
   const std::vector<std::pair<std::string, std::string>>& tied_names() const;

@@ -164,6 +164,9 @@ print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in 
                         m["stage_busy_ms"][stage].get<float>());
         // At least the stage's parameters: two Linear(16x16 or 8x16) layers of float32 and more.
         EXPECT_GT(board["memory/peak_mib/" + std::to_string(stage)][step - 1][1].get<double>(), 0.0);
+        // The metrics carry the same peak, in bytes.
+        EXPECT_FLOAT_EQ(board["memory/peak_mib/" + std::to_string(stage)][step - 1][1].get<float>(),
+                        static_cast<float>(m["device_peak_bytes"][stage].get<double>() / (1 << 20)));
       }
       const double bubble = board["stages/bubble"][step - 1][1];
       EXPECT_GE(bubble, 0.0);

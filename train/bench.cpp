@@ -166,10 +166,12 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   r.prediction.simulated_bubble = sim_bubbles[sim_bubbles.size() / 2].second;
   {
     profiler::MemoryCounter counter;
+    for (int d = 0; d < pipe.stages(); ++d) pipe.take_device_peak(d);  // the peaks of this step alone
     pipe.train_step(batches[0].input, batches[0].target);
     r.prediction.pipeline_peak_tensor_bytes = counter.peak();
     // Copy 0's stage r allocates into account r (pipeline/executor.cpp).
-    for (int d = 0; d < pipe.stages(); ++d) r.prediction.device_peak_bytes.push_back(counter.peak(d) + held_bytes(pipe, d));
+    for (int d = 0; d < pipe.stages(); ++d)  // a GPU stage's peak is its CUDA allocator's
+      r.prediction.device_peak_bytes.push_back(std::max<int64_t>(counter.peak(d) + held_bytes(pipe, d), pipe.take_device_peak(d)));
   }
   r.prediction.measured_step_s = median(walls);
   r.prediction.simulated_step_s = median(simulated);

@@ -99,9 +99,11 @@ class MetricsFile final : public TrainObserver {
     if (!out_) throw ConfigError(name + " " + path + ": cannot open for writing");
   }
   void stepped(const StepReport& r) override {
-    write({{"step", r.step}, {"loss", r.loss}, {"samples_per_s", r.samples / r.step_s}, {"step_time_s", r.step_s},
-           {"time_s", r.elapsed_s}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"stage_busy_ms", r.stage_busy_ms},
-           {"skipped", !r.skipped.empty()}, {"loss_scale", r.loss_scale}});
+    json line{{"step", r.step}, {"loss", r.loss}, {"samples_per_s", r.samples / r.step_s}, {"step_time_s", r.step_s},
+              {"time_s", r.elapsed_s}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"stage_busy_ms", r.stage_busy_ms},
+              {"skipped", !r.skipped.empty()}, {"loss_scale", r.loss_scale}};
+    if (!r.device_peak_bytes.empty()) line["device_peak_bytes"] = r.device_peak_bytes;
+    write(line);
   }
   void evaluated(int64_t step, const TrainResult& result) override { write(event("eval", step, result)); }
   void restarted(int attempt, const std::string& cause) override {
@@ -332,6 +334,9 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   if (!ckpt.note.empty()) tell([&](TrainObserver& o) { o.note(ckpt.note); });
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 
+  // GPU stages report their allocator's peak every step (cheap); CPU stages only with a counter.
+  bool gpu_stages = false;
+  for (const auto& d : job.options.devices) gpu_stages = gpu_stages || d.is_cuda();
   const auto start = Clock::now();
   int64_t trained = 0;  // samples
   bool told_fewer = false;
@@ -370,12 +375,15 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
       });
     }
     r.stage_busy_ms = pipeline::stage_busy_ms(pipe.last_trace());
-    if (memory) {
-      // Copy 0's stage d allocates into account d (pipeline/executor.cpp); a rank runs its own device.
+    if (memory || gpu_stages) {
+      // Copy 0's stage d allocates into account d (pipeline/executor.cpp); a rank runs its own
+      // device. A GPU stage's peak is its CUDA allocator's.
       std::vector<double> mine(pipe.stages(), 0.0);
       for (int d = 0; d < pipe.stages(); ++d)
-        if (pipe.is_local(d)) mine[d] = static_cast<double>(memory->peak(d) + held_before[d]);
-      memory->reset_peak();
+        if (pipe.is_local(d))
+          mine[d] = static_cast<double>(
+              std::max<int64_t>(memory ? memory->peak(d) + held_before[d] : 0, pipe.take_device_peak(d)));
+      if (memory) memory->reset_peak();
       const auto all = pipe.collectives().all_gather(torch::tensor(mine, torch::kDouble), "the devices' peak memory");
       for (int d = 0; d < pipe.stages(); ++d)
         r.device_peak_bytes.push_back(static_cast<int64_t>(all.at(pipe.rank_of(d))[d].item<double>()));
