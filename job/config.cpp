@@ -238,13 +238,11 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
                                   "over whole tensors, which sharding splits");
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
-  if (c.train.precision == Precision::FP16) {
-    bool gpus = false;
-    for (const auto& d : devices) gpus = gpus || d.is_cuda();
-    if (!gpus)
-      train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
-                              "(float32's range, no loss scaling needed)");
-  }
+  bool gpu_stages = false;
+  for (const auto& d : devices) gpu_stages = gpu_stages || d.is_cuda();
+  if (c.train.precision == Precision::FP16 && !gpu_stages)
+    train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
+                            "(float32's range, no loss scaling needed)");
   train.finish();
 
   JsonReader rt = top.child("runtime");
@@ -253,8 +251,6 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   const bool transport_given = rt.has("transport");
   c.runtime.transport = rt.get_choice("transport", processes ? "auto" : c.runtime.transport,
                                       {"local", "ucx", "gloo", "nccl", "auto"});
-  bool gpu_stages = false;
-  for (const auto& d : devices) gpu_stages = gpu_stages || d.is_cuda();
   // auto: NCCL between GPUs, else UCX, else Gloo; the threads of one process share mailboxes.
   if (c.runtime.transport == "auto")
     c.runtime.transport = !processes                                                     ? "local"

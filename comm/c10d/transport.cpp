@@ -318,8 +318,10 @@ class C10dTransport final : public Transport {
         if (!await_receive(src, i)) return;
         const at::Tensor frame = frames[i];
         const WireHeader h = decode(frame.data_ptr<uint8_t>(), kWireHeaderBytes, options_.max_message_bytes, src);
-        at::Tensor t = empty_for(h);
-        if (data_ && is_data(h.tag)) t = t.to(options_.device);
+        at::Tensor t = data_ && is_data(h.tag) ? at::empty(h.dims, at::TensorOptions()
+                                                                       .dtype(scalar_type_of(h.dtype))
+                                                                       .device(options_.device))
+                                               : empty_for(h);
         if (h.nbytes > 0 && inline_payload(h)) {
           std::memcpy(t.data_ptr(), frame.data_ptr<uint8_t>() + kWireHeaderBytes, h.nbytes);
         } else if (h.nbytes > 0) {
