@@ -27,6 +27,10 @@ class Launch final : public Command {
                   "After a rank fails, start every rank again (a train command from its latest complete "
                   "checkpoint, adding --resume), up to this many times")
         ->check(CLI::Range(0, 1000));
+    s->add_option("--min-nproc", options_.min_nproc,
+                  "With --max-restarts: when the same rank fails first twice in a row, take its slot as gone "
+                  "and restart on one rank fewer (a train command on as many stages), down to this many")
+        ->check(CLI::Range(1, 4096));
     s->add_option("command", options_.command,
                   "After --: a pipetrain subcommand (train CONFIG ...) or a program")
         ->required();

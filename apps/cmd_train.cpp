@@ -10,6 +10,7 @@
 #include "apps/common_options.h"
 #include "apps/signals.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "planner/autoplan.h"
 #include "job/job.h"
 #include "train/trainer.h"
@@ -49,8 +50,30 @@ class Train final : public Command {
         ->check(kPositive);
   }
 
+  // Started by pipetrain launch on fewer ranks than at first (--min-nproc: a rank's slot is gone):
+  // as many stages as the ranks hold copies, the stage count set as a --set would set it; the
+  // checkpoint is resumed re-partitioned.
+  train::Config shrunk(const train::Config& config) {
+    const char* first = std::getenv("PIPETRAIN_SHRUNK");
+    const char* world_env = std::getenv("WORLD_SIZE");
+    if (!first || !*first || !world_env || config.runtime.kind != "processes") return config;
+    const int world = std::atoi(world_env), D = config.pipeline.data_parallel;
+    if (world < 1 || world % D != 0)
+      throw ConfigError(detail::concat("pipetrain launch shrank the job to ", world, " ranks, which cannot hold ", D,
+                                       " data-parallel copies (pipeline.data_parallel) of equal stages"));
+    if (world / D == config.pipeline.stages) return config;
+    config_.overrides.push_back(detail::concat("pipeline.stages=", world / D));
+    train::Config out = config_.load();
+    const char* rank = std::getenv("RANK");
+    if (rank && std::string(rank) == "0")
+      log::warning(detail::concat("continuing on ", world / D, " stages instead of ", config.pipeline.stages, " (", world,
+                                  " of the ", first, " ranks first started; pipetrain launch --min-nproc)"));
+    return out;
+  }
+
   int run() override {
     train::Config config = config_.load();
+    config = shrunk(config);
     ProgressLine progress = config_.progress(config);
     if (auto_) config = planned(config);
     train::Job job = train::prepare(config);

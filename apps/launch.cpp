@@ -69,6 +69,7 @@ bool drain(int fd, std::string& buf) {
 // ended, and its identity.
 struct Attempt {
   int number = 0;
+  int nproc = 1;      // ranks this attempt starts (fewer than LaunchOptions::nproc once shrunk)
   std::string cause;  // why the previous attempt ended ("" for the first)
   int port = 0;
   std::string token;
@@ -90,13 +91,14 @@ void start(Rank& r, int rank, const LaunchOptions& o, const Attempt& attempt) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::vector<std::pair<std::string, std::string>> env{
-      {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
-      {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+      {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(attempt.nproc)},
+      {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(attempt.nproc)},
       {"MASTER_ADDR", o.master_addr},          {"MASTER_PORT", std::to_string(attempt.port)},
       {"PIPETRAIN_LOG_RANK", "0"},  // the launcher prefixes the ranks' lines itself
       {"PIPETRAIN_RUN_TOKEN", attempt.token},
       {"PIPETRAIN_RESTART", std::to_string(attempt.number)},
-      {"PIPETRAIN_RESTART_CAUSE", attempt.cause}};
+      {"PIPETRAIN_RESTART_CAUSE", attempt.cause},
+      {"PIPETRAIN_SHRUNK", attempt.nproc < o.nproc ? std::to_string(o.nproc) : ""}};
 
   const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
@@ -112,7 +114,12 @@ void start(Rank& r, int rank, const LaunchOptions& o, const Attempt& attempt) {
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::setpgid(0, 0);  // ^C at the terminal reaches the launcher only; it forwards the signal
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    for (const auto& [k, v] : env) {
+      if (v.empty() && k == "PIPETRAIN_SHRUNK")
+        ::unsetenv(k.c_str());
+      else
+        ::setenv(k.c_str(), v.c_str(), 1);
+    }
     ::execvp(argv[0], argv.data());
     std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
@@ -152,19 +159,20 @@ struct Outcome {
 
 // Starts every rank and supervises them until all have exited.
 Outcome run_attempt(const LaunchOptions& o, const Attempt& attempt) {
-  std::vector<Rank> ranks(o.nproc);
-  for (int i = 0; i < o.nproc; ++i) start(ranks[i], i, o, attempt);
+  const int nproc = attempt.nproc;
+  std::vector<Rank> ranks(nproc);
+  for (int i = 0; i < nproc; ++i) start(ranks[i], i, o, attempt);
 
   Outcome outcome;
   int result = 0, failed_rank = -1;
   using Clock = std::chrono::steady_clock;
   Clock::time_point stop_by{};  // set when the ranks are being stopped: then SIGKILL at this time
   bool killed = false;
-  int running = o.nproc;
+  int running = nproc;
   while (running > 0) {
     std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
     std::vector<std::pair<int, bool>> who;  // (rank, is stderr)
-    for (int i = 0; i < o.nproc; ++i) {
+    for (int i = 0; i < nproc; ++i) {
       if (ranks[i].out >= 0) fds.push_back({ranks[i].out, POLLIN, 0}), who.emplace_back(i, false);
       if (ranks[i].err >= 0) fds.push_back({ranks[i].err, POLLIN, 0}), who.emplace_back(i, true);
     }
@@ -193,7 +201,7 @@ Outcome run_attempt(const LaunchOptions& o, const Attempt& attempt) {
       }
     }
     // Reap exited ranks; the first failure stops the others.
-    for (int i = 0; i < o.nproc; ++i) {
+    for (int i = 0; i < nproc; ++i) {
       Rank& r = ranks[i];
       if (!r.running) continue;
       int st = 0;
@@ -235,7 +243,7 @@ Outcome run_attempt(const LaunchOptions& o, const Attempt& attempt) {
     }
   }
   // Output still buffered in the pipes of exited ranks.
-  for (int i = 0; i < o.nproc; ++i) {
+  for (int i = 0; i < nproc; ++i) {
     for (bool is_err : {false, true}) {
       int& fd = is_err ? ranks[i].err : ranks[i].out;
       std::string& buf = is_err ? ranks[i].err_buf : ranks[i].out_buf;
@@ -266,6 +274,8 @@ int run(const LaunchOptions& o) {
   if (o.command.empty()) throw ConfigError("launch: no command after --, e.g. pipetrain launch --nproc 2 -- train CONFIG");
   if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port: not a TCP port");
   if (o.max_restarts < 0) throw ConfigError("--max-restarts: must be zero or more");
+  if (o.min_nproc < 0 || o.min_nproc > o.nproc)
+    throw ConfigError(detail::concat("--min-nproc: must be between 1 and --nproc (", o.nproc, "), got ", o.min_nproc));
 
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
@@ -278,6 +288,8 @@ int run(const LaunchOptions& o) {
 
   Outcome outcome;
   Attempt attempt;
+  attempt.nproc = o.nproc;
+  int failed_before = -1;  // the rank that failed first in the attempt before, if any
   for (;; ++attempt.number) {
     // Each attempt is a job of its own: a fresh port (unless given) and run token, so that a
     // straggler of the attempt before cannot join this one (comm/rendezvous.h).
@@ -288,10 +300,28 @@ int run(const LaunchOptions& o) {
                   static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
     attempt.token = token;
     outcome = run_attempt(o, attempt);
-    if (outcome.result == 0 || outcome.signalled || attempt.number >= o.max_restarts) break;
+    if (outcome.result == 0 || outcome.signalled) break;
+    if (outcome.result == 2 && attempt.number < o.max_restarts) {
+      log::error(detail::concat("not restarting: ", outcome.cause,
+                                ", a usage or configuration error, which a restart would repeat"));
+      break;
+    }
+    if (attempt.number >= o.max_restarts) break;
     attempt.cause = outcome.cause;
+    std::string shrink;
+    if (o.min_nproc > 0 && outcome.failed_rank >= 0 && outcome.failed_rank == failed_before &&
+        attempt.nproc - 1 >= o.min_nproc) {
+      // The same rank failed first twice in a row: its slot is gone for good; go on without it.
+      --attempt.nproc;
+      shrink = detail::concat("; rank ", outcome.failed_rank, " failed first twice in a row, so its slot is taken as "
+                              "gone: continuing on ", attempt.nproc, " ranks (--min-nproc ", o.min_nproc, ")");
+      attempt.cause += detail::concat("; shrunk to ", attempt.nproc, " ranks");
+      failed_before = -1;
+    } else {
+      failed_before = outcome.failed_rank;
+    }
     log::warning(detail::concat("restart ", attempt.number + 1, " of at most ", o.max_restarts, ": ", outcome.cause,
-                                "; starting every rank again from the latest complete checkpoint"));
+                                shrink, "; starting every rank again from the latest complete checkpoint"));
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);

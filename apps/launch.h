@@ -18,6 +18,12 @@ struct LaunchOptions {
   // After a rank fails, stop every rank and start them all again, up to this many times; a
   // `train` command then continues from its latest complete checkpoint (--resume is added).
   int max_restarts = 0;
+  // Shrinking (torchrun's --nnodes MIN:MAX): when the same rank is the first to fail in two
+  // attempts in a row, its slot is taken as gone for good and the next attempt starts one rank
+  // fewer, as long as that leaves at least this many (0: never shrink). Each rank of a shrunk
+  // attempt sees PIPETRAIN_SHRUNK (the ranks first started); a train command then runs as many
+  // stages as the ranks allow and resumes its checkpoint re-partitioned.
+  int min_nproc = 0;
   std::vector<std::string> command;  // a pipetrain subcommand and its arguments, or a program
   std::string self;          // the pipetrain binary (for subcommands)
   // pipetrain's subcommands (from its command-line parser): a command that starts with one runs `self`.
@@ -27,7 +33,8 @@ struct LaunchOptions {
 // Runs the ranks to the end (restarting them after a failure, up to max_restarts times; not after
 // the launcher was asked to stop); returns the exit status for the launcher: 0 when every rank
 // succeeded, else the first failed rank's status (128 + signal for a rank killed by a signal).
-// Each rank sees PIPETRAIN_RESTART (the attempt, 0 first) and PIPETRAIN_RESTART_CAUSE.
+// Each rank sees PIPETRAIN_RESTART (the attempt, 0 first) and PIPETRAIN_RESTART_CAUSE. A rank
+// that exits with status 2 (a usage or configuration error) is not restarted: it would fail again.
 int run(const LaunchOptions& options);
 
 }  // namespace pipetrain::launch

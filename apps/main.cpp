@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "stages/accelerator.h"
+#include "stages/library_warnings.h"
 
 namespace comm = pipetrain::comm;
 namespace apps = pipetrain::apps;
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   // in again on the next; keeping them saves about 10% of an MLP step (README, Benchmarks).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  pipetrain::stages::route_library_warnings();  // libtorch's warnings as one line each, once
 
   CLI::App app{"pipetrain: pipeline-parallel training (GPipe) on libtorch", "pipetrain"};
   app.set_version_flag("--version", version_text);
@@ -96,11 +98,11 @@ int main(int argc, char** argv) {
   } catch (const pipetrain::Error& e) {
     report(e.what());
     return 1;
-  } catch (const c10::Error& e) {
-    report(e.what_without_backtrace());
+  } catch (const c10::Error& e) {  // the first line: libtorch may add its source and more lines
+    report(pipetrain::stages::library_message_line(e.what_without_backtrace()));
     return 1;
   } catch (const std::exception& e) {
-    report(e.what());
+    report(pipetrain::stages::library_message_line(e.what()));
     return 1;
   }
   return 0;

@@ -12,7 +12,7 @@ source "$root/scripts/env.sh"
 seconds=${1:-10}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config_fuzz wire_fuzz manifest_fuzz shard_fuzz costs_fuzz records_fuzz)
+[ ${#targets[@]} -gt 0 ] || targets=(config_fuzz wire_fuzz manifest_fuzz shard_fuzz costs_fuzz records_fuzz ucx_address_fuzz)
 build=${PIPETRAIN_FUZZ_BUILD:-$root/build-fuzz}
 cxx=${PIPETRAIN_FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$cxx" ] || { echo "fuzz: clang++ not found (scripts/setup.sh installs clang)" >&2; exit 1; }
@@ -20,6 +20,14 @@ torch_cmake=$(pipetrain_torch_cmake)
 mkdir -p "$build"
 cmake -S "$root/fuzz" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$torch_cmake" \
   -DTorch_DIR="$torch_cmake/Torch" >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; exit 1; }
+# ucx_address_fuzz exists only where UCX and spdlog are installed (fuzz/CMakeLists.txt).
+if ! cmake --build "$build" --target help 2>/dev/null | grep -q ucx_address_fuzz; then
+  kept=()
+  for t in "${targets[@]}"; do
+    if [ "$t" = ucx_address_fuzz ]; then echo "ucx_address_fuzz: skipped (UCX or spdlog not installed)"; else kept+=("$t"); fi
+  done
+  targets=("${kept[@]}")
+fi
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1 ||
   { tail -40 "$build/build.log" >&2; exit 1; }
 

@@ -11,6 +11,7 @@
 #include "common/stats.h"
 #include "pipeline/optimizer_state.h"
 #include "schedule/simulate.h"
+#include "stages/device.h"
 
 namespace pipetrain::job {
 
@@ -63,7 +64,16 @@ profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
   o.precision = job.options.precision;
+  // On the device the first stage runs on (the stages of a job share a kind); the model goes back
+  // to the CPU afterwards, where a job's model is built and its pipeline places it.
+  if (!job.options.devices.empty()) o.device = job.options.devices[0];
+  struct BackToCpu {
+    torch::nn::Sequential model;
+    ~BackToCpu() { model->to(at::kCPU); }
+  } back{job.model.layers};
   profiler::Profile p = profiler::profile_layers(job.model.layers, x, y, mean_cross_entropy, o);
+  const std::unique_ptr<stages::DeviceContext> ctx = stages::make_device_context(o.device);
+  const auto scope = ctx->enter();
   // The optimizer step of each layer, on the layer's own parameters with zero gradients (its
   // cost depends on the sizes, not the values); the values are saved first and restored after,
   // also when a step throws, so profiling leaves the model as it was. The layers step one after
@@ -95,9 +105,12 @@ profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
     for (int i = 0; i < 1 + repeat; ++i)
       for (size_t l = 0; l < opts.size(); ++l) {
         if (!opts[l]) continue;
-        const auto t0 = Clock::now();
+        const double h0 = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+        const stages::Stamp t0 = ctx->stamp(h0);
         opts[l]->step();
-        if (i) times[l].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        const stages::Stamp t1 = ctx->stamp(std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+        ctx->synchronize();
+        if (i) times[l].push_back(1000.0 * (stages::DeviceContext::resolve(t0, t1) - h0));
       }
   } catch (...) {
     restore();

@@ -2,10 +2,10 @@
 
 #include <cmath>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "common/error.h"
 #include "common/recompute.h"
 #include "common/rng.h"
 
@@ -21,18 +21,74 @@ namespace {
 at::Tensor run_linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
 }  // namespace
 
+namespace {
+// lowbias32 (a 32-bit integer finalizer: two xor-shift-multiply rounds).
+constexpr uint32_t kMul1 = 0x7feb352dU, kMul2 = 0x846ca68bU;
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= kMul1;
+  x ^= x >> 15;
+  x *= kMul2;
+  return x ^ (x >> 16);
+}
+inline uint32_t element_hash(uint32_t s1, uint32_t s2, uint32_t j) { return mix32(mix32(j ^ s1) ^ s2); }
+
+// The same functions on int64 tensors holding values below 2^32: products split so that nothing
+// exceeds 2^49 (int64 arithmetic never overflows), then taken mod 2^32.
+constexpr int64_t kLow32 = 0xffffffffLL;
+at::Tensor mul32(const at::Tensor& x, uint32_t c) {
+  const int64_t lo = c & 0xffffU, hi = c >> 16;
+  return (x * lo + (x * hi).bitwise_and_(0xffff).bitwise_left_shift_(16)).bitwise_and_(kLow32);
+}
+at::Tensor xorshift(const at::Tensor& x, int s) { return x.bitwise_xor(x.bitwise_right_shift(s)); }
+at::Tensor mix32(const at::Tensor& x) {
+  at::Tensor h = mul32(xorshift(x, 16), kMul1);
+  h = mul32(xorshift(h, 15), kMul2);
+  return xorshift(h, 16);
+}
+}  // namespace
+
+at::Tensor keyed_keep_mask(const std::vector<uint64_t>& keys, at::IntArrayRef sample_shape, double keep,
+                           const at::TensorOptions& options, bool tensor_ops) {
+  int64_t n = 1;
+  for (int64_t d : sample_shape) n *= d;
+  if (n > static_cast<int64_t>(kLow32))
+    throw Error(detail::concat("dropout: a sample of ", n, " elements; the keyed mask covers at most 2^32 - 1"));
+  const int64_t threshold = std::llround(std::min(1.0, std::max(0.0, keep)) * (1 << 24));
+  const int64_t B = static_cast<int64_t>(keys.size());
+  std::vector<int64_t> shape{B};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  if (!tensor_ops && options.device().is_cpu()) {
+    at::Tensor mask = torch::empty({B, n}, options.dtype(at::kFloat));
+    float* out = mask.data_ptr<float>();
+    for (int64_t i = 0; i < B; ++i) {
+      const auto s1 = static_cast<uint32_t>(keys[i]), s2 = static_cast<uint32_t>(keys[i] >> 32);
+      for (int64_t j = 0; j < n; ++j)
+        out[i * n + j] = (element_hash(s1, s2, static_cast<uint32_t>(j)) >> 8) < threshold ? 1.0f : 0.0f;
+    }
+    return mask.view(shape).to(options.dtype());
+  }
+  std::vector<int64_t> halves(2 * B);
+  for (int64_t i = 0; i < B; ++i) {
+    halves[2 * i] = static_cast<int64_t>(keys[i] & kLow32);
+    halves[2 * i + 1] = static_cast<int64_t>(keys[i] >> 32);
+  }
+  const auto longs = options.dtype(at::kLong);
+  const at::Tensor s = torch::tensor(halves, at::TensorOptions().dtype(at::kLong)).view({B, 2}).to(options.device());
+  const at::Tensor j = torch::arange(n, longs).view({1, n});
+  at::Tensor h = mix32(j.bitwise_xor(s.select(1, 0).view({B, 1})));
+  h = mix32(h.bitwise_xor(s.select(1, 1).view({B, 1})));
+  return h.bitwise_right_shift(8).lt(threshold).view(shape).to(options.dtype());
+}
+
 torch::Tensor DropoutImpl::forward(const torch::Tensor& x) {
   if (!is_training() || p_ <= 0.0) return x;
   const RngContext& ctx = current_rng_context();
-  // Drawn in float32 for a reduced-precision x, so the mask does not depend on the precision.
-  const bool reduced = c10::isReducedFloatingType(x.scalar_type());
-  auto mask = torch::empty(x.sizes(), x.options().device(torch::kCPU).dtype(reduced ? torch::kFloat : x.scalar_type()));
-  for (int64_t i = 0; i < x.size(0); ++i) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(
-        rng_key(ctx.seed, ctx.step, stream_, ctx.sample_offset + i));
-    mask.select(0, i).bernoulli_(1.0 - p_, gen);
-  }
-  return x * mask.to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p_));
+  std::vector<uint64_t> keys(static_cast<size_t>(x.size(0)));
+  for (int64_t i = 0; i < x.size(0); ++i) keys[i] = rng_key(ctx.seed, ctx.step, stream_, ctx.sample_offset + i);
+  // The mask is 0 or 1 in x's precision (exact), so it does not depend on the precision.
+  const at::Tensor mask = keyed_keep_mask(keys, x.sizes().slice(1), 1.0 - p_, x.options());
+  return x * mask * (1.0 / (1.0 - p_));
 }
 
 DenseImpl::DenseImpl(int64_t in, int64_t out, bool relu, double dropout, uint64_t stream, bool flatten)

@@ -14,8 +14,17 @@
 
 namespace pipetrain::models {
 
-// Inverted dropout whose mask for sample i comes from a generator keyed by
-// (seed, step, stream, global sample index) of the current RNG context.
+// The keep mask of keyed dropout for samples whose keys are `keys` (common/rng.h's rng_key), each
+// of shape `sample_shape`: element j of sample i is kept (1) when a 32-bit hash of (keys[i], j)
+// falls below keep * 2^24, else 0. The hash is exact integer arithmetic, so every device draws
+// the same bits: on the CPU by a loop, elsewhere (`tensor_ops`, or a non-CPU `options`) by a few
+// tensor operations on the device itself, with nothing copied from the host but the keys. A
+// sample of 2^32 elements or more is an Error.
+at::Tensor keyed_keep_mask(const std::vector<uint64_t>& keys, at::IntArrayRef sample_shape, double keep,
+                           const at::TensorOptions& options, bool tensor_ops = false);
+
+// Inverted dropout whose mask for sample i is keyed by (seed, step, stream, global sample index)
+// of the current RNG context (keyed_keep_mask), drawn on the input's device.
 class DropoutImpl : public torch::nn::Cloneable<DropoutImpl> {
  public:
   DropoutImpl(double p, uint64_t stream) : p_(p), stream_(stream) {}

@@ -17,6 +17,7 @@
 #include "models/layers.h"
 #include "models/skip.h"
 #include "schedule/in_order.h"
+#include "stages/library_warnings.h"
 
 namespace pipetrain::pipeline {
 
@@ -235,6 +236,14 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
   bool first_action = true;
   ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
   std::vector<size_t> reducing;  // spans of the reductions started, by chunk
+  // A context that times its device (CUDA): the computes' spans as the device ran them, read
+  // after the list from stamps around each, relative to one taken now, with the stream idle.
+  struct Stamped {
+    size_t span;
+    stages::Stamp began, ended;
+  };
+  std::vector<Stamped> stamped;
+  const stages::Stamp origin = ctx.stamp(seconds_since(t0));
   for (const schedule::Action& a : lists.actions[r]) {
     if (a.op == Op::Reduce) {
       if (!sync) continue;  // accumulating: the gradients are reduced after a later batch
@@ -249,7 +258,14 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     const Key key{m, a.chunk};
     const int vs = lists.virtual_stage(r, a.chunk);
     stages::Stage& stage = *stages[vs];
+    const bool compute = a.op == Op::Forward || a.op == Op::Backward || a.op == Op::BackwardInput ||
+                         a.op == Op::BackwardWeight;
+    // A compute's inputs first (the stream waits for them), so that its device time is its own.
+    if (a.op == Op::Forward) wait_all(received_ready, key);
+    if (a.op == Op::Backward || a.op == Op::BackwardInput) wait_all(grad_ready, key);
     const double start = seconds_since(t0);
+    stages::Stamp began;
+    if (compute) began = ctx.stamp(start);
     try {
       switch (a.op) {
         case Op::RecvActivation:
@@ -257,7 +273,6 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
                                       &received_skips[key], local, received_ready[key]);
           break;
         case Op::Forward: {
-          wait_all(received_ready, key);
           at::Tensor in = stage.is_first() ? bring(inputs[m]) : received.at(key);
           received.erase(key);
           Skips passed_on;
@@ -287,7 +302,6 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
           break;
         case Op::Backward:
         case Op::BackwardInput: {
-          wait_all(grad_ready, key);
           at::Tensor g = stage.is_last() ? at::Tensor() : grads.at(key);
           grads.erase(key);
           Skips skip_grads_in;
@@ -313,7 +327,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
       }
     } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
       throw Error(detail::concat("stage ", r, ": ", schedule::to_string(a), training ? "" : " (evaluation)", ": ",
-                                 e.what_without_backtrace()));
+                                 stages::library_message_line(e.what_without_backtrace())));
     }
     int held = 0, awaiting = 0;
     for (stages::Stage* st : mine) {
@@ -324,6 +338,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     peak_w = std::max(peak_w, awaiting);
     const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
     spans.push_back({a.op, m, a.chunk, start, seconds_since(t0), backward ? stage.last_recompute_s() : 0.0});
+    if (compute && began.impl) stamped.push_back({spans.size() - 1, began, ctx.stamp(spans.back().end)});
     if (first_action && training) fault_point("pipeline.step", r, step);  // common/fault.h
     first_action = false;
   }
@@ -333,6 +348,14 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     for (int m = 0; m < M; ++m) values.push_back(loss_values.at(m).to(at::kDouble).reshape({}));
     const at::Tensor all = torch::stack(values).cpu();
     for (int m = 0; m < M; ++m) losses[m] = all.data_ptr<double>()[m];
+  }
+  if (!stamped.empty()) {
+    ctx.synchronize();  // once per step, as the worker would at the job's end
+    for (const Stamped& st : stamped) {
+      Span& sp = spans[st.span];
+      sp.start = stages::DeviceContext::resolve(origin, st.began);
+      sp.end = std::max(sp.start, stages::DeviceContext::resolve(origin, st.ended));
+    }
   }
   // The optimizer needs the reductions: wait for them here, after the last action.
   const double t0_s = std::chrono::duration<double>(t0.time_since_epoch()).count();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -20,6 +21,7 @@
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "common/stats.h"
+#include "stages/device.h"
 
 namespace pipetrain::profiler {
 
@@ -129,9 +131,63 @@ CountingAllocator& CountingAllocator::self() { return counting(); }
 
 std::mutex counter_mu;  // one MemoryCounter at a time
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+double host_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// Times operations in a device context: the host's clock on the CPU; on a GPU stamps around
+// each operation, read when flush() synchronizes once (a repetition), so the host runs ahead as
+// in a stage.
+class Timer {
+ public:
+  explicit Timer(stages::DeviceContext& ctx) : ctx_(ctx) {}
+  stages::Stamp begin() { return ctx_.stamp(host_s()); }
+  void end(const stages::Stamp& began, std::vector<double>* into) {
+    pending_.push_back({into, began, ctx_.stamp(host_s())});
+  }
+  void flush() {
+    if (pending_.empty()) return;
+    ctx_.synchronize();
+    for (const Pending& p : pending_)
+      p.into->push_back(1000.0 * (stages::DeviceContext::resolve(p.began, p.ended) - p.began.host_s));
+    pending_.clear();
+  }
+
+ private:
+  struct Pending {
+    std::vector<double>* into;
+    stages::Stamp began, ended;
+  };
+  stages::DeviceContext& ctx_;
+  std::vector<Pending> pending_;
+};
+
+// What a layer's work allocates from construction on: the counting CPU allocator on the CPU,
+// the device allocator's statistics on a GPU.
+class Bytes {
+ public:
+  explicit Bytes(stages::DeviceContext& ctx) : ctx_(ctx) {
+    if (ctx.device().is_cpu()) {
+      counter_.emplace();
+    } else {
+      base_ = ctx.allocated_bytes();
+      ctx.reset_peak();
+    }
+  }
+  int64_t live() const { return counter_ ? counter_->live() : ctx_.allocated_bytes() - base_; }
+  int64_t peak() const { return counter_ ? counter_->peak() : ctx_.peak_bytes() - base_; }
+  void reset_peak() {
+    if (counter_)
+      counter_->reset_peak();
+    else
+      ctx_.reset_peak();
+  }
+
+ private:
+  stages::DeviceContext& ctx_;
+  std::optional<MemoryCounter> counter_;
+  int64_t base_ = 0;
+};
 
 }  // namespace
 
@@ -149,9 +205,14 @@ int64_t MemoryCounter::peak() const { return counting().peak(); }
 int64_t MemoryCounter::peak(int account) const { return counting().peak(account); }
 void MemoryCounter::reset_peak() { counting().reset_peak(); }
 
-Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
+Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, const at::Tensor& target_in,
                        const stages::LossFn& loss, const ProfileOptions& o) {
   PIPETRAIN_CHECK(o.repeat >= 1 && o.warmup >= 0, "profile: bad repeat/warmup");
+  const std::unique_ptr<stages::DeviceContext> ctx = stages::make_device_context(o.device);
+  const auto scope = ctx->enter();
+  model->to(o.device);
+  const at::Tensor input = input_in.to(o.device), target = target_in.to(o.device);
+  Timer timer(*ctx);
   const int threads = at::get_num_threads();
   at::set_num_threads(std::max(1, o.intra_op_threads));
   Profile p;
@@ -194,9 +255,9 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
     for (int i = 0; i < L; ++i) {
       Layer& l = layers[i];
       const bool last = i == L - 1;
-      const auto t0 = std::chrono::steady_clock::now();
+      const stages::Stamp t0 = timer.begin();
       outs[i] = l.stage->forward(0, input_of(i), 0, last ? target : at::Tensor(), 1.0, skips_of(i), &open[i]);
-      if (timed) l.fwd.push_back(ms_since(t0));
+      if (timed) timer.end(t0, &l.fwd);
       if (!last && !l.grad.defined()) l.grad = torch::randn_like(outs[i]);
       for (const auto& [name, t] : open[i])
         if (!l.skip_grads.count(name)) l.skip_grads[name] = torch::randn_like(t);
@@ -210,18 +271,19 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
         forward_all(timed && split == 0);
         for (int i = L - 1; i >= 0; --i) {
           Layer& l = layers[i];
-          auto t0 = std::chrono::steady_clock::now();
+          stages::Stamp t0 = timer.begin();
           if (split == 0) {
             l.stage->backward(0, l.grad, l.skip_grads);
-            if (timed) l.bwd.push_back(ms_since(t0));
+            if (timed) timer.end(t0, &l.bwd);
             continue;
           }
           l.stage->backward_input(0, l.grad, l.skip_grads);
-          const double b = ms_since(t0);
-          t0 = std::chrono::steady_clock::now();
+          if (timed) timer.end(t0, &l.bin);
+          t0 = timer.begin();
           l.stage->backward_weight(0);
-          if (timed) l.bin.push_back(b), l.bw.push_back(ms_since(t0));
+          if (timed) timer.end(t0, &l.bw);
         }
+        timer.flush();
       }
     }
     // Memory, layer by layer (it does not depend on what the cache holds), with the gradients of
@@ -241,7 +303,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
         l.stage->backward(0, l.grad, l.skip_grads);
       }
       {
-        MemoryCounter counter;
+        Bytes counter(*ctx);
         l.stage->forward(0, input_of(i), 0, tgt, 1.0, skips_of(i), &left);
         // Kept: what the graph holds after the forward; workspace: what the forward needed above
         // that at its peak, then what the backward needs above its start (the gradients from
@@ -256,7 +318,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, con
       }
       l.stage->forward(0, input_of(i), 0, tgt, 1.0, skips_of(i), &left);
       {
-        MemoryCounter held;  // what B leaves for W
+        Bytes held(*ctx);  // what B leaves for W
         l.stage->backward_input(0, l.grad, l.skip_grads);
         l.awaiting = std::max<int64_t>(0, held.live());
       }

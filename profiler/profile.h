@@ -1,14 +1,16 @@
-// profiler: measures the per-layer cost model (partitioner/cost.h) on this machine. Each layer
-// runs alone as a pipeline stage on one micro-batch: forward, fused backward, and the zero-bubble
-// split (B, W), each timed as the median of several runs after warm-up. Memory comes from a
-// counting CPU allocator: the bytes a layer's forward leaves alive with its graph are what it
-// keeps for backward.
+// profiler: measures the per-layer cost model (partitioner/cost.h) on this machine, on the device
+// the stages will run on. Each layer runs alone as a pipeline stage on one micro-batch: forward,
+// fused backward, and the zero-bubble split (B, W), each timed as the median of several runs
+// after warm-up. Memory comes from a counting CPU allocator (on a GPU, the caching allocator's
+// statistics): the bytes a layer's forward leaves alive with its graph are what it keeps for
+// backward.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include "partitioner/cost.h"
@@ -24,6 +26,10 @@ struct ProfileOptions {
   int repeat = 5;
   int intra_op_threads = 1;  // as in a stage's worker thread
   Precision precision = Precision::FP32;  // as the stages compute (times and activation bytes in it)
+  // Where the layers run: the model, input and target are moved there (and the model left
+  // there). On a GPU, times are the device's (events around each operation, read once per
+  // repetition) and memory the caching allocator's.
+  c10::Device device{c10::kCPU};
 };
 
 struct Profile {

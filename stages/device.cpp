@@ -3,6 +3,7 @@
 #include "stages/device.h"
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <limits>
 #include <mutex>
@@ -48,8 +49,19 @@ struct PendingCopy : MarkerImpl {
   void host_wait() override { perform(); }
 };
 
+// The checking context's stamps: the steady clock when taken, read back through resolve() as a
+// CUDA event's time is (a stamp's host_s is not used).
+struct ClockStamp : StampImpl {
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+  double seconds_after(const StampImpl& origin) const override {
+    return std::chrono::duration<double>(at - static_cast<const ClockStamp&>(origin).at).count();
+  }
+};
+
 class CheckingContext : public DeviceContext {
  public:
+  Stamp stamp(double host_s) override { return {host_s, std::make_shared<ClockStamp>()}; }
+  bool times_device() const override { return true; }
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   std::string kind() const override { return "checking"; }
   std::unique_ptr<Scope> enter() override { return std::make_unique<Scope>(); }

@@ -13,7 +13,8 @@
 //             allocator knows which streams use a received tensor (compiled in every CUDA build);
 //   checking  CPU, for tests: receive() returns a poisoned tensor (NaN, or the lowest integer)
 //             and performs the copy only when its marker is waited for, on a copy thread of its
-//             own, so a missing wait corrupts the result as a missing event wait would on a GPU.
+//             own, so a missing wait corrupts the result as a missing event wait would on a GPU;
+//             its time stamps keep a clock of their own, read back as CUDA's events are.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,22 @@ struct MarkerImpl {
 struct Marker {
   std::shared_ptr<MarkerImpl> impl;
   explicit operator bool() const { return static_cast<bool>(impl); }
+};
+
+/// What a time stamp stands for on a context that times its device's work (a timing event on
+/// CUDA; the checking context's own clock).
+struct StampImpl {
+  virtual ~StampImpl() = default;
+  /// Seconds from `origin`'s point to this one, on the device's clock, once both are done.
+  virtual double seconds_after(const StampImpl& origin) const = 0;
+};
+
+/// A point in a context's work whose time is read after synchronize(): `host_s` is the host's
+/// clock (on whatever scale the caller uses) when the stamp was taken; `impl`, where the context
+/// times its device, the point on the device's clock.
+struct Stamp {
+  double host_s = 0;
+  std::shared_ptr<StampImpl> impl;
 };
 
 /// A tensor brought onto a context's device, readable once `ready` has been waited for.
@@ -89,6 +106,23 @@ class DeviceContext {
   /// common/memory_account.h counts them).
   virtual int64_t peak_bytes() const { return 0; }
   virtual void reset_peak() {}
+  /// Bytes the device's allocator holds now (0 on the CPU, where common/memory_account.h and
+  /// profiler::MemoryCounter count them).
+  virtual int64_t allocated_bytes() const { return 0; }
+
+  /// A time stamp after the work issued so far in the calling thread's scope: on CUDA a timing
+  /// event on the compute stream (when the GPU got there, not when the host issued it); on the
+  /// CPU the host's time `host_s` itself, the work being done when its call returned.
+  virtual Stamp stamp(double host_s) { return {host_s, nullptr}; }
+  /// Whether stamps time the device's work apart from the host's calls (CUDA, checking).
+  virtual bool times_device() const { return false; }
+  /// When `p`'s point was reached, on the host scale of `origin.host_s`: origin.host_s plus the
+  /// device's time from `origin` to `p` (the origin taken with the stream idle, at a job's
+  /// start, so its host and device times agree). Only after synchronize() has returned once both
+  /// were taken. Without device times, p.host_s.
+  static double resolve(const Stamp& origin, const Stamp& p) {
+    return origin.impl && p.impl ? origin.host_s + p.impl->seconds_after(*origin.impl) : p.host_s;
+  }
 };
 
 /// The context for `device`: "cpu" (or a CPU device) -> the no-op one, a CUDA device -> the CUDA

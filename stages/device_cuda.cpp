@@ -1,5 +1,6 @@
 // The CUDA device context (device.h): a compute stream per context, events for marks, the
-// caching allocator told which streams use a received tensor, its peak for the stage's memory.
+// caching allocator told which streams use a received tensor, its peak for the stage's memory,
+// timing events for the stamps.
 // Compiled in every build whose libtorch has CUDA.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -16,6 +17,13 @@ namespace {
 struct CudaMarker : MarkerImpl {
   at::cuda::CUDAEvent event;
   void host_wait() override { event.synchronize(); }
+};
+
+struct CudaStamp : StampImpl {
+  at::cuda::CUDAEvent event{cudaEventDefault};  // timing enabled
+  double seconds_after(const StampImpl& origin) const override {
+    return static_cast<const CudaStamp&>(origin).event.elapsed_time(event) / 1000.0;
+  }
 };
 
 class CudaScope : public DeviceContext::Scope {
@@ -82,6 +90,17 @@ class CudaContext : public DeviceContext {
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
   void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index()); }
+  int64_t allocated_bytes() const override {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  }
+
+  Stamp stamp(double host_s) override {
+    auto s = std::make_shared<CudaStamp>();
+    s->event.record(stream_);
+    return {host_s, s};
+  }
+  bool times_device() const override { return true; }
 
  private:
   c10::Device device_;

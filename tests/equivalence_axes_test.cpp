@@ -179,6 +179,54 @@ TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
     EXPECT_LE(rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
 }
 
+// A context's stamps: on the CPU a stamp is the host time it was given; on the checking context
+// (as on CUDA) it is read back from the context's own clock, relative to an origin, once the
+// context has synchronized, whatever host time it was given.
+TEST(CheckingContext, StampsReadTheContextsClock) {
+  const auto cpu = stages::make_device_context(c10::Device(c10::kCPU));
+  EXPECT_FALSE(cpu->times_device());
+  EXPECT_EQ(stages::DeviceContext::resolve(cpu->stamp(100.0), cpu->stamp(5.0)), 5.0);
+  const auto checking = stages::make_device_context(c10::Device(c10::kCPU), /*checking=*/true);
+  EXPECT_TRUE(checking->times_device());
+  const stages::Stamp origin = checking->stamp(100.0);
+  const auto a = torch::randn({64, 64});
+  (void)a.mm(a);
+  const stages::Stamp p = checking->stamp(5.0);
+  checking->synchronize();
+  const double t = stages::DeviceContext::resolve(origin, p);
+  EXPECT_GE(t, 100.0);
+  EXPECT_LT(t, 160.0);
+}
+
+// A step on checking contexts reads its computes' spans from the stamps: each inside the step,
+// in the order the stage ran them.
+TEST(CheckingContext, TheTraceHoldsTheContextsTimes) {
+  models::Model m = build("mlp", torch::kDouble, false);
+  const Batch b = make_batch(m, 8, torch::kDouble);
+  pipeline::PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.checking_contexts = true;
+  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipe.forward_backward(b.input, b.target);
+  const auto& t = pipe.last_trace();
+  ASSERT_EQ(t.spans.size(), 2u);
+  for (const auto& stage : t.spans) {
+    double last_end = 0;
+    int computes = 0;
+    for (const auto& sp : stage) {
+      EXPECT_LE(sp.start, sp.end);
+      EXPECT_LE(sp.end, t.wall);
+      const bool compute = sp.op == schedule::Op::Forward || sp.op == schedule::Op::Backward;
+      if (!compute) continue;
+      ++computes;
+      EXPECT_GE(sp.start, last_end);
+      last_end = sp.end;
+    }
+    EXPECT_EQ(computes, 8);
+  }
+}
+
 }  // namespace
 
 }  // namespace equivalence

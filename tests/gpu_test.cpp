@@ -9,6 +9,11 @@
 #include "comm/process_group.h"
 #include "comm/transport.h"
 #include "common/error.h"
+#include "common/rng.h"
+#include "models/layers.h"
+#include "pipeline/pipeline.h"
+#include "profiler/profile.h"
+#include "stages/device.h"
 #include "stages/accelerator.h"
 
 namespace {
@@ -88,6 +93,71 @@ TEST(Gpu, NcclGroupOfOneReducesAndTheTransportSendsToItself) {
   EXPECT_EQ(got.sum().item<int64_t>(), 10);
   endpoint->abort("test");
   EXPECT_THROW(endpoint->recv(0, id, Deadline::after(1)), TransportError);
+}
+
+}  // namespace
+
+namespace {
+
+// What runs on the GPU's own clock and allocator: the keyed dropout mask drawn on the device is
+// the host's bit for bit; a stage's stamps time the device's work; the profiler measures layers
+// on the device (positive times, the caching allocator's bytes); a pipeline's trace on the GPU
+// holds device times, each compute inside the step.
+TEST(Gpu, DeviceClockMasksAndProfile) {
+  REQUIRE_GPU();
+  using namespace pipetrain;
+  const c10::Device gpu(c10::kCUDA, 0);
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 4; ++i) keys.push_back(rng_key(1, 2, 3, i));
+  const auto host = models::keyed_keep_mask(keys, {16, 33}, 0.8, at::TensorOptions().dtype(at::kFloat));
+  const auto dev = models::keyed_keep_mask(keys, {16, 33}, 0.8, at::TensorOptions().dtype(at::kFloat).device(gpu));
+  EXPECT_TRUE(dev.is_cuda());
+  EXPECT_TRUE(torch::equal(host, dev.cpu()));
+
+  const auto ctx = stages::make_device_context(gpu);
+  {
+    const auto scope = ctx->enter();
+    const stages::Stamp origin = ctx->stamp(100.0);
+    const auto a = torch::randn({2048, 2048}, torch::TensorOptions().device(gpu));
+    for (int i = 0; i < 8; ++i) (void)a.mm(a);
+    const stages::Stamp p = ctx->stamp(5.0);
+    ctx->synchronize();
+    const double t = stages::DeviceContext::resolve(origin, p);
+    EXPECT_GT(t, 100.0);
+    EXPECT_LT(t, 160.0);
+    EXPECT_GT(ctx->allocated_bytes(), 0);
+  }
+
+  torch::nn::Sequential model(torch::nn::Linear(64, 128), torch::nn::Functional(torch::relu), torch::nn::Linear(128, 10));
+  profiler::ProfileOptions o;
+  o.device = gpu;
+  o.repeat = 3;
+  const auto x = torch::randn({32, 64});
+  const auto y = torch::randint(0, 10, {32}, torch::kLong);
+  auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
+  const profiler::Profile p = profiler::profile_layers(model, x, y, loss, o);
+  ASSERT_EQ(p.layers.size(), 3u);
+  for (const auto& l : p.layers) {
+    EXPECT_GT(l.forward_ms, 0) << l.name;
+    EXPECT_GT(l.backward_ms, 0) << l.name;
+  }
+  EXPECT_GT(p.layers[0].saved_bytes, 0);
+  EXPECT_TRUE(model->parameters()[0].is_cuda());
+
+  pipeline::PipelineOptions po;
+  po.stages = 2;
+  po.micro_batches = 4;
+  po.devices = {gpu, gpu};
+  torch::nn::Sequential m2(torch::nn::Linear(64, 128), torch::nn::Functional(torch::relu), torch::nn::Linear(128, 10));
+  pipeline::Pipeline pipe(m2, po, loss);
+  pipe.forward_backward(x, y);
+  const auto& trace = pipe.last_trace();
+  for (const auto& stage : trace.spans)
+    for (const auto& sp : stage) {
+      EXPECT_LE(sp.start, sp.end);
+      EXPECT_GE(sp.start, 0);
+      EXPECT_LE(sp.end, trace.wall + 1e-3);
+    }
 }
 
 }  // namespace

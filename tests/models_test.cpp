@@ -61,6 +61,32 @@ TEST(Models, ConfigErrors) {
   }
 }
 
+// The mask a GPU draws with tensor operations is the CPU loop's, bit for bit, and keeps about
+// 1 - p of the elements, independently per sample.
+TEST(Dropout, TheDevicesMaskIsTheHostsAndKeepsTheRightShare) {
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 5; ++i) keys.push_back(rng_key(3, 1, 2, i));
+  keys.push_back(0);
+  keys.push_back(~uint64_t{0});
+  for (double keep : {0.1, 0.5, 0.9}) {
+    const auto opts = at::TensorOptions().dtype(at::kDouble);
+    const at::Tensor loop = models::keyed_keep_mask(keys, {3, 40, 41}, keep, opts);
+    const at::Tensor ops = models::keyed_keep_mask(keys, {3, 40, 41}, keep, opts, /*tensor_ops=*/true);
+    ASSERT_EQ(loop.sizes(), ops.sizes());
+    EXPECT_TRUE(torch::equal(loop, ops)) << "keep " << keep;
+    const int64_t n = 3 * 40 * 41;
+    for (int64_t i = 0; i < loop.size(0); ++i) {
+      // Binomial(n, keep): 5 standard deviations either side.
+      const double kept = loop[i].sum().item<double>(), sd = std::sqrt(n * keep * (1 - keep));
+      EXPECT_NEAR(kept, n * keep, 5 * sd) << "sample " << i << " keep " << keep;
+      if (i > 0) EXPECT_FALSE(torch::equal(loop[i], loop[i - 1]));
+    }
+  }
+  EXPECT_TRUE(torch::equal(models::keyed_keep_mask(keys, {7}, 1.0, {}), torch::ones({7, 7})));
+  EXPECT_EQ(models::keyed_keep_mask(keys, {7}, 0.0, {}).sum().item<double>(), 0);
+  EXPECT_EQ(models::keyed_keep_mask({}, {4}, 0.5, {}).numel(), 0);
+}
+
 TEST(Dropout, MaskDoesNotDependOnMicroBatching) {
   models::Dropout drop(0.5, 7);
   auto x = torch::ones({6, 10});

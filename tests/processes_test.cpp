@@ -339,6 +339,56 @@ TEST(Processes, LaunchRestartsAFailedJobFromItsLatestCheckpoint) {
   EXPECT_NE(out.out.find("rank 1 failed (status 137) after 1 restart"), std::string::npos) << out.out;
 }
 
+// A rank whose slot is gone for good (stage 2 fails in the first two attempts): after it failed
+// first twice in a row the launcher goes on with one rank fewer, the train command on 2 stages
+// from the latest complete checkpoint (re-partitioned), and the run ends with the uninterrupted
+// run's losses, to float rounding (another partition of the same layers). A configuration error
+// (status 2) is not restarted.
+TEST(Processes, LaunchShrinksOntoFewerStagesWhenARanksSlotIsGone) {
+  const std::string cfg = write_file("shrink.json", kMlp);
+  const std::string dir = temp("shrink_ckpt"), plain = temp("shrink_plain.jsonl"), healed = temp("shrink.jsonl");
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(healed);
+  const std::string set = " --quiet --set pipeline.stages=3 --set train.steps=10";
+  Result u = run("train " + cfg + set + " --metrics " + plain);
+  ASSERT_EQ(u.status, 0) << u.out;
+  Result r = shell("PIPETRAIN_FAULT=pipeline.step:2:3:kill:0,pipeline.step:2:6:kill:1 timeout -s KILL 240 " +
+                   pipetrain_binary() + " launch --nproc 3 --max-restarts 3 --min-nproc 2 -- train " + cfg + set +
+                   " --set runtime.kind=processes --set train.checkpoint_every=1 --checkpoint-dir " + dir +
+                   " --metrics " + healed + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("restart 2 of at most 3: rank 2 was killed by signal 9; rank 2 failed first twice in a row, "
+                       "so its slot is taken as gone: continuing on 2 ranks (--min-nproc 2)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("continuing on 2 stages instead of 3 (2 of the 3 ranks first started"), std::string::npos) << r.out;
+  const Metrics a = read_metrics(plain), b = read_metrics(healed);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (const auto& [step, j] : a.steps) {
+    ASSERT_TRUE(b.steps.count(step)) << "step " << step;
+    const double x = j.at("loss").get<double>(), y = b.steps.at(step).at("loss").get<double>();
+    EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << "step " << step;
+  }
+  ASSERT_EQ(b.restarts.size(), 2u);
+  EXPECT_EQ(b.restarts[1].at("cause").get<std::string>(), "rank 2 was killed by signal 9; shrunk to 2 ranks");
+
+  // Shrinking below what the copies need is a configuration error (status 2), and the launcher
+  // does not restart after one: it would fail again.
+  Result bad = shell("PIPETRAIN_SHRUNK=4 WORLD_SIZE=3 RANK=0 " + pipetrain_binary() + " train " + cfg +
+                     " --quiet --set pipeline.data_parallel=2 --set runtime.kind=processes 2>&1");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("pipetrain launch shrank the job to 3 ranks, which cannot hold 2 data-parallel copies"),
+            std::string::npos)
+      << bad.out;
+  Result again = shell("timeout -s KILL 120 " + pipetrain_binary() + " launch --nproc 2 --max-restarts 3 -- train " +
+                       temp("no_such_config.json") + " 2>&1");
+  EXPECT_EQ(again.status, 2) << again.out;
+  EXPECT_NE(again.out.find("exited with status 2, a usage or configuration error, which a restart would repeat"),
+            std::string::npos)
+      << again.out;
+  EXPECT_EQ(again.out.find("restart 1 of at most 3"), std::string::npos) << again.out;
+}
+
 // Checkpoints written by every rank, a run stopped and resumed as processes, SIGTERM to the
 // launcher stopping every rank after the same step, and evaluation across ranks.
 TEST(Processes, CheckpointResumeSigtermAndEval) {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "models/model.h"
+#include "stages/library_warnings.h"
 #include "stages/stage.h"
 
 using namespace pipetrain;
@@ -140,3 +141,25 @@ TEST(Stage, SplitBackwardOnTheFirstStageRunsEverythingInW) {
   for (auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
   EXPECT_THROW(s.backward_weight(0), InternalError);
 }
+
+namespace {
+
+// libtorch's warnings reach the user as one line each, once, without the library's source file.
+TEST(LibraryWarnings, OneLineEachOnceWithoutTheSource) {
+  pipetrain::stages::route_library_warnings();
+  testing::internal::CaptureStderr();
+  TORCH_WARN("a library warning\n  with a second line");
+  TORCH_WARN("a library warning\n  with a second line");
+  TORCH_WARN("another one");
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string line = "warning: libtorch: a library warning\n";
+  const size_t at = err.find(line);
+  ASSERT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find(line, at + 1), std::string::npos) << "said twice: " << err;
+  EXPECT_NE(err.find("warning: libtorch: another one\n"), std::string::npos) << err;
+  EXPECT_EQ(err.find("second line"), std::string::npos) << err;
+  EXPECT_EQ(err.find(".cpp"), std::string::npos) << err;
+  EXPECT_EQ(pipetrain::stages::library_message_line("first\nsecond"), "first");
+}
+
+}  // namespace

@@ -27,6 +27,7 @@
 #include "job/balance.h"
 #include "planner/plan.h"
 #include "job/single_device.h"
+#include "stages/device.h"
 #include "pipeline/step_trace.h"
 
 namespace pipetrain::train {
@@ -116,18 +117,26 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
 
   const int per_stage = job.options.intra_op_threads;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The plain loop runs on the first stage's device (a GPU's baseline is that GPU), its batch
+  // brought there inside the timed step as the pipeline's is.
+  const c10::Device device = job.options.devices.empty() ? c10::Device(c10::kCPU) : job.options.devices[0];
   auto baseline = [&](const std::string& name, int threads) {
     at::set_num_threads(threads);
-    SingleDevice plain(fresh_model(), mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed,
-                       c.train.precision, job.model.ties);
-    BenchMeasure m = measure(name, threads, o, [&](int i) { plain.train_step(batches[i].input, batches[i].target); });
+    torch::nn::Sequential model = fresh_model();
+    model->to(device);
+    SingleDevice plain(model, mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed, c.train.precision,
+                       job.model.ties);
+    auto step = [&](int i) { plain.train_step(batches[i].input.to(device), batches[i].target.to(device)); };
+    BenchMeasure m = measure(name, threads, o, step);
     set_rates(m, B);
     if (threads == per_stage) {
       // Gradients are allocated inside the counted step, as the pipeline's are.
       for (auto& p : plain.parameters()) p.mutable_grad() = at::Tensor();
+      const auto ctx = stages::make_device_context(device);
       profiler::MemoryCounter counter;
-      plain.train_step(batches[0].input, batches[0].target);
-      r.prediction.baseline_peak_tensor_bytes = counter.peak();
+      ctx->reset_peak();
+      step(0);
+      r.prediction.baseline_peak_tensor_bytes = device.is_cpu() ? counter.peak() : ctx->peak_bytes();
     }
     return m;
   };
