@@ -150,6 +150,19 @@ JsonReader JsonReader::child(const std::string& key) {
   return JsonReader(v ? *v : json::object(), full(key), source_, origins_);
 }
 
+std::vector<JsonReader> JsonReader::objects(const std::string& key) {
+  const json* v = find(key);
+  std::vector<JsonReader> out;
+  if (!v) return out;
+  if (!v->is_array()) fail(key, "expected a list of objects, got " + describe(*v));
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string element = key + "[" + std::to_string(i) + "]";
+    if (!(*v)[i].is_object()) fail(element, "expected an object, got " + describe((*v)[i]));
+    out.emplace_back((*v)[i], full(element), source_, origins_);
+  }
+  return out;
+}
+
 void JsonReader::finish() const {
   if (!obj_.is_object()) return;
   std::vector<std::string> valid(known_.begin(), known_.end());

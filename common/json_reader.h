@@ -43,6 +43,9 @@ class JsonReader {
 
   // A nested object (empty if absent).
   JsonReader child(const std::string& key);
+  // An array of objects, each read at "<path>.key[i]" (empty if absent); ConfigError naming the
+  // key when it is not an array, or naming the element that is not an object.
+  std::vector<JsonReader> objects(const std::string& key);
 
   // Marks a key as known without reading it (for keys read elsewhere).
   void accept(const std::string& key) { known_.insert(key); }

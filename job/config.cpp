@@ -40,23 +40,39 @@ void apply_overrides(json& root, const std::vector<std::string>& overrides, Orig
     }
     json* node = &root;
     size_t start = 0;
+    std::string reader_path;  // as the config's readers spell it: model.layers[7].in_features
     for (;;) {
       const auto dot = path.find('.', start);
       const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       if (key.empty()) throw ConfigError(text + ": empty key in '" + path + "'");
-      if (!node->is_object()) {
-        throw ConfigError(text + ": " + path.substr(0, start ? start - 1 : 0) +
-                          " is not an object");
+      json* next = nullptr;
+      if (node->is_array()) {  // a list's element by its index: model.layers.7.in_features
+        const bool digits = key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+        const size_t i = digits ? std::stoul(key) : node->size();
+        if (i >= node->size())
+          throw ConfigError(detail::concat(text, ": ", path.substr(0, start ? start - 1 : 0), " is a list of ", node->size(),
+                                           ": '", key, "' is not one of its indices"));
+        reader_path += "[" + key + "]";
+        if (dot == std::string::npos) {
+          (*node)[i] = value;
+          break;
+        }
+        next = &(*node)[i];
+      } else if (!node->is_object()) {
+        throw ConfigError(text + ": " + path.substr(0, start ? start - 1 : 0) + " is not an object");
+      } else {
+        reader_path += (reader_path.empty() ? "" : ".") + key;
+        if (dot == std::string::npos) {
+          (*node)[key] = value;
+          break;
+        }
+        next = &(*node)[key];
+        if (next->is_null()) *next = json::object();
       }
-      if (dot == std::string::npos) {
-        (*node)[key] = value;
-        break;
-      }
-      node = &(*node)[key];
-      if (node->is_null()) *node = json::object();
+      node = next;
       start = dot + 1;
     }
-    origins[path] = text;
+    origins[reader_path] = text;
   }
 }
 

@@ -9,5 +9,7 @@ Model build_mlp(JsonReader& model);
 Model build_cnn(JsonReader& model);
 Model build_gpt(JsonReader& model);
 Model build_unet(JsonReader& model);
+/// `layers`: the network as a list of named layers (layer_list.cpp).
+Model build_layer_list(JsonReader& model);
 
 }  // namespace pipetrain::models

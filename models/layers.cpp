@@ -254,8 +254,8 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
   return dropout_(h);
 }
 
-BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, int64_t d_ff, double dropout, uint64_t stream)
-    : d_model_(d_model), n_heads_(n_heads), d_ff_(d_ff), dropout_p_(dropout), stream_(stream) {
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, int64_t d_ff, double dropout, uint64_t stream, bool causal)
+    : d_model_(d_model), n_heads_(n_heads), d_ff_(d_ff), dropout_p_(dropout), stream_(stream), causal_(causal) {
   reset();
 }
 
@@ -277,12 +277,34 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto qkv = run_linear(qkv_, ln1_(x)).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
   auto q = qkv[0], k = qkv[1], v = qkv[2];
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-  auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
-  att = attn_drop_(torch::softmax(att.masked_fill(future, -INFINITY), -1));
+  if (causal_) att = att.masked_fill(torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1), -INFINITY);
+  att = attn_drop_(torch::softmax(att, -1));
   auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
   auto h = x + resid_drop_(run_linear(proj_, y));
   return h + mlp_drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln2_(h)))));
 }
+
+MlpBlockImpl::MlpBlockImpl(int64_t d_model, int64_t d_ff, double dropout, uint64_t stream)
+    : d_model_(d_model), d_ff_(d_ff), dropout_p_(dropout), stream_(stream) {
+  reset();
+}
+
+void MlpBlockImpl::reset() {
+  ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model_})));
+  fc1_ = register_module("fc1", torch::nn::Linear(d_model_, d_ff_));
+  fc2_ = register_module("fc2", torch::nn::Linear(d_ff_, d_model_));
+  drop_ = register_module("dropout", Dropout(dropout_p_, stream_));
+}
+
+torch::Tensor MlpBlockImpl::forward(const torch::Tensor& x) {
+  return x + drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln_(x)))));
+}
+
+RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps) : shape_(std::move(shape)), eps_(eps) { reset(); }
+
+void RmsNormImpl::reset() { weight = register_parameter("weight", torch::ones(shape_)); }
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) { return at::rms_norm(x, shape_, weight, eps_); }
 
 NormImpl::NormImpl(int64_t d_model) : d_model_(d_model) { reset(); }
 

@@ -139,10 +139,11 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
 };
 TORCH_MODULE(Embedding);
 
-// Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)), causal self-attention.
+// Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); self-attention causal
+// (each position sees itself and those before it) unless `causal` is false.
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
-  BlockImpl(int64_t d_model, int64_t n_heads, int64_t d_ff, double dropout, uint64_t stream);
+  BlockImpl(int64_t d_model, int64_t n_heads, int64_t d_ff, double dropout, uint64_t stream, bool causal = true);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -150,11 +151,44 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   int64_t d_model_, n_heads_, d_ff_;
   double dropout_p_;
   uint64_t stream_;
+  bool causal_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
   Dropout attn_drop_{nullptr}, resid_drop_{nullptr}, mlp_drop_{nullptr};
 };
 TORCH_MODULE(Block);
+
+// Pre-norm residual MLP over the last dimension: x + dropout(fc2(gelu(fc1(ln(x))))).
+class MlpBlockImpl : public torch::nn::Cloneable<MlpBlockImpl> {
+ public:
+  MlpBlockImpl(int64_t d_model, int64_t d_ff, double dropout, uint64_t stream);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  int64_t d_model_, d_ff_;
+  double dropout_p_;
+  uint64_t stream_;
+  torch::nn::LayerNorm ln_{nullptr};
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  Dropout drop_{nullptr};
+};
+TORCH_MODULE(MlpBlock);
+
+// RMS normalization over the trailing dimensions `shape`, with a learned scale ("weight", ones
+// at the start), as torch.nn.RMSNorm.
+class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
+ public:
+  RmsNormImpl(std::vector<int64_t> shape, double eps);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  std::vector<int64_t> shape_;
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
 
 // LayerNorm over the last dimension (the final norm of a transformer).
 class NormImpl : public torch::nn::Cloneable<NormImpl> {

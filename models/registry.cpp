@@ -13,7 +13,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, Builder> builders{
-      {"mlp", build_mlp}, {"cnn", build_cnn}, {"gpt", build_gpt}, {"unet", build_unet}};
+      {"mlp", build_mlp}, {"cnn", build_cnn}, {"gpt", build_gpt}, {"unet", build_unet}, {"layers", build_layer_list}};
 };
 Registry& registry() {
   static Registry r;

@@ -333,10 +333,15 @@ TEST(Hardening, LauncherNamesAStoppedRank) {
   }
   const std::vector<pid_t> ranks = children_of(launcher, 2);
   ASSERT_EQ(ranks.size(), 2u);
-  // Rank 1 by its environment; stopped once training runs (rank 0 has written a step).
+  // Rank 1 by its environment (there once the rank has started the program: a child seen just
+  // after the fork still shows the launcher's); stopped once training runs (rank 0 has written a step).
   pid_t rank1 = -1;
-  for (pid_t p : ranks)
-    if (shell("tr '\\0' '\\n' < /proc/" + std::to_string(p) + "/environ | grep -qx RANK=1").status == 0) rank1 = p;
+  const auto seen = Clock::now();
+  while (rank1 < 0 && Clock::now() - seen < std::chrono::seconds(30)) {
+    for (pid_t p : ranks)
+      if (shell("tr '\\0' '\\n' < /proc/" + std::to_string(p) + "/environ | grep -qx RANK=1").status == 0) rank1 = p;
+    if (rank1 < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   ASSERT_GT(rank1, 0);
   const auto t0 = Clock::now();
   while (shell("test -s " + metrics).status != 0 && Clock::now() - t0 < std::chrono::seconds(30))

@@ -1,0 +1,196 @@
+// The layer-list model (model.family "layers"): the built-in families spelled as layer lists build
+// the same parameters and compute the same outputs, dropout masks included; shapes are checked
+// when the model is built, naming the layer and both shapes; skips merge across stages; ties hold.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/rng.h"
+#include "models/model.h"
+#include "models/skip.h"
+#include "pipeline/pipeline.h"
+#include "tests/cli_helpers.h"
+#include "tests/helpers.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+
+namespace {
+
+models::Model build(json cfg, uint64_t seed = 3) {
+  JsonReader r(cfg, "model", "test.json");
+  return models::build(r, seed);
+}
+
+std::string build_error(const json& cfg) {
+  try {
+    build(cfg);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(built)";
+}
+
+// Same parameters in the same order (values and shapes), and the same training-mode output for
+// the same random context: the spelling is the preset.
+void expect_same_model(const models::Model& a, const models::Model& b, const at::Tensor& x, const std::string& what) {
+  const auto pa = a.layers->parameters(), pb = b.layers->parameters();
+  ASSERT_EQ(pa.size(), pb.size()) << what;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_EQ(pa[i].sizes(), pb[i].sizes()) << what << ": parameter " << i;
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << what << ": parameter " << i;
+  }
+  EXPECT_EQ(a.sample_shape, b.sample_shape) << what;
+  EXPECT_EQ(a.classes, b.classes) << what;
+  EXPECT_EQ(a.token_input, b.token_input) << what;
+  EXPECT_EQ(a.ties.size(), b.ties.size()) << what;
+  RngContextGuard rng(RngContext{5, 2, 0});
+  const at::Tensor ya = models::forward_with_skips(a.layers, x), yb = models::forward_with_skips(b.layers, x);
+  EXPECT_TRUE(torch::equal(ya, yb)) << what;
+}
+
+json linear(const std::string& name, int64_t in, int64_t out) {
+  return {{"name", name}, {"type", "linear"}, {"in_features", in}, {"out_features", out}};
+}
+
+TEST(LayerList, TheFamiliesSpelledAsListsAreThePresets) {
+  // mlp: fcN = linear, relu, dropout (its own stream each), then the head.
+  json mlp_layers = json::array();
+  for (int i = 0; i < 3; ++i) {
+    mlp_layers.push_back(linear("fc" + std::to_string(i + 1), i == 0 ? 12 : 16, 16));
+    mlp_layers.push_back({{"name", "relu" + std::to_string(i + 1)}, {"type", "relu"}});
+    mlp_layers.push_back({{"name", "drop" + std::to_string(i + 1)}, {"type", "dropout"}, {"p", 0.3}});
+  }
+  mlp_layers.push_back(linear("head", 16, 5));
+  expect_same_model(build({{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", 3}, {"out", 5}, {"dropout", 0.3}}),
+                    build({{"family", "layers"}, {"input_shape", {12}}, {"layers", mlp_layers}}), torch::randn({6, 12}),
+                    "mlp");
+
+  // cnn: conv blocks (conv, batch norm, relu, pool), the fc with dropout, the head.
+  json cnn = json::array();
+  const int64_t c = 4;
+  auto conv = [&](const std::string& n, int64_t in, int64_t out, bool pool) {
+    cnn.push_back({{"name", n}, {"type", "conv2d"}, {"in_channels", in}, {"out_channels", out}, {"kernel_size", 3},
+                   {"padding", 1}, {"bias", false}});
+    cnn.push_back({{"name", n + "_bn"}, {"type", "batchnorm2d"}, {"num_features", out}});
+    cnn.push_back({{"name", n + "_relu"}, {"type", "relu"}});
+    if (pool) cnn.push_back({{"name", n + "_pool"}, {"type", "maxpool2d"}, {"kernel_size", 2}});
+  };
+  conv("conv1", 1, c, true);
+  conv("conv2", c, 2 * c, true);
+  conv("conv3", 2 * c, 2 * c, false);
+  cnn.push_back({{"name", "flat"}, {"type", "flatten"}});
+  cnn.push_back(linear("fc", 2 * c * 4 * 4, 10));
+  cnn.push_back({{"name", "fc_relu"}, {"type", "relu"}});
+  cnn.push_back({{"name", "fc_drop"}, {"type", "dropout"}, {"p", 0.25}});
+  cnn.push_back(linear("head", 10, 3));
+  expect_same_model(build({{"family", "cnn"}, {"image_size", 16}, {"channels", c}, {"hidden", 10}, {"classes", 3},
+                           {"batch_norm", true}}),
+                    build({{"family", "layers"}, {"input_shape", {1, 16, 16}}, {"layers", cnn}}),
+                    torch::randn({4, 1, 16, 16}), "cnn");
+
+  // gpt: token and position embedding, repeated blocks, the norm, the head tied to the embedding.
+  const json blocks = {{"type", "repeat"}, {"count", 2},
+                       {"layers", {{{"name", "block"}, {"type", "transformer_block"}, {"d_model", 16}, {"n_heads", 2},
+                                    {"d_ff", 24}, {"dropout", 0.1}}}}};
+  const json gpt = {{"family", "layers"},
+                    {"input_shape", {8}},
+                    {"input_dtype", "long"},
+                    {"layers",
+                     {{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", 32}, {"embedding_dim", 16},
+                       {"max_positions", 8}, {"dropout", 0.1}},
+                      blocks,
+                      {{"name", "norm"}, {"type", "layernorm"}, {"normalized_shape", 16}},
+                      linear("head", 16, 32)}},
+                    {"ties", json::array({json::array({"embed.embedding.tok.weight", "head.linear.weight"})})}};
+  const models::Model list = build(gpt);
+  EXPECT_EQ(models::layer_names(list.layers), (std::vector<std::string>{"embed", "block_0", "block_1", "norm", "head"}));
+  expect_same_model(build({{"family", "gpt"}, {"vocab_size", 32}, {"seq_len", 8}, {"d_model", 16}, {"n_heads", 2},
+                           {"n_layers", 2}, {"d_ff", 24}, {"dropout", 0.1}, {"tie_embeddings", true}}),
+                    list, torch::randint(0, 32, {3, 8}), "gpt");
+}
+
+TEST(LayerList, ShapeMismatchesNameTheLayerAndBothShapes) {
+  auto cfg = [](json layers) { return json{{"family", "layers"}, {"input_shape", {1, 8, 8}}, {"layers", layers}}; };
+  const json c1 = {{"name", "c1"}, {"type", "conv2d"}, {"in_channels", 1}, {"out_channels", 16}, {"kernel_size", 3}};
+  const json c2 = {{"name", "conv2"}, {"type", "conv2d"}, {"in_channels", 32}, {"out_channels", 8}, {"kernel_size", 3}};
+  const json relu = {{"name", "r"}, {"type", "relu"}};
+  EXPECT_EQ(build_error(cfg({c1, relu, relu, c2})),
+            "test.json: model.layers[2].name: 'r' names another layer already");
+  EXPECT_EQ(build_error(cfg({c1, relu, {{"name", "r2"}, {"type", "identity"}}, c2})),
+            "test.json: model.layers[3] (conv2): expects 32 input channels, gets 16 (input [16, 6, 6])");
+  EXPECT_EQ(build_error(cfg({c1, {{"name", "f"}, {"type", "flatten"}}, linear("fc", 100, 4)})),
+            "test.json: model.layers[2] (fc): expects 100 input features, gets 576 (input [576])");
+  EXPECT_NE(build_error(cfg({{{"name", "c"}, {"type", "conv3d"}}})).find("model.layers[0].type"), std::string::npos);
+  EXPECT_NE(build_error(cfg({c1, {{"name", "p"}, {"type", "maxpool2d"}, {"kernel_size", 7}}})).find("(p): a window of 7 does not fit"),
+            std::string::npos);
+  EXPECT_EQ(build_error(cfg({{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 4}, {"embedding_dim", 2}}})),
+            "test.json: model.layers[0] (e): takes token ids (model.input_dtype \"long\"), gets float input");
+  // Skips: merged by name, shapes checked, never left open.
+  json stashed = c1;
+  stashed["stash"] = "s";
+  EXPECT_EQ(build_error(cfg({stashed, relu})), "test.json: model.layers: 's' is stashed and never merged (add or concat with \"from\")");
+  EXPECT_EQ(build_error(cfg({c1, {{"name", "a"}, {"type", "add"}, {"from", "s"}}})),
+            "test.json: model.layers[1].from: 's' is not stashed by a layer before this one (or was merged already)");
+  EXPECT_EQ(build_error(cfg({stashed, {{"name", "f"}, {"type", "flatten"}}, {{"name", "a"}, {"type", "add"}, {"from", "s"}}})),
+            "test.json: model.layers[2] (a): adds s of [16, 6, 6] to [576]");
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {4}}, {"layers", {linear("a", 4, 4)}}, {"ties", json::array({json::array({"a.linear.weight", "b.w"})})}}),
+            "test.json: model.ties[0]: 'b.w' is not a parameter of the model (names are <layer>.<module>.<parameter>, e.g. a.linear.weight)");
+}
+
+// A U-Net-like list: an encoder stashes, the decoder concatenates and adds across stage
+// boundaries; the pipeline's gradients equal one device's, in float64.
+TEST(LayerList, SkipsMergeAcrossStages) {
+  const json cfg = {
+      {"family", "layers"},
+      {"input_shape", {2, 8, 8}},
+      {"layers",
+       {{{"name", "enc"}, {"type", "conv2d"}, {"in_channels", 2}, {"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}, {"stash", "e"}},
+        {{"name", "act"}, {"type", "silu"}, {"stash", "a"}},
+        {{"name", "mid"}, {"type", "conv2d"}, {"in_channels", 4}, {"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}},
+        {{"name", "cat"}, {"type", "concat"}, {"from", "e"}},
+        {{"name", "dec"}, {"type", "conv2d"}, {"in_channels", 8}, {"out_channels", 4}, {"kernel_size", 1}},
+        {{"name", "plus"}, {"type", "add"}, {"from", "a"}},
+        {{"name", "pool"}, {"type", "adaptiveavgpool2d"}, {"output_size", 2}},
+        {{"name", "flat"}, {"type", "flatten"}},
+        {{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", 16}},
+        linear("head", 16, 3)}}};
+  models::Model ref = build(cfg), m = build(cfg);
+  ref.layers->to(torch::kDouble);
+  m.layers->to(torch::kDouble);
+  const at::Tensor x = torch::randn({8, 2, 8, 8}, torch::kDouble), y = torch::randint(0, 3, {8});
+  auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
+  const at::Tensor l = loss(models::forward_with_skips(ref.layers, x), y);
+  l.backward();
+  pipeline::PipelineOptions o;
+  o.stages = 3;
+  o.micro_batches = 1;
+  pipeline::Pipeline pipe(m.layers, o, loss);
+  EXPECT_NEAR(pipe.forward_backward(x, y), l.item<double>(), 1e-12);
+  for (const auto& p : ref.layers->named_parameters()) {
+    const at::Tensor g = m.layers->named_parameters()[p.key()].grad();
+    ASSERT_TRUE(g.defined()) << p.key();
+    EXPECT_LT((g - p.value().grad()).abs().max().item<double>(), 1e-10) << p.key();
+  }
+}
+
+// The shipped layer-list config through the binary: plan shows the names it writes, it trains (on
+// synthetic data of its shape, here), and an override of a layer's argument is checked as the file.
+TEST(LayerList, TheShippedConfigPlansWithItsNamesAndTrains) {
+  const std::string cfg = std::string(PIPETRAIN_SOURCE_DIR) + "/configs/layers_fashion_mnist.json";
+  const std::string synthetic = " --set data.kind=synthetic --set data.samples=256 --set data.test_samples=64";
+  Result r = run("plan " + cfg + synthetic);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("c1 .. r2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("p2 .. head"), std::string::npos) << r.out;
+  Result t = run("train " + cfg + synthetic + " --steps 3 --quiet");
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("test accuracy"), std::string::npos) << t.out;
+  Result bad = run("train " + cfg + synthetic + " --set model.layers.7.in_features=1000 --steps 1");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("model.layers[7] (fc): expects 1000 input features, gets 1568 (input [1568])"), std::string::npos)
+      << bad.out;
+}
+
+}  // namespace
