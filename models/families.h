@@ -11,5 +11,7 @@ Model build_gpt(JsonReader& model);
 Model build_unet(JsonReader& model);
 /// `layers`: the network as a list of named layers (layer_list.cpp).
 Model build_layer_list(JsonReader& model);
+/// `torchscript`: an nn.Sequential saved from Python, split by its children (torchscript.cpp).
+Model build_torchscript(JsonReader& model);
 
 }  // namespace pipetrain::models

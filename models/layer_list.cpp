@@ -324,6 +324,8 @@ bool valid_name(const std::string& n) {
          std::all_of(n.begin(), n.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; });
 }
 
+constexpr size_t kMaxLayers = 4096;  // as the families' layer counts: far beyond any pipeline's stages
+
 // Builds the list in order: the layers, shapes, skips and names.
 struct ListBuilder {
   Model& m;
@@ -345,6 +347,8 @@ struct ListBuilder {
       r.finish();
       return;
     }
+    if (m.layers->size() >= kMaxLayers)
+      r.fail("type", detail::concat("the list makes more than ", kMaxLayers, " layers (after repeats)"));
     std::string name = r.get_string("name", "");
     if (!valid_name(name)) r.fail("name", "is required: letters, digits and _ (at most 64), unique in the list");
     name += suffix;

@@ -13,7 +13,8 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, Builder> builders{
-      {"mlp", build_mlp}, {"cnn", build_cnn}, {"gpt", build_gpt}, {"unet", build_unet}, {"layers", build_layer_list}};
+      {"mlp", build_mlp}, {"cnn", build_cnn}, {"gpt", build_gpt}, {"unet", build_unet}, {"layers", build_layer_list},
+      {"torchscript", build_torchscript}};
 };
 Registry& registry() {
   static Registry r;

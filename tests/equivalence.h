@@ -45,12 +45,49 @@ inline json family_config(const std::string& family, bool deep = false) {
     g["tie_embeddings"] = true;
     return g;
   }
+  if (family == "listconv") {  // a layer list: a conv net with batch norm and a skip (stash, add)
+    json layers = json::array(
+        {{{"name", "c1"}, {"type", "conv2d"}, {"in_channels", 2}, {"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}, {"stash", "s"}},
+         {{"name", "bn1"}, {"type", "batchnorm2d"}, {"num_features", 4}},
+         {{"name", "r1"}, {"type", "relu"}},
+         {{"name", "c2"}, {"type", "conv2d"}, {"in_channels", 4}, {"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}},
+         {{"name", "plus"}, {"type", "add"}, {"from", "s"}},
+         {{"name", "pool"}, {"type", "maxpool2d"}, {"kernel_size", 2}},
+         {{"name", "flat"}, {"type", "flatten"}},
+         {{"name", "fc"}, {"type", "linear"}, {"in_features", 64}, {"out_features", 8}},
+         {{"name", "drop"}, {"type", "dropout"}, {"p", 0.3}},
+         {{"name", "head"}, {"type", "linear"}, {"in_features", 8}, {"out_features", 3}}});
+    return {{"family", "layers"}, {"input_shape", {2, 8, 8}}, {"layers", layers}};
+  }
+  if (family == "listgpt") {  // a layer list: a transformer stack with repeat and a tied embedding
+    json layers = json::array(
+        {{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", 11}, {"embedding_dim", 8}, {"max_positions", 6}, {"dropout", 0.2}},
+         {{"type", "repeat"}, {"count", deep ? 4 : 2},
+          {"layers", json::array({{{"name", "block"}, {"type", "transformer_block"}, {"d_model", 8}, {"n_heads", 2}, {"d_ff", 16}, {"dropout", 0.2}}})}},
+         {{"name", "mlp"}, {"type", "mlp_block"}, {"d_model", 8}, {"d_ff", 16}, {"dropout", 0.2}},
+         {{"name", "norm"}, {"type", "layernorm"}, {"normalized_shape", 8}},
+         {{"name", "head"}, {"type", "linear"}, {"in_features", 8}, {"out_features", 11}}});
+    return {{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"}, {"layers", layers},
+            {"ties", json::array({json::array({"embed.embedding.tok.weight", "head.linear.weight"})})}};
+  }
   if (family == "mlp")
     return {{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", deep ? 7 : 4}, {"out", 5}, {"dropout", 0.2}};
   if (family == "cnn")
     return {{"family", "cnn"}, {"image_size", 8}, {"channels", 2}, {"hidden", 8}, {"classes", 3}, {"dropout", 0.3}};
   return {{"family", "gpt"}, {"vocab_size", 11}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
           {"n_layers", deep ? 5 : 2}, {"d_ff", 16}, {"dropout", 0.2}};
+}
+
+// Whether a family's config draws dropout masks (the test means nothing if it dropped nothing).
+inline bool has_dropout(const json& j) {
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items())
+      if (((k == "dropout" || k == "p") && v.is_number() && v.get<double>() > 0) || has_dropout(v)) return true;
+  } else if (j.is_array()) {
+    for (const auto& v : j)
+      if (has_dropout(v)) return true;
+  }
+  return false;
 }
 
 inline models::Model build(const std::string& family, at::ScalarType dtype, bool deep) {
