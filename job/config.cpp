@@ -102,11 +102,13 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   }
 
   JsonReader data = top.child("data");
-  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text"});
+  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text", "tensors"});
   c.data.batch_size = data.get_int("batch_size", c.data.batch_size, 1, 1 << 24);
-  const bool text = c.data.kind == "text";
-  c.data.path = data.get_string("path", text ? "" : c.data.path);
+  const bool text = c.data.kind == "text", tensors = c.data.kind == "tensors";
+  c.data.path = data.get_string("path", text || tensors ? "" : c.data.path);
   if (text && c.data.path.empty()) data.fail("path", "is required for data.kind text (the text file to train on)");
+  if (tensors && c.data.path.empty())
+    data.fail("path", "is required for data.kind tensors (a torch.save file of a dict of tensors, or a folder of .npy files)");
   c.data.samples = data.get_int("samples", c.data.samples, 1, int64_t(1) << 32);
   c.data.test_samples = data.get_int("test_samples", c.data.test_samples, 0, int64_t(1) << 32);
   c.data.test_fraction = data.get_number("test_fraction", c.data.test_fraction, 0.0, 1.0);

@@ -1,4 +1,5 @@
 #include "job/data.h"
+#include "job/tensors_data.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -88,6 +89,8 @@ Batch Dataset::make(const Split& s, const at::Tensor& index) const {
   Batch b{s.inputs.index_select(0, index), s.targets.index_select(0, index)};
   if (b.target.scalar_type() == torch::kByte) b.target = b.target.to(torch::kLong);  // per-pixel targets, held as bytes
   if (images_u8) b.input = (b.input.to(torch::kFloat) / 255.0 - kFashionMean) / kFashionStd;
+  if (widen_inputs) b.input = b.input.to(torch::kFloat);
+  if (tokens && b.input.scalar_type() != torch::kLong && b.input.scalar_type() != torch::kByte) b.input = b.input.to(torch::kLong);
   if (tokens && b.input.scalar_type() == torch::kByte) {
     b.input = b.input.to(torch::kLong);
     b.target = b.target.to(torch::kLong);
@@ -278,6 +281,7 @@ int64_t numel(const std::vector<int64_t>& s) {
 Dataset load_dataset(const Config& c, const models::Model& model) {
   Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c)
               : c.data.kind == "text"        ? load_text(c, model)
+              : c.data.kind == "tensors"     ? load_tensors(c, model)
                                              : make_synthetic(c, model);
   if (model.pixel_targets && c.data.kind == "fashion-mnist") {
     // A segmentation of the images: each pixel brighter than a fifth of full scale is the

@@ -1,4 +1,5 @@
-// Data sets held in memory, and the batch order of training. `fashion-mnist` reads the gzipped
+// Data sets held in memory (or memory-mapped: data.kind tensors, job/tensors_data.h), and the
+// batch order of training. `fashion-mnist` reads the gzipped
 // IDX files of Debian's dataset-fashion-mnist package; `synthetic` generates a learnable task
 // for any model family from the seed, so every config runs without files; `text` reads any
 // file as bytes for next-byte prediction with the `gpt` family (vocab_size 256).
@@ -34,6 +35,7 @@ class Dataset {
   int64_t classes = 0;
   bool tokens = false;
   bool images_u8 = false;  // inputs stored as uint8 pixels, normalised per batch
+  bool widen_inputs = false;  // integer inputs (data.kind tensors) widened to float per batch
   // The loss of a model-free predictor on the test targets, to judge a trained model by:
   // text: "unigram", each target byte predicted by the training bytes' frequencies (add-one
   // smoothing), in nats per byte. Other kinds: 0 and empty.

@@ -1,0 +1,207 @@
+// data.kind "tensors": inputs and targets written by Python (job/tensors_data.h).
+#include "job/tensors_data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace pipetrain::job {
+
+namespace {
+
+constexpr int64_t kMaxHeader = 1 << 20;                    // an .npy header: far beyond any real one
+constexpr int64_t kMaxPickle = int64_t{16} << 30;          // a torch.save file read whole: 16 GiB
+
+[[noreturn]] void bad(const std::string& file, const std::string& what) { throw DataError(printable(file, 300) + ": " + what); }
+
+// A regular file's size (a FIFO, a device or a directory is refused before anything is read).
+int64_t regular_size(const std::string& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) bad(file, std::string("cannot open (") + std::strerror(errno) + ")");
+  if (!S_ISREG(st.st_mode)) bad(file, "not a regular file");
+  return static_cast<int64_t>(st.st_size);
+}
+
+// The value of `key` in an .npy header's dict literal, up to its end (`,` or `}` outside parentheses).
+std::string header_value(const std::string& file, const std::string& header, const std::string& key) {
+  const size_t at = header.find("'" + key + "'");
+  if (at == std::string::npos) bad(file, "not an .npy file: its header has no '" + key + "'");
+  size_t v = header.find(':', at);
+  if (v == std::string::npos) bad(file, "not an .npy file: a malformed header");
+  ++v;
+  int depth = 0;
+  size_t end = v;
+  for (; end < header.size(); ++end) {
+    const char ch = header[end];
+    if (ch == '(') ++depth;
+    if (ch == ')') --depth;
+    if (depth == 0 && (ch == ',' || ch == '}')) break;
+  }
+  std::string out = header.substr(v, end - v);
+  const auto b = out.find_first_not_of(" "), e = out.find_last_not_of(" ");
+  return b == std::string::npos ? "" : out.substr(b, e - b + 1);
+}
+
+// An .npy array memory-mapped: read by pages as batches touch them, so a data set larger than
+// memory streams. C order; little-endian numbers, bytes and booleans.
+at::Tensor read_npy(const std::string& file) {
+  const int64_t size = regular_size(file);
+  std::ifstream in(file, std::ios::binary);
+  char magic[8] = {};
+  if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) bad(file, "not an .npy file (bad magic)");
+  const int major = static_cast<unsigned char>(magic[6]);
+  if (major < 1 || major > 3) bad(file, "an .npy file of format version " + std::to_string(major) + " (1 to 3 are read)");
+  unsigned char len[4] = {};
+  const int len_bytes = major == 1 ? 2 : 4;
+  if (!in.read(reinterpret_cast<char*>(len), len_bytes)) bad(file, "truncated in its header");
+  int64_t header_len = len[0] | (len[1] << 8);
+  if (major > 1) header_len |= (int64_t{len[2]} << 16) | (int64_t{len[3]} << 24);
+  if (header_len > kMaxHeader) bad(file, "an .npy header of " + std::to_string(header_len) + " bytes");
+  std::string header(static_cast<size_t>(header_len), '\0');
+  if (!in.read(header.data(), header_len)) bad(file, "truncated in its header");
+  const int64_t offset = 8 + len_bytes + header_len;
+  static const std::map<std::string, at::ScalarType> kTypes{
+      {"'<f4'", at::kFloat}, {"'<f8'", at::kDouble}, {"'<f2'", at::kHalf}, {"'|u1'", at::kByte}, {"'<u1'", at::kByte},
+      {"'|i1'", at::kChar},  {"'<i2'", at::kShort},  {"'<i4'", at::kInt},   {"'<i8'", at::kLong}, {"'|b1'", at::kBool}};
+  const std::string descr = header_value(file, header, "descr");
+  const auto type = kTypes.find(descr);
+  if (type == kTypes.end())
+    bad(file, "holds dtype " + descr + "; float16/32/64, int8/16/32/64, uint8 and bool (little-endian) are read");
+  if (header_value(file, header, "fortran_order") != "False")
+    bad(file, "is in Fortran order; save it in C order (numpy.ascontiguousarray)");
+  std::string shape_text = header_value(file, header, "shape");
+  std::vector<int64_t> shape;
+  int64_t count = 1;
+  for (size_t i = 0; i < shape_text.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(shape_text[i]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < shape_text.size() && std::isdigit(static_cast<unsigned char>(shape_text[j]))) ++j;
+    if (j - i > 12) bad(file, "a dimension of " + shape_text.substr(i, j - i));
+    shape.push_back(std::stoll(shape_text.substr(i, j - i)));
+    count *= std::max<int64_t>(1, shape.back());
+    if (count > (int64_t{1} << 50)) bad(file, "a shape of more than 2^50 values");
+    i = j;
+  }
+  if (shape.empty()) bad(file, "holds a scalar, not an array of samples");
+  for (int64_t d : shape)
+    if (d == 0) count = 0;
+  const int64_t bytes = count * static_cast<int64_t>(c10::elementSize(type->second));
+  if (size < offset + bytes)
+    bad(file, "truncated: " + std::to_string(size) + " bytes, its header describes " + std::to_string(offset + bytes));
+  if (bytes == 0) return torch::empty(shape, type->second);
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) bad(file, std::string("cannot open (") + std::strerror(errno) + ")");
+  void* base = ::mmap(nullptr, static_cast<size_t>(offset + bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) bad(file, std::string("cannot map (") + std::strerror(errno) + ")");
+  const size_t mapped = static_cast<size_t>(offset + bytes);
+  // Read-only pages: nothing writes a data set's inputs (batches are copies made by index).
+  return torch::from_blob(static_cast<char*>(base) + offset, shape, [base, mapped](void*) { ::munmap(base, mapped); },
+                          at::TensorOptions().dtype(type->second));
+}
+
+// A file written by torch.save: a dict of named tensors, read through libtorch's unpickler.
+std::map<std::string, at::Tensor> read_saved(const std::string& file) {
+  const int64_t size = regular_size(file);
+  if (size > kMaxPickle) bad(file, "larger than 16 GiB; save the arrays as .npy files in a folder, which are memory-mapped");
+  std::vector<char> bytes(static_cast<size_t>(size));
+  std::ifstream in(file, std::ios::binary);
+  if (!in.read(bytes.data(), size)) bad(file, "cannot read");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    bad(file, "not a file saved by torch.save (" + printable(what.substr(0, what.find('\n')), 160) + ")");
+  }
+  if (!value.isGenericDict()) bad(file, "holds a " + value.tagKind() + ", not a dict of tensors ({\"inputs\": ..., \"targets\": ...})");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString()) bad(file, "a key that is not a string");
+    if (!item.value().isTensor()) bad(file, "'" + item.key().toStringRef() + "' is a " + item.value().tagKind() + ", not a tensor");
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+}  // namespace
+
+Dataset load_tensors(const Config& c, const models::Model& model) {
+  const std::string& path = c.data.path;
+  std::map<std::string, at::Tensor> t;
+  std::map<std::string, std::string> from;  // key -> the file it came from, for messages
+  const bool folder = std::filesystem::is_directory(path);
+  if (folder) {
+    for (const char* key : {"inputs", "targets", "test_inputs", "test_targets"}) {
+      const std::string f = path + "/" + key + ".npy";
+      if (std::filesystem::exists(f)) t[key] = read_npy(f), from[key] = f;
+    }
+  } else {
+    t = read_saved(path);
+    for (const auto& [k, v] : t) from[k] = path;
+  }
+  auto name_of = [&](const std::string& key) { return folder ? path + "/" + key + ".npy" : path + ": '" + key + "'"; };
+  for (const char* key : {"inputs", "targets"})
+    if (!t.count(key)) {
+      std::vector<std::string> keys;
+      for (const auto& [k, v] : t) keys.push_back(k);
+      throw DataError(printable(path, 300) + ": no '" + key + "' " +
+                      (folder ? std::string("array (inputs.npy and targets.npy are read)")
+                              : "tensor (keys: " + (keys.empty() ? std::string("none") : join(keys, ", ")) + ")"));
+    }
+  if (t.count("test_inputs") != t.count("test_targets"))
+    throw DataError(printable(path, 300) + ": test_inputs and test_targets come together (one is missing)");
+  auto check = [&](const std::string& in, const std::string& out) {
+    const at::Tensor& x = t[in];
+    at::Tensor& y = t[out];
+    if (x.dim() < 1 || y.dim() < 1) throw DataError(name_of(x.dim() < 1 ? in : out) + ": a scalar, not one row per sample");
+    if (x.size(0) != y.size(0))
+      throw DataError(detail::concat(name_of(in), " holds ", x.size(0), " samples but ", name_of(out), " ", y.size(0)));
+    if (model.token_input ? x.is_floating_point() : x.scalar_type() == at::kBool)
+      throw DataError(name_of(in) + ": " + std::string(c10::toString(x.scalar_type())) +
+                      (model.token_input ? ", but the model takes token ids (integers)" : ", not numbers"));
+    if (y.is_floating_point() || y.scalar_type() == at::kBool)
+      throw DataError(name_of(out) + ": " + std::string(c10::toString(y.scalar_type())) + ", not class ids (integers)");
+    y = y.to(at::kLong);
+    if (y.numel() > 0 && y.min().item<int64_t>() < 0) throw DataError(name_of(out) + ": a negative class id");
+  };
+  check("inputs", "targets");
+  Dataset d;
+  d.name = "tensors (" + printable(path, 120) + ")";
+  d.tokens = model.token_input;
+  d.sample_shape.assign(t["inputs"].sizes().begin() + 1, t["inputs"].sizes().end());
+  if (t.count("test_inputs")) {
+    check("test_inputs", "test_targets");
+    if (t["test_inputs"].sizes().slice(1).vec() != t["inputs"].sizes().slice(1).vec())
+      throw DataError(detail::concat(name_of("test_inputs"), ": samples of shape ", t["test_inputs"].sizes().slice(1),
+                                     ", the training ones ", t["inputs"].sizes().slice(1)));
+    d.train = {t["inputs"], t["targets"]};
+    d.test = {t["test_inputs"], t["test_targets"]};
+  } else {  // the last share of the samples is the test split
+    const int64_t n = t["inputs"].size(0), test = static_cast<int64_t>(static_cast<double>(n) * c.data.test_fraction);
+    d.train = {t["inputs"].narrow(0, 0, n - test), t["targets"].narrow(0, 0, n - test)};
+    d.test = {t["inputs"].narrow(0, n - test, test), t["targets"].narrow(0, n - test, test)};
+  }
+  d.classes = 0;
+  for (const Split* s : {&d.train, &d.test})
+    if (s->targets.numel() > 0) d.classes = std::max(d.classes, s->targets.max().item<int64_t>() + 1);
+  d.widen_inputs = !model.token_input && !t["inputs"].is_floating_point();
+  return d;
+}
+
+}  // namespace pipetrain::job
