@@ -122,4 +122,14 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2
   EXPECT_EQ(shape_error.find('\n'), std::string::npos) << shape_error;
 }
 
+// examples/python_roundtrip.py with the project's venv: a network and data written in Python, trained
+// by pipetrain on 2 stages, exported, loaded back by Python's load_state_dict, and evaluated by
+// Python to the test loss and accuracy pipetrain reported.
+TEST(TorchScript, ThePythonRoundTripExample) {
+  const auto r = test::shell(std::string(PIPETRAIN_PYTHON) + " " + PIPETRAIN_SOURCE_DIR + "/examples/python_roundtrip.py " +
+                             PIPETRAIN_BINARY + " " + dir() + "/roundtrip 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("round trip: equal"), std::string::npos) << r.out;
+}
+
 }  // namespace
