@@ -144,16 +144,14 @@ std::map<std::string, at::Tensor> read_saved(const std::string& file) {
 Dataset load_tensors(const Config& c, const models::Model& model) {
   const std::string& path = c.data.path;
   std::map<std::string, at::Tensor> t;
-  std::map<std::string, std::string> from;  // key -> the file it came from, for messages
   const bool folder = std::filesystem::is_directory(path);
   if (folder) {
     for (const char* key : {"inputs", "targets", "test_inputs", "test_targets"}) {
       const std::string f = path + "/" + key + ".npy";
-      if (std::filesystem::exists(f)) t[key] = read_npy(f), from[key] = f;
+      if (std::filesystem::exists(f)) t[key] = read_npy(f);
     }
   } else {
     t = read_saved(path);
-    for (const auto& [k, v] : t) from[k] = path;
   }
   auto name_of = [&](const std::string& key) { return folder ? path + "/" + key + ".npy" : path + ": '" + key + "'"; };
   for (const char* key : {"inputs", "targets"})

@@ -9,6 +9,9 @@ Model build_mlp(JsonReader& model);
 Model build_cnn(JsonReader& model);
 Model build_gpt(JsonReader& model);
 Model build_unet(JsonReader& model);
+/// A user's network's input, declared once: `input_shape` (one sample's, without the batch) and
+/// `input_dtype` ("float", or "long" for token ids), into m.sample_shape and m.token_input.
+void read_input(JsonReader& model, Model& m);
 /// `layers`: the network as a list of named layers (layer_list.cpp).
 Model build_layer_list(JsonReader& model);
 /// `torchscript`: an nn.Sequential saved from Python, split by its children (torchscript.cpp).

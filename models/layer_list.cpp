@@ -399,9 +399,7 @@ struct ListBuilder {
 
 }  // namespace
 
-Model build_layer_list(JsonReader& r) {
-  Model m;
-  m.layers = torch::nn::Sequential();
+void read_input(JsonReader& r, Model& m) {
   const std::vector<double> input = r.get_numbers("input_shape", {});
   if (input.empty()) r.fail("input_shape", "is required: one sample's shape without the batch, e.g. [1, 28, 28]");
   for (double d : input) {
@@ -410,6 +408,12 @@ Model build_layer_list(JsonReader& r) {
     m.sample_shape.push_back(static_cast<int64_t>(d));
   }
   m.token_input = r.get_choice("input_dtype", "float", {"float", "long"}) == "long";
+}
+
+Model build_layer_list(JsonReader& r) {
+  Model m;
+  m.layers = torch::nn::Sequential();
+  read_input(r, m);
   ListBuilder b{m, m.sample_shape, m.token_input};
   std::vector<JsonReader> layers = r.objects("layers");
   if (layers.empty()) r.fail("layers", "is required: a list of layers, each {\"name\": ..., \"type\": ...}");

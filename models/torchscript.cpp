@@ -104,14 +104,7 @@ Model build_torchscript(JsonReader& r) {
   const std::string path = r.get_string("path", "");
   if (path.empty()) r.fail("path", "is required: a file saved by torch.jit.script(model).save(path) or a traced model");
   Model m;
-  const std::vector<double> input = r.get_numbers("input_shape", {});
-  if (input.empty()) r.fail("input_shape", "is required: one sample's shape without the batch, e.g. [1, 28, 28]");
-  for (double d : input) {
-    if (d < 1 || d > double(int64_t{1} << 30) || d != static_cast<double>(static_cast<int64_t>(d)))
-      r.fail("input_shape", "expected positive integers");
-    m.sample_shape.push_back(static_cast<int64_t>(d));
-  }
-  m.token_input = r.get_choice("input_dtype", "float", {"float", "long"}) == "long";
+  read_input(r, m);
   torch::jit::Module loaded;
   try {
     loaded = torch::jit::load(path, torch::kCPU);
