@@ -14,6 +14,11 @@ Model build_unet(JsonReader& model);
 void read_input(JsonReader& model, Model& m);
 /// `layers`: the network as a list of named layers (layer_list.cpp).
 Model build_layer_list(JsonReader& model);
+/// The most parameter values (parameters and buffers, all layers) a layer list may build; a list
+/// beyond it is refused, naming the layer where it crosses, before any tensor is made. By default
+/// what this machine's memory holds in float32; a program that builds untrusted lists sets less.
+void set_parameter_limit(double values);
+double parameter_limit();
 /// `torchscript`: an nn.Sequential saved from Python, split by its children (torchscript.cpp).
 Model build_torchscript(JsonReader& model);
 

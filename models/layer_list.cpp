@@ -4,7 +4,10 @@
 // stages through models/skip.h), blocks repeated, parameters tied by name. Each layer's output
 // shape is worked out when the model is built, so a mismatch names the layer and both shapes.
 // docs/models.md lists every type with an example.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -109,6 +112,7 @@ struct Built {
   std::string module_name;
   Shape out;
   int random_streams = 0;  // dropout streams the layer uses (it takes them from the list's counter)
+  double params = 0;       // the values of its parameters and buffers, counted before they are made
 };
 
 // A PyTorch dim over [batch, sample...] as a dim of the sample.
@@ -132,6 +136,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
       c.fail(detail::concat("expects ", fin, " input features, gets ", in.empty() ? std::string("a scalar") : std::to_string(in.back()),
                             " (input ", shape_text(in), ")"));
     b.module_name = "linear";
+    b.params = double(fin) * double(fout) + (bias ? double(fout) : 0.0);
     b.make = [=] { return torch::nn::Linear(torch::nn::LinearOptions(fin, fout).bias(bias)).ptr(); };
     b.run = [](torch::nn::Module* m, const at::Tensor& x) {
       auto* l = static_cast<torch::nn::LinearImpl*>(m);
@@ -149,6 +154,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     if (in[0] != cin) c.fail(detail::concat("expects ", cin, " input channels, gets ", in[0], " (input ", shape_text(in), ")"));
     if (cin % groups || cout % groups) r.fail("groups", detail::concat("must divide in_channels (", cin, ") and out_channels (", cout, ")"));
     b.module_name = "conv";
+    b.params = double(cout) * double(cin / groups) * std::pow(double(k), double(spatial)) + (bias ? double(cout) : 0.0);
     b.out = {cout};
     for (size_t d = 1; d < in.size(); ++d) b.out.push_back(conv_out(c, in[d], k, stride, pad, "a kernel"));
     if (spatial == 1) {
@@ -186,6 +192,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     const double momentum = r.get_number("momentum", 0.1, 0.0, 1.0), eps = r.get_number("eps", 1e-5, 1e-12, 1.0);
     if (in[0] != f) c.fail(detail::concat("expects ", f, " features, gets ", in[0], " (input ", shape_text(in), ")"));
     b.module_name = "bn";
+    b.params = 4.0 * double(f);  // weight, bias, running mean and variance
     b.make = [=] { return BatchNorm(f, momentum, eps).ptr(); };
     b.run = through<BatchNormImpl>();
     b.out = in;
@@ -201,6 +208,9 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     if (norm.size() > in.size() || !std::equal(norm.begin(), norm.end(), in.end() - static_cast<long>(norm.size())))
       c.fail(detail::concat("normalizes the trailing dimensions ", shape_text(norm), ", gets ", shape_text(in)));
     b.out = in;
+    double n = 1;
+    for (int64_t d : norm) n *= double(d);
+    b.params = type == "layernorm" ? 2 * n : n;
     if (type == "layernorm") {
       b.module_name = "ln";
       b.make = [=] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions(norm).eps(eps)).ptr(); };
@@ -227,6 +237,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
       c.fail(detail::concat("has ", positions, " positions (max_positions), gets sequences of ", in[0]));
     b.out = {in[0], d};
     b.module_name = "embedding";
+    b.params = (double(vocab) + double(positions)) * double(d);
     if (positions > 0) {  // token and learned position embedding, then dropout: the gpt's embed
       b.make = [=] { return Embedding(vocab, positions, d, p, stream).ptr(); };
       b.run = through<EmbeddingImpl>();
@@ -245,6 +256,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     if (d % heads) r.fail("n_heads", detail::concat("must divide d_model (", d, ")"));
     if (in[1] != d) c.fail(detail::concat("expects d_model ", d, ", gets ", in[1], " (input ", shape_text(in), ")"));
     b.module_name = "block";
+    b.params = 4.0 * double(d) * double(d) + 2.0 * double(d) * double(ff) + 9.0 * double(d) + double(ff);
     b.make = [=] { return Block(d, heads, ff, p, stream, causal).ptr(); };
     b.run = through<BlockImpl>();
     b.out = in;
@@ -255,6 +267,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     const double p = r.get_number("dropout", 0.0, 0.0, 0.99);
     if (in.back() != d) c.fail(detail::concat("expects d_model ", d, ", gets ", in.back(), " (input ", shape_text(in), ")"));
     b.module_name = "mlp";
+    b.params = 2.0 * double(d) * double(ff) + 3.0 * double(d) + double(ff);
     b.make = [=] { return MlpBlock(d, ff, p, stream).ptr(); };
     b.run = through<MlpBlockImpl>();
     b.out = in;
@@ -285,10 +298,15 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     for (int64_t d : in) n *= d;
     Shape out;
     for (size_t i = 0; i < want.size(); ++i) {
-      const auto d = static_cast<int64_t>(want[i]);
-      if (d == -1 && free < 0) free = static_cast<int64_t>(i);
-      else if (d < 1 || static_cast<double>(d) != want[i]) r.fail("shape", "expected positive integers and at most one -1");
-      else known *= d;
+      const double w = want[i];
+      if (w == -1 && free < 0) {
+        free = static_cast<int64_t>(i);
+        out.push_back(-1);
+        continue;
+      }
+      if (!(w >= 1 && w <= 1e18) || w != std::floor(w)) r.fail("shape", "expected positive integers and at most one -1");
+      const auto d = static_cast<int64_t>(w);
+      known = d > n / known ? n + 1 : known * d;  // beyond n: a mismatch, found without overflow
       out.push_back(d);
     }
     if (want.empty()) r.fail("shape", "is required: one sample's new shape (without the batch), e.g. [16, 7, 7]");
@@ -325,6 +343,32 @@ bool valid_name(const std::string& n) {
 }
 
 constexpr size_t kMaxLayers = 4096;  // as the families' layer counts: far beyond any pipeline's stages
+constexpr double kMaxSampleValues = double(int64_t{1} << 40);  // one sample's values at any layer
+
+// The machine's memory in float32 values: what a list's parameters may reach when it is built.
+double memory_values() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) / 4.0 : 1e12;
+}
+double& limit_of_parameters() {
+  static double limit = memory_values();
+  return limit;
+}
+
+// One sample's shape at a layer: at most kMaxSampleValues values, so no product of its sizes
+// overflows.
+void check_volume(const Ctx& c, const Shape& s) {
+  double n = 1;
+  for (int64_t d : s) n *= double(d);
+  if (n > kMaxSampleValues) c.fail(detail::concat("gives samples of ", shape_text(s), ": more than 2^40 values each"));
+}
+
+std::string bytes_text(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  for (; b >= 1024 && u < 6; ++u) b /= 1024;
+  return detail::concat(std::round(b * 10) / 10, " ", units[u]);
+}
 
 // Builds the list in order: the layers, shapes, skips and names.
 struct ListBuilder {
@@ -334,6 +378,7 @@ struct ListBuilder {
   uint64_t stream = 0;
   std::map<std::string, Shape> open_skips;  // stashed, not yet merged: their shapes
   std::set<std::string> names;
+  double params = 0;  // the values of the layers' parameters and buffers so far
 
   void add(JsonReader& r, const std::string& suffix, int depth) {
     const std::string type = r.get_choice("type", "", layer_types());
@@ -390,6 +435,11 @@ struct ListBuilder {
       open_skips[stash_name] = b.out;
     }
     r.finish();
+    check_volume(c, b.out);
+    params += b.params;  // checked before the layer's tensors are made
+    if (params > parameter_limit())
+      c.fail(detail::concat("brings the model to ", params, " parameter values (", bytes_text(4 * params),
+                            " in float32), more than this machine's memory holds (", bytes_text(4 * parameter_limit()), ")"));
     stream += static_cast<uint64_t>(b.random_streams);
     m.layers->push_back(std::string(name), ListLayer(b.module_name, b.make, b.run, stash_name, pop_name, concat, concat_dim));
     shape = b.out;
@@ -408,13 +458,19 @@ void read_input(JsonReader& r, Model& m) {
     m.sample_shape.push_back(static_cast<int64_t>(d));
   }
   m.token_input = r.get_choice("input_dtype", "float", {"float", "long"}) == "long";
+  double n = 1;
+  for (int64_t d : m.sample_shape) n *= double(d);
+  if (n > kMaxSampleValues) r.fail("input_shape", "more than 2^40 values per sample");
 }
+
+void set_parameter_limit(double values) { limit_of_parameters() = values; }
+double parameter_limit() { return limit_of_parameters(); }
 
 Model build_layer_list(JsonReader& r) {
   Model m;
   m.layers = torch::nn::Sequential();
   read_input(r, m);
-  ListBuilder b{m, m.sample_shape, m.token_input};
+  ListBuilder b{m, m.sample_shape, m.token_input, 0, {}, {}, 0};
   std::vector<JsonReader> layers = r.objects("layers");
   if (layers.empty()) r.fail("layers", "is required: a list of layers, each {\"name\": ..., \"type\": ...}");
   for (JsonReader& e : layers) b.add(e, "", 0);
@@ -438,6 +494,8 @@ Model build_layer_list(JsonReader& r) {
       if (!all.contains(full) || dot == std::string::npos)
         r.fail(key, "'" + full + "' is not a parameter of the model (names are <layer>.<module>.<parameter>, e.g. " +
                         (all.is_empty() ? std::string("head.linear.weight") : all.begin()->key()) + ")");
+      for (const ParamRef& p : tie)
+        if (full == layer_names(m.layers)[static_cast<size_t>(p.layer)] + "." + p.name) r.fail(key, "names '" + full + "' twice");
       const std::string layer = full.substr(0, dot);
       const auto names = layer_names(m.layers);
       const int index = static_cast<int>(std::find(names.begin(), names.end(), layer) - names.begin());

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/rng.h"
+#include "models/families.h"
 #include "models/model.h"
 #include "models/skip.h"
 #include "pipeline/pipeline.h"
@@ -143,6 +144,33 @@ TEST(LayerList, ShapeMismatchesNameTheLayerAndBothShapes) {
   EXPECT_NE(build_error(cfg(json::array({deep}))).find("the list makes more than 4096 layers"), std::string::npos);
   EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {4}}, {"layers", {linear("a", 4, 4)}}, {"ties", json::array({json::array({"a.linear.weight", "b.w"})})}}),
             "test.json: model.ties[0]: 'b.w' is not a parameter of the model (names are <layer>.<module>.<parameter>, e.g. a.linear.weight)");
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {4}}, {"layers", {linear("a", 4, 4)}}, {"ties", json::array({json::array({"a.linear.weight", "a.linear.weight"})})}}),
+            "test.json: model.ties[0]: names 'a.linear.weight' twice");
+}
+
+// Sizes beyond what a machine holds are refused before a tensor is made, naming the layer; no
+// product of sizes overflows on the way.
+TEST(LayerList, SizesBeyondTheMachineAreRefusedBeforeAnythingIsMade) {
+  const double limit = models::parameter_limit();
+  EXPECT_GT(limit, 1e8);  // this machine's memory in float32 values, at least 400 MB
+  const int64_t big = int64_t{1} << 30;
+  const std::string e = build_error({{"family", "layers"}, {"input_shape", {4}}, {"layers", {linear("a", 4, 8), linear("huge", 8, big), linear("b", big, big)}}});
+  EXPECT_EQ(e.rfind("test.json: model.layers[1] (huge): brings the model to ", 0), 0u) << e;
+  EXPECT_NE(e.find("more than this machine's memory holds"), std::string::npos) << e;
+  models::set_parameter_limit(100);  // what a program building untrusted lists sets
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {4}}, {"layers", {linear("a", 4, 8), linear("b", 8, 8)}}}),
+            "test.json: model.layers[1] (b): brings the model to 112 parameter values (448 B in float32), more than this "
+            "machine's memory holds (400 B)");
+  models::set_parameter_limit(limit);
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {big, big}}, {"layers", {linear("a", big, 2)}}}),
+            "test.json: model.input_shape: more than 2^40 values per sample");
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {1, 1024, 1024}},
+                         {"layers", {{{"name", "up"}, {"type", "conv2d"}, {"in_channels", 1}, {"out_channels", big}, {"kernel_size", 1}}}}}),
+            "test.json: model.layers[0] (up): gives samples of [1073741824, 1024, 1024]: more than 2^40 values each");
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {64}}, {"layers", {{{"name", "r"}, {"type", "reshape"}, {"shape", {big, big, big, -1}}}}}}),
+            "test.json: model.layers[0] (r): reshapes [64] (64 values) into [1073741824, 1073741824, 1073741824, -1]");
+  EXPECT_EQ(build_error({{"family", "layers"}, {"input_shape", {64}}, {"layers", {{{"name", "r"}, {"type", "reshape"}, {"shape", {64, 64, -1}}}}}}),
+            "test.json: model.layers[0] (r): reshapes [64] (64 values) into [64, 64, -1]");
 }
 
 // A U-Net-like list: an encoder stashes, the decoder concatenates and adds across stage
