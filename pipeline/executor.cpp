@@ -325,9 +325,14 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
           outbox_skips.erase(key);
           break;
       }
+    } catch (const Error&) {
+      throw;
     } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
       throw Error(detail::concat("stage ", r, ": ", schedule::to_string(a), training ? "" : " (evaluation)", ": ",
                                  stages::library_message_line(e.what_without_backtrace())));
+    } catch (const std::runtime_error& e) {  // the TorchScript interpreter's errors (a scripted layer)
+      throw Error(detail::concat("stage ", r, ": ", schedule::to_string(a), training ? "" : " (evaluation)", ": ",
+                                 stages::library_message_line(e.what())));
     }
     int held = 0, awaiting = 0;
     for (stages::Stage* st : mine) {

@@ -1,6 +1,8 @@
 // libtorch's warnings through common/log.h (library_warnings.h).
 #include "stages/library_warnings.h"
 
+#include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <set>
 
@@ -31,7 +33,30 @@ class OneLineHandler final : public c10::WarningHandler {
 
 }  // namespace
 
+namespace {
+// A TorchScript interpreter's error opens with a generic line and a traceback; the cause is its
+// last "<Kind>Error: ..." line (a c10::Error may append a C++ backtrace after it).
+std::string script_cause(const std::string& message) {
+  std::string cause;
+  for (size_t start = 0; start < message.size();) {
+    size_t end = message.find('\n', start);
+    if (end == std::string::npos) end = message.size();
+    const std::string line = message.substr(start, end - start);
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos && colon > 5 && line.compare(colon - 5, 5, "Error") == 0 &&
+        std::all_of(line.begin(), line.begin() + static_cast<long>(colon), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_'; }))
+      cause = line.substr(colon + 2) + " (in TorchScript)";
+    start = end + 1;
+  }
+  return cause;
+}
+}  // namespace
+
 std::string library_message_line(const std::string& message) {
+  if (message.rfind("The following operation failed in the TorchScript interpreter", 0) == 0) {
+    const std::string cause = script_cause(message);
+    if (!cause.empty()) return library_message_line(cause);
+  }
   std::string text = message.substr(0, message.find('\n'));
   while (!text.empty() && (text.back() == ' ' || text.back() == '\r' || text.back() == '\t')) text.pop_back();
   return printable(text, 300);

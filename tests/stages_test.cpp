@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include "common/error.h"
@@ -163,3 +164,23 @@ TEST(LibraryWarnings, OneLineEachOnceWithoutTheSource) {
 }
 
 }  // namespace
+
+// A TorchScript interpreter's error, raised by libtorch itself: the line shown is its cause, not
+// the interpreter's generic header.
+TEST(LibraryWarnings, AScriptErrorShowsItsCause) {
+  auto unit = torch::jit::compile("def f(x):\n    return torch.mm(x, x)\n");
+  std::string shown, type;
+  try {
+    unit->run_method("f", torch::zeros({2, 3}));
+  } catch (const c10::Error& e) {
+    type = "c10::Error";
+    shown = pipetrain::stages::library_message_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    type = "std::exception";
+    shown = pipetrain::stages::library_message_line(e.what());
+  }
+  EXPECT_EQ(shown, "mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3) (in TorchScript)") << type;
+  EXPECT_EQ(type, "std::exception");  // not a c10::Error: the executor catches it as well
+  EXPECT_EQ(pipetrain::stages::library_message_line("The following operation failed in the TorchScript interpreter.\nno cause"),
+            "The following operation failed in the TorchScript interpreter.");
+}

@@ -122,6 +122,36 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2
   EXPECT_EQ(shape_error.find('\n'), std::string::npos) << shape_error;
 }
 
+// A scripted layer that fails inside a step (not at load, where one sample goes through): the
+// error names the stage and action and shows the interpreter's cause, not its generic header.
+TEST(TorchScript, AnErrorInsideAStepShowsItsCause) {
+  const std::string path = dir() + "/picky.pt";
+  python("picky.py", R"(
+import torch
+class Picky(torch.nn.Module):
+    def forward(self, x):
+        if x.size(0) > 1:
+            return torch.mm(x, torch.ones(3, 3))
+        return x
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), Picky(), torch.nn.Linear(4, 2))).save(")" + path + R"(")
+)");
+  models::Model m = load(path, {4});
+  pipeline::PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 2;
+  auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
+  pipeline::Pipeline pipe(m.layers, o, loss);
+  std::string shown;
+  try {
+    pipe.forward_backward(torch::randn({8, 4}), torch::zeros({8}, torch::kLong));
+  } catch (const Error& e) {
+    shown = e.what();
+  }
+  EXPECT_NE(shown.find(": mat1 and mat2 shapes cannot be multiplied (4x4 and 3x3) (in TorchScript)"), std::string::npos) << shown;
+  EXPECT_EQ(shown.rfind("stage ", 0), 0u) << shown;
+  EXPECT_EQ(shown.find('\n'), std::string::npos) << shown;
+}
+
 // examples/python_roundtrip.py with the project's venv: a network and data written in Python, trained
 // by pipetrain on 2 stages, exported, loaded back by Python's load_state_dict, and evaluated by
 // Python to the test loss and accuracy pipetrain reported.
