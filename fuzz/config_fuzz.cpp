@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto c = pipetrain::job::parse_config(pipetrain::parse_json(parts[0], "fuzz.json"), "fuzz.json", overrides);
     (void)c.where("train.steps");
-    if (c.model.is_object() && c.model.value("family", "") == "layers") {
+    if (c.model.is_object() && c.model.contains("family") && c.model["family"] == "layers") {
       pipetrain::models::set_parameter_limit(1 << 24);
       pipetrain::JsonReader model(c.model, "model", c.source, c.origins);
       (void)pipetrain::models::build(model, c.train.seed);

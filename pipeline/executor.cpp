@@ -2,6 +2,8 @@
 // device's worker, for a training step and for an evaluation alike.
 #include "pipeline/executor.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <atomic>
@@ -139,6 +141,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});
   p.trace.peak_awaiting_weight.assign(options.stages, 0);
+  p.trace.page_faults.assign(options.stages, -1);
   if (p.mesh.data_parallel > 1) {
     if (p.self < 0 && p.copy == 0) p.make_replicas(model, loss);
     p.make_reducers();
@@ -192,8 +195,16 @@ void Executor::fail(const std::string& what, std::exception_ptr error) {
   std::rethrow_exception(error);
 }
 
+namespace {
+int64_t thread_minor_faults() {
+  rusage u{};
+  return getrusage(RUSAGE_THREAD, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
+}
+}  // namespace
+
 void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0) {
   const bool training = pass == Pass::Train;
+  const int64_t faults_before = thread_minor_faults();
   const int M = lists.micro_batches;
   std::vector<stages::Stage*> mine;  // this device's virtual stages, by chunk
   for (int c = 0; c < lists.chunks; ++c) mine.push_back(stages[lists.virtual_stage(r, c)].get());
@@ -369,6 +380,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     auto& reducer = reducers[lists.virtual_stage(r, sp.chunk)];
     sp.end = reducer ? reducer->finish(Deadline::after(options.timeout_s)) - t0_s : seconds_since(t0);
   }
+  if (training) trace.page_faults[r] = thread_minor_faults() - faults_before;
 }
 
 int Executor::run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0,

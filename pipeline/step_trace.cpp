@@ -31,8 +31,46 @@ std::vector<std::vector<schedule::TraceSpan>> timeline(const StepTrace& t, doubl
   return out;
 }
 
-namespace {
-}  // namespace
+std::vector<StageBreakdown> breakdown(const StepTrace& t) {
+  std::vector<StageBreakdown> out(t.spans.size());
+  for (size_t r = 0; r < t.spans.size(); ++r) {
+    StageBreakdown& b = out[r];
+    if (r < t.page_faults.size()) b.page_faults = t.page_faults[r];
+    // The list's actions in order (a reduction only starts in its action; it runs beside the list).
+    double at = 0, reduced = 0;
+    bool first = true;
+    for (const Span& s : t.spans[r]) {
+      if (s.op == Op::Reduce) {
+        reduced = std::max(reduced, s.end);
+        continue;
+      }
+      const double start = std::max(s.start, at), end = std::max(s.end, start);  // device times may overlap the host's
+      (first ? b.idle_start : b.between) += start - at;
+      first = false;
+      const double d = end - start;
+      switch (s.op) {
+        case Op::Forward: b.forward += d; break;
+        case Op::Backward: b.recompute += std::min(s.recompute, d), b.backward += d - std::min(s.recompute, d); break;
+        case Op::BackwardInput: b.recompute += std::min(s.recompute, d), b.backward_input += d - std::min(s.recompute, d); break;
+        case Op::BackwardWeight: b.backward_weight += d; break;
+        case Op::RecvActivation: b.wait_input += d; break;
+        case Op::RecvGrad: b.wait_grad += d; break;
+        case Op::SendActivation: case Op::SendGrad: b.send += d; break;
+        case Op::Reduce: break;
+      }
+      at = end;
+    }
+    if (reduced > at) b.reduce_wait = reduced - at, at = reduced;
+    const auto [opt_start, opt_end] = r < t.optimizer.size() ? t.optimizer[r] : std::pair<double, double>{0, 0};
+    if (opt_end > opt_start && opt_start >= at) {
+      b.end_wait = opt_start - at;
+      b.optimizer = opt_end - opt_start;
+      at = opt_end;
+    }
+    b.idle_end = std::max(0.0, t.wall - at);
+  }
+  return out;
+}
 
 std::vector<double> stage_busy_ms(const StepTrace& t) {
   std::vector<double> out(t.spans.size(), 0.0);

@@ -32,7 +32,35 @@ struct StepTrace {
   /// done, backward or backward_input not), and the most awaiting their weight gradients.
   std::vector<int> peak_in_flight;
   std::vector<int> peak_awaiting_weight;  ///< see peak_in_flight
+  /// Per stage: the minor page faults its worker thread took running its list (first touches of
+  /// freshly mapped memory: new tensors the allocator had to map); -1 for another process's stage.
+  std::vector<int64_t> page_faults;
 };
+
+/// One stage's step in parts, in seconds. The parts tile the stage's timeline from the step's
+/// start to its end (every instant belongs to exactly one), so they add up to StepTrace::wall.
+struct StageBreakdown {
+  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0;  ///< compute spans
+  double recompute = 0;    ///< the forwards re-run at the start of backwards (taken out of backward)
+  double wait_input = 0;   ///< receiving an activation: waiting for the stage before
+  double wait_grad = 0;    ///< receiving a gradient: waiting for the stage after
+  double send = 0;         ///< handing an activation or gradient to the transport
+  double between = 0;      ///< the executor's own time between actions (bookkeeping, wake-ups)
+  double reduce_wait = 0;  ///< after the list, waiting for data-parallel reductions to finish
+  double idle_start = 0;   ///< from the step's start to the stage's first action
+  double end_wait = 0;     ///< after the list, waiting for every other stage before the optimizers
+  double optimizer = 0;    ///< its optimizer step
+  double idle_end = 0;     ///< from its optimizer step's end to the step's end (the slowest optimizer)
+  int64_t page_faults = -1;  ///< StepTrace::page_faults
+
+  double compute() const { return forward + backward + backward_input + backward_weight + recompute; }
+  double total() const {
+    return compute() + wait_input + wait_grad + send + between + reduce_wait + idle_start + end_wait + optimizer + idle_end;
+  }
+};
+
+/// The breakdown of each stage of a step (see StageBreakdown).
+std::vector<StageBreakdown> breakdown(const StepTrace& t);
 
 /// What one rank ran in a step, as the ranks of a multi-process pipeline exchange it at the
 /// step's end (the exchange doubles as the barrier before any optimizer steps): its device's

@@ -17,6 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "pipeline/optimizer_state.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/step_trace.h"
 #include "pipeline/worker.h"
 
@@ -180,4 +181,73 @@ TEST(StepResult, RoundTripsAndRefusesMalformedNumbers) {
   std::vector<double> nan = v;
   nan[2 + 3] = std::numeric_limits<double>::quiet_NaN();
   refused(nan, 3, "peaks");
+}
+
+// A step in parts: every instant of a stage's step belongs to one part, so the parts add up to
+// the wall time; a backward's recomputation is taken out of it, a reduction counts only where the
+// stage waits for it after its list.
+TEST(StepBreakdown, PartsTileEachStagesStep) {
+  using schedule::Op;
+  pipeline::StepTrace t;
+  t.wall = 1.0;
+  t.spans = {{{Op::Forward, 0, 0, 0.1, 0.3}, {Op::SendActivation, 0, 0, 0.3, 0.32}, {Op::RecvGrad, 0, 0, 0.35, 0.5},
+              {Op::Backward, 0, 0, 0.5, 0.8, 0.1}, {Op::Reduce, -1, 0, 0.8, 0.85}},
+             {{Op::RecvActivation, 0, 0, 0.0, 0.32}, {Op::Forward, 0, 0, 0.32, 0.4}, {Op::BackwardInput, 0, 0, 0.4, 0.5},
+              {Op::SendGrad, 0, 0, 0.5, 0.5}, {Op::BackwardWeight, 0, 0, 0.5, 0.7}}};
+  t.optimizer = {{0.9, 0.95}, {0.9, 1.0}};
+  t.page_faults = {12, -1};
+  const auto b = pipeline::breakdown(t);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NEAR(b[0].idle_start, 0.1, 1e-12);
+  EXPECT_NEAR(b[0].forward, 0.2, 1e-12);
+  EXPECT_NEAR(b[0].send, 0.02, 1e-12);
+  EXPECT_NEAR(b[0].between, 0.03, 1e-12);
+  EXPECT_NEAR(b[0].wait_grad, 0.15, 1e-12);
+  EXPECT_NEAR(b[0].recompute, 0.1, 1e-12);
+  EXPECT_NEAR(b[0].backward, 0.2, 1e-12);
+  EXPECT_NEAR(b[0].reduce_wait, 0.05, 1e-12);
+  EXPECT_NEAR(b[0].end_wait, 0.05, 1e-12);
+  EXPECT_NEAR(b[0].optimizer, 0.05, 1e-12);
+  EXPECT_NEAR(b[0].idle_end, 0.05, 1e-12);
+  EXPECT_EQ(b[0].page_faults, 12);
+  EXPECT_NEAR(b[1].wait_input, 0.32, 1e-12);
+  EXPECT_NEAR(b[1].backward_input, 0.1, 1e-12);
+  EXPECT_NEAR(b[1].backward_weight, 0.2, 1e-12);
+  EXPECT_NEAR(b[1].end_wait, 0.2, 1e-12);
+  EXPECT_NEAR(b[1].idle_end, 0.0, 1e-12);
+  EXPECT_EQ(b[1].page_faults, -1);
+  for (const auto& s : b) EXPECT_NEAR(s.total(), t.wall, 1e-12);
+}
+
+// The same on a real step of every runtime path bench uses (threads, 1F1B and zero-bubble, with
+// recomputation): each stage's parts add up to the executor's wall time, compute is there, and
+// each stage's worker counted its page faults.
+TEST(StepBreakdown, ARealStepAddsUpToItsWallTime) {
+  for (const char* kind : {"1f1b", "zb-h1"}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                torch::nn::Linear(16, 4));
+    pipeline::PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.schedule = schedule::parse_kind(kind);
+    o.recompute = Recompute::Always;
+    pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(out, y);
+    });
+    pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1)); });
+    pipe.train_step(torch::randn({16, 8}), torch::randint(0, 4, {16}, torch::kLong));
+    const pipeline::StepTrace& t = pipe.last_trace();
+    const auto b = pipeline::breakdown(t);
+    ASSERT_EQ(b.size(), 2u) << kind;
+    for (size_t s = 0; s < b.size(); ++s) {
+      EXPECT_NEAR(b[s].total(), t.wall, 1e-9) << kind << " stage " << s;
+      EXPECT_GT(b[s].forward, 0) << kind;
+      EXPECT_GT(b[s].recompute, 0) << kind;
+      EXPECT_GT(b[s].optimizer, 0) << kind;
+      EXPECT_GE(b[s].page_faults, 0) << kind;
+    }
+    EXPECT_GT(b[1].wait_input, 0) << kind;  // the last stage waits for its first input
+    if (std::string(kind) == "zb-h1") EXPECT_GT(b[1].backward_weight, 0);
+  }
 }

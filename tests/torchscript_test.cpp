@@ -147,9 +147,7 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), Picky(), torch.nn.Li
   } catch (const Error& e) {
     shown = e.what();
   }
-  EXPECT_NE(shown.find(": mat1 and mat2 shapes cannot be multiplied (4x4 and 3x3) (in TorchScript)"), std::string::npos) << shown;
-  EXPECT_EQ(shown.rfind("stage ", 0), 0u) << shown;
-  EXPECT_EQ(shown.find('\n'), std::string::npos) << shown;
+  EXPECT_EQ(shown, "stage 1: forward(mb 0): mat1 and mat2 shapes cannot be multiplied (4x4 and 3x3) (in TorchScript)");
 }
 
 // examples/python_roundtrip.py with the project's venv: a network and data written in Python, trained

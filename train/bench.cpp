@@ -146,10 +146,22 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   Pipeline pipe(fresh_model(), job.options, mean_cross_entropy);
   pipe.optimizers().set(make_optimizer_factory(c.optimizer));
   std::vector<StepTrace> traces;  // simulated after the timing, not inside it
+  std::vector<double> timed;      // each step as timed around train_step
   r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
+    const auto start = Clock::now();
     pipe.train_step(batches[i].input, batches[i].target);
-    if (i >= o.warmup) traces.push_back(pipe.last_trace());
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (i >= o.warmup) traces.push_back(pipe.last_trace()), timed.push_back(s);
   });
+  {
+    std::vector<size_t> order(traces.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return traces[a].wall < traces[b].wall; });
+    const size_t mid = order[order.size() / 2];
+    r.prediction.breakdown = pipeline::breakdown(traces[mid]);
+    r.prediction.breakdown_wall_s = traces[mid].wall;
+    r.prediction.breakdown_timed_s = timed[mid];
+  }
   std::vector<std::pair<double, double>> wall_bubble;
   std::vector<double> walls, simulated;
   std::vector<std::pair<double, double>> sim_bubbles;  // (wall, simulated bubble)
@@ -203,6 +215,94 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   return r;
 }
 
+namespace {
+
+// The parts of a breakdown, in the order they are shown: a name and how to read it.
+struct Part {
+  const char* key;
+  const char* label;
+  double pipeline::StageBreakdown::*field;
+};
+const std::vector<Part>& parts() {
+  using B = pipeline::StageBreakdown;
+  static const std::vector<Part> p{
+      {"forward_ms", "forward", &B::forward},
+      {"backward_ms", "backward", &B::backward},
+      {"backward_input_ms", "backward input (B)", &B::backward_input},
+      {"backward_weight_ms", "backward weight (W)", &B::backward_weight},
+      {"recompute_ms", "recomputation", &B::recompute},
+      {"wait_input_ms", "waiting for input", &B::wait_input},
+      {"wait_grad_ms", "waiting for gradient", &B::wait_grad},
+      {"send_ms", "sending", &B::send},
+      {"between_ms", "between actions", &B::between},
+      {"reduce_wait_ms", "waiting for reductions", &B::reduce_wait},
+      {"idle_start_ms", "idle at the start", &B::idle_start},
+      {"end_wait_ms", "waiting for the other stages", &B::end_wait},
+      {"optimizer_ms", "optimizer", &B::optimizer},
+      {"idle_end_ms", "idle at the end", &B::idle_end}};
+  return p;
+}
+
+double mean_of(const std::vector<pipeline::StageBreakdown>& b, double (*f)(const pipeline::StageBreakdown&)) {
+  double sum = 0;
+  for (const auto& s : b) sum += f(s);
+  return b.empty() ? 0 : sum / static_cast<double>(b.size());
+}
+
+void print_breakdown(std::ostream& out, const BenchResult& r) {
+  const BenchPrediction& p = r.prediction;
+  if (p.breakdown.empty()) return;
+  const auto& b = p.breakdown;
+  out << "the median step in parts (ms; each stage's parts tile its step):\n" << std::left << std::setw(30) << "part"
+      << std::right;
+  for (size_t s = 0; s < b.size(); ++s) out << std::setw(10) << detail::concat("stage ", s);
+  out << "\n" << std::fixed << std::setprecision(2);
+  for (const Part& part : parts()) {
+    bool any = false;
+    for (const auto& s : b) any = any || s.*part.field > 0;
+    if (!any) continue;
+    out << std::left << std::setw(30) << part.label << std::right;
+    for (const auto& s : b) out << std::setw(10) << s.*part.field * 1e3;
+    out << "\n";
+  }
+  out << std::left << std::setw(30) << "= the executor's step" << std::right;
+  for (const auto& s : b) out << std::setw(10) << s.total() * 1e3;
+  out << "\n" << std::left << std::setw(30) << "page faults (first touches)" << std::right;
+  for (const auto& s : b) out << std::setw(10) << s.page_faults;
+  const double outside = p.breakdown_timed_s - p.breakdown_wall_s;
+  out << "\nthe step as timed " << p.breakdown_timed_s * 1e3 << " ms: the executor's " << p.breakdown_wall_s * 1e3
+      << " ms and " << outside * 1e3 << " ms outside it (splitting the batch, the loss)\n";
+  // The gap to the plain loop on every core, as the mean stage spends it.
+  using B = pipeline::StageBreakdown;
+  const double plain = r.baseline_all_cores.median_step_s;
+  const double compute = mean_of(b, [](const B& s) { return s.compute(); });
+  const double waiting = mean_of(b, [](const B& s) { return s.wait_input + s.wait_grad + s.reduce_wait + s.end_wait; });
+  const double moving = mean_of(b, [](const B& s) { return s.send + s.between; });
+  const double ends = mean_of(b, [](const B& s) { return s.idle_start + s.idle_end; });
+  const double optimizer = mean_of(b, [](const B& s) { return s.optimizer; });
+  const double gap = p.breakdown_timed_s - plain;
+  out << "against the plain loop on all cores (" << plain * 1e3 << " ms), the step is " << std::showpos << gap * 1e3
+      << std::noshowpos << " ms; the mean stage: compute " << compute * 1e3 << " ms (" << std::showpos
+      << (compute - plain) * 1e3 << std::noshowpos << " ms against the plain step), waiting " << waiting * 1e3
+      << ", sending and between actions " << moving * 1e3 << ", idle at the ends " << ends * 1e3 << ", optimizer "
+      << optimizer * 1e3 << ", outside " << outside * 1e3 << "\n";
+}
+
+}  // namespace
+
+nlohmann::json breakdown_json(const BenchPrediction& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : p.breakdown) {
+    nlohmann::json j;
+    for (const Part& part : parts()) j[part.key] = s.*part.field * 1e3;
+    j["total_ms"] = s.total() * 1e3;
+    j["page_faults"] = s.page_faults;
+    stages.push_back(j);
+  }
+  return {{"stages", stages}, {"wall_ms", p.breakdown_wall_s * 1e3}, {"timed_ms", p.breakdown_timed_s * 1e3},
+          {"outside_ms", (p.breakdown_timed_s - p.breakdown_wall_s) * 1e3}};
+}
+
 void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   const int D = c.pipeline.data_parallel;
   out << "batch " << c.data.batch_size << ", " << c.pipeline.stages << " stages, "
@@ -248,6 +348,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
       << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages"
       << (D > 1 ? ", every copy" : "") << ")\n";
+  print_breakdown(out, r);
   if (D > 1)
     out << "data parallel: the longest stage's reduction " << p.reduce_ms << " ms ("
         << 100 * p.reduce_ms / (p.measured_step_s * 1e3) << "% of the step), " << p.exposed_reduce_ms
@@ -370,6 +471,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               if (!r.prediction.predicted_device_peak_bytes.empty())
                 line["predicted_device_peak_bytes"] = r.prediction.predicted_device_peak_bytes;
               line["optimizer_state_bytes"] = r.prediction.optimizer_state_bytes;
+              line["breakdown"] = breakdown_json(r.prediction);
               if (d > 1) {
                 line["reduce_ms"] = r.prediction.reduce_ms;
                 line["exposed_reduce_ms"] = r.prediction.exposed_reduce_ms;

@@ -4,6 +4,9 @@
 
 #include <iosfwd>
 
+#include <nlohmann/json.hpp>
+
+#include "pipeline/step_trace.h"
 #include "train/trainer.h"
 
 namespace pipetrain::job {}
@@ -55,7 +58,16 @@ struct BenchPrediction {
   // and what `plan --auto` predicts for it (with a profile).
   std::vector<int64_t> device_peak_bytes;
   std::vector<double> predicted_device_peak_bytes;
+  // The median timed step (by the executor's wall time) in parts, per stage (pipeline::breakdown:
+  // they add up to its wall time); and that step as bench timed it around train_step, whose
+  // excess over the wall time is what runs outside the executor (splitting the batch into
+  // micro-batches, the loss's sum).
+  std::vector<pipeline::StageBreakdown> breakdown;
+  double breakdown_wall_s = 0, breakdown_timed_s = 0;
 };
+
+/// A breakdown as JSON: per stage, each part in milliseconds and the page faults.
+nlohmann::json breakdown_json(const BenchPrediction& p);
 
 struct BenchResult {
   BenchMeasure baseline;            // plain loop, one stage's intra-op threads
