@@ -1,10 +1,6 @@
-// The config reader and --set overrides, and the model a layer list describes. Input: the
-// config's text, then NUL-separated --set texts. Every outcome is a parsed Config (and, for
-// model.family "layers", a built model) or a pipetrain::Error (a one-line ConfigError); any other
-// exception, a crash or a sanitizer report is a bug. The built-in families are fixed networks with
-// a few sizes, and "torchscript" reads a file; the layer list is what users write by hand, so it
-// is the one built here, with the parameter limit lowered from the machine's memory to 16M
-// values so that a large model is refused, not made.
+// The config reader and --set overrides. Input: the config's text, then NUL-separated --set
+// texts. Every outcome is a parsed Config or a pipetrain::Error (a one-line ConfigError); any
+// other exception, a crash or a sanitizer report is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,7 +10,6 @@
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "job/config.h"
-#include "models/families.h"
 
 // The transports a build has, without linking the transports (the harness's one stand-in).
 namespace pipetrain::comm {
@@ -32,11 +27,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto c = pipetrain::job::parse_config(pipetrain::parse_json(parts[0], "fuzz.json"), "fuzz.json", overrides);
     (void)c.where("train.steps");
-    if (c.model.is_object() && c.model.contains("family") && c.model["family"] == "layers") {
-      pipetrain::models::set_parameter_limit(1 << 24);
-      pipetrain::JsonReader model(c.model, "model", c.source, c.origins);
-      (void)pipetrain::models::build(model, c.train.seed);
-    }
   } catch (const pipetrain::Error&) {
   }
   return 0;

@@ -140,7 +140,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.make = [=] { return torch::nn::Linear(torch::nn::LinearOptions(fin, fout).bias(bias)).ptr(); };
     b.run = [](torch::nn::Module* m, const at::Tensor& x) {
       auto* l = static_cast<torch::nn::LinearImpl*>(m);
-      return torch::linear(x, l->weight, l->bias);  // autocast caches the cast weight (layers.cpp)
+      return linear(x, l->weight, l->bias);  // autocast caches the cast weight (layers.cpp)
     };
     b.out = in;
     b.out.back() = fout;

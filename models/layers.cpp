@@ -18,7 +18,8 @@ namespace {
 // view of the weight, which autocast casts afresh for every call (it caches only whole leaf
 // tensors); through linear(), each weight is cast once per step and thread and that copy is
 // shared by every micro-batch's graph, instead of one copy per micro-batch held for backward.
-at::Tensor run_linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
+// Without autocast, models::linear adds each micro-batch's weight gradient inside its GEMM.
+at::Tensor run_linear(const torch::nn::Linear& l, const at::Tensor& x) { return linear(x, l->weight, l->bias); }
 }  // namespace
 
 namespace {

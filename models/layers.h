@@ -14,6 +14,10 @@
 
 namespace pipetrain::models {
 
+/// x·weightᵀ + bias, as torch::linear, whose backward adds the weight's gradient into its .grad
+/// inside the GEMM when .grad already holds earlier micro-batches' (models/linear.cpp).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
 // The keep mask of keyed dropout for samples whose keys are `keys` (common/rng.h's rng_key), each
 // of shape `sample_shape`: element j of sample i is kept (1) when a 32-bit hash of (keys[i], j)
 // falls below keep * 2^24, else 0. The hash is exact integer arithmetic, so every device draws

@@ -40,7 +40,10 @@ struct StepTrace {
 /// One stage's step in parts, in seconds. The parts tile the stage's timeline from the step's
 /// start to its end (every instant belongs to exactly one), so they add up to StepTrace::wall.
 struct StageBreakdown {
-  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0;  ///< compute spans
+  double forward = 0;          ///< forward spans
+  double backward = 0;         ///< full backward spans, less their recomputation
+  double backward_input = 0;   ///< input-gradient (B) spans, less their recomputation
+  double backward_weight = 0;  ///< weight-gradient (W) spans
   double recompute = 0;    ///< the forwards re-run at the start of backwards (taken out of backward)
   double wait_input = 0;   ///< receiving an activation: waiting for the stage before
   double wait_grad = 0;    ///< receiving a gradient: waiting for the stage after
@@ -53,7 +56,9 @@ struct StageBreakdown {
   double idle_end = 0;     ///< from its optimizer step's end to the step's end (the slowest optimizer)
   int64_t page_faults = -1;  ///< StepTrace::page_faults
 
+  /// Forward, backward, B, W and recomputation together.
   double compute() const { return forward + backward + backward_input + backward_weight + recompute; }
+  /// Every part: the stage's step, which is StepTrace::wall.
   double total() const {
     return compute() + wait_input + wait_grad + send + between + reduce_wait + idle_start + end_wait + optimizer + idle_end;
   }

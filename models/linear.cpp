@@ -1,0 +1,68 @@
+// A linear layer whose weight gradient is added into the weight's .grad by its own GEMM.
+//
+// A pipeline step runs M micro-batches through each layer, so each weight gradient arrives M
+// times; through autograd's AccumulateGrad the first is kept and every later one is computed into
+// a fresh tensor and then added (grad += dW_m): an extra read and write of the whole gradient per
+// micro-batch, which is memory traffic the plain loop (one large GEMM) never pays. Here the
+// backward computes dW_m straight into .grad (addmm_ with beta 1, as Megatron's gradient
+// accumulation fusion does), and returns no weight gradient to autograd. Where that is not safe
+// it defers to libtorch's own linear: under autocast (the weight's gradient is not the GEMM's
+// dtype), when a graph of the backward is being built, or when .grad is not a plain dense tensor
+// of the weight's shape and dtype.
+//
+// Which gradients to compute comes from the running backward (needs_input_grad): a zero-bubble
+// stage's input-gradient pass (B) leaves the weight's alone, and its weight pass (W) then adds it.
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include "models/layers.h"
+
+namespace pipetrain::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class AccumulatingLinear : public torch::autograd::Function<AccumulatingLinear> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = bias.defined();
+    return at::linear(x, weight, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    at::Tensor weight = saved[1];  // the parameter itself (a leaf is saved as itself)
+    const at::Tensor& gy = grad_out[0];
+    at::Tensor gx, gw, gb;
+    if (!gy.defined()) return {gx, gw, gb};
+    if (ctx->needs_input_grad(0)) gx = gy.matmul(weight);
+    const at::Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+      at::Tensor& grad = weight.mutable_grad();
+      if (grad.defined() && !at::GradMode::is_enabled() && grad.layout() == c10::kStrided && grad.is_contiguous() &&
+          grad.sizes() == weight.sizes() && grad.scalar_type() == gy2.scalar_type() && grad.device() == gy2.device()) {
+        grad.addmm_(gy2.t(), x2);  // into .grad; autograd gets no weight gradient to add
+      } else {
+        gw = gy2.t().mm(x2);  // the first micro-batch's: AccumulateGrad keeps it as .grad
+      }
+    }
+    if (ctx->needs_input_grad(2) && ctx->saved_data["has_bias"].toBool()) gb = gy2.sum(0);
+    return {gx, gw, gb};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const bool plain = !weight.requires_grad() || !at::GradMode::is_enabled() || !weight.is_leaf() ||
+                     at::autocast::is_autocast_enabled(x.device().type()) || x.dim() < 1;
+  if (plain) return torch::linear(x, weight, bias);
+  return AccumulatingLinear::apply(x, weight, bias.defined() ? bias : at::Tensor());
+}
+
+}  // namespace pipetrain::models
