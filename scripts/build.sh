@@ -12,7 +12,14 @@ torch_cmake=$(pipetrain_torch_cmake)
 prefixes="$torch_cmake${PIPETRAIN_EXTRA_PREFIX:+;$PIPETRAIN_EXTRA_PREFIX}"
 # Torch_DIR is named explicitly so that a build folder configured against another libtorch
 # (its cache remembers the old one) follows the current one.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+# ccache, where installed: its cache lives outside the clone, and with the clone's root as its
+# base directory a second clone of the same sources compiles from it (CI's clean clones).
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$prefixes" -DTorch_DIR="$torch_cmake/Torch" \
   -DPIPETRAIN_PYTHON="$(pipetrain_python)" "$@" >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log" >&2; exit 1; }

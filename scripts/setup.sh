@@ -13,7 +13,8 @@ source "$root/scripts/env.sh"
 # libgloo-dev: the declarations of libtorch's Gloo process group (the wheel has the library, not
 # gloo's headers); doxygen: the API reference and its check (scripts/apidocs.sh);
 # libbenchmark-dev: Google Benchmark, which times the partitioner (bench/partition_speed.cpp);
-# libspdlog-dev: the levelled, rank-prefixed messages (common/log.h).
+# libspdlog-dev: the levelled, rank-prefixed messages (common/log.h); ccache: a second clone
+# (or a clean rebuild) compiles from the cache outside the clone (scripts/build.sh).
 packages=(
   build-essential cmake pkg-config zlib1g-dev
   nlohmann-json3-dev libcli11-dev googletest libgtest-dev libbenchmark-dev libspdlog-dev
@@ -22,6 +23,7 @@ packages=(
   dataset-fashion-mnist
   fortunes
   clang libclang-rt-14-dev
+  ccache
 )
 # A Python without ensurepip (Debian's, before python3-venv) cannot make the environment.
 if ! python3 -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
