@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "common/broken_pipe.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
@@ -38,6 +39,7 @@ ProcessGroup make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const
                              int size, const std::string& interface, double timeout_s) {
   if (size < 1 || rank < 0 || rank >= size)
     throw ConfigError(detail::concat("process group ", prefix, ": member ", rank, " outside a group of ", size));
+  ignore_broken_pipe();  // Gloo writes with writev(): a closed peer must be EPIPE, not SIGPIPE
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(ms(timeout_s));
     options->devices.push_back(interface.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()

@@ -1,6 +1,7 @@
 #include "comm/rendezvous.h"
 
 #include "comm/address_record.h"
+#include "common/broken_pipe.h"
 
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -98,6 +99,7 @@ int listen_on(const std::string& host, int port) {
 
 c10::intrusive_ptr<c10d::TCPStore> connect(const RankInfo& info, bool server,
                                            std::chrono::milliseconds timeout) {
+  ignore_broken_pipe();  // a rank whose store went away gets an error naming it, not SIGPIPE
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(info.master_port);
   o.isServer = server;

@@ -1,5 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <thread>
 
 #include <torch/torch.h>
@@ -7,6 +13,7 @@
 #include "comm/local/transport.h"
 #include "comm/transport.h"
 #include "comm/wire.h"
+#include "common/broken_pipe.h"
 #include "common/error.h"
 
 using namespace pipetrain;
@@ -179,4 +186,56 @@ TEST_F(LocalTransportTest, ManyMessagesInFlightBetweenThreads) {
   for (int i = 0; i < kCount; ++i) sum += g[1]->recv(0, act(i), Deadline::after(10))[0].item<int64_t>();
   producer.join();
   EXPECT_EQ(sum, int64_t(kCount) * (kCount - 1) / 2);
+}
+
+// A write to a peer that has gone is EPIPE, not SIGPIPE's death, once a transport exists: Gloo
+// writes with writev(), which cannot hold the signal back. Each case runs in a child of its own
+// (the disposition is the process's); the child writes into a socketpair whose other end it
+// closed, as a rank writes to a pair a failed peer left.
+namespace {
+enum class Before { Default, OwnHandler };
+extern "C" void count_sigpipe(int) {}
+
+// The child's exit status: 0 = the write failed with EPIPE and the disposition is as expected.
+int broken_pipe_child(const std::string& backend, Before before) {
+  ::alarm(60);
+  if (before == Before::OwnHandler) ::signal(SIGPIPE, count_sigpipe);
+  else ::signal(SIGPIPE, SIG_DFL);
+  TransportOptions o;
+  o.backend = backend;
+  auto group = make_transport_group(o, 2);
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  if (before == Before::OwnHandler && now.sa_handler != count_sigpipe) return 2;
+  if (before == Before::Default && now.sa_handler != SIG_IGN) return 3;
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 4;
+  ::close(fds[1]);
+  const char byte = 1;
+  const ssize_t n = ::write(fds[0], &byte, 1);  // without the fix, SIGPIPE ends the child here
+  return n == -1 && errno == EPIPE ? 0 : 5;
+}
+}  // namespace
+
+TEST(BrokenPipe, AWriteToAGonePeerIsAnErrorOnceATransportExists) {
+  for (const auto& backend : transport_backends()) {
+    if (backend != "gloo" && backend != "ucx") continue;  // the socket backends here
+    for (Before before : {Before::Default, Before::OwnHandler}) {
+      const pid_t child = ::fork();
+      ASSERT_GE(child, 0);
+      if (child == 0) {
+        int code = 6;
+        try {
+          code = broken_pipe_child(backend, before);
+        } catch (...) {
+        }
+        ::_exit(code);
+      }
+      int status = 0;
+      ASSERT_EQ(::waitpid(child, &status, 0), child);
+      const std::string what = backend + (before == Before::Default ? "" : " (own handler)");
+      ASSERT_FALSE(WIFSIGNALED(status)) << what << ": killed by signal " << WTERMSIG(status);
+      EXPECT_EQ(WEXITSTATUS(status), 0) << what;
+    }
+  }
 }

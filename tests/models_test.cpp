@@ -110,3 +110,45 @@ TEST(Dropout, MaskDoesNotDependOnMicroBatching) {
   drop->eval();
   EXPECT_TRUE(torch::equal(drop(x), x));
 }
+
+// models::linear adds every later micro-batch's weight gradient into .grad inside its GEMM:
+// autograd is handed a weight gradient only for the first (as AccumulateGrad keeps it as .grad),
+// so a hook on the weight sees one gradient for three backward passes (libtorch's linear: three),
+// .grad keeps its storage, and its value is the sum of the three computed apart. A backward that
+// asks only for the input's gradient (zero-bubble's B) leaves .grad alone.
+TEST(Linear, LaterMicroBatchesWeightGradientsAreAddedInsideTheGemm) {
+  torch::manual_seed(3);
+  const auto f64 = torch::kFloat64;
+  auto weight = torch::randn({5, 4}, f64).requires_grad_();
+  auto bias = torch::randn({5}, f64).requires_grad_();
+  std::vector<torch::Tensor> xs, gys;
+  for (int m = 0; m < 3; ++m) {
+    xs.push_back(torch::randn({2, 3, 4}, f64));  // a leading batch of batches, as a GPT's tokens
+    gys.push_back(torch::randn({2, 3, 5}, f64));
+  }
+  int handed = 0;
+  weight.register_hook([&](const torch::Tensor& g) { handed += g.defined(); });
+  const void* storage = nullptr;
+  for (int m = 0; m < 3; ++m) {
+    models::linear(xs[m], weight, bias).backward(gys[m]);
+    if (m == 0) storage = weight.grad().data_ptr();
+  }
+  EXPECT_EQ(handed, 1);
+  EXPECT_EQ(weight.grad().data_ptr(), storage);
+  auto expected = torch::zeros({5, 4}, f64), expected_bias = torch::zeros({5}, f64);
+  for (int m = 0; m < 3; ++m) {
+    expected += gys[m].reshape({-1, 5}).t().mm(xs[m].reshape({-1, 4}));
+    expected_bias += gys[m].reshape({-1, 5}).sum(0);
+  }
+  EXPECT_TRUE(torch::allclose(weight.grad(), expected, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(bias.grad(), expected_bias, 1e-12, 1e-12));
+
+  // Only the input's gradient: the weight's stays as it was.
+  const auto before = weight.grad().clone();
+  auto x = torch::randn({2, 4}, f64).requires_grad_();
+  auto y = models::linear(x, weight, bias);
+  const auto gx = torch::autograd::grad({y}, {x}, {torch::ones({2, 5}, f64)})[0];
+  EXPECT_TRUE(torch::equal(weight.grad(), before));
+  EXPECT_TRUE(torch::allclose(gx, torch::ones({2, 5}, f64).mm(weight.detach()), 1e-12, 1e-12));
+  EXPECT_EQ(handed, 1);
+}

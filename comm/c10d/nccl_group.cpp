@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "comm/process_group.h"
+#include "common/broken_pipe.h"
 #include "common/error.h"
 
 namespace pipetrain::comm {
@@ -18,6 +19,7 @@ ProcessGroup make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, const
   // A failed or timed-out operation aborts the communicator and raises in the waiting thread
   // (2, CleanUpOnly) instead of ending the process without a word (3, libtorch's default).
   ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  ignore_broken_pipe();  // its bootstrap talks over sockets to peers that may have gone
   try {
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(timeout_s * 1e3)));

@@ -22,6 +22,7 @@
 
 #include "comm/ucx/internal.h"
 #include "comm/ucx/tags.h"
+#include "common/broken_pipe.h"
 #include "common/error.h"
 
 namespace pipetrain::comm::ucx {
@@ -56,6 +57,7 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
     throw Error(detail::concat("ucx: world size ", world, " outside [1, ", kMaxWorld, "]"));
   if (rank < 0 || rank >= world)
     throw Error(detail::concat("ucx: rank ", rank, " outside world of size ", world));
+  ignore_broken_pipe();  // a peer that went while UCX writes to its socket is an error, not a death
   try {
     ucp_config_t* config = nullptr;
     ucx_check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
