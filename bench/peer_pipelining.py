@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """pipetrain against PyTorch's own torch.distributed.pipelining, side by side on one machine.
 
-The same network (the MLP family of CONFIG, its initial weights written by `pipetrain export
---initial`), the same batch (written here as .npy files, read by pipetrain's data.kind "tensors";
+The same network (CONFIG's model, rebuilt in Python by bench/twins.py, its initial weights
+written by `pipetrain export --initial`; dropout 0 on both sides, as only pipetrain's masks are
+the same under any split), the same batch (written here as .npy files, read by pipetrain's data.kind "tensors";
 the data set is exactly one batch, so the first step sees the same samples on both sides, in
 whatever order) and the same split into stages; every schedule both have, at each micro-batch
 size, in alternating rounds: the peer as 2 processes over Gloo (one intra-op thread each), ours as
@@ -10,6 +11,7 @@ size, in alternating rounds: the peer as 2 processes over Gloo (one intra-op thr
 checked against the peer's; a run whose loss differs is reported as such, not timed.
 
     python bench/peer_pipelining.py build/apps/pipetrain --rows 8,64 --rounds 3 --json bench/results/peer.jsonl
+    python bench/peer_pipelining.py build/apps/pipetrain --config configs/gpt_small.json --rows 8,32
 
 Run with the project's venv (torch 2.11). Prints a table of median samples/s and writes one JSON
 object per run.
@@ -31,7 +33,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import twins  # noqa: E402
 
 # ours -> (the peer's class, chunks per rank, V placement)
 SCHEDULES = collections.OrderedDict([
@@ -44,27 +48,6 @@ SCHEDULES = collections.OrderedDict([
     ("dualpipev", ("ScheduleDualPipeV", 2, True)),
 ])
 STAGES = 2
-
-
-class Dense(torch.nn.Module):
-    """The MLP family's hidden layer (Linear + ReLU) under pipetrain's parameter names."""
-
-    def __init__(self, i, o, relu):
-        super().__init__()
-        self.linear = torch.nn.Linear(i, o)
-        self.relu = relu
-
-    def forward(self, x):
-        y = self.linear(x)
-        return torch.relu(y) if self.relu else y
-
-
-def build_mlp(m):
-    layers = collections.OrderedDict()
-    for i in range(m["layers"]):
-        layers[f"fc{i + 1}"] = Dense(m["in"] if i == 0 else m["width"], m["width"], True)
-    layers["head"] = Dense(m["width"], m["out"], False)
-    return torch.nn.Sequential(layers)
 
 
 def balance(layers, parts):
@@ -87,7 +70,7 @@ def peer_rank(rank, spec, out_path):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=STAGES, timeout=datetime.timedelta(seconds=60))
         from torch.distributed import pipelining
-        model = build_mlp(spec["model"])
+        model = twins.build(spec["model"])
         model.load_state_dict(torch.load(spec["init"]))
         layers = list(model.children())
         cls_name, chunks, v_shape = SCHEDULES[spec["schedule"]]
@@ -99,11 +82,19 @@ def peer_rank(rank, spec, out_path):
         cls = getattr(pipelining, cls_name)
         multi = chunks > 1 or cls_name == "ScheduleInterleavedZeroBubble"
         sched = cls(stages if multi else stages[0], n_microbatches=spec["micro_batches"],
-                    loss_fn=lambda out, y: F.cross_entropy(out, y))
+                    loss_fn=twins.loss)
         params = [p for s in stages for p in s.submod.parameters()]
-        opt = torch.optim.SGD(params, lr=spec["lr"], momentum=spec["momentum"])
+        o = spec["optimizer"]
+        if o.get("kind", "sgd") == "sgd":
+            opt = torch.optim.SGD(params, lr=o["lr"], momentum=o.get("momentum", 0.0), weight_decay=o.get("weight_decay", 0.0))
+        elif o["kind"] in ("adam", "adamw"):
+            cls_opt = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
+            opt = cls_opt(params, lr=o["lr"], betas=tuple(o.get("betas", (0.9, 0.999))), eps=o.get("eps", 1e-8),
+                          weight_decay=o.get("weight_decay", 0.0))
+        else:
+            raise ValueError(f"optimizer {o['kind']} has no twin here")
         x = torch.from_numpy(np.load(os.path.join(spec["data"], "inputs.npy")))
-        y = torch.from_numpy(np.load(os.path.join(spec["data"], "targets.npy"))).long()
+        y = torch.from_numpy(np.load(os.path.join(spec["data"], "targets.npy")))
         first, last = 0 in ids, V - 1 in ids
         times, first_loss = [], None
         for step in range(spec["steps"]):
@@ -190,13 +181,16 @@ def main():
     ap.add_argument("--json", help="append one JSON object per run to this file")
     a = ap.parse_args()
     cfg = json.load(open(a.config))
-    m = cfg["model"]
-    if m.get("family") != "mlp":
-        sys.exit(f"{a.config}: this comparison builds the mlp family in Python; got {m.get('family')}")
+    m = cfg["model"] = twins.without_dropout(cfg["model"])
+    try:
+        n_layers = len(twins.build(m))
+    except ValueError as e:
+        sys.exit(f"{a.config}: {e}")
     work = tempfile.mkdtemp(prefix="peer_")
     init = os.path.join(work, "init.pt")
-    subprocess.run([a.pipetrain, "export", "--initial", a.config, init], check=True, capture_output=True)
-    n_layers = m["layers"] + 1
+    base = os.path.join(work, "base.json")
+    json.dump(cfg, open(base, "w"))
+    subprocess.run([a.pipetrain, "export", "--initial", base, init], check=True, capture_output=True)
     versions = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                 "cores": os.cpu_count(), "pipetrain": subprocess.run([a.pipetrain, "--version"], capture_output=True,
                                                                     text=True).stdout.strip()}
@@ -207,11 +201,10 @@ def main():
         B = rows * a.micro_batches
         data = os.path.join(work, f"data_{rows}")
         os.makedirs(data, exist_ok=True)
-        g = np.random.default_rng(0)
-        np.save(os.path.join(data, "inputs.npy"), g.standard_normal((B, m["in"]), dtype=np.float32))
-        np.save(os.path.join(data, "targets.npy"), g.integers(0, m["out"], B).astype(np.int64))
-        np.save(os.path.join(data, "test_inputs.npy"), g.standard_normal((8, m["in"]), dtype=np.float32))
-        np.save(os.path.join(data, "test_targets.npy"), g.integers(0, m["out"], 8).astype(np.int64))
+        for prefix, n, seed in (("", B, 0), ("test_", 8, 1)):
+            x, y = twins.sample_batch(m, n, seed)
+            np.save(os.path.join(data, prefix + "inputs.npy"), x)
+            np.save(os.path.join(data, prefix + "targets.npy"), y)
         for name in a.schedules.split(","):
             _, chunks, _ = SCHEDULES[name]
             bal = balance(n_layers, STAGES * chunks)
@@ -224,7 +217,7 @@ def main():
             path = os.path.join(work, f"{name}_{rows}.json")
             json.dump(c, open(path, "w"))
             spec = {"model": m, "init": init, "schedule": name, "balance": bal, "micro_batches": a.micro_batches,
-                    "lr": c["optimizer"]["lr"], "momentum": c["optimizer"].get("momentum", 0.0), "data": data,
+                    "optimizer": c["optimizer"], "data": data,
                     "steps": a.steps, "warmup": a.warmup}
             for rnd in range(a.rounds):
                 peer = run_peer(spec, work, a.timeout)
@@ -232,7 +225,7 @@ def main():
                         "ours, threads": run_ours(a.pipetrain, path, False, work, a.timeout, a.warmup),
                         "ours, 2 processes": run_ours(a.pipetrain, path, True, work, a.timeout, a.warmup)}
                 for who, r in runs.items():
-                    line = {"rows": rows, "batch": B, "schedule": name, "who": who, "round": rnd, "machine": versions, **r}
+                    line = {"config": a.config, "rows": rows, "batch": B, "schedule": name, "who": who, "round": rnd, "machine": versions, **r}
                     if "error" not in r and "error" not in peer and abs(r["first_loss"] - peer["first_loss"]) > 1e-4 * abs(peer["first_loss"]):
                         line["error"] = f"first loss {r['first_loss']:.6f}, the peer's {peer['first_loss']:.6f}"
                     if "error" in line:
