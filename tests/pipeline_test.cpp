@@ -362,7 +362,7 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   const auto sim = schedule::simulate(pipe.schedule(), c);
   EXPECT_GT(sim.makespan_ms, 0.0);
   std::ostringstream json;
-  schedule::write_chrome_trace(json, {{"measured", tl}, {"simulated", {}}});
+  schedule::write_chrome_trace(json, {{"measured", tl, "", {}}, {"simulated", {}, "", {}}});
   const auto parsed = nlohmann::json::parse(json.str());
   int complete = 0;
   for (const auto& e : parsed["traceEvents"]) complete += e["ph"] == "X";

@@ -296,7 +296,6 @@ TEST(Fp16, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
   std::vector<std::unique_ptr<pipeline::Pipeline>> pipes(K);
   std::vector<std::string> errors(K);
   std::vector<std::thread> threads;
-  std::atomic<int> at_step{0};
   for (int r = 0; r < K; ++r)
     threads.emplace_back([&, r] {
       try {

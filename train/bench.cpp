@@ -206,7 +206,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   const profiler::Profile profile = profile_job(job);
   auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
   add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
-                 {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr)});
+                 {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr), {}});
   const schedule::Simulation sim = schedule::simulate(pipe.schedule(), costs);
   r.prediction.profiled_step_s = sim.makespan_ms / 1e3;
   r.prediction.predicted_device_peak_bytes =

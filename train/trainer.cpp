@@ -139,7 +139,7 @@ class TraceFile final : public TrainObserver {
   TraceFile(const std::string& path, int count, const std::string& title, int stages, int64_t steps,
             const std::string& name)
       : path_(path), name_(name), first_(steps > 1 ? 1 : 0), count_(count), steps_(steps),
-        traced_{title, std::vector<std::vector<schedule::TraceSpan>>(stages)} {
+        traced_{title, std::vector<std::vector<schedule::TraceSpan>>(stages), "", {}} {
     out_.open(path, std::ios::out | std::ios::trunc);
     if (!out_) throw ConfigError(name + " " + path + ": cannot open for writing");
   }
