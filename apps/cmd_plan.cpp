@@ -35,8 +35,11 @@ class Plan final : public Command {
     s->add_flag("--auto", auto_,
                 "Search stages, micro-batches, schedule, recomputation, precision and balance");
     s->add_option("--devices", auto_options_.devices,
-                  "--auto: devices to plan for (default pipeline.stages x pipeline.data_parallel, or the "
-                  "cost file's devices)")
+                  "--auto: devices to plan for (default: on a CPU the cores; on GPUs pipeline.stages x "
+                  "pipeline.data_parallel; or the cost file's devices)")
+        ->check(CLI::Range(1, 4096));
+    s->add_option("--cores", auto_options_.cores,
+                  "--auto, CPU: cores to share out among stages, copies and intra-op threads (default this machine's)")
         ->check(CLI::Range(1, 4096));
     s->add_option("--memory-limit", auto_options_.memory_limit,
                   "--auto: bytes per device (one, or one per device)")

@@ -13,6 +13,7 @@ const char* flag_of(Option o) {
     case Option::Trace: return "--trace";
     case Option::TensorBoard: return "--tensorboard";
     case Option::Devices: return "--devices";
+    case Option::Cores: return "--cores";
     case Option::MemoryLimit: return "--memory-limit";
     case Option::Speeds: return "--speeds";
     case Option::WriteConfig: return "--write-config";

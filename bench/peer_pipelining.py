@@ -121,6 +121,18 @@ def peer_rank(rank, spec, out_path):
         json.dump(result, f)
 
 
+def cpu_model():
+    """The CPU's model name (platform.processor() is empty on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,7 +203,7 @@ def main():
     base = os.path.join(work, "base.json")
     json.dump(cfg, open(base, "w"))
     subprocess.run([a.pipetrain, "export", "--initial", base, init], check=True, capture_output=True)
-    versions = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+    versions = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
                 "cores": os.cpu_count(), "pipetrain": subprocess.run([a.pipetrain, "--version"], capture_output=True,
                                                                     text=True).stdout.strip()}
     out = open(a.json, "a") if a.json else None

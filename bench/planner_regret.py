@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The auto-planner against measurement. For each config, a measured grid (`pipetrain bench`
 over stage count, data-parallel copies, micro-batch count, schedule, recomputation mode,
-balance and precision on 2 devices) and the planner's prediction for the same plans
-(`pipetrain plan --auto --devices 2 --json`). Prints, per config:
+balance and precision with one thread per stage and copy on 2 cores, and the plain loop on both
+cores) and the planner's prediction for the same plans (`pipetrain plan --auto --cores 2 --json`). Prints, per config:
 
 - speed: where the planner's pick ranks among the measured plans, its measured step against
   the best measured step (the regret), and the Spearman rank correlation of predicted against
@@ -57,20 +57,21 @@ def spearman(a, b):
     return cov / (va * vb)
 
 
-def bench(config, out, *args):
-    subprocess.run([binary, "bench", config, "--recompute", RECOMPUTE, "--micro-batches", MBS,
+def bench(config, out, *args, mbs=MBS):
+    subprocess.run([binary, "bench", config, "--recompute", RECOMPUTE, "--micro-batches", mbs,
                     "--warmup", "2", "--repeat", "6", "--json", out, *args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def key_of(j, balance):
+def key_of(j, balance, threads=None):
     return (j["stages"], j.get("data_parallel", 1), j.get("shard_optimizer", False), j["micro_batches"], j["schedule"],
-            j["chunks"], j["recompute"], j["precision"], balance)
+            j["chunks"], j["recompute"], j["precision"], balance, threads if threads is not None else j.get("threads", 1))
 
 
 def name(k):
     copies = f" D={k[1]}{'z' if k[2] else ''}" if k[1] > 1 else ""
-    return f"K={k[0]}{copies} M={k[3]} {k[4]} {k[6]} {k[7]} {k[8]}"
+    threads = f" T={k[9]}" if k[9] > 1 else ""
+    return f"K={k[0]}{copies}{threads} M={k[3]} {k[4]} {k[6]} {k[7]} {k[8]}"
 
 
 def measure_grid(config, d):
@@ -86,13 +87,20 @@ def measure_grid(config, d):
         for line in open(out):
             j = json.loads(line)
             if "skipped" not in j:
-                measured[key_of(j, balance)] = j
+                measured[key_of(j, balance, 1)] = j
+    # The plain loop on both cores: one stage of 2 intra-op threads.
+    out = os.path.join(d, "grid_plain.jsonl")
+    bench(config, out, "--set", "pipeline.balance=uniform", "--set", "runtime.intra_op_threads=2", "--precision",
+          PRECISIONS, "--stages", "1", "--data-parallel", "1", "--schedule", "gpipe", mbs="1," + MBS)
+    for line in open(out):
+        j = json.loads(line)
+        if "skipped" not in j:
+            measured[key_of(j, "uniform", 2)] = j
     return measured
 
 
 def auto_plans(config, *args):
-    lines = subprocess.run([binary, "plan", config, "--auto", "--devices", "2", "--json",
-                            "--set", "runtime.intra_op_threads=1", *args],
+    lines = subprocess.run([binary, "plan", config, "--auto", "--cores", "2", "--json", *args],
                            check=True, capture_output=True, text=True).stdout.splitlines()
     return [json.loads(line) for line in lines if line.startswith("{")]
 
@@ -115,11 +123,12 @@ def machine():
 
 
 print(f"`python3 bench/planner_regret.py build` on {machine()}. Measured with `pipetrain bench` (median of")
-print(f"6 steps after 2 of warm-up, one thread per stage and copy; the grid measured {RUNS} times, one pass after")
-print("another, each plan's step the median of its passes): 1 stage (1 or 2 copies, gpipe) and 2 stages")
+print(f"6 steps after 2 of warm-up, one thread per stage and copy, or T=2: the plain loop on both cores; the grid")
+print(f"measured {RUNS} times, one pass after another, each plan's step the median of its passes): 1 stage (1 or 2")
+print("copies, gpipe; or 1 copy of 2 threads, also at M=1) and 2 stages")
 print(f"(schedules {SCHEDULES}), micro-batches {MBS}, recompute {RECOMPUTE}, precisions {PRECISIONS} with the uniform")
 print("balance and fp32 with the time balance (2 stages);")
-print("predicted with `pipetrain plan --auto --devices 2 --json` on the same plans. Peak memory per device: the")
+print("predicted with `pipetrain plan --auto --cores 2 --json` on the same plans. Peak memory per device: the")
 print("tensors its stage allocated in a step (a counting allocator, by thread) plus its parameters and optimizer state.")
 print()
 speed_rows, memory_rows, limit_rows, sweep_rows = [], [], [], []

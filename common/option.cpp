@@ -10,7 +10,7 @@ namespace {
 
 constexpr const char* kOpen = "<option:";
 
-constexpr std::array<std::pair<Option, const char*>, 22> kNames{{
+constexpr std::array<std::pair<Option, const char*>, 23> kNames{{
     {Option::Override, "override"},
     {Option::CheckpointDir, "checkpoint_dir"},
     {Option::Resume, "resume"},
@@ -19,6 +19,7 @@ constexpr std::array<std::pair<Option, const char*>, 22> kNames{{
     {Option::Trace, "trace"},
     {Option::TensorBoard, "tensorboard"},
     {Option::Devices, "devices"},
+    {Option::Cores, "cores"},
     {Option::MemoryLimit, "memory_limit"},
     {Option::Speeds, "speeds"},
     {Option::WriteConfig, "write_config"},

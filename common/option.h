@@ -18,6 +18,7 @@ enum class Option {
   Trace,          ///< the trace file
   TensorBoard,    ///< the TensorBoard directory, over train.tensorboard
   Devices,        ///< plan --auto, what-if: the device count
+  Cores,          ///< plan --auto: the CPU cores to share out
   MemoryLimit,    ///< plan --auto: the bytes per device
   Speeds,         ///< plan --auto: the devices' relative speeds
   WriteConfig,    ///< plan --auto: where the chosen plan's config goes

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <thread>
+#include <tuple>
 
 #include "comm/mesh.h"
 #include "common/atomic_file.h"
@@ -18,6 +20,7 @@
 #include "schedule/simulate.h"
 #include "job/balance.h"
 #include "job/job.h"
+#include "planner/concurrency.h"
 #include "planner/plan.h"
 
 namespace pipetrain::planner {
@@ -71,8 +74,38 @@ std::vector<int> chunk_options(schedule::Kind kind) {
 
 }  // namespace
 
-SearchResult search_plans(const SearchSpace& sp,
-                          const std::function<const profiler::Profile&(int64_t, Precision)>& profile) {
+profiler::Profile at_threads(const profiler::Profile& p1, const profiler::Profile& pn, int n, int threads) {
+  if (threads == 1 || n <= 1) return p1;
+  if (threads == n) return pn;
+  // t(T) = t(1) (s + (1 - s) / T); from t(n): s = (t(n) / t(1) - 1 / n) / (1 - 1 / n).
+  auto scale = [&](double t1, double tn) {
+    if (t1 <= 0) return tn;
+    const double s = std::clamp((tn / t1 - 1.0 / n) / (1.0 - 1.0 / n), 0.0, 1.0);
+    return t1 * (s + (1 - s) / threads);
+  };
+  profiler::Profile out = p1;
+  for (size_t i = 0; i < out.layers.size() && i < pn.layers.size(); ++i) {
+    out.layers[i].forward_ms = scale(p1.layers[i].forward_ms, pn.layers[i].forward_ms);
+    out.layers[i].backward_ms = scale(p1.layers[i].backward_ms, pn.layers[i].backward_ms);
+  }
+  auto each = [&](std::vector<double>& v, const std::vector<double>& vn) {
+    for (size_t i = 0; i < v.size() && i < vn.size(); ++i) v[i] = scale(v[i], vn[i]);
+  };
+  each(out.backward_input_ms, pn.backward_input_ms);
+  each(out.backward_weight_ms, pn.backward_weight_ms);
+  each(out.optimizer_ms, pn.optimizer_ms);
+  return out;
+}
+
+const Candidate* plain_loop(const SearchResult& r, int cores, Precision precision) {
+  for (const Candidate& c : r.fitting)  // fastest first
+    if (c.stages == 1 && c.data_parallel == 1 && c.micro_batches == 1 && c.threads == std::max(1, cores) &&
+        c.precision == precision)
+      return &c;
+  return nullptr;
+}
+
+SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
   SearchResult out;
   out.smallest_peak = -1;
   double search_s = 0;
@@ -80,68 +113,88 @@ SearchResult search_plans(const SearchSpace& sp,
     if (sp.memory_limit.empty()) return 0.0;
     return sp.memory_limit.size() == 1 ? sp.memory_limit[0] : sp.memory_limit.at(device);
   };
+  const int n = std::max(1, sp.cores);
   std::map<int, profiler::ReduceLink> links;
   for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices; ++D)
     if (D > 1 && D <= sp.batch) links[D] = sp.link(D);  // may measure: not counted as search time
+  std::map<int, double> contention, straggler;  // may measure: not counted as search time
+  for (int w = 2; w <= sp.devices; ++w) contention[w] = sp.contention(w);
+  for (const auto& [D, link] : links) straggler[D] = sp.straggler(D);
   for (Precision prec : sp.precisions)
     for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices && D <= sp.batch; ++D)
       for (int M : sp.micro_batches) {
         const int64_t shard = (sp.batch + D - 1) / D;  // the largest copy's samples
         if (M < 1 || M > sp.batch / D) continue;       // every copy's shard needs M samples
-        const profiler::Profile& p = profile((shard + M - 1) / M, prec);  // may profile: not search time
+        const int64_t rows = (shard + M - 1) / M;
+        const profiler::Profile& p1 = profile(rows, prec, 1);  // may profile: not search time
+        const profiler::Profile* pn = n > 1 ? &profile(rows, prec, n) : nullptr;
         const auto t0 = std::chrono::steady_clock::now();
         for (int K = 1; K * D <= sp.devices; ++K) {
-          const std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
-          // Each stage's bandwidth: its copies' slowest device's.
-          std::vector<double> stage_bw = stage_speeds(sp.device_bytes_per_ms, K, D), link_speed;
-          if (!stage_bw.empty() && sp.bytes_per_ms > 0)
-            for (double bw : stage_bw) link_speed.push_back(bw / sp.bytes_per_ms);
-          for (schedule::Kind kind : sp.schedules)
-            for (int v : chunk_options(kind)) {
-              try {
-                schedule::check_supported(kind, K, M, v);
-              } catch (const ScheduleError&) {
-                continue;
-              }
-              const int V = K * v;
-              if (V > sp.layers || (K == 1 && kind != schedule::Kind::GPipe)) continue;  // one stage: every schedule is the plain loop
-              const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
-              for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-                for (const std::string& method : sp.balances)
-                  for (Recompute rc : sp.recompute) {
-                    schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
-                    std::vector<double> speed_vs;
-                    if (!speeds.empty())
-                      for (int vs = 0; vs < V; ++vs) speed_vs.push_back(speeds.at(shape.device_of(vs)));
-                    Candidate c;
-                    c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
-                    c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded;
-                    c.balance = balance_for(method, p, V, speed_vs);
-                    schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
-                    apply_speeds(costs, s, speeds);
-                    costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;
-                    costs.device_bytes_per_ms = stage_bw;
-                    if (D > 1) add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D), link_speed});
-                    const schedule::Simulation sim = schedule::simulate(s, costs);
-                    c.step_ms = sim.makespan_ms;
-                    c.bubble = sim.bubble;
-                    for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
-                    c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
-                    c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded));
-                    bool fits = true;
-                    for (int d = 0; d < K; ++d) {
-                      // Copy r of device d runs on device d * D + r, as a rank's device: each
-                      // copy is held to that device's limit.
-                      for (int r = 0; r < D; ++r) {
-                        const double limit = limit_of(comm::Mesh{K, D}.rank(d, r));
-                        if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) fits = false;
-                      }
-                    }
-                    ++out.considered;
-                    if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
-                    if (fits) out.fitting.push_back(std::move(c));
-                  }
+          // The thread counts: 1, and the most that fill the cores.
+          std::vector<int> thread_counts{1};
+          if (sp.cores > 0 && sp.cores / (K * D) > 1) thread_counts.push_back(sp.cores / (K * D));
+          for (int T : thread_counts) {
+            const profiler::Profile p = pn ? at_threads(p1, *pn, n, T) : p1;
+            std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
+            if (K * D > 1) {  // K x D workers compute at once
+              const double slow = contention.count(K * D) ? contention.at(K * D) : 1.0;
+              if (speeds.empty()) speeds.assign(K, 1.0);
+              for (double& v : speeds) v /= slow;
             }
+            // Each stage's bandwidth: its copies' slowest device's.
+            std::vector<double> stage_bw = stage_speeds(sp.device_bytes_per_ms, K, D), link_speed;
+            if (!stage_bw.empty() && sp.bytes_per_ms > 0)
+              for (double bw : stage_bw) link_speed.push_back(bw / sp.bytes_per_ms);
+            for (schedule::Kind kind : sp.schedules)
+              for (int v : chunk_options(kind)) {
+                try {
+                  schedule::check_supported(kind, K, M, v);
+                } catch (const ScheduleError&) {
+                  continue;
+                }
+                const int V = K * v;
+                if (V > sp.layers || (K == 1 && kind != schedule::Kind::GPipe)) continue;  // one stage: every schedule is the plain loop
+                const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
+                for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+                  for (const std::string& method : sp.balances)
+                    for (Recompute rc : sp.recompute) {
+                      schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
+                      std::vector<double> speed_vs;
+                      if (!speeds.empty())
+                        for (int vs = 0; vs < V; ++vs) speed_vs.push_back(speeds.at(shape.device_of(vs)));
+                      Candidate c;
+                      c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
+                      c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded, c.threads = T;
+                      c.balance = balance_for(method, p, V, speed_vs);
+                      schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
+                      apply_speeds(costs, s, speeds);
+                      costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;
+                      costs.device_bytes_per_ms = stage_bw;
+                      if (D > 1) {
+                        add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D), link_speed});
+                        add_straggler_wait(costs, s, straggler.count(D) ? straggler.at(D) : 0.0);
+                      }
+                      const schedule::Simulation sim = schedule::simulate(s, costs);
+                      c.step_ms = sim.makespan_ms;
+                      c.bubble = sim.bubble;
+                      for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
+                      c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
+                      c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded));
+                      bool fits = true;
+                      for (int d = 0; d < K; ++d) {
+                        // Copy r of device d runs on device d * D + r, as a rank's device: each
+                        // copy is held to that device's limit.
+                        for (int r = 0; r < D; ++r) {
+                          const double limit = limit_of(comm::Mesh{K, D}.rank(d, r));
+                          if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) fits = false;
+                        }
+                      }
+                      ++out.considered;
+                      if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
+                      if (fits) out.fitting.push_back(std::move(c));
+                    }
+              }
+          }
         }
         search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
@@ -170,8 +223,15 @@ std::string mib(double b) {
   return buf;
 }
 
+std::string fixed(double x, int digits) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, x);
+  return b;
+}
+
 std::string describe(const Candidate& c) {
-  return detail::concat(c.stages, " stages", c.chunks > 1 ? detail::concat(" (", c.chunks, " chunks each)") : "",
+  return detail::concat(c.stages, " stages", c.threads > 1 ? detail::concat(" of ", c.threads, " threads") : "",
+                        c.chunks > 1 ? detail::concat(" (", c.chunks, " chunks each)") : "",
                         c.data_parallel > 1 ? detail::concat(" x ", c.data_parallel, " data-parallel copies",
                                                              c.sharded ? " (sharded optimizer)" : "")
                                             : "",
@@ -192,10 +252,21 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     if (file.micro_batch < 1) partitioner::scaled_to_rows(file, 1, o.costs_path);  // names what is missing
     sp.layers = static_cast<int>(file.layers.size());
   } else {
-    sp.layers = static_cast<int>(prepare(c).model.layers->size());
+    const Job probe = prepare(c);
+    sp.layers = static_cast<int>(probe.model.layers->size());
+    // On a CPU the cores are shared out among stages, copies and intra-op threads.
+    if (probe.options.devices.empty() || probe.options.devices[0].is_cpu())
+      sp.cores = o.cores > 0 ? o.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
+  if (o.cores > 0 && sp.cores == 0)
+    throw ConfigError(detail::concat(option(Option::Cores), ": only CPU plans share out cores (",
+                                     filed ? "a cost file's devices are its own" : "the config's stages run on GPUs", ")"));
+  r.cores = sp.cores;
   const int file_devices = static_cast<int>(file.devices.size());
-  sp.devices = o.devices > 0 ? o.devices : file_devices > 0 ? file_devices : c.pipeline.stages * c.pipeline.data_parallel;
+  sp.devices = o.devices > 0 ? o.devices
+               : file_devices > 0 ? file_devices
+               : sp.cores > 0    ? sp.cores
+                                 : c.pipeline.stages * c.pipeline.data_parallel;
   if (file_devices > 0 && file_devices != sp.devices)
     throw ConfigError(detail::concat(option(Option::Devices), ": ", sp.devices, " devices, but ", o.costs_path, " describes ", file_devices));
   sp.max_data_parallel = sp.devices;
@@ -220,6 +291,24 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
     throw ConfigError(detail::concat(option(Option::Speeds), ": ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
   sp.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(c.optimizer, p, D, sharded); };
+  std::map<int, Concurrency> measured;  // read by the search through sp.contention and sp.straggler
+  if (sp.cores > 0) {
+    // Measured at 2, 4, 8, ... workers (at most the devices), in the config's precision; between
+    // two measured counts, the slowdown and straggler share of the lower.
+    auto nearest = [&](int w) -> const Concurrency& {
+      int at = 2;
+      while (at * 2 <= w) at *= 2;
+      auto it = measured.find(at);
+      if (it == measured.end()) {
+        it = measured.emplace(at, measure_concurrency(c, c.train.precision, at, std::max(5, o.repeat))).first;
+        r.contention.emplace_back(at, it->second.slowdown);
+        r.straggler.emplace_back(at, it->second.straggler);
+      }
+      return it->second;
+    };
+    sp.contention = [nearest](int w) { return w < 2 ? 1.0 : nearest(w).slowdown; };
+    sp.straggler = [nearest](int D) { return D < 2 ? 0.0 : nearest(D).straggler; };
+  }
   if (filed) {
     sp.latency_ms = file.latency_ms;
     sp.bytes_per_ms = file.bandwidth_gb_s * 1e6;
@@ -228,10 +317,10 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   } else {
     sp.link = [](int D) { return reduce_link(D, nullptr); };
   }
-  std::map<std::pair<int64_t, int>, profiler::Profile> profiles;
   const auto t0 = std::chrono::steady_clock::now();
-  r.result = search_plans(sp, [&](int64_t rows, Precision p) -> const profiler::Profile& {
-    auto& prof = profiles[{rows, static_cast<int>(p)}];
+  std::map<std::tuple<int64_t, int, int>, profiler::Profile> by_threads;
+  r.result = search_plans(sp, [&](int64_t rows, Precision p, int threads) -> const profiler::Profile& {
+    auto& prof = by_threads[{rows, static_cast<int>(p), threads}];
     if (!prof.layers.empty()) return prof;
     if (filed) {
       const partitioner::CostFile scaled = partitioner::scaled_to_rows(file, rows, o.costs_path);
@@ -246,6 +335,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = schedule::Kind::GPipe;
     cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
     cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
+    if (sp.cores > 0) cc.runtime.intra_op_threads = threads;
     prof = profile_job(prepare(cc), o.repeat, rows);
     return prof;
   });
@@ -262,6 +352,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   pipe["balance"] = best.balance;
   pipe["data_parallel"] = best.data_parallel;
   root["train"]["shard_optimizer"] = best.sharded;
+  if (sp.cores > 0) root["runtime"]["intra_op_threads"] = best.threads;
   if (!sp.speeds.empty()) pipe["speeds"] = stage_speeds(sp.speeds, best.stages, best.data_parallel);
   else pipe.erase("speeds");
   pipe.erase("memory_limit");
@@ -284,8 +375,8 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
                 "plan --auto: %zu plans simulated in %.2f s (profiling %.1f s), %zu fit; the fastest %d:\n\n",
                 r.result.considered, r.result.seconds, r.profile_seconds, f.size(), std::min<int>(top, static_cast<int>(f.size())));
   out << line;
-  std::snprintf(line, sizeof line, "%-4s %3s %4s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K", "D",
-                "M", "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
+  std::snprintf(line, sizeof line, "%-4s %3s %4s %3s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K",
+                "D", "T", "M", "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
   out << line;
   for (int i = 0; i < top && i < static_cast<int>(f.size()); ++i) {
     const Candidate& c = f[i];
@@ -301,20 +392,38 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
     if (c.max_peak_bytes() < f[0].max_peak_bytes() && i > 0) why += ", less memory";
     const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : schedule::name(c.schedule);
     const std::string copies = detail::concat(c.data_parallel, c.sharded ? "z" : "");
-    std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
-                  c.stages, copies.c_str(), c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
+    std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
+                  c.stages, copies.c_str(), c.threads, c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
                   c.balance_method.c_str(), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
                   why.c_str());
     out << line;
   }
   out << "\nchosen: " << describe(f.front()) << "\n";
-  if (std::any_of(f.begin(), f.begin() + std::min<size_t>(f.size(), top), [](const Candidate& c) { return c.data_parallel > 1; }))
-    out << "(K stages x D data-parallel copies, z: optimizer state sharded across the copies)\n";
+  if (r.cores > 0) {
+    // Beside the pick: not pipelining at all, the whole batch on every core.
+    const Candidate* plain = plain_loop(r.result, r.cores, f.front().precision);
+    if (plain == &f.front())
+      out << "the plain loop on all " << r.cores << " cores is the pick: no pipeline beats it here\n";
+    else if (plain)
+      out << detail::concat("the plain loop on all ", r.cores, " cores: ", static_cast<int64_t>(plain->samples_per_s + 0.5),
+                            " samples/s predicted; the pick is ", fixed(f.front().samples_per_s / plain->samples_per_s, 2),
+                            "x of it\n");
+    else
+      out << "the plain loop on all " << r.cores << " cores does not fit the memory limit\n";
+    std::string measured;
+    for (size_t i = 0; i < r.contention.size(); ++i)
+      measured += detail::concat(i ? "; " : "", r.contention[i].first, " busy cores: each ",
+                                 fixed(r.contention[i].second, 2), "x slower, straggler wait ",
+                                 fixed(100 * r.straggler[i].second, 1), "% of a step");
+    if (!measured.empty()) out << "measured: " << measured << "\n";
+  }
+  out << "(K stages x D data-parallel copies, z: optimizer state sharded across the copies; T intra-op threads per stage)\n";
 }
 
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
   for (const Candidate& c : r.result.fitting)
     out << nlohmann::json{{"stages", c.stages}, {"data_parallel", c.data_parallel}, {"shard_optimizer", c.sharded},
+                          {"threads", c.threads},
                           {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
                           {"schedule", schedule::name(c.schedule)}, {"recompute", recompute_name(c.recompute)},
                           {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},

@@ -1,5 +1,7 @@
 // The auto-planner's search: every combination of stage count, data-parallel copies (and
-// whether their optimizer state is sharded), micro-batch count, schedule (and chunks),
+// whether their optimizer state is sharded), intra-op threads per stage (on a CPU, where the
+// cores are shared out: all of them to one stage, the plain loop, or split among stages and
+// copies), micro-batch count, schedule (and chunks),
 // recomputation mode, precision and balance method that the build runs, each predicted
 // by the simulator on profiled per-layer costs (step, bubble, peak memory per device), the ones
 // that do not fit the memory limit dropped, the rest ranked by predicted samples per second.
@@ -25,6 +27,17 @@ using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 struct SearchSpace {
   int devices = 1;        // stages x copies <= devices
+  // CPU plans: the cores the plan may use. Each of K stages x D copies gets T intra-op threads,
+  // K x D x T <= cores, T = 1 or the most that fill the cores (cores / (K x D)); a stage's costs at
+  // T threads come from its profile at 1 and at `cores` threads (Amdahl's law fitted per layer
+  // between them), and K x D > 1 workers computing at once are slowed by `contention`. 0: no
+  // such dimension (GPUs, a cost file's devices): T = 1, profiled alone.
+  int cores = 0;
+  // The slowdown of each of `busy` workers computing at once (>= 1; measured by
+  // planner/concurrency.h), and the straggler wait at a data-parallel reduction among `copies`
+  // as a share of a copy's compute in the step.
+  std::function<double(int)> contention = [](int) { return 1.0; };
+  std::function<double(int)> straggler = [](int) { return 0.0; };
   int max_data_parallel = 1;  // copies of the pipeline (each on batch / copies samples)
   int64_t batch = 1;      // samples per step
   int layers = 1;
@@ -53,6 +66,7 @@ struct Candidate {
   int stages = 1, micro_batches = 1, chunks = 1;
   int data_parallel = 1;
   bool sharded = false;  // the copies' optimizer state
+  int threads = 1;       // intra-op threads per stage (CPU plans)
   schedule::Kind schedule = schedule::Kind::GPipe;
   std::string balance_method;
   Recompute recompute = Recompute::Never;
@@ -71,12 +85,21 @@ struct SearchResult {
   double seconds = 0;              // the search's own time, profiling excluded
 };
 
-// `profile(rows, precision)` gives the per-layer costs of one micro-batch of `rows` samples (with
-// B/W split and optimizer times); a plan of D copies and M micro-batches is costed on its
-// largest micro-batch, ceil(ceil(batch / D) / M) samples. Throws ConfigError naming the smallest
+// `profile(rows, precision, threads)` gives the per-layer costs of one micro-batch of `rows`
+// samples (with B/W split and optimizer times) at `threads` intra-op threads (1, or
+// SearchSpace::cores); a plan of D copies and M micro-batches is costed on its largest
+// micro-batch, ceil(ceil(batch / D) / M) samples. Throws ConfigError naming the smallest
 // memory that would fit when no candidate fits the limit.
-SearchResult search_plans(const SearchSpace& space,
-                          const std::function<const profiler::Profile&(int64_t, Precision)>& profile);
+using ProfileSource = std::function<const profiler::Profile&(int64_t rows, Precision, int threads)>;
+SearchResult search_plans(const SearchSpace& space, const ProfileSource& profile);
+
+// `p1` (1 thread) and `pn` (n threads) on the same rows: each layer's times at `threads`, by
+// Amdahl's law fitted to the two (a serial share s, 0 <= s <= 1: t(T) = t(1) (s + (1 - s) / T)).
+profiler::Profile at_threads(const profiler::Profile& p1, const profiler::Profile& pn, int n, int threads);
+
+// The plain loop's candidate in `r` (one stage, one copy, one micro-batch, every core), in
+// `precision`; null if none fits.
+const Candidate* plain_loop(const SearchResult& r, int cores, Precision precision);
 
 // `pipetrain plan CONFIG --auto`: the config's model and data, profiled for each micro-batch
 // size and precision searched, over every schedule kind, recomputation mode and balance method
@@ -87,7 +110,8 @@ SearchResult search_plans(const SearchSpace& space,
 // only; the model is not built, so a config whose model does not fit this machine plans too.
 struct AutoPlanOptions {
   std::string costs_path;              // plan on this cost file (partitioner/cost_file.h) instead of profiling
-  int devices = 0;                     // 0: the config's pipeline.stages x data_parallel (or the file's devices)
+  int devices = 0;                     // 0: the cores (CPU), pipeline.stages x data_parallel (GPU), or the file's devices
+  int cores = 0;                       // CPU plans: 0, this machine's
   std::vector<double> memory_limit;    // bytes per device (one: all); empty: the config's, else none
   double memory_headroom = 0.05;       // SearchSpace::memory_headroom
   std::vector<double> speeds;          // empty: the config's pipeline.speeds
@@ -98,6 +122,9 @@ struct AutoPlanOptions {
 
 struct AutoPlanReport {
   SearchResult result;
+  int cores = 0;                       // the cores planned for (0: not a CPU plan)
+  std::vector<std::pair<int, double>> contention;  // (busy workers, slowdown) measured
+  std::vector<std::pair<int, double>> straggler;   // (copies, straggler share) measured
   Config chosen;                       // the winner as a config
   double profile_seconds = 0;
 };
@@ -105,7 +132,7 @@ struct AutoPlanReport {
 AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& options);
 void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top);
 // Every plan that fits, fastest first, one JSON object per line: stages, data_parallel,
-// shard_optimizer, micro_batches, chunks, schedule, recompute, precision, balance_method,
+// shard_optimizer, threads, micro_batches, chunks, schedule, recompute, precision, balance_method,
 // balance, step_ms, bubble, exposed_reduce_ms, samples_per_s, peak_bytes (per device).
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r);
 

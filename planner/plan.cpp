@@ -120,6 +120,19 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
   }
 }
 
+void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share) {
+  if (share <= 0 || costs.reduce_ms.empty()) return;
+  const int V = s.virtual_stages();
+  std::vector<double> compute(s.stages, 0.0);
+  std::vector<int> chunks(s.stages, 0);
+  for (int v = 0; v < V; ++v) {
+    const int d = s.device_of(v);
+    compute[d] += s.micro_batches * (costs.forward[v] + costs.backward_input[v] + costs.backward_weight[v]);
+    ++chunks[d];
+  }
+  for (int v = 0; v < V; ++v) costs.reduce_ms[v] += share * compute[s.device_of(v)] / chunks[s.device_of(v)];
+}
+
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
                                       double state_factor) {

@@ -49,6 +49,12 @@ struct DataParallelPlan {
 void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
                     const schedule::Schedule& s, const DataParallelPlan& dp);
 
+// The straggler wait at data parallelism's reductions (after add_reductions): copies that start
+// a step together finish their compute at different times, and each reduction waits for the
+// slowest. `share` (measured: planner/concurrency.h) of each device's compute in the step is
+// added to its reductions (split evenly among its virtual stages).
+void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share);
+
 // Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
 // (train::state_factor), the activations `sim` held at their peak, when recomputing one
 // rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace.

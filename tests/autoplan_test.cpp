@@ -58,7 +58,7 @@ SearchSpace space() {
 TEST(AutoPlan, MostMicroBatchesOnEveryDeviceWin) {
   Table t;
   const SearchResult r = search_plans(
-      space(), [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+      space(), [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
   ASSERT_FALSE(r.fitting.empty());
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.stages, 2);
@@ -82,7 +82,7 @@ TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
   SearchSpace s = space();
   s.memory_limit = {900};
   const SearchResult r =
-      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+      search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   EXPECT_EQ(best.schedule, schedule::Kind::OneFOneB);
   EXPECT_EQ(best.micro_batches, 8);
@@ -97,7 +97,7 @@ TEST(AutoPlan, MemoryLimitLeavesOnly1F1B) {
 // (870 / 0.95, rounded up: 916), and that limit fits it again.
 TEST(AutoPlan, WorkspaceAndHeadroomCountAgainstTheLimit) {
   Table t;
-  auto with_workspace = [&](int64_t rows, Precision p) -> const profiler::Profile& {
+  auto with_workspace = [&](int64_t rows, Precision p, int) -> const profiler::Profile& {
     profiler::Profile& prof = const_cast<profiler::Profile&>(t(rows, p));
     for (auto& l : prof.layers) l.workspace_bytes = 30;
     return prof;
@@ -130,7 +130,7 @@ TEST(AutoPlan, InfeasibleLimitNamesTheSmallestThatFits) {
   SearchSpace s = space();
   s.memory_limit = {100};
   try {
-    search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+    search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("the smallest needs 840 bytes"), std::string::npos) << e.what();
@@ -144,7 +144,7 @@ TEST(AutoPlan, DeviceSpeedsMoveLayers) {
   s.balances = {"uniform", "time"};
   s.speeds = {1.0, 1.0 / 3};
   const SearchResult r =
-      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+      search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   ASSERT_EQ(best.stages, 2);
   EXPECT_EQ(best.balance_method, "time");
@@ -159,7 +159,7 @@ TEST(AutoPlan, DataParallelWinsUntilItsReductionCostsMoreThanTheBubble) {
   Table t;
   SearchSpace s = space();
   s.max_data_parallel = 2;
-  auto profile = [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); };
+  auto profile = [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); };
   SearchResult r = search_plans(s, profile);
   EXPECT_EQ(r.fitting.front().data_parallel, 2);
   EXPECT_EQ(r.fitting.front().stages, 1);
@@ -199,7 +199,7 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
   adam.kind = OptimizerKind::Adam;
   s.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(adam, p, D, sharded); };
   const SearchResult r =
-      search_plans(s, [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); });
+      search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
   bool sharded = false;
   for (const Candidate& c : r.fitting) {
     EXPECT_FALSE(c.data_parallel == 2 && !c.sharded) << "2160 bytes do not fit 2000";
@@ -216,7 +216,7 @@ TEST(AutoPlan, ShardedOptimizerStateFitsWhereTheWholeStateDoesNot) {
 TEST(AutoPlan, ASlowDeviceLinkKeepsTheModelOnOneDevice) {
   Table t;
   SearchSpace s = space();
-  auto profile = [&](int64_t rows, Precision p) -> const profiler::Profile& { return t(rows, p); };
+  auto profile = [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); };
   s.bytes_per_ms = 1000;
   s.device_bytes_per_ms = {1000, 1000};
   EXPECT_EQ(search_plans(s, profile).fitting.front().stages, 2);
@@ -248,4 +248,88 @@ TEST(AutoPlan, PredictsTheSchedulesAPipelineRuns) {
     EXPECT_EQ(schedule::pipeline_schedule(schedule::parse_kind(c.kind), c.stages, c.micro_batches, c.chunks, 1).actions,
               pipe.schedule().actions);
   }
+}
+
+// The cores as a dimension. The table's layers at T threads take 1/(T x efficiency) of their
+// one-thread time; two workers computing at once are each slowed by `contention`. The plain
+// loop on both cores (K=1, T=2, M=1: 4 layers x 0.3 ms x 8 rows / (2 x eff)) is a candidate
+// like any other and is picked where it is fastest: against 2 stages of 1 thread at M=8
+// (5.4 ms x contention).
+TEST(AutoPlan, ThePlainLoopOnEveryCoreIsACandidateAndWinsWhenFastest) {
+  struct Case {
+    double efficiency, contention;
+    bool plain_wins;
+  };
+  for (const Case& k : {Case{0.9, 1.3, true}, Case{0.55, 1.0, false}}) {
+    const double efficiency = k.efficiency, contention = k.contention;
+    const bool plain_wins = k.plain_wins;
+    Table t;
+    std::map<std::pair<int64_t, int>, profiler::Profile> threaded;
+    auto profile = [&](int64_t rows, Precision p, int threads) -> const profiler::Profile& {
+      if (threads == 1) return t(rows, p);
+      auto& q = threaded[{rows, threads}];
+      if (q.layers.empty()) {
+        q = t(rows, p);
+        const double f = 1.0 / (threads * efficiency);
+        for (auto& l : q.layers) l.forward_ms *= f, l.backward_ms *= f;
+        for (auto& b : q.backward_input_ms) b *= f;
+        for (auto& w : q.backward_weight_ms) w *= f;
+      }
+      return q;
+    };
+    SearchSpace s = space();
+    s.cores = 2;
+    s.contention = [c = contention](int busy) { return busy >= 2 ? c : 1.0; };
+    const SearchResult r = search_plans(s, profile);
+    const double plain_ms = 4 * 0.3 * 8 / (2 * efficiency), pipeline_ms = 5.4 * contention;
+    const Candidate* plain = plain_loop(r, 2, Precision::FP32);
+    ASSERT_NE(plain, nullptr);
+    EXPECT_EQ(plain->threads, 2);
+    EXPECT_NEAR(plain->step_ms, plain_ms, 1e-9);
+    const Candidate& best = r.fitting.front();
+    if (plain_wins) {
+      EXPECT_EQ(&best, plain);
+    } else {
+      EXPECT_EQ(best.stages, 2);
+      EXPECT_EQ(best.threads, 1);
+      EXPECT_NEAR(best.step_ms, pipeline_ms, 1e-9);
+    }
+    // Every plan keeps to the cores: K x D x T <= 2.
+    for (const Candidate& c : r.fitting) EXPECT_LE(c.stages * c.data_parallel * c.threads, 2);
+  }
+}
+
+// Between 1 and n threads a layer follows Amdahl's law fitted to the two profiles: 10 ms on one
+// thread and 4 ms on 4 give a serial share of (0.4 - 0.25) / 0.75 = 0.2, so 6 ms on 2.
+TEST(AutoPlan, ThreadsBetweenOneAndAllFollowAmdahlsLaw) {
+  profiler::Profile p1, p4;
+  partitioner::LayerCost l;
+  l.forward_ms = 10, l.backward_ms = 20;
+  p1.layers = {l};
+  l.forward_ms = 4, l.backward_ms = 5;  // the backward scales perfectly: 20 / 4
+  p4.layers = {l};
+  const profiler::Profile p2 = at_threads(p1, p4, 4, 2);
+  EXPECT_NEAR(p2.layers[0].forward_ms, 6, 1e-12);
+  EXPECT_NEAR(p2.layers[0].backward_ms, 10, 1e-12);
+  EXPECT_NEAR(at_threads(p1, p4, 4, 4).layers[0].forward_ms, 4, 1e-12);
+  EXPECT_NEAR(at_threads(p1, p4, 4, 1).layers[0].forward_ms, 10, 1e-12);
+}
+
+// The straggler wait: with data parallelism each reduction waits for the slowest copy. One
+// stage, 2 copies of 4 rows each, M=1, a free link: each copy computes 4 x 0.3 x 4 = 4.8 ms, and
+// a straggler share of 0.25 adds 1.2 ms to the step (the reduction is the step's last action).
+TEST(AutoPlan, TheStragglerWaitIsChargedAtTheReduction) {
+  Table t;
+  auto profile = [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); };
+  auto step_of = [&](double share) {
+    SearchSpace s = space();
+    s.max_data_parallel = 2;
+    s.straggler = [share](int) { return share; };
+    for (const Candidate& c : search_plans(s, profile).fitting)
+      if (c.stages == 1 && c.data_parallel == 2 && c.micro_batches == 1 && !c.sharded) return c.step_ms;
+    ADD_FAILURE() << "no 1 x 2 plan";
+    return 0.0;
+  };
+  EXPECT_NEAR(step_of(0.0), 4.8, 1e-9);
+  EXPECT_NEAR(step_of(0.25) - step_of(0.0), 1.2, 1e-9);
 }

@@ -89,9 +89,11 @@ TEST(Cli, CostsTransformerAndSimulate) {
 TEST(Cli, AutoPlan) {
   const std::string cfg = write_config("auto.json", kSmall);
   const std::string out = ::testing::TempDir() + "/pipetrain_cli_auto_" + std::to_string(::getpid()) + ".json";
-  Result r = run("plan " + cfg + " --auto --devices 2 --top 4 --write-config " + out);
+  Result r = run("plan " + cfg + " --auto --cores 2 --top 4 --write-config " + out);
   ASSERT_EQ(r.status, 0) << r.out;
-  for (const char* needle : {"plans simulated in", "rank", "samples/s", "peak/device", "chosen: ", "wrote " })
+  // Beside the pick, the plain loop on both cores, and what two busy cores were measured to cost.
+  for (const char* needle : {"plans simulated in", "rank", "samples/s", "peak/device", "chosen: ", "wrote ",
+                             "the plain loop on all 2 cores", "measured: 2 busy cores: each "})
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   std::ifstream in(out);
   const auto chosen = nlohmann::json::parse(in);
@@ -99,6 +101,7 @@ TEST(Cli, AutoPlan) {
   r = run("train " + out + " --steps 2 --quiet");
   EXPECT_EQ(r.status, 0) << r.out;
   expect_clean_error(run("plan " + cfg + " --auto --devices 2 --memory-limit 1000"), "the smallest needs ");
+  expect_clean_error(run("plan " + cfg + " --auto --cores 0"), "--cores");
   expect_clean_error(run("plan " + cfg + " --auto --devices 2 --speeds 1,2,3"), "--speeds: 3 speeds for 2 devices");
   r = run("train " + cfg + " --auto --steps 2 --quiet");
   EXPECT_EQ(r.status, 0) << r.out;
