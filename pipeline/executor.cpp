@@ -134,9 +134,12 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   p.place_stages();
   p.workers.resize(options.stages);
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
+  // One stage in this process has nothing to overlap: it runs on the calling thread (Worker's note).
+  const bool on_caller = p.self < 0 && options.stages == 1;
   for (int r : p.local)
     p.workers[r] = std::make_unique<Worker>(detail::concat("stage ", r), options.intra_op_threads,
-                                            (p.self >= 0 ? 0 : p.copy) * options.stages + r, p.contexts[r].get());
+                                            (p.self >= 0 ? 0 : p.copy) * options.stages + r, p.contexts[r].get(),
+                                            on_caller);
   p.trace.spans.resize(options.stages);
   p.trace.peak_in_flight.assign(options.stages, 0);
   p.trace.optimizer.assign(options.stages, {0.0, 0.0});

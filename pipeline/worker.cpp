@@ -6,11 +6,15 @@
 
 namespace pipetrain::pipeline {
 
-Worker::Worker(std::string name, int intra_op_threads, int memory_account, stages::DeviceContext* context)
+Worker::Worker(std::string name, int intra_op_threads, int memory_account, stages::DeviceContext* context,
+               bool on_caller)
     : name_(std::move(name)), intra_op_threads_(intra_op_threads), account_(memory_account), context_(context),
-      thread_([this] { loop(); }) {}
+      on_caller_(on_caller) {
+  if (!on_caller_) thread_ = std::thread([this] { loop(); });
+}
 
 Worker::~Worker() {
+  if (on_caller_) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -20,6 +24,30 @@ Worker::~Worker() {
 }
 
 void Worker::submit(std::function<void()> job) {
+  if (on_caller_) {
+    const int threads = at::get_num_threads();
+    const int account = memory_account();
+    at::set_num_threads(intra_op_threads_);
+    memory_account() = account_;
+    std::exception_ptr error;
+    try {
+      std::unique_ptr<stages::DeviceContext::Scope> scope;
+      if (context_) scope = context_->enter();
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (context_) context_->synchronize();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    at::set_num_threads(threads);
+    memory_account() = account;
+    error_ = error;
+    done_ = true;
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(job);
@@ -31,6 +59,7 @@ void Worker::submit(std::function<void()> job) {
 }
 
 std::exception_ptr Worker::wait() {
+  if (on_caller_) return error_;
   // Bounded by the job itself: every blocking call inside a stage has a deadline.
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_; });

@@ -22,7 +22,15 @@ class Worker {
   // `context`: the stage's device context (stages/device.h), entered for every job and
   // synchronized at its end (once per step: the caller then sees what the job computed); null
   // for none. It must outlive the worker.
-  Worker(std::string name, int intra_op_threads, int memory_account = -1, stages::DeviceContext* context = nullptr);
+  //
+  // `on_caller`: no thread of its own; submit() runs the job at once on the calling thread (with
+  // the worker's intra-op count, memory account and context, the caller's restored after). For
+  // a pipeline of one stage, which has nothing to overlap: libtorch's intra-op parallelism from
+  // a second thread runs at half speed or worse once the calling thread has used several intra-op
+  // threads itself (GNU OpenMP; measured: a GPT step on 2 threads in a worker 2x slower than on
+  // the calling thread), so the plain loop's plan runs where the plain loop does.
+  Worker(std::string name, int intra_op_threads, int memory_account = -1, stages::DeviceContext* context = nullptr,
+         bool on_caller = false);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -41,7 +49,7 @@ class Worker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;
-  bool has_job_ = false, done_ = false, stop_ = false;
+  bool has_job_ = false, done_ = false, stop_ = false, on_caller_ = false;
   std::exception_ptr error_;
   std::thread thread_;
 };
