@@ -26,7 +26,24 @@ binary = os.path.join(build, "apps", "pipetrain")
 MBS = "2,8"
 SCHEDULES = "gpipe,1f1b,zb-h1,dualpipev"
 RECOMPUTE = "never,except_last"
-PRECISIONS = "fp32,bf16"
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# bf16 only where the CPU computes it (AVX-512 BF16 or AMX): elsewhere libtorch emulates it, a
+# step takes about 20x as long, no plan in bf16 comes near the fastest, and measuring them all
+# would take hours. PLANNER_REGRET_PRECISIONS overrides.
+PRECISIONS = os.environ.get("PLANNER_REGRET_PRECISIONS") or (
+    "fp32,bf16" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "fp32")
 MIB = 1 << 20
 HEADROOM = 0.05  # plan --auto --memory-headroom's default
 RUNS = 3  # passes over the grid

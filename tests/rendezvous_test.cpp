@@ -29,6 +29,7 @@
 #include "common/error.h"
 #include "tests/process_helpers.h"
 #if PIPETRAIN_HAVE_UCX
+#include "comm/ucx/process_watch.h"
 #include "comm/ucx/transport.h"
 #endif
 
@@ -374,7 +375,8 @@ TEST(Rendezvous, StalledStoreClientsDoNotHoldTheRanksPastTheirDeadline) {
 }
 
 #if PIPETRAIN_HAVE_UCX
-// A well-formed record around a forged worker address (any client of the store can write one):
+// A well-formed record around a forged worker address (any client of the store can write one;
+// the process identity before it is this process's, comm/ucx/process_watch.h):
 // UCX would abort this process unpacking it; a child process unpacks it first, and the rank is
 // refused with an error naming the rank that published it.
 TEST(Rendezvous, AForgedUcxAddressIsRefusedNamingItsRank) {
@@ -387,7 +389,12 @@ TEST(Rendezvous, AForgedUcxAddressIsRefusedNamingItsRank) {
     int peer = -1;
     std::string msg;
     try {
-      make_ucx_transport(0, 2, [&](const std::string& mine) { return std::vector<std::string>{mine, bad}; }, o);
+      make_ucx_transport(
+          0, 2,
+          [&](const std::string& mine) {  // this process's identity record, then the forged address
+            return std::vector<std::string>{mine, mine.substr(0, ucx::kIdentityBytes) + bad};
+          },
+          o);
     } catch (const TransportError& e) {
       peer = e.peer();
       msg = e.what();

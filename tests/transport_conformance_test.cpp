@@ -4,9 +4,6 @@
 // Ranks run as threads; every wait has a deadline of seconds.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -408,83 +405,6 @@ TEST(UcxTransport, MultiProcessFactoryWithInMemoryExchange) {
     EXPECT_EQ(g[r]->recv((r + W - 1) % W, act(0), Deadline::after(kWait))[0].item<int>(), (r + W - 1) % W);
   });
 }
-
-// Both ends of a socketpair write their address, then read the other's.
-AddressExchange socket_exchange(int fd, int rank) {
-  return [fd, rank](const std::string& mine) {
-    auto io = [](ssize_t n, size_t want) {
-      if (n != static_cast<ssize_t>(want)) throw Error("address exchange over the socketpair failed");
-    };
-    const uint64_t len = mine.size();
-    io(::write(fd, &len, sizeof len), sizeof len);
-    io(::write(fd, mine.data(), mine.size()), mine.size());
-    uint64_t other_len = 0;
-    io(::recv(fd, &other_len, sizeof other_len, MSG_WAITALL), sizeof other_len);
-    if (other_len > 65536) throw Error("implausible address length");
-    std::string other(other_len, '\0');
-    io(::recv(fd, other.data(), other.size(), MSG_WAITALL), other.size());
-    std::vector<std::string> all(2);
-    all[rank] = mine;
-    all[1 - rank] = other;
-    return all;
-  };
-}
-
-// A peer process that dies (SIGKILL) while this rank waits for it: with peer-failure detection
-// the wait ends at once with an error naming the rank; without, at its deadline; either way
-// the transport is then destroyed within a bounded time.
-class UcxDeadPeer : public ::testing::TestWithParam<bool> {};
-
-TEST_P(UcxDeadPeer, WaitEndsNamingTheRank) {
-  const bool detect = GetParam();
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1: connects, sends one message, then waits to be killed
-    ::alarm(60);
-    ::close(fds[0]);
-    try {
-      TransportOptions o;
-      o.backend = "ucx";
-      o.detect_peer_failure = detect;
-      auto t = make_ucx_transport(1, 2, socket_exchange(fds[1], 1), o);
-      t->send(0, act(0), torch::full({4}, 7.0));
-      t->recv(0, act(1), Deadline::after(60));
-    } catch (...) {
-    }
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  TransportOptions o;
-  o.backend = "ucx";
-  o.detect_peer_failure = detect;
-  {
-    auto t = make_ucx_transport(0, 2, socket_exchange(fds[0], 0), o);
-    EXPECT_EQ(t->recv(1, act(0), Deadline::after(kWait))[0].item<float>(), 7.0f);
-    ::kill(child, SIGKILL);
-    ::waitpid(child, nullptr, 0);
-    const double deadline_s = detect ? 30 : 2;
-    const auto t0 = Clock::now();
-    int peer = -1;
-    const std::string err = error_of([&] { t->recv(1, act(2), Deadline::after(deadline_s)); }, &peer);
-    EXPECT_EQ(peer, 1) << err;
-    EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
-    if (detect) {
-      EXPECT_LT(seconds_since(t0), 10.0) << err;
-    }
-    std::printf("dead peer, detection %s: %s\n", detect ? "on" : "off", err.c_str());
-    const auto t1 = Clock::now();
-    t.reset();
-    EXPECT_LT(seconds_since(t1), 12.0) << "destruction took too long";
-  }
-  ::close(fds[0]);
-}
-
-INSTANTIATE_TEST_SUITE_P(FailureDetection, UcxDeadPeer, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "on" : "off";
-                         });
 #endif
 
 // The pipeline trains the same over every backend: per-step losses and final parameters are

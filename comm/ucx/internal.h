@@ -7,6 +7,8 @@
 //                  wait(), drive() and the progress thread
 //   liveness.cpp   liveness probes: pings and pongs, and the probe phases of a wait
 //   teardown.cpp   abort() and the abort notices, the bounded shutdown (destructor, release())
+// process_watch.h says how peers on the same host are watched (a pidfd, not UCX's peer-failure
+// mode), so that their endpoints may use shared memory.
 // tags.h holds the tag layout, buffers.h the receive buffers of large messages.
 //
 // Threads. A transport is used by its rank's stage thread (send, recv), by whichever thread
@@ -20,6 +22,7 @@
 // separate contexts and workers, so they never contend.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <condition_variable>
@@ -83,6 +86,8 @@ class UcxTransport final : public Transport {
   void abort(const std::string& reason) override;
 
   void send_raw_header(int dst, const MessageId& id, const std::string& bytes);
+  // UCX's description of the endpoint to `peer` (its lanes and transports), for tests.
+  std::string describe_endpoint(int peer);
 
  private:
   enum class OpKind { Send, Recv, AbortNotice, Probe, Close };
@@ -107,8 +112,11 @@ class UcxTransport final : public Transport {
     UcxTransport* owner = nullptr;
     int rank = -1;
     ucp_ep_h ep = nullptr;
-    std::string failure;  // set by the endpoint's error callback
+    std::string failure;  // set by the endpoint's error callback, or when its process exits
     uint64_t pongs = 0;   // answers to this rank's liveness probes
+    bool ucx_detects = false;  // its endpoint is in UCX's peer-failure mode
+    int pidfd = -1;            // or its process is watched (process_watch.h)
+    long pid = -1;
   };
   // The liveness side of one wait() (liveness.cpp). The last quarter of the wait (at most a
   // second) probes the peer. No answer by the deadline: it stopped answering, and the error
@@ -160,6 +168,8 @@ class UcxTransport final : public Transport {
   // nothing happened, arm the worker and sleep in poll() (lock released) until an event, a
   // wake-up, `until` or the poll cap. `abortable` also wakes on an abort.
   void drive(std::unique_lock<std::mutex>& lock, Clock::time_point until, bool abortable);
+  // Marks the watched peers whose process has exited (pidfd readable in `fds`) as failed.
+  void note_exits(const std::vector<struct pollfd>& fds, size_t first);
   void progress_loop();
   void release();
 

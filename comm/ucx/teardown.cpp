@@ -61,13 +61,15 @@ UcxTransport::~UcxTransport() {
     if (!aborted_)
       cv_.wait_until(lock, Deadline::after(kCloseSeconds).at, [&] { return sends_in_flight_ == 0; });
     // A forced close needs peer-failure mode on both sides; without it endpoints are flushed.
-    const bool force = peer_failure_mode_ && (aborted_ || sends_in_flight_ > 0);
+    // A watched peer (process_watch.h) has none: its endpoint is flushed, unless its process
+    // has gone, when nothing can be flushed and release() drops the endpoint.
+    const bool force = aborted_ || sends_in_flight_ > 0;
     for (auto& peer : peers_) {
-      if (!peer->ep) continue;
+      if (!peer->ep || (peer->pidfd >= 0 && !peer->failure.empty())) continue;
       auto op = new_op(OpKind::Close, peer->rank, MessageId{Kind::Activation, 0}, "endpoint close");
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      p.flags = force && peer->ucx_detects ? UCP_EP_CLOSE_FLAG_FORCE : 0;
       p.cb.send = &UcxTransport::on_send;
       p.user_data = op.get();
       ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
@@ -141,6 +143,11 @@ void UcxTransport::release() {
   pending_.clear();  // buffers go only now that UCP can no longer write into them
   if (context_) ucp_cleanup(context_);
   context_ = nullptr;
+  for (auto& peer : peers_)
+    if (peer->pidfd >= 0) {
+      ::close(peer->pidfd);
+      peer->pidfd = -1;
+    }
   for (int* fd : {&wake_fd_, &abort_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;

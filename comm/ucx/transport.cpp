@@ -5,6 +5,8 @@
 #include "comm/ucx/transport.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -12,6 +14,7 @@
 
 #include "comm/ucx/buffers.h"
 #include "comm/ucx/internal.h"
+#include "comm/ucx/process_watch.h"
 #include "comm/ucx/tags.h"
 #include "comm/ucx/testing.h"
 #include "common/error.h"
@@ -122,6 +125,21 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
                                 ? detail::concat(body->info.length, " bytes, header announced ", h.nbytes)
                                 : ""));
   return out;
+}
+
+std::string UcxTransport::describe_endpoint(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_peer(peer);
+  if (!peers_[peer]->ep) return "";
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* out = ::open_memstream(&text, &size);
+  if (!out) return "";
+  ucp_ep_print_info(peers_[peer]->ep, out);
+  std::fclose(out);
+  std::string s(text, size);
+  std::free(text);
+  return s;
 }
 
 void UcxTransport::send_raw_header(int dst, const MessageId& id, const std::string& bytes) {
@@ -260,7 +278,9 @@ std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const Ad
   if (addresses[rank] != t->address())
     throw Error(detail::concat("ucx: the address exchange returned another address for rank ", rank));
   // The addresses came from other processes (through a store any client may write).
-  check.check(addresses, rank);
+  std::vector<std::string> ucx_addresses;
+  for (int r = 0; r < world_size; ++r) ucx_addresses.push_back(ucx::ucx_address_of(addresses[r], r));
+  check.check(ucx_addresses, rank);
   t->connect(addresses);
   return t;
 }
@@ -276,6 +296,12 @@ std::vector<std::unique_ptr<Transport>> make_ucx_group(int world_size, Transport
   std::vector<std::unique_ptr<Transport>> group;
   for (auto& t : ranks) group.push_back(std::move(t));
   return group;
+}
+
+std::string ucx_endpoint_for_test(Transport& transport, int peer) {
+  auto* t = dynamic_cast<ucx::UcxTransport*>(&transport);
+  if (!t) throw Error("ucx_endpoint_for_test: not a UCX transport");
+  return t->describe_endpoint(peer);
 }
 
 void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes) {

@@ -19,8 +19,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "comm/ucx/internal.h"
+#include "comm/ucx/process_watch.h"
 #include "comm/ucx/tags.h"
 #include "common/broken_pipe.h"
 #include "common/error.h"
@@ -88,7 +90,8 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
     ucp_address_t* addr = nullptr;
     size_t len = 0;
     ucx_check(ucp_worker_get_address(worker_, &addr, &len), "getting the worker's address");
-    address_.assign(reinterpret_cast<const char*>(addr), len);
+    address_ = identity_record();  // process_watch.h: who this rank is, then its worker's address
+    address_.append(reinterpret_cast<const char*>(addr), len);
     ucp_worker_release_address(worker_, addr);
 
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -110,19 +113,29 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
   for (int r = 0; r < world_; ++r) {
     if (addresses[r].empty())
       throw Error(detail::concat("ucx: rank ", rank_, " got an empty address for rank ", r));
+    const std::string ucx_address = ucx_address_of(addresses[r], r);
     auto peer = std::make_unique<Peer>();
     peer->owner = this;
     peer->rank = r;
+    // A peer process on this host is watched through its pidfd instead of UCX's peer-failure
+    // mode, which would keep its endpoint off shared memory (process_watch.h); a peer in this
+    // process needs neither.
+    const bool here = is_this_process(addresses[r]);
+    if (peer_failure_mode_ && !here) {
+      peer->pidfd = watch_process(addresses[r]);
+      if (peer->pidfd >= 0) peer->pid = process_id_of(addresses[r]);
+    }
+    peer->ucx_detects = peer_failure_mode_ && !here && peer->pidfd < 0;
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(addresses[r].data());
-    ep.err_mode = peer_failure_mode_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
+    ep.err_mode = peer->ucx_detects ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &UcxTransport::on_ep_error;
     ep.err_handler.arg = peer.get();
-    ucx_check(ucp_ep_create(worker_, &ep, &peer->ep),
-              detail::concat("connecting rank ", rank_, " to rank ", r));
-    peers_.push_back(std::move(peer));
+    const ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
+    peers_.push_back(std::move(peer));  // owns the pidfd from here on (release())
+    ucx_check(st, detail::concat("connecting rank ", rank_, " to rank ", r));
   }
   post_abort_notice_recv();
   post_probe_recv();
@@ -155,14 +168,27 @@ void UcxTransport::drive(std::unique_lock<std::mutex>& lock, Clock::time_point u
   if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;  // events arrived meanwhile
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
   const int timeout = static_cast<int>(std::clamp<int64_t>(left, 0, kPollCapMs));
-  pollfd fds[3] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {abort_fd_, POLLIN, 0}};
+  std::vector<pollfd> fds = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {abortable ? abort_fd_ : -1, POLLIN, 0}};
+  constexpr size_t kFirstPeer = 3;
+  for (const auto& peer : peers_)  // a watched process that exits makes its pidfd readable
+    fds.push_back({peer->pidfd >= 0 && peer->failure.empty() ? peer->pidfd : -1, POLLIN, 0});
   lock.unlock();
-  ::poll(fds, abortable ? 3 : 2, timeout);
+  ::poll(fds.data(), fds.size(), timeout);
   if (fds[1].revents & POLLIN) {
     uint64_t count;
     (void)!::read(wake_fd_, &count, sizeof count);
   }
   lock.lock();
+  note_exits(fds, kFirstPeer);
+}
+
+void UcxTransport::note_exits(const std::vector<pollfd>& fds, size_t first) {
+  for (size_t i = first; i < fds.size(); ++i) {
+    Peer& peer = *peers_[i - first];
+    if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || !peer.failure.empty()) continue;
+    peer.failure = detail::concat("its process (pid ", peer.pid, ") exited");
+    cv_.notify_all();
+  }
 }
 
 void UcxTransport::progress_loop() {
