@@ -21,7 +21,7 @@ import tempfile
 SHIPPED = ["configs/mlp_bench.json", "configs/gpt_small.json", "configs/fashion_mnist_cnn.json",
            "configs/gpt_text.json", "configs/lenet5_fashion_mnist.json", "configs/resnet_fashion_mnist.json",
            "configs/unet_fashion_mnist.json"]
-HIDDEN = ["configs/mlp_bench.json:model.in=784,model.width=1536,model.layers=5,data.batch_size=128",
+HIDDEN = ["configs/mlp_bench.json:model.in=784,model.width=1536,model.layers=5,data.batch_size=128,pipeline.balance=time",
           "configs/gpt_small.json:model.d_model=96,model.n_layers=6,model.seq_len=48,data.batch_size=24"]
 
 
