@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The MLP pipeline (configs/mlp_bench.json: 2 stages, 8 micro-batches, 1024 wide, gpipe) as one
-# process with a thread per stage (runtime.kind threads) against one process per stage
-# (runtime.kind processes over UCX, started by pipetrain launch; with peer-failure detection on,
-# which means tcp, and off, which allows shared memory; and over c10d's Gloo), run alternately on the same
-# machine. Step time: the median of each run's steps after the first (warm-up), then the median
-# over runs. Also checks that both runtimes logged the same losses.
+# The MLP pipeline (configs/mlp_bench.json: 2 stages, 8 micro-batches, 1024 wide, gpipe; CONFIG
+# names another) as one process with a thread per stage (runtime.kind threads) against one
+# process per stage (runtime.kind processes, started by pipetrain launch): over UCX as it runs by
+# default (failure detection on: same-host peers watched through pidfds, shared memory), over
+# UCX with only tcp allowed (UCX_TLS=tcp,self: what UCX's peer-failure mode gave same-host ranks
+# before), with detection off, and over c10d's Gloo; run alternately on the same machine. Step
+# time: the median of each run's steps after the first (warm-up), then the median over runs.
+# Also checks that every runtime logged the same losses.
 #
 #   bench/processes.sh [build-dir]             (default: build)
-#   REPEAT=5 STEPS=40 bench/processes.sh build
+#   REPEAT=5 STEPS=40 CONFIG=configs/fashion_mnist_cnn.json bench/processes.sh build
 set -euo pipefail
 
 build=${1:-build}
@@ -22,10 +24,13 @@ trap 'rm -rf "$work"' EXIT
 log=$work/log
 for i in $(seq "$repeat"); do
   "$bin" train "$config" --quiet --steps "$steps" --metrics "$work/threads_$i.jsonl" > "$log" 2>&1 || { cat "$log"; exit 1; }
-  # Peer-failure detection on (the default: UCX uses tcp between the processes) and off (shared memory).
+  # UCX as it runs by default (detection on; shared memory on one host), over tcp only, and with
+  # detection off.
   "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes_$i.jsonl" \
     --set runtime.kind=processes > "$log" 2>&1 || { cat "$log"; exit 1; }
-  "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-sm_$i.jsonl" \
+  UCX_TLS=tcp,self "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" \
+    --metrics "$work/processes-tcp_$i.jsonl" --set runtime.kind=processes > "$log" 2>&1 || { cat "$log"; exit 1; }
+  "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-nodetect_$i.jsonl" \
     --set runtime.kind=processes --set runtime.detect_peer_failure=false > "$log" 2>&1 || { cat "$log"; exit 1; }
   "$bin" launch --nproc 2 -- train "$config" --quiet --steps "$steps" --metrics "$work/processes-gloo_$i.jsonl" \
     --set runtime.kind=processes --set runtime.transport=gloo > "$log" 2>&1 || { cat "$log"; exit 1; }
@@ -40,9 +45,10 @@ def run(kind, i):
     lines = [json.loads(l) for l in open(f"{work}/{kind}_{i}.jsonl") if l.strip()]
     steps = [l for l in lines if "event" not in l]
     return [s["loss"] for s in steps], statistics.median(s["step_time_s"] for s in steps[1:])
-kinds = ("threads", "processes", "processes-sm", "processes-gloo")
-names = {"threads": "threads (local)", "processes": "processes (ucx, tcp: failure detection on)",
-         "processes-sm": "processes (ucx, shared memory: detection off)",
+kinds = ("threads", "processes", "processes-tcp", "processes-nodetect", "processes-gloo")
+names = {"threads": "threads (local)", "processes": "processes (ucx, default: shared memory, detection on)",
+         "processes-tcp": "processes (ucx, tcp only: UCX_TLS=tcp,self)",
+         "processes-nodetect": "processes (ucx, detection off)",
          "processes-gloo": "processes (c10d gloo, tcp)"}
 res = {k: [run(k, i) for i in range(1, repeat + 1)] for k in kinds}
 same = all(len({tuple(res[k][i][0]) for k in kinds}) == 1 for i in range(repeat))
