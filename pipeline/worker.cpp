@@ -23,25 +23,31 @@ Worker::~Worker() {
   thread_.join();
 }
 
+// The job inside the stage's device context, which is synchronised after it: its first error.
+std::exception_ptr Worker::run(const std::function<void()>& job) {
+  std::exception_ptr error;
+  try {
+    std::unique_ptr<stages::DeviceContext::Scope> scope;
+    if (context_) scope = context_->enter();
+    try {
+      job();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (context_) context_->synchronize();
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
+  return error;
+}
+
 void Worker::submit(std::function<void()> job) {
   if (on_caller_) {
     const int threads = at::get_num_threads();
     const int account = memory_account();
     at::set_num_threads(intra_op_threads_);
     memory_account() = account_;
-    std::exception_ptr error;
-    try {
-      std::unique_ptr<stages::DeviceContext::Scope> scope;
-      if (context_) scope = context_->enter();
-      try {
-        job();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      if (context_) context_->synchronize();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
+    const std::exception_ptr error = run(job);
     at::set_num_threads(threads);
     memory_account() = account;
     error_ = error;
@@ -79,19 +85,7 @@ void Worker::loop() {
     auto job = std::move(job_);
     has_job_ = false;
     lock.unlock();
-    std::exception_ptr error;
-    try {
-      std::unique_ptr<stages::DeviceContext::Scope> scope;
-      if (context_) scope = context_->enter();
-      try {
-        job();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      if (context_) context_->synchronize();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
+    const std::exception_ptr error = run(job);
     lock.lock();
     error_ = error;
     done_ = true;

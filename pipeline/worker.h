@@ -41,6 +41,7 @@ class Worker {
 
  private:
   void loop();
+  std::exception_ptr run(const std::function<void()>& job);
 
   std::string name_;
   int intra_op_threads_;

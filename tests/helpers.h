@@ -5,6 +5,11 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
+
+#include "common/error.h"
+
 namespace pipetrain::test {
 
 // Success when both modules have the same parameter names with bit-identical values.
@@ -30,5 +35,16 @@ struct FailingImpl : torch::nn::Module {
   }
 };
 TORCH_MODULE(Failing);
+
+// What `fn` threw as a TransportError ("" when it did not throw); `peer` gets the rank it names.
+inline std::string transport_error_of(const std::function<void()>& fn, int* peer = nullptr) {
+  try {
+    fn();
+  } catch (const TransportError& e) {
+    if (peer) *peer = e.peer();
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace pipetrain::test

@@ -66,16 +66,6 @@ void run_ranks(Group& g, Fn fn) {
     if (e) std::rethrow_exception(e);
 }
 
-std::string error_of(const std::function<void()>& fn, int* peer = nullptr) {
-  try {
-    fn();
-  } catch (const TransportError& e) {
-    if (peer) *peer = e.peer();
-    return e.what();
-  }
-  return "";
-}
-
 // The backends whose ranks can be threads of one process: all but NCCL, which takes one GPU
 // per process (its checks are the gpu tests).
 std::vector<std::string> in_process_backends() {
@@ -254,7 +244,7 @@ TEST_P(TransportConformance, AbortWakesWaitersOnEveryRank) {
   std::vector<std::thread> waiters;
   for (int r = 1; r < W; ++r)
     waiters.emplace_back(
-        [&, r] { errors[r] = error_of([&] { g[r]->recv(0, act(0), Deadline::after(60)); }); });
+        [&, r] { errors[r] = test::transport_error_of([&] { g[r]->recv(0, act(0), Deadline::after(60)); }); });
   g[0]->abort("stage 0 failed");
   for (auto& t : waiters) t.join();
   EXPECT_LT(seconds_since(t0), 10.0) << "waiters were not woken";
@@ -272,7 +262,7 @@ TEST_P(TransportConformance, AbortWakesWaitersOnEveryRank) {
 TEST_P(TransportConformance, AbortFromAnotherThreadWakesOwnWait) {
   std::string err;
   const auto t0 = Clock::now();
-  std::thread waiter([&] { err = error_of([&] { g[1]->recv(0, grad(2), Deadline::after(60)); }); });
+  std::thread waiter([&] { err = test::transport_error_of([&] { g[1]->recv(0, grad(2), Deadline::after(60)); }); });
   g[1]->abort("watchdog");
   waiter.join();
   EXPECT_LT(seconds_since(t0), 10.0);
@@ -282,7 +272,7 @@ TEST_P(TransportConformance, AbortFromAnotherThreadWakesOwnWait) {
 TEST_P(TransportConformance, WrongStepIsRefused) {
   g[0]->send(1, act(0, 1), torch::ones({4}));
   int peer = -1;
-  const std::string err = error_of([&] { g[1]->recv(0, act(0, 2), Deadline::after(kWait)); }, &peer);
+  const std::string err = test::transport_error_of([&] { g[1]->recv(0, act(0, 2), Deadline::after(kWait)); }, &peer);
   EXPECT_EQ(peer, 0);
   EXPECT_NE(
       err.find("expected activation of micro-batch 0 (step 2) from rank 0, got micro-batch 0 of step 1"),
@@ -294,7 +284,7 @@ TEST_P(TransportConformance, MessageOverLimitIsRefused) {
   Group small = make(64);
   small[0]->send(1, act(0), torch::ones({100}));
   int peer = -1;
-  const std::string err = error_of([&] { small[1]->recv(0, act(0), Deadline::after(kWait)); }, &peer);
+  const std::string err = test::transport_error_of([&] { small[1]->recv(0, act(0), Deadline::after(kWait)); }, &peer);
   EXPECT_EQ(peer, 0);
   EXPECT_NE(err.find("from rank 0"), std::string::npos) << err;
   EXPECT_NE(err.find("message limit of 64 bytes"), std::string::npos) << err;
@@ -345,7 +335,7 @@ TEST(UcxHostilePeer, MalformedHeadersAreRefusedNamingThePeer) {
   auto refused = [&](int m, const std::string& bytes) {
     send_raw_header_for_test(*g[2], 1, act(m), bytes);
     int peer = -1;
-    const std::string err = error_of([&] { g[1]->recv(2, act(m), Deadline::after(kWait)); }, &peer);
+    const std::string err = test::transport_error_of([&] { g[1]->recv(2, act(m), Deadline::after(kWait)); }, &peer);
     EXPECT_EQ(peer, 2) << err;
     EXPECT_NE(err.find("from rank 2"), std::string::npos) << err;
     return err;

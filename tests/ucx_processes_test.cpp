@@ -19,6 +19,7 @@
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "tests/helpers.h"
 
 #if PIPETRAIN_HAVE_UCX
 #include "comm/ucx/process_watch.h"
@@ -36,16 +37,6 @@ MessageId act(int m) { return {Kind::Activation, m, 0, 0}; }
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string error_of(const std::function<void()>& fn, int* peer = nullptr) {
-  try {
-    fn();
-  } catch (const TransportError& e) {
-    if (peer) *peer = e.peer();
-    return e.what();
-  }
-  return "";
 }
 
 TransportOptions ucx(bool detect) {
@@ -113,7 +104,7 @@ TEST_P(UcxDeadPeer, WaitEndsNamingTheRank) {
     const double deadline_s = detect ? 30 : 2;
     const auto t0 = Clock::now();
     int peer = -1;
-    const std::string err = error_of([&] { t->recv(1, act(2), Deadline::after(deadline_s)); }, &peer);
+    const std::string err = test::transport_error_of([&] { t->recv(1, act(2), Deadline::after(deadline_s)); }, &peer);
     EXPECT_EQ(peer, 1) << err;
     EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
     if (detect) {  // the peer's process is watched (process_watch.h): its exit ends the wait
@@ -233,7 +224,7 @@ TEST(UcxSameHost, AnAddressWithoutAProcessIdentityIsRefusedNamingItsRank) {
   for (const std::string& bad :
        {std::string(10, 'x'), std::string(300, '\xff'), std::string(ucx::kIdentityBytes, ' ') + "address"}) {
     int peer = -1;
-    const std::string err = error_of(
+    const std::string err = test::transport_error_of(
         [&] {
           make_ucx_transport(0, 2, [&](const std::string& mine) { return std::vector<std::string>{mine, bad}; },
                              ucx(true));
