@@ -126,17 +126,13 @@ print("# The auto-planner against measurement")
 print()
 def machine():
     """The CPU's model name, core count and whether it has AMX (bf16's speed depends on it)."""
-    model, flags = "unknown CPU", set()
+    model = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, {'AMX' if 'amx_bf16' in flags else 'no AMX'}"
+    return f"{model}, {os.cpu_count()} cores, {'AMX' if 'amx_bf16' in cpu_flags() else 'no AMX'}"
 
 
 print(f"`python3 bench/planner_regret.py build` on {machine()}. Measured with `pipetrain bench` (median of")

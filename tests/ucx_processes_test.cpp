@@ -11,8 +11,10 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -67,6 +69,28 @@ AddressExchange socket_exchange(int fd, int rank) {
   };
 }
 
+// Forks rank 1, which runs `rank1` on its end of a socketpair and exits 0 when it returns, 1
+// when it throws (60 s at most); returns its pid (-1 when the fork failed) and rank 0's end.
+std::pair<pid_t, int> fork_rank1(const std::function<void(int)>& rank1) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return {-1, -1};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::alarm(60);
+    ::close(fds[0]);
+    int rc = 1;
+    try {
+      rank1(fds[1]);
+      rc = 0;
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  ::close(fds[1]);
+  if (child < 0) ::close(fds[0]);
+  return {child, child < 0 ? -1 : fds[0]};
+}
+
 // A peer process that dies (SIGKILL) while this rank waits for it: with peer-failure detection
 // the wait ends at once with an error naming the rank; without, at its deadline; either way
 // the transport is then destroyed within a bounded time.
@@ -74,30 +98,14 @@ class UcxDeadPeer : public ::testing::TestWithParam<bool> {};
 
 TEST_P(UcxDeadPeer, WaitEndsNamingTheRank) {
   const bool detect = GetParam();
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  const pid_t child = ::fork();
+  const auto [child, fd] = fork_rank1([&](int end) {  // connects, sends one message, waits to be killed
+    auto t = make_ucx_transport(1, 2, socket_exchange(end, 1), ucx(detect));
+    t->send(0, act(0), torch::full({4}, 7.0));
+    t->recv(0, act(1), Deadline::after(60));
+  });
   ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1: connects, sends one message, then waits to be killed
-    ::alarm(60);
-    ::close(fds[0]);
-    try {
-      TransportOptions o;
-      o.backend = "ucx";
-      o.detect_peer_failure = detect;
-      auto t = make_ucx_transport(1, 2, socket_exchange(fds[1], 1), o);
-      t->send(0, act(0), torch::full({4}, 7.0));
-      t->recv(0, act(1), Deadline::after(60));
-    } catch (...) {
-    }
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  TransportOptions o;
-  o.backend = "ucx";
-  o.detect_peer_failure = detect;
   {
-    auto t = make_ucx_transport(0, 2, socket_exchange(fds[0], 0), o);
+    auto t = make_ucx_transport(0, 2, socket_exchange(fd, 0), ucx(detect));
     EXPECT_EQ(t->recv(1, act(0), Deadline::after(kWait))[0].item<float>(), 7.0f);
     ::kill(child, SIGKILL);
     ::waitpid(child, nullptr, 0);
@@ -116,7 +124,7 @@ TEST_P(UcxDeadPeer, WaitEndsNamingTheRank) {
     t.reset();
     EXPECT_LT(seconds_since(t1), 12.0) << "destruction took too long";
   }
-  ::close(fds[0]);
+  ::close(fd);
 }
 
 INSTANTIATE_TEST_SUITE_P(FailureDetection, UcxDeadPeer, ::testing::Bool(),
@@ -131,25 +139,13 @@ class UcxSameHost : public ::testing::TestWithParam<bool> {};
 
 TEST_P(UcxSameHost, PeerProcessesTalkOverSharedMemory) {
   const bool detect = GetParam();
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  const pid_t child = ::fork();
+  const auto [child, fd] = fork_rank1([&](int end) {  // echoes two messages back
+    auto t = make_ucx_transport(1, 2, socket_exchange(end, 1), ucx(detect));
+    for (int m = 0; m < 2; ++m) t->send(0, act(m), t->recv(0, act(m), Deadline::after(kWait)));
+  });
   ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1: echoes two messages back
-    ::alarm(60);
-    ::close(fds[0]);
-    int rc = 1;
-    try {
-      auto t = make_ucx_transport(1, 2, socket_exchange(fds[1], 1), ucx(detect));
-      for (int m = 0; m < 2; ++m) t->send(0, act(m), t->recv(0, act(m), Deadline::after(kWait)));
-      rc = 0;
-    } catch (...) {
-    }
-    ::_exit(rc);
-  }
-  ::close(fds[1]);
   {
-    auto t = make_ucx_transport(0, 2, socket_exchange(fds[0], 0), ucx(detect));
+    auto t = make_ucx_transport(0, 2, socket_exchange(fd, 0), ucx(detect));
     const std::string ep = ucx_endpoint_for_test(*t, 1);
     EXPECT_NE(ep.find("/memory"), std::string::npos) << ep;
     EXPECT_EQ(ep.find("tcp/"), std::string::npos) << ep;
@@ -162,7 +158,7 @@ TEST_P(UcxSameHost, PeerProcessesTalkOverSharedMemory) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  ::close(fds[0]);
+  ::close(fd);
 }
 
 INSTANTIATE_TEST_SUITE_P(FailureDetection, UcxSameHost, ::testing::Bool(),

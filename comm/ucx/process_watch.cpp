@@ -5,8 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -84,8 +83,7 @@ bool parse(const std::string& published, Identity* out) {
   if (in >> rest) return false;  // nothing else but padding
   if (out->boot.size() != 36 || out->boot.find_first_not_of("0123456789abcdef-") != std::string::npos)
     return false;
-  const size_t colon = out->pid_ns.find(':');
-  if (colon == std::string::npos || out->pid_ns.find_first_not_of("0123456789:") != std::string::npos)
+  if (out->pid_ns.find(':') == std::string::npos || out->pid_ns.find_first_not_of("0123456789:") != std::string::npos)
     return false;
   return out->pid > 0;
 }
@@ -109,39 +107,30 @@ std::string ucx_address_of(const std::string& published, int rank) {
   return published.substr(kIdentityBytes);
 }
 
-bool is_this_process(const std::string& published) {
+PeerProcess watch_peer(const std::string& published) {
+  PeerProcess out;
   const Identity me = self();
   Identity peer;
-  return parse(published, &peer) && me.pid_ns != "0:0" && peer.boot == me.boot && peer.pid_ns == me.pid_ns &&
-         peer.pid == me.pid && peer.start == me.start;
-}
-
-long process_id_of(const std::string& published) {
-  Identity id;
-  return parse(published, &id) ? id.pid : -1;
-}
-
-int watch_process(const std::string& published) {
+  if (!parse(published, &peer) || me.pid_ns == "0:0" || peer.boot != me.boot || peer.pid_ns != me.pid_ns)
+    return out;  // another host or pid namespace, or this process unknown to itself
+  if (peer.pid == me.pid) {
+    out.this_process = peer.start == me.start;
+    return out;
+  }
 #ifdef SYS_pidfd_open
-  const Identity me = self();
-  Identity peer;
-  if (!parse(published, &peer) || me.pid_ns == "0:0" || peer.boot != me.boot || peer.pid_ns != me.pid_ns ||
-      peer.pid == me.pid)
-    return -1;
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
-  if (fd < 0) return -1;
+  if (fd < 0) return out;
   // The pidfd holds the process it was opened on: if that one started when the record says, it
   // is the peer. Unreadable now: the process has exited already, which the pidfd shows at once.
   unsigned long long start = 0;
   if (start_time(peer.pid, &start) && start != peer.start) {
     ::close(fd);
-    return -1;
+    return out;
   }
-  return fd;
-#else
-  (void)published;
-  return -1;
+  out.pidfd = fd;
+  out.pid = peer.pid;
 #endif
+  return out;
 }
 
 }  // namespace pipetrain::comm::ucx

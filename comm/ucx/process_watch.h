@@ -26,16 +26,14 @@ std::string identity_record();
 // throws TransportError naming the rank when `published` does not start with a valid record.
 std::string ucx_address_of(const std::string& published, int rank);
 
-// A pidfd on the process that `published` (a valid address, see above) names, or -1 when it is
-// not another process of this host and pid namespace, no longer the same process, or the
-// kernel refuses pidfds. The caller closes it.
-int watch_process(const std::string& published);
-
-// Whether `published` was written by this very process (ranks as threads): such a peer cannot
-// die without this rank, and needs no watching.
-bool is_this_process(const std::string& published);
-
-// The process id in `published`'s record, for errors.
-long process_id_of(const std::string& published);
+// Who published an address (a valid one, see above), as this rank can watch it.
+struct PeerProcess {
+  bool this_process = false;  // this very process (ranks as threads): it cannot die without us
+  int pidfd = -1;             // another process of this host, watched; the caller closes it
+  long pid = -1;              // its process id, for errors
+};
+// pidfd is -1 unless `published` names another process of this host and pid namespace that is
+// still the one that wrote the record, and the kernel grants pidfds.
+PeerProcess watch_peer(const std::string& published);
 
 }  // namespace pipetrain::comm::ucx

@@ -8,12 +8,12 @@
 
 namespace pipetrain::comm {
 
-// Sends `bytes` to `dst` where the header of message `id` belongs, bypassing encode(), to check
-// how a receiver treats a malformed header. `transport` must be a UCX one.
 // UCX's description of `transport`'s endpoint to `peer`: its lanes, each naming its transport
 // and device ("sysv/memory", "tcp/lo"). `transport` must be a UCX one.
 std::string ucx_endpoint_for_test(Transport& transport, int peer);
 
+// Sends `bytes` to `dst` where the header of message `id` belongs, bypassing encode(), to check
+// how a receiver treats a malformed header. `transport` must be a UCX one.
 void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);
 
 }  // namespace pipetrain::comm

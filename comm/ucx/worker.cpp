@@ -120,12 +120,12 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
     // A peer process on this host is watched through its pidfd instead of UCX's peer-failure
     // mode, which would keep its endpoint off shared memory (process_watch.h); a peer in this
     // process needs neither.
-    const bool here = is_this_process(addresses[r]);
-    if (peer_failure_mode_ && !here) {
-      peer->pidfd = watch_process(addresses[r]);
-      if (peer->pidfd >= 0) peer->pid = process_id_of(addresses[r]);
+    if (peer_failure_mode_) {
+      const PeerProcess process = watch_peer(addresses[r]);
+      peer->pidfd = process.pidfd;
+      peer->pid = process.pid;
+      peer->ucx_detects = !process.this_process && process.pidfd < 0;
     }
-    peer->ucx_detects = peer_failure_mode_ && !here && peer->pidfd < 0;
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
