@@ -25,8 +25,11 @@ class Bench final : public Command {
     config_.add_set(s);
     s->add_option("--warmup", options_.warmup, "Untimed steps before measuring")
         ->check(kNonNegative);
-    s->add_option("--repeat", options_.repeat, "Timed steps (the median is reported)")
+    s->add_option("--repeat", options_.repeat, "Timed steps at least (the median is reported)")
         ->check(kPositive);
+    s->add_option("--min-time", options_.min_time_s,
+                  "And more timed steps until this many seconds of them (default 0.5; 0: exactly --repeat)")
+        ->check(CLI::Range(0.0, 3600.0));
     s->add_option("--stages", sweep_.stages, "Sweep these stage counts (comma-separated)")
         ->delimiter(',')
         ->check(kPositive);

@@ -11,7 +11,7 @@ bin=$build/apps/pipetrain
 mkdir -p "$out"
 results=$out/results.jsonl
 : > "$results"
-common=(--micro-batches 1,2,4,8,16,32 --recompute always,except_last,never --warmup 1 --repeat 3
+common=(--micro-batches 1,2,4,8,16,32 --recompute always,except_last,never --warmup 1 --repeat 3 --min-time 0
         --json "$results")
 # One stage runs every schedule the same way (no communication, nothing to overlap): gpipe only.
 sweep() {

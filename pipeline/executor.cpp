@@ -362,10 +362,12 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     first_action = false;
   }
   // The step's losses, read from the device once (one host synchronization per step).
-  if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M > 0) {
+  if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M == 1) {
+    losses[0] = loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
+  } else if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M > 1) {
     std::vector<at::Tensor> values;
-    for (int m = 0; m < M; ++m) values.push_back(loss_values.at(m).to(at::kDouble).reshape({}));
-    const at::Tensor all = torch::stack(values).cpu();
+    for (int m = 0; m < M; ++m) values.push_back(loss_values.at(m).reshape({}));
+    const at::Tensor all = torch::stack(values).to(at::kDouble).cpu();
     for (int m = 0; m < M; ++m) losses[m] = all.data_ptr<double>()[m];
   }
   if (!stamped.empty()) {

@@ -45,10 +45,11 @@ void Worker::submit(std::function<void()> job) {
   if (on_caller_) {
     const int threads = at::get_num_threads();
     const int account = memory_account();
-    at::set_num_threads(intra_op_threads_);
+    // Set only where it differs: a change of intra-op count reconfigures libtorch's pools.
+    if (threads != intra_op_threads_) at::set_num_threads(intra_op_threads_);
     memory_account() = account_;
     const std::exception_ptr error = run(job);
-    at::set_num_threads(threads);
+    if (threads != intra_op_threads_) at::set_num_threads(threads);
     memory_account() = account;
     error_ = error;
     done_ = true;

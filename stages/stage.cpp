@@ -70,7 +70,9 @@ at::Tensor Stage::run(const Saved& s, Skips* left) {
   // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).
   at::Tensor loss = loss_(out, s.target);
   if (c10::isReducedFloatingType(loss.scalar_type())) loss = loss.to(at::kFloat);
-  return loss * s.weight;
+  // A weight of exactly 1 (one micro-batch, no loss scale) changes nothing: no multiply, and no
+  // node for it in the graph, as the plain loop's unsplit loss.
+  return s.weight == 1.0 ? loss : loss * s.weight;
 }
 
 at::Tensor Stage::forward_only(const at::Tensor& input, const Skips& skips_in, Skips* skips_out) {

@@ -138,7 +138,7 @@ TEST(Cli, DataParallelInPlanBenchAndAutoPlan) {
 
   const std::string out = ::testing::TempDir() + "/pipetrain_cli_dp_" + std::to_string(::getpid()) + ".jsonl";
   std::remove(out.c_str());
-  Result r = run("bench " + cfg + " --stages 1 --data-parallel 1,2 --warmup 0 --repeat 2 --json " + out);
+  Result r = run("bench " + cfg + " --stages 1 --data-parallel 1,2 --warmup 0 --repeat 2 --min-time 0 --json " + out);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[2/2] K=1 D=2 M=2"), std::string::npos) << r.out;
   std::ifstream in(out);
@@ -153,7 +153,9 @@ TEST(Cli, DataParallelInPlanBenchAndAutoPlan) {
   EXPECT_GT(by_copies[2]["reduce_ms"].get<double>(), 0.0) << by_copies[2].dump();
   EXPECT_GE(by_copies[2]["exposed_reduce_ms"].get<double>(), 0.0);
   EXPECT_GT(by_copies[2]["pipeline_samples_per_s"].get<double>(), 0.0);
-  r = run("bench " + cfg + " --set pipeline.stages=1 --set pipeline.data_parallel=2 --warmup 0 --repeat 2");
+  EXPECT_EQ(by_copies[2]["timed_steps"], nlohmann::json::array({2, 2, 2})) << by_copies[2].dump();
+  EXPECT_EQ(by_copies[2]["min_time_s"].get<double>(), 0.0);
+  r = run("bench " + cfg + " --set pipeline.stages=1 --set pipeline.data_parallel=2 --warmup 0 --repeat 2 --min-time 0");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("data parallel: the longest stage's reduction "), std::string::npos) << r.out;
 
@@ -270,7 +272,7 @@ TEST(Cli, BenchSweepWritesJsonLines) {
   const std::string out = ::testing::TempDir() + "/pipetrain_cli_sweep_" + std::to_string(::getpid()) + ".jsonl";
   std::remove(out.c_str());
   Result r = run("bench " + cfg + " --stages 1,2 --micro-batches 2,3 --schedule gpipe,interleaved-1f1b --recompute never "
-                 "--warmup 0 --repeat 1 --json " + out);
+                 "--warmup 0 --repeat 1 --min-time 0 --json " + out);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[8/8] K=2 M=3 interleaved-1f1b never: skipped"), std::string::npos) << r.out;
   std::ifstream in(out);
@@ -309,7 +311,7 @@ TEST(Cli, BenchComparesPrecisionsAndPlanNamesIt) {
   const std::string cfg = write_config("precision.json", kSmall);
   const std::string out = ::testing::TempDir() + "/pipetrain_cli_precision_" + std::to_string(::getpid()) + ".jsonl";
   std::remove(out.c_str());
-  Result r = run("bench " + cfg + " --precision fp32,bf16,fp16 --warmup 0 --repeat 1 --json " + out);
+  Result r = run("bench " + cfg + " --precision fp32,bf16,fp16 --warmup 0 --repeat 1 --min-time 0 --json " + out);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[2/3] K=2 M=2 gpipe except_last bf16: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("vs fp32: plain "), std::string::npos) << r.out;

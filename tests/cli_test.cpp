@@ -252,13 +252,35 @@ TEST(Cli, LogLevelChoosesTheMessages) {
   expect_clean_error(run("--log-level loud train " + cfg), "--log-level: loud not in");
 }
 
+namespace {
+// The timed steps of each run, the last column of bench's table.
+std::vector<int> timed_steps(const std::string& out) {
+  std::vector<int> steps;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("single-device", 0) == 0 || line.rfind("pipeline  ", 0) == 0)
+      steps.push_back(std::stoi(line.substr(line.find_last_of(' ') + 1)));
+  return steps;
+}
+}  // namespace
+
+// `--repeat` steps at least, and more until `--min-time` seconds of them; `--min-time 0`:
+// exactly `--repeat`.
 TEST(Cli, BenchPrintsBothRunsAndTheRatio) {
   const std::string cfg = write_config("bench.json", kSmall);
-  Result r = run("bench " + cfg + " --warmup 1 --repeat 3");
+  Result r = run("bench " + cfg + " --warmup 1 --repeat 3 --min-time 0");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("single-device"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("pipeline / plain"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MiB"), std::string::npos) << r.out;
+  EXPECT_EQ(timed_steps(r.out), (std::vector<int>{3, 3, 3})) << r.out;
+  // A step of this model takes well under 50 ms: 0.15 s of them is more than 3.
+  r = run("bench " + cfg + " --warmup 1 --repeat 3 --min-time 0.15");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<int> steps = timed_steps(r.out);
+  ASSERT_EQ(steps.size(), 3u) << r.out;
+  for (int n : steps) EXPECT_GT(n, 3) << r.out;
+  expect_clean_error(run("bench " + cfg + " --min-time -1"), "--min-time: Value -1 not in range");
 }
 
 TEST(Cli, NonFiniteLossStopsTheRunNamingTheStep) {

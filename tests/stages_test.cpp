@@ -75,6 +75,23 @@ TEST(Stage, CheckpointedForwardKeepsNoGraph) {
   EXPECT_EQ(out.grad_fn(), nullptr);
 }
 
+// The last stage returns the micro-batch's weighted loss; a weight of exactly 1 (one
+// micro-batch) is the loss itself, with no multiply in the graph (as the plain loop's).
+TEST(Stage, AUnitWeightLeavesTheLossAsItIs) {
+  for (double weight : {1.0, 0.5}) {
+    auto model = mlp(1);
+    stages::Stage s(0, 1, model, Recompute::Never);
+    at::Tensor loss;
+    s.set_loss([&loss](const at::Tensor& out, const at::Tensor& t) { return loss = mean_ce(out, t); });
+    s.begin_step(0, 0, 1);
+    const at::Tensor out = s.forward(0, torch::randn({4, 6}, torch::kDouble), 0, torch::randint(0, 3, {4}), weight);
+    EXPECT_EQ(out.data_ptr() == loss.data_ptr(), weight == 1.0) << weight;
+    EXPECT_EQ(out.item<double>(), loss.item<double>() * weight);
+    s.backward(0, {});
+    for (auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
+  }
+}
+
 TEST(Stage, MiddleStageReturnsInputGradient) {
   auto model = mlp(1);
   stages::Stage s(1, 3, model, Recompute::Never);

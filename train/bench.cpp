@@ -63,14 +63,17 @@ BenchMeasure measure(const std::string& name, int threads, const BenchOptions& o
   malloc_trim(0);
   reset_peak_rss();
   std::vector<double> times;
-  for (int i = 0; i < o.warmup + o.repeat; ++i) {
+  double timed = 0;
+  for (int i = 0; i < o.warmup + kMaxTimedSteps; ++i) {
+    if (i >= o.warmup + o.repeat && timed >= o.min_time_s) break;
     const auto t0 = Clock::now();
     step(i);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (i >= o.warmup) times.push_back(s);
+    if (i >= o.warmup) times.push_back(s), timed += s;
   }
   m.peak_rss_bytes = peak_rss_bytes();
   std::sort(times.begin(), times.end());
+  m.steps = static_cast<int>(times.size());
   m.median_step_s = median(times);
   m.min_step_s = times.front();
   m.max_step_s = times.back();
@@ -105,6 +108,8 @@ void set_rates(BenchMeasure& m, int64_t batch) {
 
 BenchResult run_bench(const Config& c, const BenchOptions& o) {
   if (o.repeat < 1) throw ConfigError("bench: repeat must be >= 1");
+  if (!(o.min_time_s >= 0) || o.min_time_s > 3600)
+    throw ConfigError(detail::concat("bench: min-time must be between 0 and 3600 seconds, got ", o.min_time_s));
   if (c.runtime.kind == "processes")
     throw ConfigError(c.where("runtime.kind") + ": pipetrain bench measures stages as threads of one process; "
                       "bench/processes.sh compares runtime.kind processes with threads");
@@ -112,7 +117,9 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   Job job = prepare_balanced(c);
   const int64_t B = c.data.batch_size;
   std::vector<Batch> batches;
+  // Steps past these (bench's min-time) take them again, in turn.
   for (int i = 0; i < o.warmup + o.repeat; ++i) batches.push_back(to_model(job, job.data.train_batch(i, B, c.train.seed)));
+  auto batch = [&](int i) -> const Batch& { return batches[static_cast<size_t>(i) % batches.size()]; };
   auto fresh_model = [&] { return build_model(c).layers; };
 
   const int per_stage = job.options.intra_op_threads;
@@ -126,7 +133,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
     model->to(device);
     SingleDevice plain(model, mean_cross_entropy, make_optimizer_factory(c.optimizer), c.train.seed, c.train.precision,
                        job.model.ties);
-    auto step = [&](int i) { plain.train_step(batches[i].input.to(device), batches[i].target.to(device)); };
+    auto step = [&](int i) { plain.train_step(batch(i).input.to(device), batch(i).target.to(device)); };
     BenchMeasure m = measure(name, threads, o, step);
     set_rates(m, B);
     if (threads == per_stage) {
@@ -149,7 +156,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   std::vector<double> timed;      // each step as timed around train_step
   r.pipeline = measure("pipeline", per_stage, o, [&](int i) {
     const auto start = Clock::now();
-    pipe.train_step(batches[i].input, batches[i].target);
+    pipe.train_step(batch(i).input, batch(i).target);
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
     if (i >= o.warmup) traces.push_back(pipe.last_trace()), timed.push_back(s);
   });
@@ -313,7 +320,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
       << "median step" << std::setw(14) << "samples/s" << std::setw(11) << "vs plain" << std::setw(14)
-      << "peak RSS" << "\n";
+      << "peak RSS" << std::setw(8) << "steps" << "\n";
   for (const BenchMeasure* m : {&r.baseline, &r.baseline_all_cores, &r.pipeline}) {
     std::ostringstream step, ratio, rss;
     step << std::fixed << std::setprecision(2) << m->median_step_s * 1e3 << " ms";
@@ -322,7 +329,8 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
     out << std::left << std::setw(28) << m->name << std::right << std::setw(9)
         << (m == &r.pipeline ? std::to_string(m->threads) + "/st" : std::to_string(m->threads))
         << std::setw(14) << step.str() << std::setw(14) << std::fixed << std::setprecision(1)
-        << m->samples_per_s << std::setw(11) << ratio.str() << std::setw(14) << rss.str() << "\n";
+        << m->samples_per_s << std::setw(11) << ratio.str() << std::setw(14) << rss.str() << std::setw(8) << m->steps
+        << "\n";
   }
   const double K = c.pipeline.stages, M = c.pipeline.micro_batches;
   out << std::fixed << std::setprecision(3) << "pipeline / plain (same threads per stage): "
@@ -453,6 +461,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               line["baseline_all_cores_samples_per_s"] = r.baseline_all_cores.samples_per_s;
               line["pipeline_samples_per_s"] = r.pipeline.samples_per_s;
               line["pipeline_samples_per_s_range"] = {r.pipeline.min_samples_per_s, r.pipeline.max_samples_per_s};
+              line["timed_steps"] = {r.baseline.steps, r.baseline_all_cores.steps, r.pipeline.steps};
               line["speedup"] = r.pipeline.samples_per_s / r.baseline.samples_per_s;
               line["speedup_all_cores"] = r.pipeline.samples_per_s / r.baseline_all_cores.samples_per_s;
               line["ideal_speedup"] = d * K * M / (M + (K - 1) / v);
@@ -503,6 +512,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
             line["config"] = base_json;
             line["repeat"] = o.bench.repeat;
             line["warmup"] = o.bench.warmup;
+            line["min_time_s"] = o.bench.min_time_s;
             if (json_lines) *json_lines << line.dump() << "\n" << std::flush;
           }
         }

@@ -24,12 +24,16 @@ using namespace ::pipetrain::planner;
 struct BenchOptions {
   int warmup = 3;
   int repeat = 10;
+  // Each run also times steps until this many seconds of them have passed (so that the median
+  // of a short step is over enough of them), at most kMaxTimedSteps; 0: exactly `repeat`.
+  double min_time_s = 0.5;
   bool profile = true;  // also predict the step from per-layer profiles (as `pipetrain plan`)
 };
 
 struct BenchMeasure {
   std::string name;
   int threads = 0;               // intra-op threads (per stage for the pipeline)
+  int steps = 0;                 // timed steps (repeat, or more for min_time_s)
   double median_step_s = 0;
   double min_step_s = 0, max_step_s = 0;
   double samples_per_s = 0;      // batch / median step
@@ -76,6 +80,8 @@ struct BenchResult {
   BenchPrediction prediction;
   partitioner::Balance balance;  // layers per virtual stage, as chosen by pipeline.balance
 };
+
+inline constexpr int kMaxTimedSteps = 100000;
 
 BenchResult run_bench(const Config& config, const BenchOptions& options);
 void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
