@@ -8,10 +8,12 @@ the data set is exactly one batch, so the first step sees the same samples on bo
 whatever order) and the same split into stages; every schedule both have, at each micro-batch
 size, in alternating rounds: the peer as 2 processes over Gloo (one intra-op thread each), ours as
 2 stage threads and as 2 processes (`pipetrain launch`). The first step's loss of each run is
-checked against the peer's; a run whose loss differs is reported as such, not timed.
+checked against the peer's; a run whose loss differs is reported as such, not timed. With
+`--set KEY=VALUE`, ours also runs (threads and processes, in the same rounds) with those overrides.
 
     python bench/peer_pipelining.py build/apps/pipetrain --rows 8,64 --rounds 3 --json bench/results/peer.jsonl
     python bench/peer_pipelining.py build/apps/pipetrain --config configs/gpt_small.json --rows 8,32
+    python bench/peer_pipelining.py build/apps/pipetrain --rows 64 --set pipeline.defer_weight_grads=true
 
 Run with the project's venv (torch 2.11). Prints a table of median samples/s and writes one JSON
 object per run.
@@ -164,11 +166,11 @@ def run_peer(spec, work, timeout_s):
     return {"step_s": statistics.median(results[0]["times"][spec["warmup"]:]), "first_loss": loss}
 
 
-def run_ours(binary, config_path, processes, work, timeout_s, warmup):
+def run_ours(binary, config_path, processes, work, timeout_s, warmup, sets=()):
     metrics = os.path.join(work, "ours.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = [binary, "train", config_path, "--quiet", "--metrics", metrics]
+    cmd = [binary, "train", config_path, "--quiet", "--metrics", metrics] + [x for kv in sets for x in ("--set", kv)]
     if processes:
         cmd = [binary, "launch", "--nproc", str(STAGES), "--"] + cmd[1:] + ["--set", "runtime.kind=processes"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -191,6 +193,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=300, help="seconds a run may take")
     ap.add_argument("--json", help="append one JSON object per run to this file")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="also run ours (threads and processes) with this config override, in the same rounds "
+                         "(repeatable: all of them together), e.g. pipeline.defer_weight_grads=true")
     a = ap.parse_args()
     cfg = json.load(open(a.config))
     m = cfg["model"] = twins.without_dropout(cfg["model"])
@@ -236,8 +241,13 @@ def main():
                 runs = {"peer (2 processes, gloo)": peer,
                         "ours, threads": run_ours(a.pipetrain, path, False, work, a.timeout, a.warmup),
                         "ours, 2 processes": run_ours(a.pipetrain, path, True, work, a.timeout, a.warmup)}
+                if a.set:
+                    runs[f"ours+, threads"] = run_ours(a.pipetrain, path, False, work, a.timeout, a.warmup, a.set)
+                    runs[f"ours+, 2 processes"] = run_ours(a.pipetrain, path, True, work, a.timeout, a.warmup, a.set)
                 for who, r in runs.items():
                     line = {"config": a.config, "rows": rows, "batch": B, "schedule": name, "who": who, "round": rnd, "machine": versions, **r}
+                    if who.startswith("ours+"):
+                        line["overrides"] = a.set
                     if "error" not in r and "error" not in peer and abs(r["first_loss"] - peer["first_loss"]) > 1e-4 * abs(peer["first_loss"]):
                         line["error"] = f"first loss {r['first_loss']:.6f}, the peer's {peer['first_loss']:.6f}"
                     if "error" in line:
@@ -250,15 +260,18 @@ def main():
                           (f"{line['samples_per_s']:8.0f} samples/s, first loss {r['first_loss']:.6f}" if "samples_per_s" in line
                            else "failed: " + line["error"]), flush=True)
     whos = ["peer (2 processes, gloo)", "ours, threads", "ours, 2 processes"]
-    print("\n| rows | schedule | " + " | ".join(whos) + " | threads / peer | processes / peer |")
-    print("|---|---|" + "---|" * (len(whos) + 2))
+    if a.set:
+        print("\nours+: with " + " ".join("--set " + kv for kv in a.set))
+        whos += ["ours+, threads", "ours+, 2 processes"]
+    print("\n| rows | schedule | " + " | ".join(whos) + " | " + " | ".join(w + " / peer" for w in whos[1:]) + " |")
+    print("|---|---|" + "---|" * (2 * len(whos) - 1))
     for rows in [int(r) for r in a.rows.split(",")]:
         for name in a.schedules.split(","):
             med = {w: statistics.median(table[(rows, name, w)]) if table[(rows, name, w)] else None for w in whos}
             cell = lambda w: (f"{med[w]:.0f} ({min(table[(rows, name, w)]):.0f}-{max(table[(rows, name, w)]):.0f})"
                               if med[w] else "fails: " + notes.get((rows, name, w), "?"))
             ratio = lambda w: f"{med[w] / med[whos[0]]:.2f}x" if med[w] and med[whos[0]] else "-"
-            print(f"| {rows} | {name} | " + " | ".join(cell(w) for w in whos) + f" | {ratio(whos[1])} | {ratio(whos[2])} |")
+            print(f"| {rows} | {name} | " + " | ".join(cell(w) for w in whos) + " | " + " | ".join(ratio(w) for w in whos[1:]) + " |")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
                             "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
   c.pipeline.recompute =
       parse_recompute(pipe.get_choice("recompute", recompute_name(c.pipeline.recompute), recompute_modes()));
+  c.pipeline.defer_weight_grads = pipe.get_bool("defer_weight_grads", c.pipeline.defer_weight_grads);
   if (const json* b = pipe.get_raw("balance")) {
     const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
     if (b->is_string()) {

@@ -38,6 +38,7 @@ struct PipelineConfig {
   schedule::Kind schedule = schedule::Kind::GPipe;  // parsed once here (schedule/kinds.h)
   int chunks = 1;  // virtual stages per device; the kind's default when not given
   Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
+  bool defer_weight_grads = false;              // pipeline.defer_weight_grads (PipelineOptions)
   // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
   // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
   // predicted peak memory), or "list" with `balance` given.

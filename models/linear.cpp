@@ -10,12 +10,17 @@
 // dtype), when a graph of the backward is being built, or when .grad is not a plain dense tensor
 // of the weight's shape and dtype.
 //
+// With a WeightGradStash in place on the calling thread (models/weight_grads.h), the weight's
+// gradient is not computed here at all: the micro-batch's output gradient and input are kept, and
+// the stash's flush computes the gradient once for every micro-batch of the step.
+//
 // Which gradients to compute comes from the running backward (needs_input_grad): a zero-bubble
 // stage's input-gradient pass (B) leaves the weight's alone, and its weight pass (W) then adds it.
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "models/layers.h"
+#include "models/weight_grads.h"
 
 namespace pipetrain::models {
 
@@ -44,7 +49,11 @@ class AccumulatingLinear : public torch::autograd::Function<AccumulatingLinear> 
     if (ctx->needs_input_grad(1)) {
       const at::Tensor x2 = x.reshape({-1, x.size(-1)});
       at::Tensor& grad = weight.mutable_grad();
-      if (grad.defined() && !at::GradMode::is_enabled() && grad.layout() == c10::kStrided && grad.is_contiguous() &&
+      WeightGradStash* stash = current_weight_grad_stash();
+      if (stash && !at::GradMode::is_enabled() && gy2.scalar_type() == weight.scalar_type() &&
+          x2.scalar_type() == weight.scalar_type() && gy2.device() == weight.device()) {
+        stash->add(weight, gy2, x2);  // computed once for the step, by WeightGradStash::flush
+      } else if (grad.defined() && !at::GradMode::is_enabled() && grad.layout() == c10::kStrided && grad.is_contiguous() &&
           grad.sizes() == weight.sizes() && grad.scalar_type() == gy2.scalar_type() && grad.device() == gy2.device()) {
         grad.addmm_(gy2.t(), x2);  // into .grad; autograd gets no weight gradient to add
       } else {

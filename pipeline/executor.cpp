@@ -18,6 +18,7 @@
 #include "common/fault.h"
 #include "models/layers.h"
 #include "models/skip.h"
+#include "models/weight_grads.h"
 #include "schedule/in_order.h"
 #include "stages/library_warnings.h"
 
@@ -133,6 +134,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   if (p.self < 0) p.transports = stage_transports(options);
   p.place_stages();
   p.workers.resize(options.stages);
+  p.weight_grads = std::vector<models::WeightGradStash>(options.stages);
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
   // One stage in this process has nothing to overlap: it runs on the calling thread (Worker's note).
   const bool on_caller = p.self < 0 && options.stages == 1;
@@ -164,6 +166,10 @@ void Executor::place_stages() {
   for (int r : local) gpus = gpus || !devices[r].is_cpu();
   if (gpus && options.checking_contexts)
     throw ConfigError("pipeline: the checking device context runs stages on the CPU only");
+  // A GPU's backward runs on the autograd engine's device thread, which the stage's stash is not
+  // in place on; and the traffic it saves is a CPU's.
+  if (gpus && options.defer_weight_grads)
+    throw ConfigError("pipeline: defer_weight_grads works on CPU stages only");
   contexts.clear();
   contexts.resize(S);
   for (int r : local) contexts[r] = stages::make_device_context(devices[r], options.checking_contexts);
@@ -220,6 +226,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     }
   std::optional<torch::NoGradGuard> no_grad;
   if (!training) no_grad.emplace();
+
   // received: inputs and output gradients waiting for their compute; outbox: results
   // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
   using Key = std::pair<int, int>;
@@ -247,6 +254,20 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
   int& peak = training ? trace.peak_in_flight[r] : evaluation_peaks[0];
   int& peak_w = training ? trace.peak_awaiting_weight[r] : evaluation_peaks[1];
   peak = peak_w = 0;
+  // Deferred weight gradients (PipelineOptions::defer_weight_grads): this device's linear layers
+  // stash theirs during the list; each flush computes them, traced as a W of no micro-batch.
+  std::optional<models::DeferWeightGrads> deferring;
+  models::WeightGradStash& stash = weight_grads[r];
+  if (training && options.defer_weight_grads) {
+    stash.clear();  // a failed step's
+    deferring.emplace(&stash);
+  }
+  auto flush_weight_grads = [&] {
+    if (stash.empty()) return;
+    const double start = seconds_since(t0);
+    stash.flush();
+    spans.push_back({Op::BackwardWeight, -1, 0, start, seconds_since(t0), 0.0});
+  };
   bool first_action = true;
   ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
   std::vector<size_t> reducing;  // spans of the reductions started, by chunk
@@ -261,6 +282,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
   for (const schedule::Action& a : lists.actions[r]) {
     if (a.op == Op::Reduce) {
       if (!sync) continue;  // accumulating: the gradients are reduced after a later batch
+      flush_weight_grads();  // the chunk's gradients whole before they are reduced
       const double start = seconds_since(t0);
       if (auto& reducer = reducers[lists.virtual_stage(r, a.chunk)]) reducer->start();
       fault_point("pipeline.reduce", self >= 0 ? peer(r) : r, step);  // common/fault.h: a copy that dies mid-reduction
@@ -361,6 +383,7 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     if (first_action && training) fault_point("pipeline.step", r, step);  // common/fault.h
     first_action = false;
   }
+  flush_weight_grads();
   // The step's losses, read from the device once (one host synchronization per step).
   if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M == 1) {
     losses[0] = loss_values.at(0).item<double>();  // one micro-batch: one read, no stack

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "models/weight_grads.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/replicas.h"
 #include "pipeline/worker.h"
@@ -90,6 +91,9 @@ struct Executor {
   bool marking = false;  // some stage here runs on a GPU, whose work its marks follow
   void place_stages();  // the contexts, and the layers on their devices (executor.cpp)
   std::vector<std::unique_ptr<Worker>> workers;
+  // Per device: its linear layers' weight gradients while deferred (options.defer_weight_grads),
+  // used by that device's worker alone.
+  std::vector<models::WeightGradStash> weight_grads;
   StepTrace trace;
   Clock::time_point created = Clock::now();
   int64_t step = 0;

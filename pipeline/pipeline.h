@@ -46,6 +46,11 @@ struct PipelineOptions {
   schedule::Kind schedule = schedule::Kind::GPipe;  ///< one of the table's kinds (schedule/kinds.h)
   int chunks = 1;  ///< virtual stages per device (schedule::info(kind).default_chunks for kinds with chunks)
   Recompute recompute = Recompute::ExceptLast;  ///< which micro-batches re-run their forward in backward
+  /// The weight gradients of linear layers computed once per step, as one GEMM over every
+  /// micro-batch's rows, instead of added micro-batch by micro-batch (models/weight_grads.h): less
+  /// memory traffic on a CPU, at the price of keeping each linear layer's input and output gradient
+  /// of every micro-batch until the end of the stage's list. CPU stages only.
+  bool defer_weight_grads = false;
   int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
   /// Where each device's stages run (stages/device.h: resolve_devices makes this from names):
   /// empty, every stage on the CPU; one device, every stage there; else one per device (several

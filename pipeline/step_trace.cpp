@@ -91,7 +91,7 @@ double bubble(const StepTrace& t) {
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();
   std::vector<std::vector<double>> fwd(V), bin(V), fused(V), bw(V), rec(V), red(V);
-  std::vector<double> sends;
+  std::vector<double> sends, flushed(t.spans.size(), 0.0);
   double gaps = 0;
   size_t actions = 0;
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
@@ -119,7 +119,12 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
             c.recomputed[sp.micro_batch] = true;
           }
           break;
-        case Op::BackwardWeight: bw[vs].push_back(ms); break;
+        case Op::BackwardWeight:
+          if (sp.micro_batch >= 0)
+            bw[vs].push_back(ms);
+          else  // deferred weight gradients, flushed once for the step: charged at the device's end
+            flushed[r] += ms;
+          break;
         case Op::SendActivation:
         case Op::SendGrad: sends.push_back(ms); break;
         default: break;
@@ -149,6 +154,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
   c.finish_ms.assign(s.stages, 0.0);
   for (size_t r = 0; r < t.optimizer.size() && r < c.finish_ms.size(); ++r)
     c.finish_ms[r] = (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
+  for (size_t r = 0; r < flushed.size() && r < c.finish_ms.size(); ++r) c.finish_ms[r] += flushed[r];
   c.action_ms = actions ? gaps * 1e3 / static_cast<double>(actions) : 0.0;
   for (int v = 0; v < V; ++v) {
     c.forward[v] = median(fwd[v]);

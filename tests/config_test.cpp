@@ -110,6 +110,16 @@ TEST(Config, PipelineDevices) {
   }
 }
 
+// pipeline.defer_weight_grads: a boolean, off by default, handed to the pipeline's options.
+TEST(Config, DeferWeightGrads) {
+  json c = base();
+  EXPECT_FALSE(parse_config(c, "cfg.json").pipeline.defer_weight_grads);
+  c["pipeline"]["defer_weight_grads"] = true;
+  EXPECT_TRUE(parse_config(c, "cfg.json").pipeline.defer_weight_grads);
+  c["pipeline"]["defer_weight_grads"] = "yes";
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.defer_weight_grads");
+}
+
 // runtime.cudnn_benchmark, runtime.tf32 and runtime.deterministic: booleans, and benchmark-picked
 // algorithms are not deterministic; make_pipeline hands them to libtorch.
 TEST(Config, KernelSwitches) {

@@ -159,13 +159,15 @@ struct Case {
   // gradients are unscaled there.
   int copies = 1;
   bool shard = false;
+  // Linear layers' weight gradients deferred to one GEMM per step (PipelineOptions::defer_weight_grads).
+  bool defer = false;
 
   bool stepped() const { return copies > 1 || shard || precision == Precision::FP16; }
 
   std::string runtime() const {
     return std::string(ranks ? "ranks_" : "threads_") + transport + (in_order ? "_inorder" : "") +
            (device == "cpu" ? "" : "_" + device) + (copies > 1 ? "_D" + std::to_string(copies) : "") +
-           (shard ? "_sharded" : "");
+           (shard ? "_sharded" : "") + (defer ? "_deferW" : "");
   }
 };
 

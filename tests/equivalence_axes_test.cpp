@@ -104,7 +104,45 @@ std::vector<Case> stepped_cases() {
   return cases;
 }
 
+// Deferred weight gradients (models/weight_grads.h): every schedule x the five runtime shapes
+// (their families: linear layers in the mlp, the gpt's attention and head, a layer list's; a tie;
+// skips) x every recomputation mode, float64, as threads and as ranks; float32 on the plain
+// shapes; and two data-parallel copies, sharded and not, where the flush comes before each
+// chunk's reduction.
+std::vector<Case> deferred_cases() {
+  std::vector<Case> cases;
+  for (Case c : runtime_cases()) {
+    if (c.transport != "ucx" || c.ranks) continue;  // one of each shape per schedule
+    c.transport = "local";
+    c.defer = true;
+    for (auto mode : kModes) {
+      c.recompute = mode;
+      c.dtype = torch::kDouble;
+      c.ranks = mode == Recompute::ExceptLast;
+      cases.push_back(c);
+    }
+    c.ranks = false;
+    if (!schedule::uses_chunks(schedule::parse_kind(c.schedule)) && c.family != "unet") {
+      c.dtype = torch::kFloat;
+      cases.push_back(c);
+    }
+  }
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"})
+    for (bool shard : {false, true}) {
+      const bool chunked = schedule::uses_chunks(schedule::parse_kind(schedule));
+      Case c{schedule, "gpt", 2, chunked ? 4 : 3, Recompute::ExceptLast, torch::kDouble};
+      c.batch = 14;
+      c.copies = 2;
+      c.shard = shard;
+      c.defer = true;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Stepped, Equivalence, ::testing::ValuesIn(stepped_cases()), case_name);
+
+INSTANTIATE_TEST_SUITE_P(Deferred, Equivalence, ::testing::ValuesIn(deferred_cases()), case_name);
 
 INSTANTIATE_TEST_SUITE_P(InOrder, Equivalence, ::testing::ValuesIn(in_order_cases()), case_name);
 

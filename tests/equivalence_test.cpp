@@ -132,6 +132,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   o.transport.in_order = c.in_order;
   o.data_parallel = c.copies;
   o.shard_optimizer = c.shard;
+  o.defer_weight_grads = c.defer;
   o.loss_scale.initial = scale;
   // A model copy per Pipeline, all equal to the reference's initial weights. Built here, one after
   // another: models::build seeds torch's global generator, which concurrent rank threads would share.

@@ -6,6 +6,7 @@
 #include "common/rng.h"
 #include "models/layers.h"
 #include "models/model.h"
+#include "models/weight_grads.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
@@ -151,4 +152,60 @@ TEST(Linear, LaterMicroBatchesWeightGradientsAreAddedInsideTheGemm) {
   EXPECT_TRUE(torch::equal(weight.grad(), before));
   EXPECT_TRUE(torch::allclose(gx, torch::ones({2, 5}, f64).mm(weight.detach()), 1e-12, 1e-12));
   EXPECT_EQ(handed, 1);
+}
+
+// With a stash in place (models/weight_grads.h), models::linear's backward keeps each
+// micro-batch's output gradient and input instead of adding the weight's gradient: .grad stays
+// as it was (the bias's and the input's gradients are computed at once); flush() then computes
+// the weight's gradient as one GEMM over every micro-batch's rows and adds it into .grad (an
+// earlier batch's, when accumulating), in float64 equal to the sum of the micro-batches'
+// gradients. Outside the guard, backward computes its own again.
+TEST(Linear, AStashDefersTheWeightGradientToOneGemm) {
+  torch::manual_seed(4);
+  const auto f64 = torch::kFloat64;
+  auto weight = torch::randn({5, 4}, f64).requires_grad_();
+  auto bias = torch::randn({5}, f64).requires_grad_();
+  const auto earlier = torch::randn({5, 4}, f64);
+  weight.mutable_grad() = earlier.clone();  // an earlier batch's, accumulating
+  std::vector<torch::Tensor> xs, gys;
+  for (int m = 0; m < 3; ++m) {
+    xs.push_back(torch::randn({2, 3, 4}, f64));
+    gys.push_back(torch::randn({2, 3, 5}, f64));
+  }
+  models::WeightGradStash stash;
+  {
+    models::DeferWeightGrads defer(&stash);
+    EXPECT_EQ(models::current_weight_grad_stash(), &stash);
+    for (int m = 0; m < 3; ++m) {
+      auto x = xs[m].clone().requires_grad_();
+      models::linear(x, weight, bias).backward(gys[m]);
+      EXPECT_TRUE(torch::allclose(x.grad(), gys[m].matmul(weight.detach()), 1e-12, 1e-12));
+    }
+  }
+  EXPECT_EQ(models::current_weight_grad_stash(), nullptr);
+  EXPECT_TRUE(torch::equal(weight.grad(), earlier));  // nothing added yet
+  EXPECT_EQ(stash.bytes(), 3 * (2 * 3 * 5 + 2 * 3 * 4) * 8);
+  auto expected = earlier.clone(), expected_bias = torch::zeros({5}, f64);
+  for (int m = 0; m < 3; ++m) {
+    expected += gys[m].reshape({-1, 5}).t().mm(xs[m].reshape({-1, 4}));
+    expected_bias += gys[m].reshape({-1, 5}).sum(0);
+  }
+  EXPECT_TRUE(torch::allclose(bias.grad(), expected_bias, 1e-12, 1e-12));
+  stash.flush();
+  EXPECT_TRUE(stash.empty());
+  EXPECT_TRUE(torch::allclose(weight.grad(), expected, 1e-12, 1e-12));
+
+  // No gradient yet: the flush sets it; no guard: backward adds its own as before.
+  weight.mutable_grad() = torch::Tensor();
+  {
+    models::DeferWeightGrads defer(&stash);
+    models::linear(xs[0], weight, bias).backward(gys[0]);
+  }
+  EXPECT_FALSE(weight.grad().defined());
+  stash.flush();
+  const auto one = gys[0].reshape({-1, 5}).t().mm(xs[0].reshape({-1, 4}));
+  EXPECT_TRUE(torch::allclose(weight.grad(), one, 1e-12, 1e-12));
+  models::linear(xs[1], weight, bias).backward(gys[1]);
+  EXPECT_TRUE(torch::allclose(weight.grad(), one + gys[1].reshape({-1, 5}).t().mm(xs[1].reshape({-1, 4})), 1e-12, 1e-12));
+  EXPECT_TRUE(stash.empty());
 }

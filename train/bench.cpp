@@ -316,6 +316,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << (D > 1 ? detail::concat(D, " data-parallel copies", c.train.shard_optimizer ? " (sharded optimizer)" : "", ", ") : "")
       << c.pipeline.micro_batches
       << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
+      << (c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "")
       << ", precision " << precision_name(c.train.precision)
       << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)

@@ -262,7 +262,8 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
   const Config& c = job.config;
   return detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", pipe.stages(), " stages ",
                         partitioner::to_string(pipe.balance()), ", ", job.options.micro_batches,
-                        " micro-batches, recompute ", recompute_name(c.pipeline.recompute), ", ",
+                        " micro-batches, recompute ", recompute_name(c.pipeline.recompute),
+                        c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "", ", ",
                         job.options.intra_op_threads, " intra-op threads per stage",
                         c.train.precision != Precision::FP32 ? detail::concat(", ", precision_name(c.train.precision)) : "",
                         pipe.rank() >= 0 ? ", one process per stage over " + c.runtime.transport : "");

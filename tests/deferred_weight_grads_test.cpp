@@ -1,0 +1,91 @@
+// Deferred weight gradients in the engine (PipelineOptions::defer_weight_grads,
+// models/weight_grads.h): gradient accumulation over batches, the flush in the trace and the
+// measured costs, the refusal of GPU stages. The equivalence grid's `equivalence.deferred` covers
+// every schedule, runtime and recomputation mode; models_test the stash itself.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "models/layers.h"
+#include "pipeline/pipeline.h"
+
+using namespace pipetrain;
+using namespace pipetrain::pipeline;
+
+namespace {
+
+at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out, target);
+}
+
+// models::Dense layers (whose linear can defer its weight gradient), float64.
+torch::nn::Sequential dense64(int width, int layers) {
+  torch::manual_seed(0);
+  torch::nn::Sequential s;
+  for (int i = 0; i < layers; ++i) s->push_back("fc" + std::to_string(i), models::Dense(width, width, true));
+  s->to(torch::kDouble);
+  return s;
+}
+
+}  // namespace
+
+// Two half batches accumulated equal one batch with the weight gradients deferred: the second
+// batch's flush adds into the first's gradients.
+TEST(DeferredWeightGrads, AccumulatedBatchesEqualOneBigBatch) {
+  auto ref = dense64(8, 4), pip = dense64(8, 4);
+  auto x = torch::randn({12, 8}, torch::kDouble);
+  auto y = torch::randint(0, 8, {12}, torch::kLong);
+  mean_ce(ref->forward(x), y).backward();
+  PipelineOptions o;
+  o.stages = 3;
+  o.micro_batches = 3;
+  o.schedule = schedule::parse_kind("1f1b");
+  o.defer_weight_grads = true;
+  Pipeline pipe(pip, o, mean_ce);
+  const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
+  const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);
+  EXPECT_NEAR(l1 + l2, mean_ce(ref->forward(x), y).item<double>(), 1e-12);
+  auto want = ref->parameters(), got = pip->parameters();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>()) << i;
+}
+
+// Each stage's flush is one W span of no micro-batch at the end of its list: the breakdown counts
+// it as W compute and still tiles the step, and the measured costs charge it at the device's end
+// with the optimizer step. GPU stages are refused.
+TEST(DeferredWeightGrads, OneTracedFlushPerStage) {
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = schedule::parse_kind("1f1b");
+  o.recompute = Recompute::Never;
+  o.defer_weight_grads = true;
+  Pipeline pipe(dense64(8, 4), o, mean_ce);
+  pipe.forward_backward(torch::randn({16, 8}, torch::kDouble), torch::randint(0, 8, {16}, torch::kLong));
+  const StepTrace& t = pipe.last_trace();
+  for (const auto& spans : t.spans) {
+    int flushes = 0;
+    for (const Span& sp : spans) flushes += sp.op == schedule::Op::BackwardWeight;
+    EXPECT_EQ(flushes, 1);
+    EXPECT_EQ(spans.back().op, schedule::Op::BackwardWeight);
+    EXPECT_EQ(spans.back().micro_batch, -1);
+  }
+  const auto b = breakdown(t);
+  for (size_t r = 0; r < b.size(); ++r) {
+    EXPECT_GT(b[r].backward_weight, 0.0) << r;
+    EXPECT_NEAR(b[r].total(), t.wall, 1e-9) << r;
+  }
+  const auto c = measured_costs(t, pipe.schedule());
+  for (size_t r = 0; r < c.finish_ms.size(); ++r)
+    EXPECT_NEAR(c.finish_ms[r], (t.spans[r].back().end - t.spans[r].back().start) * 1e3, 1e-9) << r;
+  EXPECT_NO_THROW(schedule::simulate(pipe.schedule(), c));
+
+  o.devices = {c10::Device(c10::kCUDA, 0)};
+  try {
+    Pipeline gpu(dense64(8, 4), o, mean_ce);
+    ADD_FAILURE() << "GPU stages with deferred weight gradients were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("defer_weight_grads works on CPU stages only"), std::string::npos) << e.what();
+  }
+}
