@@ -163,7 +163,12 @@ void UcxTransport::drive(std::unique_lock<std::mutex>& lock, Clock::time_point u
       return;  // the caller looks at what changed before sleeping
     }
     if (aborted_ || stopping_ || Clock::now() >= spin_until) break;
+    if (driver_ == Driver::ProgressThread && waiters_ > 0) return;  // a waiter takes over (progress_loop)
+    // Between rounds the lock is free: a stage's send() (which only posts) must not wait for a
+    // driver's spin, up to kStreamingSpin while its own earlier sends are in flight.
+    lock.unlock();
     std::this_thread::yield();
+    lock.lock();
   }
   if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;  // events arrived meanwhile
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
