@@ -1,7 +1,8 @@
-// Deferred weight gradients in the engine (PipelineOptions::defer_weight_grads,
-// models/weight_grads.h): gradient accumulation over batches, the flush in the trace and the
-// measured costs, the refusal of GPU stages. The equivalence grid's `equivalence.deferred` covers
-// every schedule, runtime and recomputation mode; models_test the stash itself.
+// Gradient accumulation over batches, and deferred weight gradients in the engine
+// (PipelineOptions::defer_weight_grads, models/weight_grads.h): accumulation with them, the
+// flush in the trace and the measured costs, the refusal of GPU stages. The equivalence grid's
+// `equivalence.deferred` covers every schedule, runtime and recomputation mode; models_test the
+// stash itself.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -30,25 +31,28 @@ torch::nn::Sequential dense64(int width, int layers) {
 
 }  // namespace
 
-// Two half batches accumulated equal one batch with the weight gradients deferred: the second
-// batch's flush adds into the first's gradients.
-TEST(DeferredWeightGrads, AccumulatedBatchesEqualOneBigBatch) {
-  auto ref = dense64(8, 4), pip = dense64(8, 4);
-  auto x = torch::randn({12, 8}, torch::kDouble);
-  auto y = torch::randint(0, 8, {12}, torch::kLong);
-  mean_ce(ref->forward(x), y).backward();
-  PipelineOptions o;
-  o.stages = 3;
-  o.micro_batches = 3;
-  o.schedule = schedule::parse_kind("1f1b");
-  o.defer_weight_grads = true;
-  Pipeline pipe(pip, o, mean_ce);
-  const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
-  const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);
-  EXPECT_NEAR(l1 + l2, mean_ce(ref->forward(x), y).item<double>(), 1e-12);
-  auto want = ref->parameters(), got = pip->parameters();
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>()) << i;
+// Two half batches accumulated equal one batch, with the weight gradients added micro-batch by
+// micro-batch and deferred (the second batch's flush adds into the first's gradients).
+TEST(Controls, AccumulatedBatchesEqualOneBigBatch) {
+  for (bool defer : {false, true}) {
+    auto ref = dense64(8, 4), pip = dense64(8, 4);
+    auto x = torch::randn({12, 8}, torch::kDouble);
+    auto y = torch::randint(0, 8, {12}, torch::kLong);
+    mean_ce(ref->forward(x), y).backward();
+    PipelineOptions o;
+    o.stages = 3;
+    o.micro_batches = 3;
+    o.schedule = schedule::parse_kind("1f1b");
+    o.defer_weight_grads = defer;
+    Pipeline pipe(pip, o, mean_ce);
+    const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
+    const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);
+    EXPECT_NEAR(l1 + l2, mean_ce(ref->forward(x), y).item<double>(), 1e-12);
+    auto want = ref->parameters(), got = pip->parameters();
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>())
+          << i << (defer ? ", deferred" : "");
+  }
 }
 
 // Each stage's flush is one W span of no micro-batch at the end of its list: the breakdown counts
