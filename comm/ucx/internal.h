@@ -164,9 +164,10 @@ class UcxTransport final : public Transport {
   std::unique_ptr<Op> new_op(OpKind kind, int peer, const MessageId& id, const char* label = nullptr);
   void mark_aborted(std::string reason);
   void wake();
-  // One round of driving the worker with `lock` held on entry and exit: progress, then, if
-  // nothing happened, arm the worker and sleep in poll() (lock released) until an event, a
-  // wake-up, `until` or the poll cap. `abortable` also wakes on an abort.
+  // One round of driving the worker with `lock` held on entry and exit: progress (spinning a
+  // while, the lock released between rounds), then, if nothing happened, arm the worker and
+  // sleep in poll() (lock released) until an event, a wake-up, `until` or the poll cap.
+  // `abortable` also wakes on an abort. The progress thread returns at once when a stage waits.
   void drive(std::unique_lock<std::mutex>& lock, Clock::time_point until, bool abortable);
   // Marks the watched peers whose process has exited (pidfd readable in `fds`) as failed.
   void note_exits(const std::vector<struct pollfd>& fds, size_t first);
