@@ -10,15 +10,14 @@
 #include "common/error.h"
 #include "models/layers.h"
 #include "pipeline/pipeline.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 using namespace pipetrain::pipeline;
 
 namespace {
 
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out, target);
-}
+using pipetrain::test::mean_cross_entropy;
 
 // models::Dense layers (whose linear can defer its weight gradient), float64.
 torch::nn::Sequential dense64(int width, int layers) {
@@ -38,16 +37,16 @@ TEST(Controls, AccumulatedBatchesEqualOneBigBatch) {
     auto ref = dense64(8, 4), pip = dense64(8, 4);
     auto x = torch::randn({12, 8}, torch::kDouble);
     auto y = torch::randint(0, 8, {12}, torch::kLong);
-    mean_ce(ref->forward(x), y).backward();
+    mean_cross_entropy(ref->forward(x), y).backward();
     PipelineOptions o;
     o.stages = 3;
     o.micro_batches = 3;
     o.schedule = schedule::parse_kind("1f1b");
     o.defer_weight_grads = defer;
-    Pipeline pipe(pip, o, mean_ce);
+    Pipeline pipe(pip, o, mean_cross_entropy);
     const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
     const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);
-    EXPECT_NEAR(l1 + l2, mean_ce(ref->forward(x), y).item<double>(), 1e-12);
+    EXPECT_NEAR(l1 + l2, mean_cross_entropy(ref->forward(x), y).item<double>(), 1e-12);
     auto want = ref->parameters(), got = pip->parameters();
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>())
@@ -65,7 +64,7 @@ TEST(DeferredWeightGrads, OneTracedFlushPerStage) {
   o.schedule = schedule::parse_kind("1f1b");
   o.recompute = Recompute::Never;
   o.defer_weight_grads = true;
-  Pipeline pipe(dense64(8, 4), o, mean_ce);
+  Pipeline pipe(dense64(8, 4), o, mean_cross_entropy);
   pipe.forward_backward(torch::randn({16, 8}, torch::kDouble), torch::randint(0, 8, {16}, torch::kLong));
   const StepTrace& t = pipe.last_trace();
   for (const auto& spans : t.spans) {
@@ -87,7 +86,7 @@ TEST(DeferredWeightGrads, OneTracedFlushPerStage) {
 
   o.devices = {c10::Device(c10::kCUDA, 0)};
   try {
-    Pipeline gpu(dense64(8, 4), o, mean_ce);
+    Pipeline gpu(dense64(8, 4), o, mean_cross_entropy);
     ADD_FAILURE() << "GPU stages with deferred weight gradients were accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("defer_weight_grads works on CPU stages only"), std::string::npos) << e.what();

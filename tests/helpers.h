@@ -25,6 +25,11 @@ inline ::testing::AssertionResult same_parameters(const torch::nn::Module& a, co
   return ::testing::AssertionSuccess();
 }
 
+// Mean cross-entropy of class scores [N, C] against targets [N]: a stage loss for the tests.
+inline at::Tensor mean_cross_entropy(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out, target);
+}
+
 // A layer that fails on its `fail_at`-th call, to test error propagation.
 struct FailingImpl : torch::nn::Module {
   int calls = 0, fail_at;
