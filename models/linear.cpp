@@ -50,7 +50,7 @@ class AccumulatingLinear : public torch::autograd::Function<AccumulatingLinear> 
       const at::Tensor x2 = x.reshape({-1, x.size(-1)});
       at::Tensor& grad = weight.mutable_grad();
       WeightGradStash* stash = current_weight_grad_stash();
-      if (stash && !at::GradMode::is_enabled() && gy2.scalar_type() == weight.scalar_type() &&
+      if (stash && stash->takes(weight) && !at::GradMode::is_enabled() && gy2.scalar_type() == weight.scalar_type() &&
           x2.scalar_type() == weight.scalar_type() && gy2.device() == weight.device()) {
         stash->add(weight, gy2, x2);  // computed once for the step, by WeightGradStash::flush
       } else if (grad.defined() && !at::GradMode::is_enabled() && grad.layout() == c10::kStrided && grad.is_contiguous() &&

@@ -22,6 +22,11 @@ namespace pipetrain::models {
 
 class WeightGradStash {
  public:
+  /// Only weights of at least `min_bytes` are deferred: a smaller one (with its gradient) stays in
+  /// cache between micro-batches, so deferring it saves no traffic and only lengthens the flush.
+  explicit WeightGradStash(int64_t min_bytes = 0) : min_bytes_(min_bytes) {}
+  /// Whether `weight`'s gradient is deferred (its size against min_bytes).
+  bool takes(const at::Tensor& weight) const { return static_cast<int64_t>(weight.nbytes()) >= min_bytes_; }
   /// Keeps one micro-batch's `grad_output` [rows, out] and `input` [rows, in] of `weight` [out, in].
   void add(const at::Tensor& weight, at::Tensor grad_output, at::Tensor input);
   /// Every stashed weight's gradient, gradᵀ·input over all its rows, added into its .grad (set
@@ -39,6 +44,7 @@ class WeightGradStash {
   };
   std::vector<Entry> entries_;
   std::unordered_map<const void*, size_t> index_;  // weight's TensorImpl -> entry
+  int64_t min_bytes_;
 };
 
 /// The stash the calling thread's linear backwards keep their weight gradients in; null: none

@@ -134,7 +134,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   if (p.self < 0) p.transports = stage_transports(options);
   p.place_stages();
   p.workers.resize(options.stages);
-  p.weight_grads = std::vector<models::WeightGradStash>(options.stages);
+  p.weight_grads = std::vector<models::WeightGradStash>(options.stages, models::WeightGradStash(options.defer_min_bytes));
   // Each copy's stage r allocates into memory account copy * stages + r (bench's peak per device).
   // One stage in this process has nothing to overlap: it runs on the calling thread (Worker's note).
   const bool on_caller = p.self < 0 && options.stages == 1;

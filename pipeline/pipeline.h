@@ -49,8 +49,10 @@ struct PipelineOptions {
   /// The weight gradients of linear layers computed once per step, as one GEMM over every
   /// micro-batch's rows, instead of added micro-batch by micro-batch (models/weight_grads.h): less
   /// memory traffic on a CPU, at the price of keeping each linear layer's input and output gradient
-  /// of every micro-batch until the end of the stage's list. CPU stages only.
+  /// of every micro-batch until the end of the stage's list. CPU stages only. Weights under
+  /// `defer_min_bytes` (which stay in cache between micro-batches) are not deferred.
   bool defer_weight_grads = false;
+  int64_t defer_min_bytes = 1 << 20;  ///< see defer_weight_grads
   int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
   /// Where each device's stages run (stages/device.h: resolve_devices makes this from names):
   /// empty, every stage on the CPU; one device, every stage there; else one per device (several

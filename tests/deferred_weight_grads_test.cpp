@@ -43,6 +43,7 @@ TEST(Controls, AccumulatedBatchesEqualOneBigBatch) {
     o.micro_batches = 3;
     o.schedule = schedule::parse_kind("1f1b");
     o.defer_weight_grads = defer;
+    o.defer_min_bytes = 0;
     Pipeline pipe(pip, o, mean_cross_entropy);
     const double l1 = pipe.forward_backward(x.slice(0, 0, 6), y.slice(0, 0, 6), false, 0.5);
     const double l2 = pipe.forward_backward(x.slice(0, 6, 12), y.slice(0, 6, 12), true, 0.5);
@@ -64,6 +65,7 @@ TEST(DeferredWeightGrads, OneTracedFlushPerStage) {
   o.schedule = schedule::parse_kind("1f1b");
   o.recompute = Recompute::Never;
   o.defer_weight_grads = true;
+  o.defer_min_bytes = 0;
   Pipeline pipe(dense64(8, 4), o, mean_cross_entropy);
   pipe.forward_backward(torch::randn({16, 8}, torch::kDouble), torch::randint(0, 8, {16}, torch::kLong));
   const StepTrace& t = pipe.last_trace();
@@ -91,4 +93,41 @@ TEST(DeferredWeightGrads, OneTracedFlushPerStage) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("defer_weight_grads works on CPU stages only"), std::string::npos) << e.what();
   }
+}
+
+// Only weights of at least defer_min_bytes (1 MiB by default) are deferred: a model of small
+// layers flushes nothing; one with a 2 MiB layer (512 x 512 float64) defers that layer alone and
+// still equals the reference.
+TEST(DeferredWeightGrads, SmallWeightsAreNotDeferred) {
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 2;
+  o.schedule = schedule::parse_kind("1f1b");
+  o.defer_weight_grads = true;
+  EXPECT_EQ(o.defer_min_bytes, 1 << 20);
+  Pipeline small(dense64(8, 4), o, mean_cross_entropy);
+  small.forward_backward(torch::randn({4, 8}, torch::kDouble), torch::randint(0, 8, {4}, torch::kLong));
+  for (const auto& spans : small.last_trace().spans)
+    for (const Span& sp : spans) EXPECT_NE(sp.op, schedule::Op::BackwardWeight);
+
+  auto mixed = [] {
+    torch::manual_seed(1);
+    torch::nn::Sequential s;
+    s->push_back("big", models::Dense(512, 512, true));
+    s->push_back("small", models::Dense(512, 8, false));
+    s->to(torch::kDouble);
+    return s;
+  };
+  auto ref = mixed(), pip = mixed();
+  auto x = torch::randn({6, 512}, torch::kDouble);
+  auto y = torch::randint(0, 8, {6}, torch::kLong);
+  mean_cross_entropy(ref->forward(x), y).backward();
+  Pipeline pipe(pip, o, mean_cross_entropy);
+  pipe.forward_backward(x, y);
+  const auto& spans = pipe.last_trace().spans;
+  EXPECT_EQ(spans[0].back().op, schedule::Op::BackwardWeight);  // the big layer's stage
+  for (const Span& sp : spans[1]) EXPECT_NE(sp.op, schedule::Op::BackwardWeight);
+  auto want = ref->parameters(), got = pip->parameters();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>()) << i;
 }

@@ -133,6 +133,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   o.data_parallel = c.copies;
   o.shard_optimizer = c.shard;
   o.defer_weight_grads = c.defer;
+  o.defer_min_bytes = 0;  // these models' weights are all small: defer every one
   o.loss_scale.initial = scale;
   // A model copy per Pipeline, all equal to the reference's initial weights. Built here, one after
   // another: models::build seeds torch's global generator, which concurrent rank threads would share.
