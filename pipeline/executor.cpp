@@ -18,7 +18,6 @@
 #include "common/fault.h"
 #include "models/layers.h"
 #include "models/skip.h"
-#include "models/weight_grads.h"
 #include "schedule/in_order.h"
 #include "stages/library_warnings.h"
 
@@ -226,7 +225,6 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
     }
   std::optional<torch::NoGradGuard> no_grad;
   if (!training) no_grad.emplace();
-
   // received: inputs and output gradients waiting for their compute; outbox: results
   // (activations, input gradients) waiting for their send action. Keyed by (micro-batch, chunk).
   using Key = std::pair<int, int>;
@@ -385,9 +383,10 @@ void Executor::run_stage(int r, const schedule::Schedule& lists, Pass pass, int6
   }
   flush_weight_grads();
   // The step's losses, read from the device once (one host synchronization per step).
-  if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M == 1) {
+  const bool has_losses = training && lists.device_of(static_cast<int>(stages.size()) - 1) == r;
+  if (has_losses && M == 1) {
     losses[0] = loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
-  } else if (training && lists.device_of(static_cast<int>(stages.size()) - 1) == r && M > 1) {
+  } else if (has_losses && M > 1) {
     std::vector<at::Tensor> values;
     for (int m = 0; m < M; ++m) values.push_back(loss_values.at(m).reshape({}));
     const at::Tensor all = torch::stack(values).to(at::kDouble).cpu();

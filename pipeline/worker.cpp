@@ -45,7 +45,7 @@ void Worker::submit(std::function<void()> job) {
   if (on_caller_) {
     const int threads = at::get_num_threads();
     const int account = memory_account();
-    // Set only where it differs: a change of intra-op count reconfigures libtorch's pools.
+    // Only where it differs (each call also sets OpenMP's and MKL's counts).
     if (threads != intra_op_threads_) at::set_num_threads(intra_op_threads_);
     memory_account() = account_;
     const std::exception_ptr error = run(job);
