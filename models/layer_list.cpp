@@ -18,6 +18,7 @@
 #include "common/strings.h"
 #include "models/families.h"
 #include "models/layers.h"
+#include "models/max_pool.h"
 #include "models/skip.h"
 
 namespace pipetrain::models {
@@ -174,6 +175,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     const bool max = type.rfind("max", 0) == 0;
     b.run = function([=](const at::Tensor& x) {
       if (spatial == 1) return max ? torch::max_pool1d(x, k, stride, pad) : torch::avg_pool1d(x, k, stride, pad);
+      if (max && k == 2 && stride == 2 && pad == 0) return max_pool2x2(x);  // models/max_pool.h
       return max ? torch::max_pool2d(x, k, stride, pad) : torch::avg_pool2d(x, k, stride, pad);
     });
   } else if (type == "adaptiveavgpool1d" || type == "adaptiveavgpool2d") {

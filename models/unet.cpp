@@ -12,6 +12,7 @@
 
 #include "models/families.h"
 #include "models/layers.h"
+#include "models/max_pool.h"
 #include "models/skip.h"
 
 namespace pipetrain::models {
@@ -31,7 +32,7 @@ class DownImpl : public torch::nn::Cloneable<DownImpl>, public SkipDeclaring {
     dropout_ = register_module("dropout", Dropout(dropout_p_, stream_));
   }
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = dropout_(conv_(pool_ ? torch::max_pool2d(x, 2) : x));
+    at::Tensor h = dropout_(conv_(pool_ ? max_pool2x2(x) : x));
     if (!stash_.empty()) models::stash(stash_, h);
     return h;
   }
