@@ -64,6 +64,7 @@ profiler::Profile profile_job(const Job& job, int repeat, int64_t rows) {
   o.repeat = repeat;
   o.intra_op_threads = job.options.intra_op_threads;
   o.precision = job.options.precision;
+  o.defer_min_bytes = job.options.defer_min_bytes;
   // On the device the first stage runs on (the stages of a job share a kind); the model goes back
   // to the CPU afterwards, where a job's model is built and its pipeline places it.
   if (!job.options.devices.empty()) o.device = job.options.devices[0];

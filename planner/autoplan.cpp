@@ -94,6 +94,8 @@ profiler::Profile at_threads(const profiler::Profile& p1, const profiler::Profil
   each(out.backward_input_ms, pn.backward_input_ms);
   each(out.backward_weight_ms, pn.backward_weight_ms);
   each(out.optimizer_ms, pn.optimizer_ms);
+  each(out.deferred_backward_ms, pn.deferred_backward_ms);
+  each(out.flush_ms, pn.flush_ms);
   return out;
 }
 
@@ -128,6 +130,10 @@ SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
         const int64_t rows = (shard + M - 1) / M;
         const profiler::Profile& p1 = profile(rows, prec, 1);  // may profile: not search time
         const profiler::Profile* pn = n > 1 ? &profile(rows, prec, n) : nullptr;
+        // Deferring: the flush runs on a copy's whole batch, from its own profile.
+        const bool may_defer = std::find(sp.defer.begin(), sp.defer.end(), true) != sp.defer.end() && any_deferred(p1);
+        const profiler::Profile* whole1 = may_defer ? &profile(shard, prec, 1) : nullptr;
+        const profiler::Profile* wholen = may_defer && n > 1 ? &profile(shard, prec, n) : nullptr;
         const auto t0 = std::chrono::steady_clock::now();
         for (int K = 1; K * D <= sp.devices; ++K) {
           // The thread counts: 1, and the most that fill the cores.
@@ -135,6 +141,7 @@ SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
           if (sp.cores > 0 && sp.cores / (K * D) > 1) thread_counts.push_back(sp.cores / (K * D));
           for (int T : thread_counts) {
             const profiler::Profile p = pn ? at_threads(p1, *pn, n, T) : p1;
+            const profiler::Profile whole = !whole1 ? profiler::Profile{} : wholen ? at_threads(*whole1, *wholen, n, T) : *whole1;
             std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
             if (K * D > 1) {  // K x D workers compute at once
               const double slow = contention.count(K * D) ? contention.at(K * D) : 1.0;
@@ -157,7 +164,9 @@ SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
                 const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
                 for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
                   for (const std::string& method : sp.balances)
-                    for (Recompute rc : sp.recompute) {
+                    for (Recompute rc : sp.recompute)
+                      for (bool defer : sp.defer) {
+                      if (defer && (!whole1 || M == 1)) continue;  // one micro-batch: the flush is its W
                       schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
                       std::vector<double> speed_vs;
                       if (!speeds.empty())
@@ -165,8 +174,9 @@ SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
                       Candidate c;
                       c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
                       c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded, c.threads = T;
+                      c.defer = defer;
                       c.balance = balance_for(method, p, V, speed_vs);
-                      schedule::Costs costs = schedule_costs(p, c.balance, s, rc);
+                      schedule::Costs costs = schedule_costs(p, c.balance, s, rc, defer ? &whole : nullptr);
                       apply_speeds(costs, s, speeds);
                       costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;
                       costs.device_bytes_per_ms = stage_bw;
@@ -179,7 +189,7 @@ SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
                       c.bubble = sim.bubble;
                       for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
                       c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
-                      c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded));
+                      c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded), defer);
                       bool fits = true;
                       for (int d = 0; d < K; ++d) {
                         // Copy r of device d runs on device d * D + r, as a rank's device: each
@@ -236,8 +246,8 @@ std::string describe(const Candidate& c) {
                                                              c.sharded ? " (sharded optimizer)" : "")
                                             : "",
                         ", ", c.micro_batches,
-                        " micro-batches, ", c.schedule, ", recompute ", recompute_name(c.recompute), ", ",
-                        precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
+                        " micro-batches, ", c.schedule, ", recompute ", recompute_name(c.recompute),
+                        c.defer ? ", deferred weight gradients" : "", ", ", precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
 }
 
 }  // namespace
@@ -274,6 +284,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
   sp.schedules = schedule::all_kinds();
   sp.recompute = {Recompute::Never, Recompute::ExceptLast, Recompute::Always};
+  if (sp.cores > 0) sp.defer = {false, true};  // CPU stages only (where a layer defers: the search checks)
   // A cost file holds the costs of one precision: the config's.
   sp.precisions = {filed ? c.train.precision : Precision::FP32};
   if (!filed && c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
@@ -349,6 +360,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   pipe["schedule"] = schedule::name(best.schedule);
   pipe["chunks"] = best.chunks;
   pipe["recompute"] = recompute_name(best.recompute);
+  pipe["defer_weight_grads"] = best.defer;
   pipe["balance"] = best.balance;
   pipe["data_parallel"] = best.data_parallel;
   root["train"]["shard_optimizer"] = best.sharded;
@@ -375,8 +387,8 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
                 "plan --auto: %zu plans simulated in %.2f s (profiling %.1f s), %zu fit; the fastest %d:\n\n",
                 r.result.considered, r.result.seconds, r.profile_seconds, f.size(), std::min<int>(top, static_cast<int>(f.size())));
   out << line;
-  std::snprintf(line, sizeof line, "%-4s %3s %4s %3s %3s %-20s %-12s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K",
-                "D", "T", "M", "schedule", "recompute", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
+  std::snprintf(line, sizeof line, "%-4s %3s %4s %3s %3s %-20s %-12s %-3s %-5s %-10s %10s %9s %7s %12s  %s\n", "rank", "K",
+                "D", "T", "M", "schedule", "recompute", "dW", "prec", "balance", "samples/s", "step ms", "bubble", "peak/device", "why");
   out << line;
   for (int i = 0; i < top && i < static_cast<int>(f.size()); ++i) {
     const Candidate& c = f[i];
@@ -392,8 +404,9 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
     if (c.max_peak_bytes() < f[0].max_peak_bytes() && i > 0) why += ", less memory";
     const std::string kind = c.chunks > 1 ? detail::concat(c.schedule, " x", c.chunks) : schedule::name(c.schedule);
     const std::string copies = detail::concat(c.data_parallel, c.sharded ? "z" : "");
-    std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %3d %-20s %-12s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
-                  c.stages, copies.c_str(), c.threads, c.micro_batches, kind.c_str(), recompute_name(c.recompute), precision_name(c.precision),
+    std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %3d %-20s %-12s %-3s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
+                  c.stages, copies.c_str(), c.threads, c.micro_batches, kind.c_str(), recompute_name(c.recompute),
+                  c.defer ? "yes" : "-", precision_name(c.precision),
                   c.balance_method.c_str(), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
                   why.c_str());
     out << line;
@@ -417,7 +430,8 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
                                  fixed(100 * r.straggler[i].second, 1), "% of a step");
     if (!measured.empty()) out << "measured: " << measured << "\n";
   }
-  out << "(K stages x D data-parallel copies, z: optimizer state sharded across the copies; T intra-op threads per stage)\n";
+  out << "(K stages x D data-parallel copies, z: optimizer state sharded across the copies; T intra-op threads per stage;\n"
+         " dW: weight gradients deferred to one GEMM per step, pipeline.defer_weight_grads)\n";
 }
 
 void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
@@ -426,6 +440,7 @@ void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
                           {"threads", c.threads},
                           {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
                           {"schedule", schedule::name(c.schedule)}, {"recompute", recompute_name(c.recompute)},
+                          {"defer_weight_grads", c.defer},
                           {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},
                           {"balance", c.balance}, {"step_ms", c.step_ms}, {"bubble", c.bubble},
                           {"exposed_reduce_ms", c.exposed_reduce_ms},

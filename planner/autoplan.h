@@ -44,6 +44,9 @@ struct SearchSpace {
   std::vector<int> micro_batches;          // each <= batch
   std::vector<schedule::Kind> schedules;   // schedule kinds
   std::vector<Recompute> recompute;
+  // Deferred weight gradients (PipelineOptions::defer_weight_grads) off and, where a profile
+  // measured a layer that defers, on: costed on the profile of a copy's whole batch for the flush.
+  std::vector<bool> defer{false};
   std::vector<Precision> precisions;
   std::vector<std::string> balances;       // uniform, parameters, time
   std::vector<double> memory_limit;        // bytes per device (one entry: all alike); empty or 0: none
@@ -70,6 +73,7 @@ struct Candidate {
   schedule::Kind schedule = schedule::Kind::GPipe;
   std::string balance_method;
   Recompute recompute = Recompute::Never;
+  bool defer = false;  // weight gradients deferred to one GEMM per step
   Precision precision = Precision::FP32;
   partitioner::Balance balance;
   double step_ms = 0, bubble = 0, samples_per_s = 0;

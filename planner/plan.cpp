@@ -31,26 +31,44 @@ std::string bytes_text(double b) {
 
 }  // namespace
 
+bool defers(const profiler::Profile& p, size_t i) {
+  return i < p.deferred_bytes.size() && i < p.deferred_backward_ms.size() && p.deferred_bytes[i] > 0;
+}
+
+bool any_deferred(const profiler::Profile& p) {
+  for (size_t i = 0; i < p.layers.size(); ++i)
+    if (defers(p, i)) return true;
+  return false;
+}
+
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
-                               const schedule::Schedule& s, Recompute recompute) {
+                               const schedule::Schedule& s, Recompute recompute, const profiler::Profile* deferred) {
   const int V = s.virtual_stages();
   schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
   const auto off = partitioner::offsets(balance);
   const bool split = schedule::splits_backward(s.kind);
+  auto defer = [&](int i) { return deferred && defers(p, i) && static_cast<size_t>(i) < deferred->flush_ms.size(); };
+  // A layer's fused backward, and what deferring takes out of its W.
+  auto fused = [&](int i) { return defer(i) ? p.deferred_backward_ms[i] : p.layers[i].backward_ms; };
+  auto weight = [&](int i) {
+    return defer(i) ? std::max(0.0, p.backward_weight_ms[i] - (p.layers[i].backward_ms - fused(i))) : p.backward_weight_ms[i];
+  };
+  std::vector<double> flush(s.stages, 0.0);
   for (int v = 0; v < V; ++v) {
     for (int i = off[v]; i < off[v + 1]; ++i) {
       c.forward[v] += p.layers[i].forward_ms;
       c.recompute[v] += p.layers[i].forward_ms;
       if (split) {
         c.backward_input[v] += p.backward_input_ms[i];
-        c.backward_weight[v] += p.backward_weight_ms[i];
+        c.backward_weight[v] += weight(i);
       } else {
-        c.backward_input[v] += p.layers[i].backward_ms;
+        c.backward_input[v] += fused(i);
       }
+      if (defer(i)) flush[s.device_of(v)] += deferred->flush_ms[i];
     }
     if (split && v == 0) {  // the first stage's input needs no gradient: W is its whole backward
       c.backward_weight[v] = 0;
-      for (int i = off[0]; i < off[1]; ++i) c.backward_weight[v] += p.layers[i].backward_ms;
+      for (int i = off[0]; i < off[1]; ++i) c.backward_weight[v] += fused(i);
       c.backward_input[v] = 0;
     }
     c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
@@ -67,6 +85,10 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
     c.finish_ms.assign(s.stages, 0.0);
     for (int v = 0; v < V; ++v)
       for (int i = off[v]; i < off[v + 1]; ++i) c.finish_ms[s.device_of(v)] += p.optimizer_ms[i];
+  }
+  if (deferred) {  // each device's flush after its list, before its optimizer step
+    c.finish_ms.resize(s.stages, 0.0);
+    for (int d = 0; d < s.stages; ++d) c.finish_ms[d] += flush[d];
   }
   c.recomputed.assign(s.micro_batches, false);
   for (int m = 0; m < s.micro_batches; ++m)
@@ -135,9 +157,10 @@ void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, dou
 
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
-                                      double state_factor) {
+                                      double state_factor, bool deferred) {
   const auto off = partitioner::offsets(balance);
   std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
+  std::vector<double> stash(s.stages, 0.0);  // deferred weight gradients: every micro-batch's, to the end
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const int d = s.device_of(vs);
     double saved = 0;
@@ -145,13 +168,19 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
       params[d] += static_cast<double>(p.layers[i].param_bytes);
       saved += static_cast<double>(p.layers[i].saved_bytes);
       workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
+      if (deferred && defers(p, i)) stash[d] += static_cast<double>(s.micro_batches) * static_cast<double>(p.deferred_bytes[i]);
     }
     if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
   }
   // One layer runs at a time on a device: its largest workspace comes on top of what is held.
   for (int d = 0; d < s.stages; ++d)
-    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d];
+    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] + stash[d];
   return peak;
+}
+
+profiler::Profile whole_batch_profile(const Job& job, int repeat) {
+  const int D = job.config.pipeline.data_parallel;
+  return profile_job(job, repeat, (job.config.data.batch_size + D - 1) / D);
 }
 
 profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) {
@@ -177,7 +206,9 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   } else {
     r.profile = profile_job(job, o.repeat);
     r.data_parallel.link = reduce_link(D, nullptr);
+    if (c.pipeline.defer_weight_grads && any_deferred(r.profile)) r.whole = whole_batch_profile(job, o.repeat);
   }
+  const profiler::Profile* deferred = r.whole.layers.empty() ? nullptr : &r.whole;
   r.data_parallel.copies = D;
   r.data_parallel.sharded = c.train.shard_optimizer && D > 1;
   r.balance = choose_balance(c, job.model.layers, &r.profile);
@@ -200,6 +231,8 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
                                           k.devices.empty() ? partitioner::Device{} : k.devices[v]);
     row.activation_bytes = r.profile.layers[off[v + 1] - 1].activation_bytes;
     row.peak_bytes = partitioner::stage_memory(r.profile.layers, off[v], off[v + 1], static_cast<int>(v), mem);
+    for (int i = off[v]; deferred && i < off[v + 1]; ++i)  // every micro-batch's stash, to the step's end
+      if (defers(r.profile, i)) row.peak_bytes += c.pipeline.micro_batches * r.profile.deferred_bytes[i];
     bottleneck = std::max(bottleneck, row.time_ms);
     r.stages.push_back(row);
   }
@@ -211,7 +244,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
     const auto s = schedule::pipeline_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
-    auto costs = schedule_costs(r.profile, balance, s, recompute);
+    auto costs = schedule_costs(r.profile, balance, s, recompute, deferred);
     apply_speeds(costs, s, cc.pipeline.speeds);
     add_reductions(costs, r.profile, balance, s, r.data_parallel);
     const auto sim = schedule::simulate(s, costs);
@@ -220,8 +253,12 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     row.peak_in_flight = sim.peak_in_flight;
     partitioner::MemoryModel m = memory_model(cc, r.profile);
     const auto bo = partitioner::offsets(balance);
-    for (int v = 0; v < s.virtual_stages(); ++v)
-      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m));
+    for (int v = 0; v < s.virtual_stages(); ++v) {
+      int64_t stash = 0;  // deferring: every micro-batch's stash, held to the end of the step
+      for (int i = bo[v]; deferred && i < bo[v + 1]; ++i)
+        if (defers(r.profile, i)) stash += s.micro_batches * r.profile.deferred_bytes[i];
+      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m) + stash);
+    }
     return std::make_pair(row, sim);
   };
   auto configured = simulate_config(c, r.balance);
@@ -261,7 +298,8 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
                              D > 1 ? detail::concat(" x ", D, " data-parallel copies", r.data_parallel.sharded ? " (sharded optimizer)" : "") : "",
                              ", ", c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
-                             ", recompute ", recompute_name(c.pipeline.recompute), ", balance ", c.pipeline.balance_method,
+                             ", recompute ", recompute_name(c.pipeline.recompute),
+                             deferred ? ", deferred weight gradients" : "", ", balance ", c.pipeline.balance_method,
                              ", precision ", precision_name(c.train.precision));
   return r;
 }

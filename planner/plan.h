@@ -23,9 +23,20 @@ using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 // The per-virtual-stage cost table of `balance` for simulate(): sums of the layers' costs, with
 // the recomputation mode's extra forwards; for split backwards B and W, where the first stage
-// (whose input needs no gradient) does all of its backward in W.
+// (whose input needs no gradient) does all of its backward in W. With `deferred` (the profile of
+// a copy's whole batch; null: not deferring), weight gradients are deferred as
+// PipelineOptions::defer_weight_grads does: the layers whose stash holds bytes backward as
+// profiled with it (W less what the stash takes), and each device's finishing work gains its
+// layers' flush at the whole batch's rows.
 schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
-                               const schedule::Schedule& s, Recompute recompute);
+                               const schedule::Schedule& s, Recompute recompute,
+                               const profiler::Profile* deferred = nullptr);
+
+// Whether `p` measured a deferred backward for layer i whose stash holds bytes.
+bool defers(const profiler::Profile& p, size_t i);
+
+// Whether deferring weight gradients changes anything in `p` (a layer defers).
+bool any_deferred(const profiler::Profile& p);
 
 // A cost file's layers as a profile: B and W as the file gives them, else half the backward each.
 profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
@@ -57,10 +68,11 @@ void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, dou
 
 // Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
 // (train::state_factor), the activations `sim` held at their peak, when recomputing one
-// rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace.
+// rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace;
+// deferring weight gradients, every micro-batch's stash of its layers as well (held to the end).
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
-                                      double state_factor);
+                                      double state_factor, bool deferred = false);
 
 // The reduction's link for D copies: the cost file's link when it gives a bandwidth (as ring
 // collectives), else measured here (profiler::measure_reductions); free for one copy.
@@ -95,6 +107,9 @@ struct PlanReport {
   std::vector<ScheduleRow> compared;  // with --compare: every schedule on the same balance
   schedule::Simulation simulation;    // the configured schedule's
   DataParallelPlan data_parallel;     // the config's copies and the reduction's link
+  // With pipeline.defer_weight_grads (and a layer that defers): the profile of a copy's whole
+  // batch, whose flush each device runs at its end; else empty.
+  profiler::Profile whole;
 };
 
 struct PlanOptions {
@@ -104,6 +119,10 @@ struct PlanOptions {
 };
 
 PlanReport make_plan(const Config& c, const PlanOptions& options);
+
+// A copy's whole batch profiled (its shard of the batch as one micro-batch), for the flush of
+// deferred weight gradients (schedule_costs' `deferred`).
+profiler::Profile whole_batch_profile(const Job& job, int repeat);
 
 // The configured schedule's simulated step as a timeline (schedule/trace.h).
 schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r);

@@ -21,6 +21,7 @@
 #include "common/json_reader.h"
 #include "common/strings.h"
 #include "common/stats.h"
+#include "models/weight_grads.h"
 #include "stages/device.h"
 
 namespace pipetrain::profiler {
@@ -230,8 +231,9 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     torch::nn::Sequential one;
     at::Tensor grad;          // the output gradient its backward gets (random: times do not depend on values)
     stages::Skips skip_grads;  // and those of the skips open after it
-    std::vector<double> fwd, bwd, bin, bw;
-    int64_t awaiting = 0;
+    std::vector<double> fwd, bwd, bin, bw, bdef, flush;
+    int64_t awaiting = 0, awaiting_flush = 0;
+    models::WeightGradStash stash;  // the deferred pass's
   };
   std::vector<Layer> layers(L);
   for (int i = 0; i < L; ++i) {
@@ -245,7 +247,14 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     c.name = children[i].key();
     for (const auto& param : l.one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
     p.layers.push_back(c);
+    l.stash = models::WeightGradStash(o.defer_min_bytes);
   }
+  // A third pass with deferred weight gradients, where a weight is large enough to be deferred
+  // (the stash takes float32 gradients on the CPU only: models/linear.cpp).
+  bool deferring = false;
+  if (o.defer_min_bytes >= 0 && o.device.is_cpu() && o.precision == Precision::FP32)
+    for (const auto& param : model->parameters())
+      deferring = deferring || static_cast<int64_t>(param.nbytes()) >= o.defer_min_bytes;
   // One forward of every layer in order: the outputs and the skips open after each layer.
   std::vector<at::Tensor> outs(L);
   std::vector<stages::Skips> open(L);
@@ -266,7 +275,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
   try {
     for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
       const bool timed = rep >= o.warmup;
-      for (int split = 0; split < 2; ++split) {
+      for (int split = 0; split < (deferring ? 3 : 2); ++split) {
         for (auto& l : layers) l.stage->begin_step(0, rep, 1);
         forward_all(timed && split == 0);
         for (int i = L - 1; i >= 0; --i) {
@@ -275,6 +284,18 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
           if (split == 0) {
             l.stage->backward(0, l.grad, l.skip_grads);
             if (timed) timer.end(t0, &l.bwd);
+            continue;
+          }
+          if (split == 2) {
+            {
+              models::DeferWeightGrads deferred(&l.stash);
+              l.stage->backward(0, l.grad, l.skip_grads);
+            }
+            if (timed) timer.end(t0, &l.bdef);
+            l.awaiting_flush = l.stash.bytes();
+            t0 = timer.begin();
+            l.stash.flush();
+            if (timed) timer.end(t0, &l.flush);
             continue;
           }
           l.stage->backward_input(0, l.grad, l.skip_grads);
@@ -339,6 +360,11 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     p.backward_input_ms.push_back(median(l.bin));
     p.backward_weight_ms.push_back(median(l.bw));
     p.awaiting_weight_bytes.push_back(l.awaiting);
+    if (deferring) {
+      p.deferred_backward_ms.push_back(median(l.bdef));
+      p.flush_ms.push_back(median(l.flush));
+      p.deferred_bytes.push_back(l.awaiting_flush);
+    }
     for (auto& param : l.one->parameters()) param.mutable_grad() = at::Tensor();
   }
   at::set_num_threads(threads);

@@ -30,6 +30,10 @@ struct ProfileOptions {
   // there). On a GPU, times are the device's (events around each operation, read once per
   // repetition) and memory the caching allocator's.
   c10::Device device{c10::kCPU};
+  // Deferred weight gradients (PipelineOptions::defer_weight_grads, models/weight_grads.h): where
+  // a layer has a weight of at least this many bytes (CPU, float32), its backward is also timed
+  // with a stash in place, and the stash's flush. Negative: not measured.
+  int64_t defer_min_bytes = 1 << 20;
 };
 
 struct Profile {
@@ -39,6 +43,11 @@ struct Profile {
   // W needs); empty: not measured (cost files).
   std::vector<int64_t> awaiting_weight_bytes;
   std::vector<double> optimizer_ms;                           // optimizer step of each layer; empty: not measured
+  // With deferred weight gradients, per layer (empty: not measured, no weight large enough): its
+  // backward with the large weights' gradients stashed, the flush of one micro-batch's stash (one
+  // GEMM per weight over its rows), and the bytes the stash keeps per micro-batch until the flush.
+  std::vector<double> deferred_backward_ms, flush_ms;
+  std::vector<int64_t> deferred_bytes;
   int64_t input_bytes = 0;                                    // one micro-batch of model input
   int64_t micro_batch = 0;                                    // its samples
 };

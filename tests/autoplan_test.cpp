@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "pipeline/pipeline.h"
 #include "planner/autoplan.h"
+#include "planner/plan.h"
 #include "job/balance.h"
 #include "schedule/schedule.h"
 
@@ -332,4 +333,73 @@ TEST(AutoPlan, TheStragglerWaitIsChargedAtTheReduction) {
   };
   EXPECT_NEAR(step_of(0.0), 4.8, 1e-9);
   EXPECT_NEAR(step_of(0.25) - step_of(0.0), 1.2, 1e-9);
+}
+
+namespace {
+
+// The table with deferred weight gradients measured: a layer's deferred backward 0.1 ms per
+// row (its W stashed: 4 bytes per row), the flush `flush_per_row` ms per row of the batch.
+struct DeferringTable : Table {
+  double flush_per_row;
+  explicit DeferringTable(double f) : flush_per_row(f) {}
+  const profiler::Profile& operator()(int64_t r, Precision prec) {
+    profiler::Profile& p = const_cast<profiler::Profile&>(Table::operator()(r, prec));
+    if (p.deferred_bytes.empty())
+      for (int i = 0; i < 4; ++i) {
+        p.deferred_backward_ms.push_back(0.1 * static_cast<double>(r));
+        p.flush_ms.push_back(flush_per_row * static_cast<double>(r));
+        p.deferred_bytes.push_back(4 * r);
+      }
+    return p;
+  }
+};
+
+}  // namespace
+
+// schedule_costs with a whole batch's profile: each backward the deferred one (W less what the
+// stash takes; the first stage's W its whole deferred backward), each device's finishing work
+// its layers' flush at the batch's rows.
+TEST(AutoPlan, DeferredCostsReplaceTheBackwardAndAddTheFlush) {
+  DeferringTable t(0.05);
+  const profiler::Profile& p = t(1, Precision::FP32);
+  const profiler::Profile& whole = t(8, Precision::FP32);
+  const auto gpipe = schedule::pipeline_schedule(schedule::Kind::GPipe, 2, 8, 1, 1);
+  const schedule::Costs c = schedule_costs(p, {2, 2}, gpipe, Recompute::Never, &whole);
+  EXPECT_NEAR(c.backward_input[0], 0.2, 1e-12);  // two layers x 0.1 (fused: B + W in one)
+  ASSERT_EQ(c.finish_ms.size(), 2u);
+  EXPECT_NEAR(c.finish_ms[0], 2 * 0.05 * 8, 1e-12);
+  EXPECT_NEAR(c.finish_ms[1], 2 * 0.05 * 8, 1e-12);
+  const schedule::Costs plain = schedule_costs(p, {2, 2}, gpipe, Recompute::Never);
+  EXPECT_NEAR(plain.backward_input[0], 0.4, 1e-12);
+  EXPECT_TRUE(plain.finish_ms.empty());
+  const auto zb = schedule::pipeline_schedule(schedule::Kind::ZbH1, 2, 8, 1, 1);
+  const schedule::Costs split = schedule_costs(p, {2, 2}, zb, Recompute::Never, &whole);
+  EXPECT_NEAR(split.backward_weight[0], 0.2, 1e-12);  // the first stage: its deferred backward
+  EXPECT_NEAR(split.backward_input[1], 0.2, 1e-12);   // B as profiled
+  EXPECT_NEAR(split.backward_weight[1], 0.0, 1e-12);  // W 0.1 less the 0.1 the stash takes
+}
+
+// The search defers where the flush costs less than the W it saves, never with one
+// micro-batch, and counts every micro-batch's stash in the peak; a costly flush is not chosen.
+TEST(AutoPlan, DefersWeightGradientsWhereThatPays) {
+  SearchSpace s = space();
+  s.defer = {false, true};
+  DeferringTable cheap(0.01);
+  SearchResult r = search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return cheap(rows, p); });
+  const Candidate& best = r.fitting.front();
+  EXPECT_TRUE(best.defer);
+  EXPECT_EQ(best.stages, 2);
+  EXPECT_EQ(best.micro_batches, 8);
+  const Candidate* twin = nullptr;
+  for (const Candidate& c : r.fitting) {
+    EXPECT_FALSE(c.defer && c.micro_batches == 1);
+    if (!c.defer && c.stages == best.stages && c.micro_batches == best.micro_batches && c.schedule == best.schedule) twin = &c;
+  }
+  ASSERT_NE(twin, nullptr);
+  EXPECT_LT(best.step_ms, twin->step_ms);
+  // Two layers per device, 8 micro-batches of one row, 4 bytes each.
+  EXPECT_NEAR(best.max_peak_bytes(), twin->max_peak_bytes() + 2 * 8 * 4, 1e-9);
+  DeferringTable costly(1.0);
+  r = search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return costly(rows, p); });
+  EXPECT_FALSE(r.fitting.front().defer);
 }

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "models/layers.h"
 #include "pipeline/pipeline.h"
+#include "profiler/profile.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
@@ -130,4 +131,39 @@ TEST(DeferredWeightGrads, SmallWeightsAreNotDeferred) {
   auto want = ref->parameters(), got = pip->parameters();
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_LE((got[i].grad() - want[i].grad()).norm().item<double>(), 1e-10 * want[i].grad().norm().item<double>()) << i;
+}
+
+// The profiler's deferred pass (profiler::ProfileOptions::defer_min_bytes): per layer, what its
+// stash keeps for one micro-batch (each linear's input and output gradient: rows x (in + out)
+// floats), the deferred backward and the flush; nothing where no weight is large enough, or
+// where the pass is off.
+TEST(DeferredWeightGrads, TheProfilerMeasuresWhatTheStashKeeps) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  model->push_back("fc0", models::Dense(12, 8, true));
+  model->push_back("fc1", models::Dense(8, 8, true));
+  model->push_back("head", models::Dense(8, 3, false));
+  const at::Tensor x = torch::randn({6, 12}), y = torch::randint(0, 3, {6}, torch::kLong);
+  profiler::ProfileOptions o;
+  o.warmup = 1, o.repeat = 2;
+  o.defer_min_bytes = 0;
+  const profiler::Profile p = profiler::profile_layers(model, x, y, mean_cross_entropy, o);
+  ASSERT_EQ(p.deferred_bytes.size(), 3u);
+  ASSERT_EQ(p.deferred_backward_ms.size(), 3u);
+  ASSERT_EQ(p.flush_ms.size(), 3u);
+  EXPECT_EQ(p.deferred_bytes[0], 6 * (12 + 8) * 4);
+  EXPECT_EQ(p.deferred_bytes[1], 6 * (8 + 8) * 4);
+  EXPECT_EQ(p.deferred_bytes[2], 6 * (8 + 3) * 4);
+  for (size_t i = 0; i < 3; ++i) EXPECT_GE(p.flush_ms[i], 0.0) << i;
+  for (auto& param : model->parameters()) EXPECT_FALSE(param.grad().defined()) << "the flush's gradients are cleared too";
+  o.defer_min_bytes = 8 * 8 * 4 + 1;  // fc0's 384 bytes only
+  const profiler::Profile only = profiler::profile_layers(model, x, y, mean_cross_entropy, o);
+  ASSERT_EQ(only.deferred_bytes.size(), 3u);
+  EXPECT_EQ(only.deferred_bytes[0], 6 * (12 + 8) * 4);
+  EXPECT_EQ(only.deferred_bytes[1], 0);
+  EXPECT_EQ(only.deferred_bytes[2], 0);
+  o.defer_min_bytes = 1 << 20;  // no weight that large: no pass
+  EXPECT_TRUE(profiler::profile_layers(model, x, y, mean_cross_entropy, o).deferred_bytes.empty());
+  o.defer_min_bytes = -1;
+  EXPECT_TRUE(profiler::profile_layers(model, x, y, mean_cross_entropy, o).deferred_bytes.empty());
 }

@@ -211,14 +211,17 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
   const profiler::Profile profile = profile_job(job);
-  auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute);
+  const bool deferring = c.pipeline.defer_weight_grads && any_deferred(profile);
+  const profiler::Profile whole = deferring ? whole_batch_profile(job, 5) : profiler::Profile{};
+  auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute, deferring ? &whole : nullptr);
   add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
                  {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr), {}});
   const schedule::Simulation sim = schedule::simulate(pipe.schedule(), costs);
   r.prediction.profiled_step_s = sim.makespan_ms / 1e3;
   r.prediction.predicted_device_peak_bytes =
       device_peak_bytes(profile, pipe.balance(), pipe.schedule(), sim, job.options.recompute,
-                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded()));
+                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded()),
+                        deferring);
   return r;
 }
 
