@@ -86,6 +86,9 @@ class MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    // A graph of this backward (create_graph) would need it in differentiable operations.
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "max_pool2x2: its gradient cannot be differentiated again (create_graph); use torch::max_pool2d");
     const at::Tensor which = ctx->get_saved_variables()[0];
     const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
     const at::Tensor g = grad_out[0].contiguous();

@@ -1,6 +1,7 @@
 // models/max_pool.h: the 2 x 2 max pool gives libtorch's results bit for bit, forward and
-// backward, on ties, NaN, infinities, odd sizes and every floating dtype; the CNN's block pools
-// before its ReLU and still equals libtorch's relu-then-pool.
+// backward, on ties, NaN, infinities, odd sizes and every floating dtype, and refuses a second
+// derivative by name; the CNN's block pools before its ReLU and still equals libtorch's
+// relu-then-pool.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -53,6 +54,20 @@ TEST(MaxPool2x2, MatchesLibtorchBitForBitForwardAndBackward) {
         theirs.backward(g);
         expect_same(a.grad(), b.grad(), what + " backward");
       }
+}
+
+TEST(MaxPool2x2, ASecondDerivativeIsRefusedByName) {
+  const at::Tensor x = torch::randn({1, 2, 4, 4}, torch::kDouble).requires_grad_(true);
+  const at::Tensor y = models::max_pool2x2(x).pow(2).sum();
+  try {
+    torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_pool2x2: its gradient cannot be differentiated again"), std::string::npos)
+        << e.what();
+  }
+  const auto g = torch::autograd::grad({y}, {x});  // once is fine
+  EXPECT_TRUE(torch::equal(g[0], torch::autograd::grad({torch::max_pool2d(x, 2).pow(2).sum()}, {x})[0]));
 }
 
 TEST(MaxPool2x2, OtherLayoutsAndNoGradientAgreeToo) {
