@@ -98,6 +98,8 @@ TEST(Cli, AutoPlan) {
   std::ifstream in(out);
   const auto chosen = nlohmann::json::parse(in);
   ASSERT_TRUE(chosen["pipeline"]["balance"].is_array()) << chosen.dump();
+  ASSERT_TRUE(chosen["pipeline"]["defer_weight_grads"].is_boolean()) << chosen.dump();  // the dW column's choice
+  EXPECT_NE(r.out.find(" dW "), std::string::npos) << r.out;
   r = run("train " + out + " --steps 2 --quiet");
   EXPECT_EQ(r.status, 0) << r.out;
   expect_clean_error(run("plan " + cfg + " --auto --devices 2 --memory-limit 1000"), "the smallest needs ");
