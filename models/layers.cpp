@@ -225,9 +225,8 @@ void ConvBlockImpl::reset() {
 torch::Tensor ConvBlockImpl::forward(const torch::Tensor& x) {
   auto h = conv_(x);
   if (bn_) h = bn_(h);
-  // Pooled before the ReLU, which commutes with a max: the same values and gradients (a window
-  // whose maximum is not positive has a zero gradient either way) for a quarter of the ReLU.
-  return torch::relu(pool_ ? max_pool2x2(h) : h);
+  h = torch::relu(h);
+  return pool_ ? max_pool2x2(h) : h;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout,

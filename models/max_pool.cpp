@@ -59,7 +59,7 @@ void unpool_planes(const T* grad_out, const uint8_t* which, T* grad_in, int64_t 
         const uint8_t* k = which + (p * OH + oh) * OW;
         for (int64_t ow = 0; ow < OW; ++ow) {
           r[0][2 * ow] = r[0][2 * ow + 1] = r[1][2 * ow] = r[1][2 * ow + 1] = T(0);
-          r[k[ow] >> 1][2 * ow + (k[ow] & 1)] = g[ow];
+          r[k[ow] >> 1][2 * ow + (k[ow] & 1)] = T(0) + g[ow];  // added to zero, as libtorch does: -0 becomes +0
         }
       }
     }
@@ -86,14 +86,22 @@ class MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    // A graph of this backward (create_graph) would need it in differentiable operations.
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "max_pool2x2: its gradient cannot be differentiated again (create_graph); use torch::max_pool2d");
     const at::Tensor which = ctx->get_saved_variables()[0];
     const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
-    const at::Tensor g = grad_out[0].contiguous();
     const int64_t H = sizes[sizes.size() - 2], W = sizes[sizes.size() - 1];
     const int64_t planes = c10::multiply_integers(sizes) / (H * W);
+    if (at::GradMode::is_enabled()) {
+      // A graph of this backward (create_graph): the same gradient by differentiable operations,
+      // each window's output gradient added to zero at its chosen element's flat index.
+      const int64_t OH = H / 2, OW = W / 2;
+      const at::Tensor k = which.to(at::kLong).view({planes, OH, OW});
+      const at::Tensor oh = at::arange(OH, k.options()).view({1, OH, 1}), ow = at::arange(OW, k.options()).view({1, 1, OW});
+      const at::Tensor index = (2 * oh + at::floor_divide(k, 2)) * W + 2 * ow + at::remainder(k, 2);
+      return {at::zeros({planes, H * W}, grad_out[0].options())
+                  .scatter_add(1, index.view({planes, OH * OW}), grad_out[0].reshape({planes, OH * OW}))
+                  .view(sizes)};
+    }
+    const at::Tensor g = grad_out[0].contiguous();
     at::Tensor grad_in = at::empty(sizes, g.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "max_pool2x2_backward", [&] {
       unpool_planes(g.const_data_ptr<scalar_t>(), which.const_data_ptr<uint8_t>(), grad_in.mutable_data_ptr<scalar_t>(),

@@ -14,7 +14,8 @@
 namespace pipetrain::models {
 
 /// torch::max_pool2d(x, 2) for a [N, C, H, W] or [C, H, W] input (H and W floored to even, as
-/// it does), with its gradient; once-differentiable on the CPU path.
+/// it does), with its gradient (built of differentiable operations when a graph of the backward
+/// is asked for).
 at::Tensor max_pool2x2(const at::Tensor& x);
 
 }  // namespace pipetrain::models

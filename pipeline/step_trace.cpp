@@ -154,7 +154,8 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
   c.finish_ms.assign(s.stages, 0.0);
   for (size_t r = 0; r < t.optimizer.size() && r < c.finish_ms.size(); ++r)
     c.finish_ms[r] = (t.optimizer[r].second - t.optimizer[r].first) * 1e3;
-  for (size_t r = 0; r < flushed.size() && r < c.finish_ms.size(); ++r) c.finish_ms[r] += flushed[r];
+  c.tail_ms.assign(s.stages, 0.0);  // the flush, right after the device's list
+  for (size_t r = 0; r < flushed.size() && r < c.tail_ms.size(); ++r) c.tail_ms[r] = flushed[r];
   c.action_ms = actions ? gaps * 1e3 / static_cast<double>(actions) : 0.0;
   for (int v = 0; v < V; ++v) {
     c.forward[v] = median(fwd[v]);

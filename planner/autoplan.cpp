@@ -257,6 +257,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   const bool filed = !o.costs_path.empty();
   partitioner::CostFile file;
   SearchSpace sp;
+  bool all_cpu = false;  // every stage of the config on the CPU (not known from a cost file)
   if (filed) {
     file = partitioner::load_cost_file(o.costs_path);
     if (file.micro_batch < 1) partitioner::scaled_to_rows(file, 1, o.costs_path);  // names what is missing
@@ -267,6 +268,9 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     // On a CPU the cores are shared out among stages, copies and intra-op threads.
     if (probe.options.devices.empty() || probe.options.devices[0].is_cpu())
       sp.cores = o.cores > 0 ? o.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // Deferred weight gradients run on CPU stages only: every stage's device must be the CPU.
+    all_cpu = std::all_of(probe.options.devices.begin(), probe.options.devices.end(),
+                          [](const c10::Device& d) { return d.is_cpu(); });
   }
   if (o.cores > 0 && sp.cores == 0)
     throw ConfigError(detail::concat(option(Option::Cores), ": only CPU plans share out cores (",
@@ -284,7 +288,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   for (int m = 1; m <= sp.batch && m <= 64; m *= 2) sp.micro_batches.push_back(m);
   sp.schedules = schedule::all_kinds();
   sp.recompute = {Recompute::Never, Recompute::ExceptLast, Recompute::Always};
-  if (sp.cores > 0) sp.defer = {false, true};  // CPU stages only (where a layer defers: the search checks)
+  if (sp.cores > 0 && all_cpu) sp.defer = {false, true};  // where a layer defers: the search checks
   // A cost file holds the costs of one precision: the config's.
   sp.precisions = {filed ? c.train.precision : Precision::FP32};
   if (!filed && c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);

@@ -35,6 +35,17 @@ bool defers(const profiler::Profile& p, size_t i) {
   return i < p.deferred_bytes.size() && i < p.deferred_backward_ms.size() && p.deferred_bytes[i] > 0;
 }
 
+namespace {
+// Deferring, layers [first, last) of a stage hold every micro-batch's stash to the end of the
+// step, and at the flush one layer's pieces concatenated beside it.
+int64_t stash_bytes(const profiler::Profile& p, int first, int last, int micro_batches) {
+  int64_t all = 0, largest = 0;
+  for (int i = first; i < last; ++i)
+    if (defers(p, i)) all += micro_batches * p.deferred_bytes[i], largest = std::max(largest, micro_batches * p.deferred_bytes[i]);
+  return all + largest;
+}
+}  // namespace
+
 bool any_deferred(const profiler::Profile& p) {
   for (size_t i = 0; i < p.layers.size(); ++i)
     if (defers(p, i)) return true;
@@ -86,10 +97,7 @@ schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Ba
     for (int v = 0; v < V; ++v)
       for (int i = off[v]; i < off[v + 1]; ++i) c.finish_ms[s.device_of(v)] += p.optimizer_ms[i];
   }
-  if (deferred) {  // each device's flush after its list, before its optimizer step
-    c.finish_ms.resize(s.stages, 0.0);
-    for (int d = 0; d < s.stages; ++d) c.finish_ms[d] += flush[d];
-  }
+  if (deferred) c.tail_ms = flush;  // each device's flush right after its own list
   c.recomputed.assign(s.micro_batches, false);
   for (int m = 0; m < s.micro_batches; ++m)
     c.recomputed[m] = recompute == Recompute::Always ||
@@ -115,6 +123,7 @@ void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std
     costs.forward[v] /= speed, costs.backward_input[v] /= speed;
     costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
   }
+  for (size_t d = 0; d < costs.tail_ms.size(); ++d) costs.tail_ms[d] /= speeds.at(d);  // a flush computes too
 }
 
 void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
@@ -160,7 +169,9 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
                                       double state_factor, bool deferred) {
   const auto off = partitioner::offsets(balance);
   std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
-  std::vector<double> stash(s.stages, 0.0);  // deferred weight gradients: every micro-batch's, to the end
+  // Deferred weight gradients: every micro-batch's stash, to the end, and at the flush one
+  // layer's pieces concatenated (its rows whole, beside the rest of the stash).
+  std::vector<double> stash(s.stages, 0.0), concatenated(s.stages, 0.0);
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const int d = s.device_of(vs);
     double saved = 0;
@@ -168,13 +179,17 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
       params[d] += static_cast<double>(p.layers[i].param_bytes);
       saved += static_cast<double>(p.layers[i].saved_bytes);
       workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
-      if (deferred && defers(p, i)) stash[d] += static_cast<double>(s.micro_batches) * static_cast<double>(p.deferred_bytes[i]);
+      if (deferred && defers(p, i)) {
+        const double held = static_cast<double>(s.micro_batches) * static_cast<double>(p.deferred_bytes[i]);
+        stash[d] += held;
+        concatenated[d] = std::max(concatenated[d], held);
+      }
     }
     if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
   }
   // One layer runs at a time on a device: its largest workspace comes on top of what is held.
   for (int d = 0; d < s.stages; ++d)
-    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] + stash[d];
+    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] + stash[d] + concatenated[d];
   return peak;
 }
 
@@ -231,8 +246,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
                                           k.devices.empty() ? partitioner::Device{} : k.devices[v]);
     row.activation_bytes = r.profile.layers[off[v + 1] - 1].activation_bytes;
     row.peak_bytes = partitioner::stage_memory(r.profile.layers, off[v], off[v + 1], static_cast<int>(v), mem);
-    for (int i = off[v]; deferred && i < off[v + 1]; ++i)  // every micro-batch's stash, to the step's end
-      if (defers(r.profile, i)) row.peak_bytes += c.pipeline.micro_batches * r.profile.deferred_bytes[i];
+    if (deferred) row.peak_bytes += stash_bytes(r.profile, off[v], off[v + 1], c.pipeline.micro_batches);
     bottleneck = std::max(bottleneck, row.time_ms);
     r.stages.push_back(row);
   }
@@ -254,9 +268,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     partitioner::MemoryModel m = memory_model(cc, r.profile);
     const auto bo = partitioner::offsets(balance);
     for (int v = 0; v < s.virtual_stages(); ++v) {
-      int64_t stash = 0;  // deferring: every micro-batch's stash, held to the end of the step
-      for (int i = bo[v]; deferred && i < bo[v + 1]; ++i)
-        if (defers(r.profile, i)) stash += s.micro_batches * r.profile.deferred_bytes[i];
+      const int64_t stash = deferred ? stash_bytes(r.profile, bo[v], bo[v + 1], s.micro_batches) : 0;
       row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m) + stash);
     }
     return std::make_pair(row, sim);

@@ -41,7 +41,8 @@ bool any_deferred(const profiler::Profile& p);
 // A cost file's layers as a profile: B and W as the file gives them, else half the backward each.
 profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers);
 
-// Divides each virtual stage's compute costs by the speed of its device (empty: all 1).
+// Divides each virtual stage's compute costs, and each device's tail (a flush), by the speed of
+// its device (empty: all 1).
 void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds);
 
 // Data parallelism as the planner models it: D copies, the optimizer state sharded or not, and

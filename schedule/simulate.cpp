@@ -41,6 +41,8 @@ void check_costs(const Schedule& s, const Costs& c) {
   if (!c.finish_ms.empty() && c.finish_ms.size() != static_cast<size_t>(s.stages))
     throw ScheduleError(detail::concat("simulate: costs.finish_ms has ", c.finish_ms.size(), " entries for ",
                                        s.stages, " stages"));
+  if (!c.tail_ms.empty() && c.tail_ms.size() != static_cast<size_t>(s.stages))
+    throw ScheduleError(detail::concat("simulate: costs.tail_ms has ", c.tail_ms.size(), " entries for ", s.stages, " stages"));
   if (!c.recomputed.empty() && c.recomputed.size() != static_cast<size_t>(s.micro_batches))
     throw ScheduleError(detail::concat("simulate: costs.recomputed has ", c.recomputed.size(),
                                        " entries for ", s.micro_batches, " micro-batches"));
@@ -168,6 +170,13 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     if (!moved) throw ScheduleError("simulate: the schedule deadlocks (run validate() for details)");
   }
   double busy = 0;
+  // Each device's own tail (a flush) right after its list, while the others may still run.
+  for (int r = 0; r < K && !c.tail_ms.empty(); ++r) {
+    if (c.tail_ms[r] <= 0) continue;
+    out.spans[r].push_back({Op::BackwardWeight, -1, 0, clock[r], clock[r] + c.tail_ms[r], /*finish=*/true});
+    clock[r] += c.tail_ms[r];
+    out.busy_ms[r] += c.tail_ms[r];
+  }
   // The finishing work (optimizer steps) starts when every device has run its list, as in the
   // executor, which steps no optimizer before the whole step has succeeded.
   out.exposed_reduce_ms.assign(K, 0.0);

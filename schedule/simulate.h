@@ -46,6 +46,9 @@ struct Costs {
   double send_ms = 0;       // the sender's own time per send (posting it, encoding the header)
   double action_ms = 0;     // bookkeeping the executor spends around every action
   std::vector<double> finish_ms;  // per device: work once every device has run its list (the optimizer step); empty: none
+  // Per device: work right after its own last action, before the finishing work (the flush of
+  // deferred weight gradients, pipeline/executor.cpp); empty: none.
+  std::vector<double> tail_ms;
   // Per virtual stage: its Reduce (data parallelism), which runs on the device's link beside
   // the later actions, one reduction at a time; the finishing work waits for it. Empty: free.
   std::vector<double> reduce_ms;
@@ -59,7 +62,7 @@ struct SimSpan {
   Op op;
   int micro_batch, chunk;
   double start, end;
-  bool finish = false;  // the device's work after its last action (Costs::finish_ms), not `op`
+  bool finish = false;  // the device's work after its last action (Costs::tail_ms, finish_ms), not `op`
 };
 
 struct Simulation {

@@ -41,7 +41,7 @@ TraceTimeline simulated_timeline(const Simulation& sim, std::string title) {
   for (const auto& stage : sim.spans) {
     t.spans.emplace_back();
     for (const auto& s : stage)
-      t.spans.back().push_back(s.finish ? TraceSpan{"optimizer", -1, 0, 0, s.start, s.end}
+      t.spans.back().push_back(s.finish ? TraceSpan{s.op == Op::BackwardWeight ? "flush" : "optimizer", -1, 0, 0, s.start, s.end}
                                         : TraceSpan{op_name(s.op), s.micro_batch, s.chunk, 0, s.start, s.end});
   }
   return t;

@@ -1,7 +1,7 @@
 // models/max_pool.h: the 2 x 2 max pool gives libtorch's results bit for bit, forward and
-// backward, on ties, NaN, infinities, odd sizes and every floating dtype, and refuses a second
-// derivative by name; the CNN's block pools before its ReLU and still equals libtorch's
-// relu-then-pool.
+// backward (signed zeros and NaN's sign included), on ties, NaN, infinities, odd sizes, every
+// floating dtype and layout; its second derivative is libtorch's too; the CNN's block keeps
+// libtorch's values and gradients bit for bit.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -13,28 +13,42 @@ using namespace pipetrain;
 
 namespace {
 
-// Equal bit for bit where both are numbers, NaN in the same places.
+// The same bits, element by element (a NaN's sign and payload, a zero's sign included).
 void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  EXPECT_TRUE(torch::equal(torch::isnan(got), torch::isnan(want))) << what;
-  EXPECT_TRUE(torch::equal(torch::nan_to_num(got, 0.0, 1e300, -1e300), torch::nan_to_num(want, 0.0, 1e300, -1e300)))
-      << what;
+  const auto bits = [](const at::Tensor& t) {
+    const auto as = t.element_size() == 8 ? at::kLong : t.element_size() == 4 ? at::kInt : at::kShort;
+    return t.contiguous().view(as);
+  };
+  EXPECT_TRUE(torch::equal(bits(got), bits(want))) << what;
 }
 
-// Values with many ties (small integers, a plane of zeros), NaN and infinities.
+// Values with many ties (small integers, a plane of zeros, zeros of both signs), NaN of both
+// signs (two in one window: which one wins shows), and infinities.
 at::Tensor awkward(std::vector<int64_t> sizes, at::ScalarType dtype, bool specials) {
   at::Tensor x = torch::randint(-2, 3, sizes, torch::kDouble);
   x.select(-3, 0).zero_();  // a whole plane tied, as a blank image region after a ReLU
+  auto flat = x.view({-1});
+  const int64_t n = flat.numel();
+  for (int64_t i = 2; i < n; i += 5) flat[i] = -0.0;  // beside +0.0 in some windows, before or after it
   if (specials) {
-    auto flat = x.view({-1});
-    const int64_t n = flat.numel();
-    flat[1 % n] = std::nan("");
+    flat[0] = -std::nan("");  // row 0 of the first window
+    flat[1] = std::nan("");   // and its neighbour: the later NaN is the one libtorch keeps
     flat[6 % n] = std::numeric_limits<double>::infinity();
     flat[9 % n] = -std::numeric_limits<double>::infinity();
     flat[n - 2] = std::nan("");
   }
   return x.to(dtype);
+}
+
+// An output gradient with zeros of both signs.
+at::Tensor gradient_like(const at::Tensor& y) {
+  at::Tensor g = torch::randn(y.sizes(), torch::kDouble);
+  auto flat = g.view({-1});
+  for (int64_t i = 0; i < flat.numel(); i += 3) flat[i] = -0.0;
+  for (int64_t i = 1; i < flat.numel(); i += 7) flat[i] = 0.0;
+  return g.to(y.scalar_type());
 }
 
 }  // namespace
@@ -49,39 +63,46 @@ TEST(MaxPool2x2, MatchesLibtorchBitForBitForwardAndBackward) {
         const at::Tensor a = x.clone().requires_grad_(true), b = x.clone().requires_grad_(true);
         const at::Tensor ours = models::max_pool2x2(a), theirs = torch::max_pool2d(b, 2);
         expect_same(ours, theirs, what + " forward");
-        const at::Tensor g = torch::randn(theirs.sizes(), torch::kDouble).to(dtype);
+        const at::Tensor g = gradient_like(theirs);
         ours.backward(g);
         theirs.backward(g);
         expect_same(a.grad(), b.grad(), what + " backward");
       }
 }
 
-TEST(MaxPool2x2, ASecondDerivativeIsRefusedByName) {
-  const at::Tensor x = torch::randn({1, 2, 4, 4}, torch::kDouble).requires_grad_(true);
-  const at::Tensor y = models::max_pool2x2(x).pow(2).sum();
-  try {
-    torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
-    FAIL() << "no error";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("max_pool2x2: its gradient cannot be differentiated again"), std::string::npos)
-        << e.what();
+// A graph of the backward (create_graph): the gradient and the second derivative are libtorch's.
+TEST(MaxPool2x2, ASecondDerivativeIsLibtorchs) {
+  torch::manual_seed(6);
+  const at::Tensor x = awkward({2, 3, 6, 4}, torch::kDouble, false);
+  std::vector<at::Tensor> second;
+  for (bool ours : {true, false}) {
+    const at::Tensor xi = x.clone().requires_grad_(true);
+    const at::Tensor y = (ours ? models::max_pool2x2(xi) : torch::max_pool2d(xi, 2)).pow(3).sum();
+    const at::Tensor g = torch::autograd::grad({y}, {xi}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    EXPECT_TRUE(g.requires_grad());
+    second.push_back(torch::autograd::grad({g.pow(2).sum()}, {xi})[0]);
+    second.push_back(g.detach());
   }
-  const auto g = torch::autograd::grad({y}, {x});  // once is fine
-  EXPECT_TRUE(torch::equal(g[0], torch::autograd::grad({torch::max_pool2d(x, 2).pow(2).sum()}, {x})[0]));
+  expect_same(second[1], second[3], "gradient under create_graph");
+  expect_same(second[0], second[2], "second derivative");
 }
 
+// Layouts the loop does not take (channels last, a transposed view) and no gradient at all give
+// libtorch's results too.
 TEST(MaxPool2x2, OtherLayoutsAndNoGradientAgreeToo) {
   torch::manual_seed(4);
   const at::Tensor x = awkward({2, 3, 6, 8}, torch::kFloat, true);
-  expect_same(models::max_pool2x2(x.contiguous(at::MemoryFormat::ChannelsLast)), torch::max_pool2d(x, 2), "channels last");
-  expect_same(models::max_pool2x2(x.transpose(2, 3)), torch::max_pool2d(x.transpose(2, 3), 2), "a transposed view");
+  const at::Tensor want = torch::max_pool2d(x, 2);
+  expect_same(models::max_pool2x2(x.contiguous(at::MemoryFormat::ChannelsLast)).contiguous(), want, "channels last");
+  expect_same(models::max_pool2x2(x.transpose(2, 3)).transpose(2, 3).contiguous(),
+              torch::max_pool2d(x.transpose(2, 3).contiguous(), 2).transpose(2, 3).contiguous(), "a transposed view");
   torch::NoGradGuard no_grad;
-  expect_same(models::max_pool2x2(x), torch::max_pool2d(x, 2), "no gradient");
+  expect_same(models::max_pool2x2(x), want, "no gradient");
 }
 
-// ConvBlock computes relu(pool(conv x)): equal, values and every gradient, to libtorch's
-// pool(relu(conv x)) on an input with blank regions (ties at the bias' ReLU) and negative ones.
-TEST(MaxPool2x2, TheConvBlockPoolsBeforeItsReluWithTheSameResults) {
+// ConvBlock (conv, ReLU, this pool) equals libtorch's conv, relu, max_pool2d bit for bit, values
+// and every gradient, on an input with blank regions (ties at the bias' ReLU) and negative ones.
+TEST(MaxPool2x2, TheConvBlockIsLibtorchsBitForBit) {
   torch::manual_seed(5);
   for (auto dtype : {torch::kDouble, torch::kFloat}) {
     models::ConvBlock block(2, 3, /*pool=*/true, /*batch_norm=*/false);
@@ -90,7 +111,7 @@ TEST(MaxPool2x2, TheConvBlockPoolsBeforeItsReluWithTheSameResults) {
     x.slice(2, 0, 4).zero_();  // blank rows: every window there ties
     x.slice(3, 4, 8).fill_(-1.0);
     const at::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
-    const at::Tensor g = torch::randn({4, 3, 4, 4}, dtype);
+    const at::Tensor g = gradient_like(torch::zeros({4, 3, 4, 4}, dtype));
     const at::Tensor ya = block->forward(xa);
     ya.backward(g);
     std::vector<at::Tensor> ours;
