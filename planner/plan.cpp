@@ -36,13 +36,17 @@ bool defers(const profiler::Profile& p, size_t i) {
 }
 
 namespace {
-// Deferring, layers [first, last) of a stage hold every micro-batch's stash to the end of the
-// step, and at the flush one layer's pieces concatenated beside it.
-int64_t stash_bytes(const profiler::Profile& p, int first, int last, int micro_batches) {
+// Deferring, what layers [first, last) stash: every micro-batch's, held to the end of the step,
+// and the largest layer's alone (at the flush its pieces are concatenated beside the rest).
+struct Stash {
   int64_t all = 0, largest = 0;
+  int64_t peak() const { return all + largest; }
+};
+Stash stash_of(const profiler::Profile& p, int first, int last, int micro_batches) {
+  Stash s;
   for (int i = first; i < last; ++i)
-    if (defers(p, i)) all += micro_batches * p.deferred_bytes[i], largest = std::max(largest, micro_batches * p.deferred_bytes[i]);
-  return all + largest;
+    if (defers(p, i)) s.all += micro_batches * p.deferred_bytes[i], s.largest = std::max(s.largest, micro_batches * p.deferred_bytes[i]);
+  return s;
 }
 }  // namespace
 
@@ -169,9 +173,7 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
                                       double state_factor, bool deferred) {
   const auto off = partitioner::offsets(balance);
   std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
-  // Deferred weight gradients: every micro-batch's stash, to the end, and at the flush one
-  // layer's pieces concatenated (its rows whole, beside the rest of the stash).
-  std::vector<double> stash(s.stages, 0.0), concatenated(s.stages, 0.0);
+  std::vector<Stash> stash(s.stages);  // deferred weight gradients: the device's chunks together
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const int d = s.device_of(vs);
     double saved = 0;
@@ -179,17 +181,17 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
       params[d] += static_cast<double>(p.layers[i].param_bytes);
       saved += static_cast<double>(p.layers[i].saved_bytes);
       workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
-      if (deferred && defers(p, i)) {
-        const double held = static_cast<double>(s.micro_batches) * static_cast<double>(p.deferred_bytes[i]);
-        stash[d] += held;
-        concatenated[d] = std::max(concatenated[d], held);
-      }
+    }
+    if (deferred) {
+      const Stash chunk = stash_of(p, off[vs], off[vs + 1], s.micro_batches);
+      stash[d].all += chunk.all, stash[d].largest = std::max(stash[d].largest, chunk.largest);
     }
     if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
   }
   // One layer runs at a time on a device: its largest workspace comes on top of what is held.
   for (int d = 0; d < s.stages; ++d)
-    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] + stash[d] + concatenated[d];
+    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] +
+              static_cast<double>(stash[d].peak());
   return peak;
 }
 
@@ -246,7 +248,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
                                           k.devices.empty() ? partitioner::Device{} : k.devices[v]);
     row.activation_bytes = r.profile.layers[off[v + 1] - 1].activation_bytes;
     row.peak_bytes = partitioner::stage_memory(r.profile.layers, off[v], off[v + 1], static_cast<int>(v), mem);
-    if (deferred) row.peak_bytes += stash_bytes(r.profile, off[v], off[v + 1], c.pipeline.micro_batches);
+    if (deferred) row.peak_bytes += stash_of(r.profile, off[v], off[v + 1], c.pipeline.micro_batches).peak();
     bottleneck = std::max(bottleneck, row.time_ms);
     r.stages.push_back(row);
   }
@@ -268,7 +270,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     partitioner::MemoryModel m = memory_model(cc, r.profile);
     const auto bo = partitioner::offsets(balance);
     for (int v = 0; v < s.virtual_stages(); ++v) {
-      const int64_t stash = deferred ? stash_bytes(r.profile, bo[v], bo[v + 1], s.micro_batches) : 0;
+      const int64_t stash = deferred ? stash_of(r.profile, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
       row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m) + stash);
     }
     return std::make_pair(row, sim);

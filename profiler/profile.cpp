@@ -232,7 +232,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     at::Tensor grad;          // the output gradient its backward gets (random: times do not depend on values)
     stages::Skips skip_grads;  // and those of the skips open after it
     std::vector<double> fwd, bwd, bin, bw, bdef, flush;
-    int64_t awaiting = 0, awaiting_flush = 0;
+    int64_t awaiting = 0, stashed = 0;
     models::WeightGradStash stash;  // the deferred pass's
   };
   std::vector<Layer> layers(L);
@@ -292,7 +292,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
               l.stage->backward(0, l.grad, l.skip_grads);
             }
             if (timed) timer.end(t0, &l.bdef);
-            l.awaiting_flush = l.stash.bytes();
+            l.stashed = l.stash.bytes();
             t0 = timer.begin();
             l.stash.flush();
             if (timed) timer.end(t0, &l.flush);
@@ -363,7 +363,7 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     if (deferring) {
       p.deferred_backward_ms.push_back(median(l.bdef));
       p.flush_ms.push_back(median(l.flush));
-      p.deferred_bytes.push_back(l.awaiting_flush);
+      p.deferred_bytes.push_back(l.stashed);
     }
     for (auto& param : l.one->parameters()) param.mutable_grad() = at::Tensor();
   }

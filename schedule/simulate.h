@@ -68,7 +68,7 @@ struct SimSpan {
 struct Simulation {
   double makespan_ms = 0;
   double bubble = 0;                    // 1 - (sum of compute time) / (stages · makespan)
-  std::vector<double> busy_ms;          // per device: compute time, including finish_ms
+  std::vector<double> busy_ms;          // per device: compute time, including tail_ms and finish_ms
   std::vector<int> peak_in_flight;      // per device: most micro-batches between forward and backward(_input)
   std::vector<int> peak_awaiting_weight;  // per device: most micro-batches between forward and their last backward part
   std::vector<double> span_ms;           // per device: from its first compute's start to its last compute's end
