@@ -13,6 +13,7 @@
 #include "apps/commands.h"
 #include "apps/faults.h"
 #include "apps/option_flags.h"
+#include "comm/process_group.h"
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -58,6 +59,7 @@ std::string version_text() {
 int main(int argc, char** argv) {
   // glibc would hand large freed tensors back to the system after every step and fault them
   // in again on the next; keeping them saves about 10% of an MLP step (README, Benchmarks).
+  pipetrain::comm::prepare_nccl_environment();  // before any thread reads the environment
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   pipetrain::stages::route_library_warnings();  // libtorch's warnings as one line each, once

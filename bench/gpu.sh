@@ -2,7 +2,8 @@
 # The GPU benchmarks (scripts/gpu.sh runs this after the gpu tests):
 #   bash bench/gpu.sh BUILD_DIR RESULTS_DIR
 # Writes RESULTS_DIR/machine.jsonl (the device, driver and clocks, read before and after) and
-# RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
+# RESULTS_DIR/transfers.jsonl (bench/transfer_gpu.cpp: two processes on the GPU, GB/s per transport,
+# direction and size beside cudaMemcpy's), RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
 # sequence 1024, as the plain loop and as 1, 2 and 4 stages on the same GPU; peak memory per
 # recomputation mode; the largest batch with and without recomputation), and fashion.jsonl (the
 # default config trained on the GPU and on the CPU). Commit them under bench/results/gpu/.
@@ -21,6 +22,11 @@ machine() {
 }
 machine before
 status=0
+# Two processes on the one GPU: CUDA tensors over nccl, ucx and gloo, both directions, against a
+# device-to-device copy (bench/transfer_gpu.cpp).
+if [ -x "$build/bench/transfer_gpu" ]; then
+  timeout 240 "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
+fi
 timeout 300 "$build/bench/gpu_pipeline" "$out/gpu_pipeline.jsonl" ${GPU_PIPELINE_ARGS:-} || status=$?
 # The default config (Fashion-MNIST, a CNN in 4 stages) trained on the GPU and, side by side, on
 # this machine's CPU cores: wall time and test accuracy. The data travels in .gpu-deps.

@@ -3,6 +3,8 @@
 // libtorch's own copy; only declarations are taken from the headers).
 #include "comm/process_group.h"
 
+#include <cstdlib>
+
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -107,6 +109,8 @@ c10::intrusive_ptr<c10d::Work> recv(c10d::Backend& group, at::Tensor& tensor, in
   std::lock_guard<std::mutex> one_at_a_time(start_mutex());
   return group.recv(one, peer, tag);
 }
+
+void prepare_nccl_environment() { ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0); }
 
 #if !PIPETRAIN_HAVE_NCCL
 ProcessGroup make_nccl_group(const c10::intrusive_ptr<c10d::Store>&, const std::string&, int, int, double) {

@@ -51,6 +51,14 @@ c10::intrusive_ptr<c10d::Work> all_gather(c10d::Backend& group, at::Tensor& out,
 c10::intrusive_ptr<c10d::Work> send(c10d::Backend& group, at::Tensor& tensor, int peer, int tag);
 c10::intrusive_ptr<c10d::Work> recv(c10d::Backend& group, at::Tensor& tensor, int peer, int tag);
 
+// NCCL's environment as this project runs it: a failed or timed-out operation aborts the
+// communicator and raises in the waiting thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, CleanUpOnly)
+// instead of ending the process without a word (3, libtorch's default); a variable already set
+// wins. setenv is not safe while other threads read the environment: call it before any thread
+// starts (the pipetrain command does, first thing in main; make_nccl_group calls it again,
+// which then changes nothing).
+void prepare_nccl_environment();
+
 // An NCCL group of `size` members (one GPU each, the calling thread's current device), meeting
 // under `prefix` in `store`; its operations end after `timeout_s`, and a failed one aborts the
 // communicator without ending the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless set).

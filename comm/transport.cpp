@@ -88,6 +88,7 @@ std::vector<std::string> transport_backends() {
   names.push_back("ucx");
 #endif
   names.push_back("gloo");  // libtorch's own Gloo, in every PyTorch build
+  names.push_back("nccl-order");  // NCCL's ordering rules on the CPU (tests)
 #if PIPETRAIN_HAVE_NCCL
   names.push_back("nccl");
 #endif
@@ -117,7 +118,8 @@ bool has_transport_backend(const std::string& name) {
 
 std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size) {
   if (options.backend == "local") return make_local_group(world_size, options);
-  if (options.backend == "gloo" || (options.backend == "nccl" && has_transport_backend("nccl")))
+  if (options.backend == "gloo" || options.backend == "nccl-order" ||
+      (options.backend == "nccl" && has_transport_backend("nccl")))
     return make_local_c10d_group(options, world_size);
 #if PIPETRAIN_HAVE_UCX
   if (options.backend == "ucx") return make_ucx_group(world_size, options);
@@ -136,7 +138,7 @@ std::unique_ptr<Transport> make_process_transport(const TransportOptions& option
 #endif
   if (options.backend == "local")
     throw ConfigError("comm: transport \"local\" connects the threads of one process, not processes; use \"ucx\"");
-  if (options.backend == "gloo" || options.backend == "nccl")
+  if (options.backend == "gloo" || options.backend == "nccl" || options.backend == "nccl-order")
     throw ConfigError("comm: transport \"" + options.backend +
                       "\" meets in the rendezvous store: make it with make_group_transport (process_group.h)");
   throw ConfigError("comm: transport \"" + options.backend + "\" cannot connect processes in this build (it has: " +

@@ -49,7 +49,9 @@ struct MessageId {
 struct TransportOptions {
   uint64_t max_message_bytes = uint64_t(1) << 32;  ///< 4 GiB
   /// "local" (threads sharing mailboxes), "ucx" (when compiled in), "gloo" (c10d's Gloo group)
-  /// or "nccl" (c10d's NCCL group between GPUs, one per process; when compiled in).
+  /// or "nccl" (c10d's NCCL group between GPUs, one per process; when compiled in); for tests,
+  /// "nccl-order": the c10d transport with NCCL's ordering rules for its data, on the CPU, ranks
+  /// as threads (comm/c10d/nccl_order.h).
   std::string backend = "local";
   /// Operations on a peer that failed fail at once instead of at their deadline. UCX: endpoints
   /// in UCP_ERR_HANDLING_MODE_PEER, which UCX 1.13's shared-memory transports do not support,
@@ -69,6 +71,10 @@ struct TransportOptions {
   double timeout_s = 300;
   /// nccl: the GPU this endpoint's activations and gradients live on (its own, one per process).
   c10::Device device = c10::Device(c10::kCPU);
+  /// nccl, nccl-order: both directions of a pair on one point-to-point stream, as one NCCL
+  /// communicator runs them. Off (the default), each direction has a group of its own; on, a
+  /// schedule's sends and receives can cross and deadlock: for tests that show it.
+  bool shared_p2p_stream = false;
 };
 
 /// One rank's endpoint: tensors to and from the other ranks of its world.
@@ -78,6 +84,11 @@ class Transport {
   virtual int rank() const = 0;              ///< this endpoint's rank
   virtual int world_size() const = 0;        ///< the ranks of its world
   virtual std::string backend() const = 0;   ///< "local" or "ucx"
+
+  /// Whether send() takes a tensor on `device` as it is. A transport that takes a GPU's tensors
+  /// orders its transfer after the work the sending thread's current stream issued (or stages
+  /// it through the host itself); for one that does not, the caller brings the tensor to the host.
+  virtual bool takes(const c10::Device& device) const { return device.is_cpu(); }
 
   /// Sends `tensor` to rank `dst` as message `id`; returns once the tensor may be reused.
   virtual void send(int dst, const MessageId& id, const at::Tensor& tensor) = 0;

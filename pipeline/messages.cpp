@@ -30,8 +30,9 @@ void Executor::check_crossing() const {
 void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step,
                                  const at::Tensor& t, const Skips& skips, LocalHandoff& local) {
   const int device = sched.device_of(to_vs), chunk = sched.chunk_of(to_vs);
-  // In-process the receiver's context waits for this device's work so far; between processes
-  // a tensor on a GPU crosses through the host (on the compute stream: ready when copied).
+  // In-process the receiver's context waits for this device's work so far. Between processes the
+  // transport orders the transfer after the compute stream's work (NCCL: device to device) or
+  // stages it through the host itself; one that takes only host memory gets a host copy.
   const stages::Marker produced = device != r && self < 0 ? contexts[r]->mark() : stages::Marker{};
   auto put = [&](int part, const at::Tensor& x) {
     if (device == r) {
@@ -43,7 +44,8 @@ void Executor::send_across(int r, comm::Kind kind, int to_vs, int boundary, int 
       }
       transports[r]->send(device, {kind, m, channel(chunk, part), tag_step}, x);
     } else {
-      transports[r]->send(peer(device), {kind, m, channel(chunk, part), tag_step}, x.is_cpu() ? x : x.cpu());
+      comm::Transport& t = *transports[r];
+      t.send(peer(device), {kind, m, channel(chunk, part), tag_step}, t.takes(x.device()) ? x : x.cpu());
     }
   };
   const auto& names = crossing.at(boundary);

@@ -56,6 +56,10 @@ void Executor::init_ties(const torch::nn::Sequential& model) {
   }
 }
 
+// The members may live on different devices (stages on several GPUs, or a GPU and the CPU): the
+// sum is made on one device, the first member's in-process and the host across ranks (where the
+// control plane carries host tensors), and each member takes a copy on its own device. Elementwise
+// addition rounds alike on every device, so where it is made does not change the sum.
 void Executor::sum_tied_grads() {
   torch::NoGradGuard no_grad;
   for (const auto& members : tie_groups) {
@@ -64,7 +68,7 @@ void Executor::sum_tied_grads() {
       at::Tensor g;
       if (runs(t.vs)) g = t.param.grad().defined() ? t.param.grad() : torch::zeros_like(t.param);
       if (self >= 0) {  // every rank sends what it has (nothing for another rank's member)
-        const auto all = group.all_gather(g.defined() ? g.reshape({-1}) : at::empty({0}, t.param.options()),
+        const auto all = group.all_gather(g.defined() ? g.reshape({-1}).cpu() : at::empty({0}, t.param.options().device(at::kCPU)),
                                           "a tied parameter's gradients");
         g = all.at(peer(sched.device_of(t.vs)));
         if (g.numel() != t.param.numel() && runs(t.vs))
@@ -73,9 +77,9 @@ void Executor::sum_tied_grads() {
       grads.push_back(g);
     }
     at::Tensor sum = grads[0].clone();
-    for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i].reshape(sum.sizes()));
+    for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i].to(sum.device()).reshape(sum.sizes()));
     for (const TiedParam& t : members)
-      if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).clone();
+      if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).to(t.param.device(), /*non_blocking=*/false, /*copy=*/true);
   }
 }
 

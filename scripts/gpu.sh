@@ -52,7 +52,7 @@ export PIPETRAIN_BUILD_DIR=${PIPETRAIN_BUILD_DIR:-$root/build-gpu}
 export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-if [ "$all" = 0 ]; then export PIPETRAIN_BUILD_TARGETS=${PIPETRAIN_BUILD_TARGETS:-"pipetrain gpu_test equivalence_test gpu_pipeline"}; fi
+if [ "$all" = 0 ]; then export PIPETRAIN_BUILD_TARGETS=${PIPETRAIN_BUILD_TARGETS:-"pipetrain gpu_test gpu_processes_test equivalence_test gpu_pipeline transfer_gpu"}; fi
 start=$(date +%s)
 if want build && ! bash "$root/scripts/build.sh" "${generator[@]}" \
     -DGTest_DIR="$prefix/usr/lib/$arch/cmake/GTest" \

@@ -2,6 +2,7 @@
 // sequence numbers, a rank out of step, a failed rank, and the group of one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -128,8 +129,11 @@ std::vector<std::string> in_process_backends() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Collectives_, ::testing::ValuesIn(in_process_backends()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Backends, Collectives_, ::testing::ValuesIn(in_process_backends()), [](const auto& info) {
+  std::string name = info.param;  // "nccl-order": gtest names take no '-'
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+});
 
 // In-process, every device is in this process: a group of one, whose calls are trivial.
 TEST(Collectives, GroupOfOne) {

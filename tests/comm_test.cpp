@@ -10,7 +10,9 @@
 
 #include <torch/torch.h>
 
+#include "comm/c10d/nccl_order.h"
 #include "comm/local/transport.h"
+#include "comm/process_group.h"
 #include "comm/transport.h"
 #include "comm/wire.h"
 #include "common/broken_pipe.h"
@@ -237,5 +239,83 @@ TEST(BrokenPipe, AWriteToAGonePeerIsAnErrorOnceATransportExists) {
       ASSERT_FALSE(WIFSIGNALED(status)) << what << ": killed by signal " << WTERMSIG(status);
       EXPECT_EQ(WEXITSTATUS(status), 0) << what;
     }
+  }
+}
+
+// The "nccl-order" group (comm/c10d/nccl_order.h) keeps NCCL's rules for two ranks' operations:
+// each rank's run in the order posted, tags ignored, and a send completes with the peer's receive.
+TEST(NcclOrderGroup, HeadsMatchInPostingOrderWhateverTheTags) {
+  auto g = make_nccl_order_group(2);
+  at::Tensor a = torch::arange(4, torch::kFloat), b = torch::arange(6, torch::kFloat) + 10;
+  at::Tensor ra = torch::zeros(4), rb = torch::zeros(6);
+  auto s1 = send(*g[0], a, 1, /*tag=*/7);
+  auto s2 = send(*g[0], b, 1, /*tag=*/3);
+  EXPECT_FALSE(s1->isCompleted());  // no receive yet: the send waits for it
+  auto r1 = recv(*g[1], ra, 0, /*tag=*/3);  // the tag is not what matches: the order is
+  auto r2 = recv(*g[1], rb, 0, /*tag=*/7);
+  for (auto* w : {&s1, &s2, &r1, &r2}) wait_work(*w, Deadline::after(5));
+  EXPECT_TRUE(torch::equal(ra, a));
+  EXPECT_TRUE(torch::equal(rb, b));
+}
+
+// Two sends at the heads of one pair never progress on NCCL (each blocks its stream until the
+// other side receives): here both fail at once, naming the pair and both heads, and so does every
+// later operation of that pair.
+TEST(NcclOrderGroup, SendsCrossingOnOneStreamDeadlockNamingThePairAndBothHeads) {
+  auto g = make_nccl_order_group(3);
+  at::Tensor x = torch::ones(8), y = torch::ones(2), rx = torch::zeros(8), ry = torch::zeros(2);
+  auto s0 = send(*g[1], x, 2, 0);
+  auto r0 = recv(*g[1], ry, 2, 0);  // behind rank 1's send on the stream of pair (1, 2)
+  auto s1 = send(*g[2], y, 1, 0);  // rank 2 sends first too
+  for (auto* w : {&s0, &r0, &s1}) {
+    try {
+      wait_work(*w, Deadline::after(5));
+      ADD_FAILURE() << "a deadlocked operation completed";
+    } catch (const TransportError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("ranks 1 and 2 deadlock on the stream they share"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 1's next operation is a send of 32 bytes to rank 2, rank 2's is a send of 8 bytes to rank 1"),
+                std::string::npos)
+          << what;
+    }
+  }
+  auto later = recv(*g[2], rx, 1, 0);
+  EXPECT_THROW(wait_work(later, Deadline::after(5)), TransportError);
+  // Another pair is not affected.
+  at::Tensor z = torch::full({3}, 5.0), rz = torch::zeros(3);
+  auto s2 = send(*g[0], z, 1, 0);
+  auto r2 = recv(*g[1], rz, 0, 0);
+  wait_work(s2, Deadline::after(5));
+  wait_work(r2, Deadline::after(5));
+  EXPECT_TRUE(torch::equal(rz, z));
+}
+
+// One group per direction, as the c10d transport makes them: the same crossing sends complete
+// once each side's receive is posted, whatever the order the two ranks posted in.
+TEST(NcclOrderGroup, OneGroupPerDirectionNeverCrosses) {
+  auto up = make_nccl_order_group(2), down = make_nccl_order_group(2);
+  at::Tensor x = torch::ones(8), y = torch::full({2}, 3.0), rx = torch::zeros(8), ry = torch::zeros(2);
+  auto s0 = send(*up[0], x, 1, 0);
+  auto s1 = send(*down[1], y, 0, 0);
+  auto r1 = recv(*up[1], rx, 0, 0);
+  auto r0 = recv(*down[0], ry, 1, 0);
+  for (auto* w : {&s0, &s1, &r0, &r1}) wait_work(*w, Deadline::after(5));
+  EXPECT_TRUE(torch::equal(rx, x));
+  EXPECT_TRUE(torch::equal(ry, y));
+}
+
+// A receive whose sender never comes ends at its deadline; aborting the group (as aborting an
+// NCCL communicator) fails what is pending on it at once.
+TEST(NcclOrderGroup, WaitsEndAtTheDeadlineOrTheAbort) {
+  auto g = make_nccl_order_group(2);
+  at::Tensor r = torch::zeros(4);
+  auto pending = recv(*g[0], r, 1, 0);
+  EXPECT_THROW(wait_work(pending, Deadline::after(0.05)), TimeoutError);
+  g[0]->abort();
+  try {
+    wait_work(pending, Deadline::after(5));
+    ADD_FAILURE() << "an aborted receive completed";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 aborted its group"), std::string::npos) << e.what();
   }
 }

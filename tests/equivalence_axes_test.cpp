@@ -35,6 +35,16 @@ std::vector<Case> device_cases(const std::string& device) {
         cases.push_back(c);
       }
     }
+    // Ranks on the GPU: one Pipeline per rank (threads here), every stage on cuda:0, over Gloo
+    // (through pinned host memory) and over nccl-order (the c10d transport's device path, its data
+    // on the CPU-side group with NCCL's ordering): the tie's gradients cross devices and ranks.
+    for (const std::string transport : {"gloo", "nccl-order"}) {
+      Case r = c;
+      r.ranks = true;
+      r.transport = transport;
+      r.dtype = torch::kDouble;
+      cases.push_back(r);
+    }
     // Data parallelism on the GPU: two copies of the pipeline on cuda:0, their gradients reduced
     // over Gloo (through the host), one SGD step against the single device's.
     if ((c.schedule == "gpipe" || c.schedule == "1f1b") && c.family != "gpt_tied") {
@@ -139,6 +149,37 @@ std::vector<Case> deferred_cases() {
     }
   return cases;
 }
+
+// NCCL's ordering rules (the "nccl-order" transport, comm/c10d/nccl_order.h: the c10d transport
+// with its data on a group that runs each rank's operations of a pair in posting order and hangs,
+// here: fails naming the pair, when two sends or two receives meet): every schedule x 2, 3 and 4
+// ranks x every recomputation mode, as threads and as ranks; and two data-parallel copies of a
+// schedule of each family. Micro-batches: twice the stage count, so that 1F1B's steady state sends
+// activations while gradients come back. With PIPETRAIN_TEST_SHARED_P2P_STREAM=1 both directions
+// of a pair share one stream, as one NCCL communicator's point-to-point does: cases then deadlock
+// whenever a send of each direction reach the heads together (a race, not every run).
+std::vector<Case> nccl_order_cases() {
+  std::vector<Case> cases;
+  const std::pair<Recompute, const char*> modes[] = {
+      {Recompute::Always, "gpt"}, {Recompute::ExceptLast, "mlp"}, {Recompute::Never, "gpt_tied"}};
+  for (const std::string& schedule : schedule::kind_names())
+    for (int k = 2; k <= 4; ++k)
+      for (const auto& [mode, family] : modes)
+        for (bool ranks : {false, true}) {
+          Case c{schedule, family, k, 2 * k, mode, torch::kDouble, ranks, "nccl-order"};
+          cases.push_back(c);
+        }
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"})
+    for (int k = 2; k <= 3; ++k) {
+      Case c{schedule, "gpt", k, 2 * k, Recompute::ExceptLast, torch::kDouble, false, "nccl-order"};
+      c.batch = 14;
+      c.copies = 2;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(NcclOrder, Equivalence, ::testing::ValuesIn(nccl_order_cases()), case_name);
 
 INSTANTIATE_TEST_SUITE_P(Stepped, Equivalence, ::testing::ValuesIn(stepped_cases()), case_name);
 

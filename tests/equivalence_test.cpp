@@ -130,6 +130,8 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   if (c.device == "cuda") o.devices = {c10::Device(c10::kCUDA, 0)};
   o.checking_contexts = c.device == "checking";
   o.transport.in_order = c.in_order;
+  if (const char* shared = std::getenv("PIPETRAIN_TEST_SHARED_P2P_STREAM"))  // nccl_order_cases()
+    o.transport.shared_p2p_stream = std::string(shared) == "1";
   o.data_parallel = c.copies;
   o.shard_optimizer = c.shard;
   o.defer_weight_grads = c.defer;
@@ -260,7 +262,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::string kind = c.schedule;
   std::replace(kind.begin(), kind.end(), '-', '_');
-  const std::string runtime = c.runtime() == "threads_local" ? "" : c.runtime() + "_";
+  std::string runtime = c.runtime() == "threads_local" ? "" : c.runtime() + "_";
+  std::replace(runtime.begin(), runtime.end(), '-', '_');  // nccl-order
   return runtime + kind + "_" + c.family + "_" + std::to_string(c.stages) + "stages_" +
          std::to_string(c.micro_batches) + "mb_" + recompute_name(c.recompute) +
          (c.precision != Precision::FP32 ? std::string("_") + precision_name(c.precision)

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -296,7 +297,9 @@ TEST_P(TransportConformance, BadPeerIsAnError) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-  return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+  std::string name = std::get<0>(info.param);  // "nccl-order": gtest names take no '-'
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name + "_world" + std::to_string(std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,

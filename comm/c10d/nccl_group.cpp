@@ -16,9 +16,7 @@ ProcessGroup make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, const
                              int size, double timeout_s) {
   if (size < 1 || rank < 0 || rank >= size)
     throw ConfigError(detail::concat("process group ", prefix, ": member ", rank, " outside a group of ", size));
-  // A failed or timed-out operation aborts the communicator and raises in the waiting thread
-  // (2, CleanUpOnly) instead of ending the process without a word (3, libtorch's default).
-  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  prepare_nccl_environment();  // normally done before any thread started; then a no-op
   ignore_broken_pipe();  // its bootstrap talks over sockets to peers that may have gone
   try {
     auto options = c10d::ProcessGroupNCCL::Options::create();

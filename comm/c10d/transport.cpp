@@ -13,7 +13,19 @@
 // A wait that nears its deadline pings its peer, whose pump answers, to tell a silent peer from
 // a waiting one. Sends to this rank itself go straight to the mailbox. One more thread (the
 // reaper) waits for the sends in order, keeping each tensor alive until its send completed.
+//
+// NCCL (and "nccl-order", its ordering rules on the CPU: nccl_order.h) runs the point-to-point
+// operations of a pair on one stream per rank, in posting order, tags ignored: one rank's stream
+// could hold [send activation m+1, receive gradient m] while its neighbour's holds [send gradient
+// m, receive activation m+1], and neither would ever progress. So the data travels on two groups,
+// one per direction (`up`: to a higher rank, `down`: to a lower one): on each, one side only
+// sends, in the order it posts, and the other only receives, in the order the headers arrive,
+// which is the same order (a header and its payload are posted back to back). The pump posts a
+// data payload's receive and files the message at once with its work; recv() completes it on the
+// caller's thread: for NCCL by making the caller's current stream (the stage's compute stream)
+// wait for it, without a host wait; for nccl-order by a host wait bounded by the deadline.
 #include "comm/c10d/transport.h"
+#include "comm/c10d/nccl_order.h"
 
 #include <algorithm>
 #include <chrono>
@@ -60,6 +72,7 @@ constexpr auto kForever = std::chrono::hours(24 * 365);
 struct Received {
   WireHeader header;
   at::Tensor tensor;
+  c10::intrusive_ptr<c10d::Work> arriving;  // a data payload's receive, completed by recv()
 };
 
 bool is_data(uint64_t tag) {
@@ -69,12 +82,13 @@ bool is_data(uint64_t tag) {
 
 class C10dTransport final : public Transport {
  public:
-  C10dTransport(TransportOptions options, int rank, int world, ProcessGroup control, ProcessGroup data)
+  C10dTransport(TransportOptions options, int rank, int world, ProcessGroup control, DataGroups data)
       : options_(std::move(options)),
         rank_(rank),
         world_(world),
         control_(std::move(control)),
-        data_(std::move(data)),
+        data_(std::move(data.up)),
+        data_down_(data.down ? std::move(data.down) : data_),
         failed_(world),
         pongs_(world),
         listening_(world, std::vector<c10::intrusive_ptr<c10d::Work>>(kPosted + 1)) {
@@ -103,6 +117,9 @@ class C10dTransport final : public Transport {
       for (auto& works : listening_)
         for (auto& work : works)
           if (work) work->abort();
+      for (auto& [key, box] : boxes_)
+        for (auto& m : box)
+          if (m.arriving) m.arriving->abort();
       cv_.notify_all();
     }
     reaper_.join();
@@ -112,6 +129,8 @@ class C10dTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return options_.backend; }
+  // NCCL sends device memory; Gloo stages a GPU's tensor through pinned host memory (on_wire).
+  bool takes(const c10::Device&) const override { return true; }
 
   void send(int dst, const MessageId& id, const at::Tensor& tensor) override {
     check_peer(dst);
@@ -155,6 +174,7 @@ class C10dTransport final : public Transport {
         if (it->second.empty()) boxes_.erase(it);
         lock.unlock();
         check_received(m.header, id, rank_, src);
+        if (m.arriving) complete(m.arriving, src, id, deadline);
         return m.tensor;
       }
       if (aborted_)
@@ -197,6 +217,15 @@ class C10dTransport final : public Transport {
       cv_.notify_all();
     }
     log::debug(detail::concat("rank ", rank_, ": aborting (", reason, ")"));
+    // A receive that NCCL will never complete holds the GPU until the communicator is aborted.
+    if (data_) {
+      try {
+        data_->abort();
+        if (data_down_ != data_) data_down_->abort();
+      } catch (const std::exception& e) {
+        log::debug(detail::concat("rank ", rank_, ": aborting the data groups: ", error_reason(e)));
+      }
+    }
     // Every peer hears of it, so that their waits end too (best effort: a failed notice is no
     // worse than a silent peer, which their deadlines cover).
     const std::string text = reason.substr(0, kAbortReasonBytes);
@@ -235,12 +264,37 @@ class C10dTransport final : public Transport {
   // The bytes as the wire carries them: one flat, contiguous tensor, on the GPU for NCCL's data
   // and on the host for Gloo.
   at::Tensor on_wire(const at::Tensor& t, bool data) const {
-    const bool device = data_ && data;
-    at::Tensor x = device ? t.to(options_.device) : (t.device().is_cpu() ? t : t.to(at::kCPU));
-    return x.contiguous().view({-1});
+    if (data_ && data) return t.to(options_.device).contiguous().view({-1});
+    if (t.device().is_cpu()) return t.contiguous().view({-1});
+    // From a GPU to Gloo: into pinned memory, after the work the current stream issued (the copy
+    // waits for it, as Gloo reads the bytes from the host).
+    at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(t);
+    return host.view({-1});
   }
 
-  c10d::Backend& group_for(uint64_t tag) const { return data_ && is_data(tag) ? *data_ : *control_; }
+  // The group a message between this rank and `peer` travels on; data to a higher rank goes up.
+  c10d::Backend& group_for(uint64_t tag, int from, int to) const {
+    if (!data_ || !is_data(tag)) return *control_;
+    return from < to ? *data_ : *data_down_;
+  }
+
+  // A data payload's receive, on the caller's thread. NCCL: the caller's current stream waits for
+  // it (c10d's wait() without a timeout blocks no host thread); nccl-order: a host wait.
+  void complete(const c10::intrusive_ptr<c10d::Work>& work, int src, const MessageId& id, Deadline deadline) {
+    try {
+      if (options_.backend == "nccl")
+        work->wait();
+      else
+        wait_work(work, deadline);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(src, detail::concat("rank ", rank_, ": timed out receiving ", id.describe(), " from rank ",
+                                             src, ": ", e.what()));
+    } catch (const std::exception& e) {
+      throw TransportError(src, detail::concat("rank ", rank_, ": cannot receive ", id.describe(), " from rank ", src,
+                                               ": ", error_reason(e)));
+    }
+  }
 
   // Whether a payload of this message travels inside its frame.
   bool inline_payload(const WireHeader& h) const { return h.nbytes <= kInlineBytes && !(data_ && is_data(h.tag)); }
@@ -257,7 +311,7 @@ class C10dTransport final : public Transport {
       head = comm::send(*control_, header, dst, kHeaderTag);
       if (payload.defined() && !in_frame) {
         at::Tensor p = payload;
-        body = comm::send(group_for(h.tag), p, dst, kPayloadTag);
+        body = comm::send(group_for(h.tag, rank_, dst), p, dst, kPayloadTag);
       }
     } catch (const std::exception& e) {
       throw TransportError(dst, detail::concat("rank ", rank_, ": cannot send ", what, " to rank ", dst, ": ",
@@ -322,12 +376,20 @@ class C10dTransport final : public Transport {
                                                                        .dtype(scalar_type_of(h.dtype))
                                                                        .device(options_.device))
                                                : empty_for(h);
+        c10::intrusive_ptr<c10d::Work> arriving;
         if (h.nbytes > 0 && inline_payload(h)) {
           std::memcpy(t.data_ptr(), frame.data_ptr<uint8_t>() + kWireHeaderBytes, h.nbytes);
+        } else if (h.nbytes > 0 && data_ && is_data(h.tag)) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (closing_) return;
+          }
+          // Not under mu_: NCCL's first operation of a pair blocks until both ranks join its communicator.
+          at::Tensor flat = t.view({-1});
+          arriving = comm::recv(group_for(h.tag, src, rank_), flat, src, kPayloadTag);
         } else if (h.nbytes > 0) {
           at::Tensor flat = t.view({-1});
-          if (!post_receive(group_for(h.tag), flat, src, kPayloadTag, kPosted) || !await_receive(src, kPosted))
-            return;
+          if (!post_receive(*control_, flat, src, kPayloadTag, kPosted) || !await_receive(src, kPosted)) return;
         }
         frames[i] = at::empty({static_cast<int64_t>(kFrameBytes)}, at::kByte);
         if (!post_receive(*control_, frames[i], src, kHeaderTag, i)) return;
@@ -339,6 +401,10 @@ class C10dTransport final : public Transport {
           continue;
         }
         std::lock_guard<std::mutex> lock(mu_);
+        if (closing_) {
+          if (arriving) arriving->abort();
+          return;
+        }
         if (h.tag == kPong) {
           ++pongs_[src];
         } else if (h.tag == kAbortNotice) {
@@ -347,7 +413,7 @@ class C10dTransport final : public Transport {
             abort_reason_ = std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
           }
         } else {
-          boxes_[{src, h.tag}].push_back({h, t});
+          boxes_[{src, h.tag}].push_back({h, t, std::move(arriving)});
         }
         cv_.notify_all();
       }
@@ -388,7 +454,7 @@ class C10dTransport final : public Transport {
 
   const TransportOptions options_;
   const int rank_, world_;
-  const ProcessGroup control_, data_;
+  const ProcessGroup control_, data_, data_down_;  // data_: up (or both directions, shared_p2p_stream)
   std::mutex send_mu_;  // a header and its payload leave back to back, in one order per peer
   std::mutex mu_;
   std::condition_variable cv_;  // mailboxes, failures, the abort, drained sends
@@ -407,29 +473,46 @@ class C10dTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_c10d_transport(const TransportOptions& options, int rank, int world_size,
-                                               ProcessGroup control, ProcessGroup data) {
+                                               ProcessGroup control, DataGroups data) {
   return std::make_unique<C10dTransport>(options, rank, world_size, std::move(control), std::move(data));
 }
 
 std::vector<std::unique_ptr<Transport>> make_local_c10d_group(const TransportOptions& options, int world_size) {
-  if (options.backend != "gloo")
+  if (options.backend != "gloo" && options.backend != "nccl-order")
     throw ConfigError("comm: transport \"" + options.backend +
                       "\" joins one process per GPU, not the threads of one process (runtime.kind processes)");
   auto groups = make_local_gloo_groups(1, world_size, options.timeout_s);
+  std::vector<ProcessGroup> up, down;
+  if (options.backend == "nccl-order") {
+    up = make_nccl_order_group(world_size);
+    if (!options.shared_p2p_stream) down = make_nccl_order_group(world_size);
+  }
   std::vector<std::unique_ptr<Transport>> endpoints;
-  for (int r = 0; r < world_size; ++r)
-    endpoints.push_back(make_c10d_transport(options, r, world_size, groups[0][r], nullptr));
+  for (int r = 0; r < world_size; ++r) {
+    DataGroups data;
+    if (!up.empty()) data.up = up[r];
+    if (!down.empty()) data.down = down[r];
+    endpoints.push_back(make_c10d_transport(options, r, world_size, groups[0][r], std::move(data)));
+  }
   return endpoints;
 }
 
 std::unique_ptr<Transport> make_group_transport(const TransportOptions& options,
                                                 const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                                                 int rank, int world_size, const std::string& interface) {
+  if (options.backend == "nccl-order")
+    throw ConfigError("comm: transport \"nccl-order\" (NCCL's ordering rules on the CPU, for tests) joins the threads "
+                      "of one process, not processes");
   ProcessGroup control = make_gloo_group(store, prefix + "gloo/", rank, world_size, interface, options.timeout_s);
-  ProcessGroup data;
-  if (options.backend == "nccl") data = make_nccl_group(store, prefix + "nccl/", rank, world_size, options.timeout_s);
-  else if (options.backend != "gloo")
+  DataGroups data;
+  if (options.backend == "nccl") {
+    // One group per direction (the note at the top of this file).
+    data.up = make_nccl_group(store, prefix + "nccl-up/", rank, world_size, options.timeout_s);
+    if (!options.shared_p2p_stream)
+      data.down = make_nccl_group(store, prefix + "nccl-down/", rank, world_size, options.timeout_s);
+  } else if (options.backend != "gloo") {
     throw ConfigError("comm: transport \"" + options.backend + "\" is not a c10d group (gloo, nccl)");
+  }
   return make_c10d_transport(options, rank, world_size, std::move(control), std::move(data));
 }
 

@@ -15,13 +15,20 @@
 
 namespace pipetrain::comm {
 
-// This member's endpoint over `control` (Gloo: headers, control messages, and, for "gloo", the
-// data too) and `data` (NCCL, for "nccl"; null for "gloo"). Takes both groups over.
-std::unique_ptr<Transport> make_c10d_transport(const TransportOptions& options, int rank, int world_size,
-                                               ProcessGroup control, ProcessGroup data);
+// The groups activations and gradients travel on: `up` to a higher rank, `down` to a lower one
+// (null: `up` carries both directions, TransportOptions::shared_p2p_stream). Both null for "gloo",
+// whose data goes over the control group.
+struct DataGroups {
+  ProcessGroup up, down;
+};
 
-// The endpoints of an in-process "gloo" group: ranks as threads of this process, meeting in a
-// HashStore and connected over the loopback interface.
+// This member's endpoint over `control` (Gloo: headers, control messages, and, for "gloo", the
+// data too) and `data` (NCCL for "nccl", nccl_order.h's groups for "nccl-order"). Takes the groups over.
+std::unique_ptr<Transport> make_c10d_transport(const TransportOptions& options, int rank, int world_size,
+                                               ProcessGroup control, DataGroups data);
+
+// The endpoints of an in-process "gloo" or "nccl-order" group: ranks as threads of this process,
+// meeting in a HashStore and connected over the loopback interface.
 std::vector<std::unique_ptr<Transport>> make_local_c10d_group(const TransportOptions& options, int world_size);
 
 }  // namespace pipetrain::comm

@@ -81,6 +81,8 @@ class UcxTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return "ucx"; }
+  // A GPU's tensor is brought to the host by send() itself, after the current stream's work.
+  bool takes(const c10::Device&) const override { return true; }
   void send(int dst, const MessageId& id, const at::Tensor& tensor) override;
   at::Tensor recv(int src, const MessageId& id, Deadline deadline) override;
   void abort(const std::string& reason) override;

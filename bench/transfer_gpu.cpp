@@ -1,0 +1,219 @@
+// Transfers between two processes on one GPU, through the Transport API as the pipeline uses it:
+// a CUDA tensor sent by rank 0's thread and received on rank 1's (and back), per transport (nccl,
+// ucx, gloo) and size, against a device-to-device copy (cudaMemcpy through ATen's copy_) on the
+// same GPU. One JSON line per measurement, appended to OUT:
+//   {"bench":"transfer","transport":"nccl","from":0,"to":1,"bytes":67108864,"iters":10,
+//    "gbps_median":..,"gbps_min":..,"gbps_max":..,"device":"NVIDIA H100 ..."}
+// GB/s are 1e9 bytes per second of payload, from the first send to the receiver's stream having
+// finished the last receive (its ack over the store); every received tensor's content is checked.
+// NCCL runs its two ranks on one GPU with a host id each (NCCL_HOSTID; sockets on lo): a test-only
+// arrangement, slow by design (docs/gpu.md). UCX as linked today (no CUDA support) and Gloo stage
+// through the host.
+//
+//   transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+#include "comm/transport.h"
+#include "common/config.h"
+#include "common/error.h"
+
+using namespace pipetrain;
+using namespace pipetrain::comm;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, ',')) out.push_back(part);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+constexpr double kWait = 120;
+constexpr int kRepeats = 5;
+
+// The card itself is in machine.jsonl beside the results (bench/gpu.sh).
+std::string device_name() { return "cuda:0"; }
+
+// One rank's part: every size, both directions; rank 0 appends the lines.
+void rank_main(int rank, int port, const std::string& transport, const std::vector<int64_t>& sizes, int iters,
+               const std::string& out) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = 2;
+  so.waitWorkers = true;
+  so.timeout = std::chrono::seconds(static_cast<int>(kWait));
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  TransportOptions o;
+  o.backend = transport;
+  o.device = c10::Device(c10::kCUDA, 0);
+  o.timeout_s = kWait;
+  o.detect_peer_failure = false;  // UCX: shared memory and cuda_ipc between the two
+  std::unique_ptr<Transport> t;
+  if (transport == "nccl" || transport == "gloo") {
+    t = make_group_transport(o, store, "bench/", rank, 2, "lo");
+  } else {
+    t = make_process_transport(o, rank, 2, [&](const std::string& mine) {
+      store->set(pipetrain::detail::concat("addr/", rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+      std::vector<std::string> all(2);
+      for (int r = 0; r < 2; ++r) {
+        const auto bytes = store->get(pipetrain::detail::concat("addr/", r));
+        all[r] = std::string(bytes.begin(), bytes.end());
+      }
+      return all;
+    });
+  }
+  int64_t round = 0;
+  for (int64_t bytes : sizes)
+    for (int from : {0, 1}) {
+      std::vector<double> gbps;
+      const int to = 1 - from;
+      at::Tensor msg = at::empty({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+      for (int rep = 0; rep < kRepeats + 1; ++rep, ++round) {  // the first round warms up
+        const std::string done = pipetrain::detail::concat("done/", round), go = pipetrain::detail::concat("go/", round);
+        if (rank == to) store->set(go, {1});
+        store->wait({go});
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) {
+          const MessageId id{Kind::Activation, i, 0, round};
+          if (rank == from) {
+            msg.fill_(static_cast<float>(round * iters + i));
+            t->send(to, id, msg);
+          } else {
+            at::Tensor got = t->recv(from, id, Deadline::after(kWait));
+            if (i == iters - 1) {
+              const float want = static_cast<float>(round * iters + i);
+              if (!got.is_cuda() || got.numel() != msg.numel() || got.min().item<float>() != want ||
+                  got.max().item<float>() != want)
+                throw Error(pipetrain::detail::concat(transport, ": received the wrong bytes at ", bytes, " bytes"));
+            }
+          }
+        }
+        torch::cuda::synchronize();
+        if (rank == to) store->set(done, {1});
+        store->wait({done});
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep > 0) gbps.push_back(static_cast<double>(bytes) * iters / s / 1e9);
+      }
+      if (rank == 0) {
+        std::ofstream f(out, std::ios::app);
+        f << "{\"bench\":\"transfer\",\"transport\":\"" << transport << "\",\"from\":" << from << ",\"to\":" << to
+          << ",\"bytes\":" << bytes << ",\"iters\":" << iters << ",\"gbps_median\":" << median(gbps)
+          << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
+          << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end())
+          << ",\"device\":\"" << device_name() << "\"}\n";
+      }
+    }
+  t.reset();
+}
+
+// A device-to-device copy on the one GPU, the bound a transfer between two processes could reach.
+void memcpy_baseline(const std::vector<int64_t>& sizes, int iters, const std::string& out) {
+  for (int64_t bytes : sizes) {
+    at::Tensor a = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA)), b = at::empty_like(a);
+    std::vector<double> gbps;
+    for (int rep = 0; rep < kRepeats + 1; ++rep) {
+      torch::cuda::synchronize();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) b.copy_(a);
+      torch::cuda::synchronize();
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rep > 0) gbps.push_back(static_cast<double>(bytes) * iters / s / 1e9);
+    }
+    std::ofstream f(out, std::ios::app);
+    f << "{\"bench\":\"transfer\",\"transport\":\"cudaMemcpy\",\"from\":0,\"to\":0,\"bytes\":" << bytes
+      << ",\"iters\":" << iters << ",\"gbps_median\":" << median(gbps)
+      << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
+      << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << ",\"device\":\"" << device_name() << "\"}\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes B,...] [--iters N]\n");
+    return 2;
+  }
+  const std::string out = argv[1];
+  std::vector<std::string> transports{"nccl", "ucx", "gloo"};
+  std::vector<int64_t> sizes{1 << 20, 16 << 20, 64 << 20};
+  int iters = 10;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--transports") transports = split(value);
+    else if (flag == "--sizes") {
+      sizes.clear();
+      for (const auto& s : split(value)) sizes.push_back(std::stoll(s));
+    } else if (flag == "--iters") iters = std::stoi(value);
+    else {
+      std::fprintf(stderr, "transfer_gpu: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  int status = 0;
+  // Every CUDA and NCCL call happens in the children, forked before anything initialized CUDA.
+  for (const auto& transport : transports) {
+    if (!has_transport_backend(transport)) {
+      std::fprintf(stderr, "transfer_gpu: %s is not compiled in; skipped\n", transport.c_str());
+      continue;
+    }
+    const int port = free_loopback_port();
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 2; ++rank) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::alarm(600);
+        ::setenv("NCCL_HOSTID", pipetrain::detail::concat("pipetrain-bench-host-", rank).c_str(), 1);
+        ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+        ::setenv("NCCL_IB_DISABLE", "1", 1);
+        prepare_nccl_environment();
+        try {
+          rank_main(rank, port, transport, sizes, iters, out);
+          ::_exit(0);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "transfer_gpu: %s rank %d: %s\n", transport.c_str(), rank, e.what());
+          ::_exit(1);
+        }
+      }
+      pids.push_back(pid);
+    }
+    for (pid_t pid : pids) {
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) status = 1;
+    }
+  }
+  try {
+    memcpy_baseline(sizes, iters, out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "transfer_gpu: cudaMemcpy: %s\n", e.what());
+    status = 1;
+  }
+  return status;
+}

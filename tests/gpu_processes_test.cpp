@@ -1,0 +1,126 @@
+// Stages across processes on a GPU (ctest label gpu; each test skips, saying why, without one):
+// two pipetrain processes on the one GPU of the machine, over each transport, train the tied GPT
+// with each schedule, and every step's loss and gradient norm equal those of the same config run
+// as threads on that GPU (which the Cuda equivalence grid holds equal to one device).
+//
+// NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): each rank here gets its own
+// NCCL_HOSTID, so that NCCL takes them for two hosts and moves the data over sockets on the
+// loopback interface (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1). That is a test-only arrangement
+// for one-GPU machines, unsupported by NCCL and slow; on two GPUs nothing of it is needed.
+// UCX carries device memory where it was built with CUDA (UCX_CUDA=1 in --version), the host's
+// otherwise; Gloo goes through pinned host memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "stages/accelerator.h"
+#include "tests/cli_helpers.h"
+
+namespace {
+
+using json = nlohmann::json;
+using pipetrain::test::free_port;
+
+#define REQUIRE_GPU()                                                                                 \
+  do {                                                                                                \
+    const auto acc_ = pipetrain::stages::accelerator_info();                                          \
+    if (acc_.gpus == 0) GTEST_SKIP() << "no CUDA device: " << acc_.no_gpu_reason;                      \
+  } while (0)
+
+// The tied GPT (the head's weight tied to the embedding, first and last rank), dropout on, in
+// true float32 so that the two runs differ in nothing but where their stages run.
+std::string config(const std::string& schedule) {
+  const bool chunked = schedule == "interleaved-1f1b" || schedule == "looped-bfs" || schedule == "zb-v" ||
+                       schedule == "dualpipev";
+  json c = {{"model", {{"family", "gpt"}, {"vocab_size", 32}, {"seq_len", 8}, {"d_model", 16}, {"n_heads", 2},
+                       {"n_layers", chunked ? 6 : 3}, {"dropout", 0.1}, {"tie_embeddings", true}}},
+            {"data", {{"kind", "synthetic"}, {"batch_size", 8}, {"samples", 32}, {"test_samples", 8}}},
+            {"pipeline", {{"stages", 2}, {"micro_batches", 4}, {"schedule", schedule}, {"devices", "cuda:0"}}},
+            {"optimizer", {{"kind", "adamw"}, {"lr", 0.003}}},
+            {"train", {{"steps", 3}, {"seed", 7}}},
+            {"runtime", {{"timeout_s", 120}}}};
+  if (chunked) c["pipeline"]["chunks"] = 2;
+  return c.dump();
+}
+
+std::map<int, json> steps_of(const std::string& path) {
+  std::map<int, json> steps;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line);
+    if (j.value("event", "") == "" && j.contains("step")) steps[j.at("step").get<int>()] = j;
+  }
+  return steps;
+}
+
+// Two ranks of `cfg` on this GPU, started by hand as a launcher would (RANK, WORLD_SIZE, ...),
+// each with its own NCCL_HOSTID; each under a deadline. Returns the shell's result (both ranks'
+// output); rank 0 writes `metrics`.
+Result two_ranks(const std::string& cfg, const std::string& transport, const std::string& metrics) {
+  const int port = free_port();
+  std::string script = "set -u; pids=''; ";
+  for (int r = 0; r < 2; ++r)
+    script += "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+              " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+              " NCCL_HOSTID=pipetrain-test-host-" + std::to_string(r) +
+              " NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 timeout -s KILL 240 " + PIPETRAIN_BINARY + " train " + cfg +
+              " --quiet --set runtime.kind=processes --set runtime.transport=" + transport +
+              (r == 0 ? " --metrics " + metrics : "") + " 2>&1 & pids=\"$pids $!\"; ";
+  script += "st=0; for p in $pids; do wait $p || st=1; done; exit $st";
+  return shell("bash -c '" + script + "'");
+}
+
+class TwoProcessesOneGpu : public ::testing::TestWithParam<std::string> {};
+
+// The same config as threads on the GPU, run once per schedule for every transport.
+const std::map<int, json>& threads_run(const std::string& schedule) {
+  static std::map<std::string, std::map<int, json>> runs;
+  if (auto it = runs.find(schedule); it != runs.end()) return it->second;
+  const std::string cfg = write_config("gpu2_threads_" + schedule + ".json", config(schedule));
+  Result t = run("train " + cfg + " --quiet --metrics " + cfg + ".jsonl");
+  EXPECT_EQ(t.status, 0) << t.out;
+  return runs[schedule] = steps_of(cfg + ".jsonl");
+}
+
+// NCCL, whose ordering rules are the ones that can deadlock, runs every schedule; UCX and Gloo a
+// schedule of each family (fill-drain, 1F1B, split backward, interleaved, V).
+std::vector<std::string> schedules_for(const std::string& transport) {
+  if (transport == "nccl")
+    return {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-auto", "zb-v", "dualpipev"};
+  return {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"};
+}
+
+TEST_P(TwoProcessesOneGpu, EverySchedulesStepsEqualThreadsOnTheGpu) {
+  REQUIRE_GPU();
+  const std::string transport = GetParam();
+  for (const std::string& schedule : schedules_for(transport)) {
+    SCOPED_TRACE(transport + ", " + schedule);
+    const std::string cfg = write_config("gpu2_" + transport + "_" + schedule + ".json", config(schedule));
+    const std::string processes = cfg + ".processes.jsonl";
+    Result p = two_ranks(cfg, transport, processes);
+    ASSERT_EQ(p.status, 0) << p.out;
+    const auto& a = threads_run(schedule);
+    const auto b = steps_of(processes);
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [step, j] : a) {
+      const double la = j.at("loss").get<double>(), lb = b.at(step).at("loss").get<double>();
+      const double ga = j.at("grad_norm").get<double>(), gb = b.at(step).at("grad_norm").get<double>();
+      EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << step << " loss " << la << " vs " << lb;
+      EXPECT_LE(std::abs(ga - gb), 1e-5 * std::abs(ga)) << "step " << step << " grad norm " << ga << " vs " << gb;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TwoProcessesOneGpu, ::testing::Values("nccl", "ucx", "gloo"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
