@@ -184,19 +184,19 @@ struct Executor {
   std::vector<double> weights, losses;
   std::vector<at::Tensor> loss_values;  // the last stage's, on its device: read once, at the end of its list
 
-  // Runs every local device's list of `lists` on its worker (run_stage). A failing device aborts
+  // Runs every local device's list of `lists` on its worker (a DeviceRunner each,
+  // device_runner.h). A failing device aborts
   // its transport at once so that its peers stop waiting; returns the device whose error came
   // first (-1: none), every device's error in `errors`. `tag_step` tags the messages (negative
   // for evaluations, which never meet a training step's).
   int run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0,
                 std::vector<std::exception_ptr>& errors);
-  void run_stage(int r, const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0);
   double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
                   bool accumulate = false, double scale = 1.0);
   at::Tensor evaluate(const at::Tensor& input);  // Pipeline::predict on this copy
   bool scaling() const { return options.precision == Precision::FP16; }
   Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
-  bool accumulate_grads = false;  // read by run_stage: keep the gradients already there
+  bool accumulate_grads = false;  // read by the runners: keep the gradients already there
 };
 
 

@@ -1,0 +1,258 @@
+// One device's run of its action list (device_runner.h).
+#include "pipeline/device_runner.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "models/layers.h"
+#include "stages/library_warnings.h"
+
+namespace pipetrain::pipeline {
+
+namespace {
+int64_t thread_minor_faults() {
+  rusage u{};
+  return getrusage(RUSAGE_THREAD, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
+}
+
+bool computes(Op op) {
+  return op == Op::Forward || op == Op::Backward || op == Op::BackwardInput || op == Op::BackwardWeight;
+}
+}  // namespace
+
+DeviceRunner::DeviceRunner(Executor& e, int device, const schedule::Schedule& lists, Pass pass, int64_t tag_step,
+                           Clock::time_point t0)
+    : e_(e),
+      r_(device),
+      lists_(lists),
+      training_(pass == Pass::Train),
+      tag_step_(tag_step),
+      t0_(t0),
+      ctx_(*e.contexts[device]),
+      spans_(training_ ? e.trace.spans[device] : evaluation_spans_),
+      peak_(training_ ? e.trace.peak_in_flight[device] : evaluation_peaks_[0]),
+      peak_w_(training_ ? e.trace.peak_awaiting_weight[device] : evaluation_peaks_[1]),
+      stash_(e.weight_grads[device]) {
+  for (int c = 0; c < lists.chunks; ++c) mine_.push_back(e.stages[lists.virtual_stage(device, c)].get());
+}
+
+DeviceRunner::Handler DeviceRunner::handler(Op op) {
+  static const std::array<Handler, 9> table = [] {
+    std::array<Handler, 9> t{};
+    t[static_cast<size_t>(Op::RecvActivation)] = &DeviceRunner::recv_activation;
+    t[static_cast<size_t>(Op::Forward)] = &DeviceRunner::forward;
+    t[static_cast<size_t>(Op::SendActivation)] = &DeviceRunner::send_activation;
+    t[static_cast<size_t>(Op::RecvGrad)] = &DeviceRunner::recv_grad;
+    t[static_cast<size_t>(Op::Backward)] = &DeviceRunner::backward;
+    t[static_cast<size_t>(Op::BackwardInput)] = &DeviceRunner::backward;
+    t[static_cast<size_t>(Op::BackwardWeight)] = &DeviceRunner::backward_weight;
+    t[static_cast<size_t>(Op::SendGrad)] = &DeviceRunner::send_grad;
+    t[static_cast<size_t>(Op::Reduce)] = &DeviceRunner::reduce;
+    return t;
+  }();
+  const auto i = static_cast<size_t>(op);
+  if (i >= table.size() || !table[i]) throw Error(detail::concat("pipeline: no handler for action kind ", static_cast<int>(op)));
+  return table[i];
+}
+
+void DeviceRunner::run() {
+  faults_before_ = thread_minor_faults();
+  begin();
+  std::optional<torch::NoGradGuard> no_grad;
+  if (!training_) no_grad.emplace();
+  ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
+  origin_ = ctx_.stamp(seconds_since(t0_));
+  for (const schedule::Action& a : lists_.actions[r_]) {
+    const Key key{a.micro_batch, a.chunk};
+    const int vs = lists_.virtual_stage(r_, a.chunk);
+    if (a.op == Op::Reduce) {
+      reduce(a, vs, key);
+      continue;
+    }
+    // A compute's inputs first (the stream waits for them), so that its device time is its own.
+    if (a.op == Op::Forward) wait_all(received_ready_, key);
+    if (a.op == Op::Backward || a.op == Op::BackwardInput) wait_all(grad_ready_, key);
+    const double start = seconds_since(t0_);
+    stages::Stamp began;
+    if (computes(a.op)) began = ctx_.stamp(start);
+    try {
+      (this->*handler(a.op))(a, vs, key);
+    } catch (const Error&) {
+      throw;
+    } catch (const c10::Error& e) {  // a libtorch error inside a layer: say where it happened
+      throw Error(detail::concat("stage ", r_, ": ", schedule::to_string(a), training_ ? "" : " (evaluation)", ": ",
+                                 stages::library_message_line(e.what_without_backtrace())));
+    } catch (const std::runtime_error& e) {  // the TorchScript interpreter's errors (a scripted layer)
+      throw Error(detail::concat("stage ", r_, ": ", schedule::to_string(a), training_ ? "" : " (evaluation)", ": ",
+                                 stages::library_message_line(e.what())));
+    }
+    trace_action(a, vs, start, began);
+  }
+  finish();
+}
+
+void DeviceRunner::begin() {
+  if (training_)
+    for (stages::Stage* st : mine_) {
+      st->begin_step(e_.options.seed, e_.step, lists_.micro_batches);
+      models::reset_batch_norm(*st->layers());  // e.g. forwards run outside a step (profiling)
+      if (!e_.accumulate_grads)
+        for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
+    }
+  spans_.clear();
+  peak_ = peak_w_ = 0;
+  if (training_ && e_.options.defer_weight_grads) {
+    stash_.clear();  // a failed step's
+    deferring_.emplace(&stash_);
+  }
+}
+
+void DeviceRunner::trace_action(const schedule::Action& a, int vs, double start, const stages::Stamp& began) {
+  int held = 0, awaiting = 0;
+  for (stages::Stage* st : mine_) {
+    held += static_cast<int>(st->held());
+    awaiting += static_cast<int>(st->held() + st->awaiting_weight());
+  }
+  peak_ = std::max(peak_, held);
+  peak_w_ = std::max(peak_w_, awaiting);
+  const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
+  spans_.push_back({a.op, a.micro_batch, a.chunk, start, seconds_since(t0_),
+                    backward ? e_.stages[vs]->last_recompute_s() : 0.0});
+  if (computes(a.op) && began.impl) stamped_.push_back({spans_.size() - 1, began, ctx_.stamp(spans_.back().end)});
+  if (first_action_ && training_) fault_point("pipeline.step", r_, e_.step);  // common/fault.h
+  first_action_ = false;
+}
+
+void DeviceRunner::wait_all(std::map<Key, std::vector<stages::Marker>>& ready, const Key& key) {
+  auto it = ready.find(key);
+  if (it == ready.end()) return;
+  for (const auto& mk : it->second) ctx_.wait(mk);
+  ready.erase(it);
+}
+
+at::Tensor DeviceRunner::bring(const at::Tensor& t) {
+  stages::Received got = ctx_.receive(t, {});
+  ctx_.wait(got.ready);
+  return got.tensor;
+}
+
+void DeviceRunner::flush_weight_grads() {
+  if (stash_.empty()) return;
+  const double start = seconds_since(t0_);
+  stash_.flush();
+  spans_.push_back({Op::BackwardWeight, -1, 0, start, seconds_since(t0_), 0.0});
+}
+
+void DeviceRunner::recv_activation(const schedule::Action& a, int vs, const Key& key) {
+  received_[key] = e_.recv_across(r_, comm::Kind::Activation, vs - 1, a.chunk, vs - 1, a.micro_batch, tag_step_,
+                                  &received_skips_[key], local_, received_ready_[key]);
+}
+
+void DeviceRunner::forward(const schedule::Action& a, int vs, const Key& key) {
+  stages::Stage& stage = *e_.stages[vs];
+  const int m = a.micro_batch;
+  at::Tensor in = stage.is_first() ? bring(e_.inputs[m]) : received_.at(key);
+  received_.erase(key);
+  stages::Skips passed_on;
+  at::Tensor out = training_ ? stage.forward(m, in, e_.offsets[m], stage.is_last() ? bring(e_.targets[m]) : at::Tensor(),
+                                             e_.weights[m], received_skips_[key], &passed_on)
+                             : stage.forward_only(in, received_skips_[key], &passed_on);
+  received_skips_.erase(key);
+  if (stage.is_last()) {
+    if (training_)
+      e_.loss_values[m] = out.detach();  // read at the end of the list, not per micro-batch
+    else
+      e_.outputs[m] = out;
+  } else {
+    outbox_[key] = out;
+    outbox_skips_[key] = std::move(passed_on);
+  }
+}
+
+void DeviceRunner::send_activation(const schedule::Action& a, int vs, const Key& key) {
+  e_.send_across(r_, comm::Kind::Activation, vs + 1, vs, a.micro_batch, tag_step_, outbox_.at(key), outbox_skips_[key],
+                 local_);
+  outbox_.erase(key);
+  outbox_skips_.erase(key);
+}
+
+void DeviceRunner::recv_grad(const schedule::Action& a, int vs, const Key& key) {
+  grads_[key] = e_.recv_across(r_, comm::Kind::Grad, vs + 1, a.chunk, vs, a.micro_batch, tag_step_, &grad_skips_[key],
+                               local_, grad_ready_[key]);
+}
+
+void DeviceRunner::backward(const schedule::Action& a, int vs, const Key& key) {
+  stages::Stage& stage = *e_.stages[vs];
+  at::Tensor g = stage.is_last() ? at::Tensor() : grads_.at(key);
+  grads_.erase(key);
+  stages::Skips skip_grads_in;
+  at::Tensor gin = a.op == Op::Backward ? stage.backward(a.micro_batch, g, grad_skips_[key], &skip_grads_in)
+                                        : stage.backward_input(a.micro_batch, g, grad_skips_[key], &skip_grads_in);
+  grad_skips_.erase(key);
+  if (!stage.is_first()) {
+    outbox_[key] = gin;
+    outbox_skips_[key] = std::move(skip_grads_in);
+  }
+}
+
+void DeviceRunner::backward_weight(const schedule::Action& a, int vs, const Key&) {
+  e_.stages[vs]->backward_weight(a.micro_batch);
+}
+
+void DeviceRunner::send_grad(const schedule::Action& a, int vs, const Key& key) {
+  e_.send_across(r_, comm::Kind::Grad, vs - 1, vs - 1, a.micro_batch, tag_step_, outbox_.at(key), outbox_skips_[key],
+                 local_);
+  outbox_.erase(key);
+  outbox_skips_.erase(key);
+}
+
+// Starts the chunk's reduction across its copies; it runs beside the actions after it and is
+// waited for in finish().
+void DeviceRunner::reduce(const schedule::Action& a, int vs, const Key&) {
+  if (!e_.sync) return;  // accumulating: the gradients are reduced after a later batch
+  flush_weight_grads();  // the chunk's gradients whole before they are reduced
+  const double start = seconds_since(t0_);
+  if (auto& reducer = e_.reducers[vs]) reducer->start();
+  fault_point("pipeline.reduce", e_.self >= 0 ? e_.peer(r_) : r_, e_.step);  // common/fault.h: a copy that dies mid-reduction
+  spans_.push_back({a.op, -1, a.chunk, start, start, 0.0});
+  reducing_.push_back(spans_.size() - 1);
+}
+
+void DeviceRunner::finish() {
+  flush_weight_grads();
+  // The step's losses, read from the device once (one host synchronization per step).
+  const int M = lists_.micro_batches;
+  const bool has_losses = training_ && lists_.device_of(static_cast<int>(e_.stages.size()) - 1) == r_;
+  if (has_losses && M == 1) {
+    e_.losses[0] = e_.loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
+  } else if (has_losses && M > 1) {
+    std::vector<at::Tensor> values;
+    for (int m = 0; m < M; ++m) values.push_back(e_.loss_values.at(m).reshape({}));
+    const at::Tensor all = torch::stack(values).to(at::kDouble).cpu();
+    for (int m = 0; m < M; ++m) e_.losses[m] = all.data_ptr<double>()[m];
+  }
+  if (!stamped_.empty()) {
+    ctx_.synchronize();  // once per step, as the worker would at the job's end
+    for (const Stamped& st : stamped_) {
+      Span& sp = spans_[st.span];
+      sp.start = stages::DeviceContext::resolve(origin_, st.began);
+      sp.end = std::max(sp.start, stages::DeviceContext::resolve(origin_, st.ended));
+    }
+  }
+  // The optimizer needs the reductions: wait for them here, after the last action.
+  const double t0_s = std::chrono::duration<double>(t0_.time_since_epoch()).count();
+  for (size_t i : reducing_) {
+    Span& sp = spans_[i];
+    auto& reducer = e_.reducers[lists_.virtual_stage(r_, sp.chunk)];
+    sp.end = reducer ? reducer->finish(Deadline::after(e_.options.timeout_s)) - t0_s : seconds_since(t0_);
+  }
+  if (training_) e_.trace.page_faults[r_] = thread_minor_faults() - faults_before_;
+}
+
+}  // namespace pipetrain::pipeline
