@@ -50,7 +50,10 @@ std::string version_text() {
   o << "NCCL: " << (acc.nccl ? "compiled in, " + acc.nccl_version : std::string("not compiled in")) << "\n";
   const bool ucx = comm::has_transport_backend("ucx");
   o << "UCX: "
-    << (ucx ? "compiled in, " + comm::transport_backend_version("ucx") : std::string("not compiled in"));
+    << (ucx ? "compiled in, " + comm::transport_backend_version("ucx") : std::string("not compiled in"))
+    << (ucx ? (PIPETRAIN_UCX_CUDA ? "; UCX_CUDA=1 (device memory between processes)"
+                                  : "; UCX_CUDA=0 (a GPU's tensors through the host)")
+            : "");
   return o.str();
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (scripts/gpu.sh runs this after the gpu tests):
-#   bash bench/gpu.sh BUILD_DIR RESULTS_DIR
+#   bash bench/gpu.sh BUILD_DIR RESULTS_DIR [PART ...]
+# PARTs: transfers, gpt24, pipeline, fashion (default: $GPU_BENCH_PARTS, else transfers and gpt24,
+# which fit one 10-minute call; pipeline and fashion were measured before and take another).
 # Writes RESULTS_DIR/machine.jsonl (the device, driver and clocks, read before and after) and
 # RESULTS_DIR/transfers.jsonl (bench/transfer_gpu.cpp: two processes on the GPU, GB/s per transport,
 # direction and size beside cudaMemcpy's), RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
@@ -10,6 +12,9 @@
 set -uo pipefail
 build=$1
 out=$2
+shift 2
+parts=" ${*:-${GPU_BENCH_PARTS:-transfers gpt24}} "
+part() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 machine() {
   local when=$1
@@ -24,15 +29,58 @@ machine before
 status=0
 # Two processes on the one GPU: CUDA tensors over nccl, ucx and gloo, both directions, against a
 # device-to-device copy (bench/transfer_gpu.cpp).
-if [ -x "$build/bench/transfer_gpu" ]; then
-  timeout 240 "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
+if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
+  timeout 180 "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
 fi
-timeout 300 "$build/bench/gpu_pipeline" "$out/gpu_pipeline.jsonl" ${GPU_PIPELINE_ARGS:-} || status=$?
+if part pipeline; then
+  timeout 300 "$build/bench/gpu_pipeline" "$out/gpu_pipeline.jsonl" ${GPU_PIPELINE_ARGS:-} || status=$?
+fi
+# The 24-layer GPT (d_model 1024, sequence 1024, bf16) in 2 stages on the one GPU: as threads of
+# one process, and as 2 processes over ucx (device memory where UCX_CUDA=1) and nccl (two host ids,
+# sockets: slow by design). Median step time of steps 3 on, per run, in gpt24_processes.jsonl.
+if part gpt24 && [ -x "$build/apps/pipetrain" ]; then
+  cfg=$out/gpt24.json
+  cat >"$cfg" <<'EOF'
+{"model": {"family": "gpt", "vocab_size": 32000, "seq_len": 1024, "d_model": 1024, "n_heads": 16, "n_layers": 24,
+           "d_ff": 4096, "dropout": 0.0},
+ "data": {"kind": "synthetic", "batch_size": 16, "samples": 256, "test_samples": 16},
+ "pipeline": {"stages": 2, "micro_batches": 8, "schedule": "1f1b", "devices": "cuda:0"},
+ "optimizer": {"kind": "adamw", "lr": 0.0001},
+ "train": {"steps": 8, "precision": "bf16"},
+ "runtime": {"timeout_s": 120}}
+EOF
+  timeout 120 "$build/apps/pipetrain" train "$cfg" --quiet --metrics "$out/gpt24_threads.jsonl" >"$out/gpt24_threads.log" 2>&1 || status=$?
+  for transport in ucx nccl; do
+    port=$(( 29500 + RANDOM % 1000 ))
+    for r in 0 1; do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        NCCL_HOSTID=pipetrain-bench-host-$r NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+        timeout 120 "$build/apps/pipetrain" train "$cfg" --quiet --set runtime.kind=processes \
+        --set runtime.transport=$transport --metrics "$out/gpt24_$transport.r$r.jsonl" >"$out/gpt24_$transport.r$r.log" 2>&1 &
+    done
+    wait || status=1
+  done
+  python3 - "$out" <<'EOF' >>"$out/gpt24_processes.jsonl"
+import json, os, statistics, sys
+out = sys.argv[1]
+for run, path in [("threads", "gpt24_threads.jsonl"), ("processes_ucx", "gpt24_ucx.r0.jsonl"), ("processes_nccl", "gpt24_nccl.r0.jsonl")]:
+    p = os.path.join(out, path)
+    steps = []
+    if os.path.exists(p):
+        for line in open(p):
+            j = json.loads(line)
+            if "step_time_s" in j and j.get("step", 0) >= 3:
+                steps.append(j["step_time_s"])
+    print(json.dumps({"bench": "gpt24_2stages", "run": run, "steps": len(steps),
+                      "step_ms_median": statistics.median(steps) * 1e3 if steps else None,
+                      "step_ms_min": min(steps) * 1e3 if steps else None, "step_ms_max": max(steps) * 1e3 if steps else None}))
+EOF
+fi
 # The default config (Fashion-MNIST, a CNN in 4 stages) trained on the GPU and, side by side, on
 # this machine's CPU cores: wall time and test accuracy. The data travels in .gpu-deps.
 root=$(cd "$(dirname "$0")/.." && pwd)
 data=$root/.gpu-deps/root/usr/share/datasets/fashion-mnist
-if [ -x "$build/apps/pipetrain" ] && [ -d "$data" ]; then
+if part fashion && [ -x "$build/apps/pipetrain" ] && [ -d "$data" ]; then
   for devices in auto cpu; do
     start=$(date +%s%N)
     timeout 240 "$build/apps/pipetrain" train "$root/configs/fashion_mnist_cnn.json" --set data.path="$data" \

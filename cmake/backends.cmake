@@ -23,6 +23,9 @@ if(TARGET UCX::ucp)
   set(_ucx_found TRUE)
 endif()
 pipetrain_resolve_backend(UCX ${_ucx_found})
+if(NOT PIPETRAIN_HAVE_UCX)
+  set(PIPETRAIN_UCX_CUDA 0)
+endif()
 
 # CUDA stages need a libtorch built with CUDA (PyPI's torch is; find_package(Torch) then also
 # finds the CUDA toolkit and defines CUDA::cudart).

@@ -2,6 +2,24 @@
 # where it is installed, else by searching for the header and the libraries (a GPU machine's
 # UCX unpacked from Debian packages into a prefix on CMAKE_PREFIX_PATH, without pkg-config).
 # Used by the build and by the installed package's config.
+# PIPETRAIN_UCX_PREFIX: a UCX prefix with CMake files (lib/cmake/ucx), as PyPI's libucx-cu13 wheel
+# has (UCX built with CUDA); it wins over the system's UCX. PIPETRAIN_UCX_CUDA says whether the UCX
+# found has its CUDA transports (the module libuct_cuda beside its libraries).
+if(NOT DEFINED PIPETRAIN_UCX_PREFIX)
+  set(PIPETRAIN_UCX_PREFIX "" CACHE PATH "A UCX prefix with lib/cmake/ucx (the libucx-cu13 wheel's); empty: the system's")
+endif()
+set(PIPETRAIN_UCX_CUDA 0)
+if(NOT TARGET UCX::ucp AND PIPETRAIN_UCX_PREFIX AND EXISTS "${PIPETRAIN_UCX_PREFIX}/lib/cmake/ucx/ucx-config.cmake")
+  find_package(ucx CONFIG QUIET PATHS "${PIPETRAIN_UCX_PREFIX}/lib/cmake/ucx" NO_DEFAULT_PATH)
+  if(TARGET ucx::ucp)
+    add_library(UCX::ucp INTERFACE IMPORTED GLOBAL)
+    target_link_libraries(UCX::ucp INTERFACE ucx::ucp ucx::ucs)
+    if(EXISTS "${PIPETRAIN_UCX_PREFIX}/lib/ucx/libuct_cuda.so")
+      set(PIPETRAIN_UCX_CUDA 1)
+    endif()
+    set(PIPETRAIN_UCX_FROM "${PIPETRAIN_UCX_PREFIX}")
+  endif()
+endif()
 if(NOT TARGET UCX::ucp)
   find_package(PkgConfig QUIET)
   if(PkgConfig_FOUND)
@@ -10,6 +28,11 @@ if(NOT TARGET UCX::ucp)
   if(TARGET PkgConfig::UCX)
     add_library(UCX::ucp INTERFACE IMPORTED GLOBAL)
     target_link_libraries(UCX::ucp INTERFACE PkgConfig::UCX)
+    foreach(_dir ${UCX_LIBRARY_DIRS})
+      if(EXISTS "${_dir}/ucx/libuct_cuda.so")
+        set(PIPETRAIN_UCX_CUDA 1)
+      endif()
+    endforeach()
   else()
     find_path(UCX_UCP_INCLUDE_DIR ucp/api/ucp.h)
     find_library(UCX_UCP_LIBRARY ucp)

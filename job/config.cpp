@@ -269,7 +269,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   const bool processes = c.runtime.kind == "processes";
   const bool transport_given = rt.has("transport");
   c.runtime.transport = rt.get_choice("transport", processes ? "auto" : c.runtime.transport,
-                                      {"local", "ucx", "gloo", "nccl", "auto"});
+                                      {"local", "ucx", "gloo", "nccl", "nccl-order", "auto"});
   // auto: NCCL between GPUs, else UCX, else Gloo; the threads of one process share mailboxes.
   if (c.runtime.transport == "auto")
     c.runtime.transport = !processes                                                     ? "local"
@@ -281,6 +281,9 @@ Config parse_config(const json& input, const std::string& source, const std::vec
             "\"" + c.runtime.transport + "\" is not compiled into this build (needs " +
                 (c.runtime.transport == "nccl" ? "a libtorch with CUDA and NCCL" : "UCX") + " at configure time)" +
                 (transport_given ? "" : "; runtime.kind processes talks over it"));
+  if (processes && c.runtime.transport == "nccl-order")
+    rt.fail("transport", "\"nccl-order\" (NCCL's ordering on the CPU, for tests) connects the stage threads of one "
+                         "process; runtime.kind processes needs \"ucx\", \"gloo\" or \"nccl\"");
   if (processes && c.runtime.transport == "local")
     rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\", "
                          "\"gloo\" or \"nccl\"");

@@ -87,23 +87,7 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
     p.transports.resize(options.stages);
     p.transports[p.self] = std::move(endpoint);
     p.group = comm::Collectives(*p.transports[p.self], options.timeout_s);
-    // Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
-    // The precision follows it: ranks that disagree on it would send each other other dtypes.
-    std::vector<int64_t> layout(p.balance.begin(), p.balance.end());
-    layout.push_back(static_cast<int64_t>(options.precision));
-    const auto all = p.group.all_gather(torch::tensor(layout), "the stage layout");
-    const at::Tensor& first = all[0];
-    if (first.numel() != V + 1)
-      throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel() - 1, " stages, not ", V));
-    const int64_t precision0 = first.data_ptr<int64_t>()[V];
-    if (precision0 != static_cast<int64_t>(options.precision))
-      throw ConfigError(detail::concat("pipeline: rank ", p.self, " runs precision ", precision_name(options.precision),
-                                       " but rank 0 runs ",
-                                       precision0 >= 0 && precision0 <= 2 ? precision_name(static_cast<Precision>(precision0))
-                                                                          : "an unknown precision"));
-    partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
-    partitioner::check(chosen, layers, V, "pipeline: rank 0's balance");
-    p.balance = chosen;
+    p.agree_layout(layers);
   } else {
     for (int r = 0; r < options.stages; ++r) p.local.push_back(r);
   }
@@ -177,6 +161,27 @@ void Executor::place_stages() {
     if (runs(vs)) stages[vs]->layers()->to(devices[sched.device_of(vs)]);  // tensors already there stay
 }
 
+// Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
+// The precision follows it: ranks that disagree on it would send each other other dtypes.
+void Executor::agree_layout(int layers) {
+  const int V = static_cast<int>(balance.size());
+  std::vector<int64_t> layout(balance.begin(), balance.end());
+  layout.push_back(static_cast<int64_t>(options.precision));
+  const auto all = group.all_gather(torch::tensor(layout), "the stage layout");
+  const at::Tensor& first = all[0];
+  if (first.numel() != V + 1)
+    throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel() - 1, " stages, not ", V));
+  const int64_t precision0 = first.data_ptr<int64_t>()[V];
+  if (precision0 != static_cast<int64_t>(options.precision))
+    throw ConfigError(detail::concat("pipeline: rank ", self, " runs precision ", precision_name(options.precision),
+                                     " but rank 0 runs ",
+                                     precision0 >= 0 && precision0 <= 2 ? precision_name(static_cast<Precision>(precision0))
+                                                                        : "an unknown precision"));
+  partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
+  partitioner::check(chosen, layers, V, "pipeline: rank 0's balance");
+  balance = chosen;
+}
+
 void Executor::check_delivery(const schedule::Schedule& s) const {
   if (!options.transport.in_order) return;
   try {
@@ -224,6 +229,39 @@ int Executor::run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_
       },
       nullptr, &errors);
   return first_failure.exchange(-1);
+}
+
+// Multi-process: every rank of the world sends its losses, peaks and spans; a rank reads its own
+// copy's stages, and the losses of every copy's last stage.
+void Executor::exchange_step_results(int M) {
+  // Every rank of the world takes part; a rank reads its own copy's stages, and the losses
+  // of every copy's last stage.
+  const StepResult mine{losses, trace.peak_in_flight[self], trace.peak_awaiting_weight[self], trace.spans[self]};
+  const auto all = group.all_gather(torch::tensor(encode_step_result(mine), torch::kDouble), "the step's losses");
+  std::map<int, StepResult> results;  // by rank: every copy's last stage, and this copy's stages
+  auto result_of = [&](int rank) -> const StepResult& {
+    if (auto it = results.find(rank); it != results.end()) return it->second;
+    try {
+      return results[rank] = decode_step_result(all[rank].data_ptr<double>(), all[rank].numel(), M);
+    } catch (const Error& e) {
+      fail(detail::concat("rank ", rank, " sent a malformed step result"),
+           std::make_exception_ptr(Error(detail::concat("rank ", rank, " sent ", e.what()))));
+    }
+  };
+  world_loss = 0;
+  for (int c = 0; c < mesh.data_parallel; ++c) {  // every copy's last stage, in copy order
+    double copy_loss = 0;  // each copy's sum first, then the copies in order: as in-process
+    for (double l : result_of(mesh.rank(last_device(), c)).losses) copy_loss += l;
+    world_loss += copy_loss;
+  }
+  for (int d = 0; d < options.stages; ++d) {
+    const StepResult& r = result_of(peer(d));
+    if (d == last_device()) losses = r.losses;
+    if (d == self) continue;
+    trace.peak_in_flight[d] = r.peak_in_flight;
+    trace.peak_awaiting_weight[d] = r.peak_awaiting_weight;
+    trace.spans[d] = r.spans;
+  }
 }
 
 double Executor::run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
@@ -285,34 +323,7 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
     // Each rank also sends what it measured (peaks and spans), so that rank 0's trace and
     // metrics cover every stage, as in one process. Times are from each rank's own step start.
     if (failed >= 0) fail(detail::concat("step ", step, " failed"), errors[failed]);
-    // Every rank of the world takes part; a rank reads its own copy's stages, and the losses
-    // of every copy's last stage.
-    const StepResult mine{losses, trace.peak_in_flight[self], trace.peak_awaiting_weight[self], trace.spans[self]};
-    const auto all = group.all_gather(torch::tensor(encode_step_result(mine), torch::kDouble), "the step's losses");
-    std::map<int, StepResult> results;  // by rank: every copy's last stage, and this copy's stages
-    auto result_of = [&](int rank) -> const StepResult& {
-      if (auto it = results.find(rank); it != results.end()) return it->second;
-      try {
-        return results[rank] = decode_step_result(all[rank].data_ptr<double>(), all[rank].numel(), M);
-      } catch (const Error& e) {
-        fail(detail::concat("rank ", rank, " sent a malformed step result"),
-             std::make_exception_ptr(Error(detail::concat("rank ", rank, " sent ", e.what()))));
-      }
-    };
-    world_loss = 0;
-    for (int c = 0; c < mesh.data_parallel; ++c) {  // every copy's last stage, in copy order
-      double copy_loss = 0;  // each copy's sum first, then the copies in order: as in-process
-      for (double l : result_of(mesh.rank(last_device(), c)).losses) copy_loss += l;
-      world_loss += copy_loss;
-    }
-    for (int d = 0; d < options.stages; ++d) {
-      const StepResult& r = result_of(peer(d));
-      if (d == last_device()) losses = r.losses;
-      if (d == self) continue;
-      trace.peak_in_flight[d] = r.peak_in_flight;
-      trace.peak_awaiting_weight[d] = r.peak_awaiting_weight;
-      trace.spans[d] = r.spans;
-    }
+    exchange_step_results(M);
   }
   // BatchNorm statistics: every micro-batch of a step that succeeded everywhere is folded in at
   // once (before any optimizer step); a failed step changes none.

@@ -171,6 +171,8 @@ struct Executor {
   bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
   int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
   void check_usable() const;
+  void agree_layout(int layers);  // multi-process: every rank takes rank 0's balance and checks its precision
+  void exchange_step_results(int M);  // multi-process: every rank's losses, peaks and spans, after a step
   // With a transport that delivers in order (options.transport.in_order), `s` must hold under
   // it (schedule/in_order.h): a ConfigError otherwise.
   void check_delivery(const schedule::Schedule& s) const;

@@ -10,6 +10,8 @@ mkdir -p "$build"
 torch_cmake=$(pipetrain_torch_cmake)
 # PIPETRAIN_EXTRA_PREFIX: another prefix to search for the dependencies (scripts/gpu.sh).
 prefixes="$torch_cmake${PIPETRAIN_EXTRA_PREFIX:+;$PIPETRAIN_EXTRA_PREFIX}"
+# UCX with CUDA from the libucx-cu13 wheel where installed (scripts/setup.sh); Debian's otherwise.
+ucx_prefix=$(pipetrain_ucx_prefix)
 # Torch_DIR is named explicitly so that a build folder configured against another libtorch
 # (its cache remembers the old one) follows the current one.
 # ccache, where installed: its cache lives outside the clone, and with the clone's root as its
@@ -34,7 +36,7 @@ elif [ ! -f "$build/CMakeCache.txt" ] && [ -z "${CXX:-}" ] && command -v clang++
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "${compiler[@]}" \
   -DCMAKE_PREFIX_PATH="$prefixes" -DTorch_DIR="$torch_cmake/Torch" \
-  -DPIPETRAIN_PYTHON="$(pipetrain_python)" "$@" >"$build/configure.log" 2>&1 ||
+  -DPIPETRAIN_PYTHON="$(pipetrain_python)" -DPIPETRAIN_UCX_PREFIX="$ucx_prefix" "$@" >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log" >&2; exit 1; }
 grep -E '^-- pipetrain' "$build/configure.log" || true
 # PIPETRAIN_BUILD_TARGETS: only these targets (scripts/gpu.sh builds what its checks run).

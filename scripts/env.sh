@@ -8,6 +8,8 @@
 #   PIPETRAIN_TORCH_PYTHON   a python3 whose torch to build against instead of the virtual
 #                            environment (scripts/gpu.sh sets it on a GPU machine)
 PIPETRAIN_TORCH_VERSION=${PIPETRAIN_TORCH_VERSION:-2.11.0}
+# UCX with CUDA from PyPI (libucx-cu13), pinned.
+PIPETRAIN_UCX_WHEEL_VERSION=${PIPETRAIN_UCX_WHEEL_VERSION:-1.22.0}
 PIPETRAIN_CACHE=${PIPETRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipetrain}
 pipetrain_py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PIPETRAIN_VENV=${PIPETRAIN_VENV:-$PIPETRAIN_CACHE/torch-$PIPETRAIN_TORCH_VERSION-py$pipetrain_py}
@@ -29,5 +31,15 @@ pipetrain_torch_cmake() {
     cat "$PIPETRAIN_VENV_READY"  # saved by setup: saves importing torch on every build
   else
     "$(pipetrain_python)" -c 'import torch; print(torch.utils.cmake_prefix_path)'
+  fi
+}
+
+# The libucx-cu13 wheel's UCX prefix (lib/cmake/ucx inside), where that wheel is installed; empty
+# otherwise. PIPETRAIN_UCX_PREFIX names another (a GPU machine's unpacked copy).
+pipetrain_ucx_prefix() {
+  if [ -n "${PIPETRAIN_UCX_PREFIX:-}" ]; then
+    echo "$PIPETRAIN_UCX_PREFIX"
+  else
+    "$(pipetrain_python)" -c 'import os, libucx; print(os.path.dirname(libucx.__file__))' 2>/dev/null || true
   fi
 }

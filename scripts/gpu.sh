@@ -50,6 +50,10 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed (see nvidia-smi
 export PIPETRAIN_TORCH_PYTHON=${PIPETRAIN_TORCH_PYTHON:-python3}
 export PIPETRAIN_BUILD_DIR=${PIPETRAIN_BUILD_DIR:-$root/build-gpu}
 export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
+# UCX with CUDA from the libucx-cu13 wheel's files (scripts/gpu_deps.sh), where they came along.
+if [ -f "$deps/ucx-wheel/libucx/lib/cmake/ucx/ucx-config.cmake" ]; then
+  export PIPETRAIN_UCX_PREFIX="$deps/ucx-wheel/libucx"
+fi
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 if [ "$all" = 0 ]; then export PIPETRAIN_BUILD_TARGETS=${PIPETRAIN_BUILD_TARGETS:-"pipetrain gpu_test gpu_processes_test equivalence_test gpu_pipeline transfer_gpu"}; fi

@@ -2,7 +2,8 @@
 # Run on a machine with Debian's package registry: downloads the Debian packages that a GPU
 # machine without a registry lacks (nlohmann-json, CLI11, googletest, spdlog and fmt, UCX and the libraries UCX
 # loads, gloo's headers; the Fashion-MNIST data for the default config's run) into .gpu-deps/, an
-# ignored folder that travels with the tree; scripts/gpu.sh unpacks them there. About 35 MB.
+# ignored folder that travels with the tree; scripts/gpu.sh unpacks them there. About 35 MB, and
+# the libucx-cu13 wheel's UCX (with CUDA) below.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps=$root/.gpu-deps
@@ -14,4 +15,28 @@ rm -f "$deps"/*.deb
 # apt-get download writes into the current folder; -o APT::Architecture keeps it amd64, the GPU
 # machines' processor, whatever this one is.
 (cd "$deps" && apt-get download -q -o APT::Architecture=amd64 -o APT::Sandbox::User=root "${packages[@]/%/:amd64}" >/dev/null)
-echo "gpu_deps: $(ls "$deps"/*.deb | wc -l) packages, $(du -sh "$deps" | cut -f1) in $deps"
+# UCX with CUDA: the libucx-cu13 wheel's shared libraries, headers and CMake files (about 21 MB of
+# its 43), unpacked into .gpu-deps/ucx-wheel; scripts/gpu.sh builds against it (UCX_CUDA=1).
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
+wheel_dir=$(mktemp -d)
+python3 -m pip download -q --no-deps "libucx-cu13==$PIPETRAIN_UCX_WHEEL_VERSION" -d "$wheel_dir" >/dev/null
+rm -rf "$deps/ucx-wheel"
+mkdir -p "$deps/ucx-wheel"
+python3 - "$wheel_dir"/libucx_cu13-*.whl "$deps/ucx-wheel" <<'EOF'
+import sys, zipfile, os
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        keep = (name.startswith("libucx/include/") or name.startswith("libucx/lib/cmake/")
+                or name.startswith("libucx_cu13.libs/")
+                or (name.startswith("libucx/lib/") and ".so" in name and "perftest" not in name))
+        if keep:
+            z.extract(name, dest)
+            info = z.getinfo(name)
+            mode = info.external_attr >> 16
+            if mode:
+                os.chmod(os.path.join(dest, name), mode)
+EOF
+rm -rf "$wheel_dir"
+echo "gpu_deps: $(ls "$deps"/*.deb | wc -l) packages and the UCX wheel's files, $(du -sh "$deps" | cut -f1) in $deps"

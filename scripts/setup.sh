@@ -80,3 +80,18 @@ if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-te
   touch "$PIPETRAIN_VENV/.pipetrain-tensorboard"
   exec 9>&-
 fi
+
+# UCX with CUDA (cuda_copy, cuda_ipc: device memory between processes) from PyPI's libucx-cu13
+# wheel, into the same environment; the build finds it through the wheel's CMake files
+# (scripts/build.sh) and falls back to Debian's UCX (no CUDA) where it is absent.
+if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-ucx-$PIPETRAIN_UCX_WHEEL_VERSION" ]; then
+  exec 9>"$PIPETRAIN_CACHE/.lock"
+  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
+  if ! "$PIPETRAIN_VENV/bin/python3" -c "import libucx, sys; sys.exit(libucx.__version__ != '$PIPETRAIN_UCX_WHEEL_VERSION')" 2>/dev/null; then
+    echo "setup: installing libucx-cu13 $PIPETRAIN_UCX_WHEEL_VERSION from PyPI into $PIPETRAIN_VENV"
+    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q --no-deps \
+      "libucx-cu13==$PIPETRAIN_UCX_WHEEL_VERSION"
+  fi
+  touch "$PIPETRAIN_VENV/.pipetrain-ucx-$PIPETRAIN_UCX_WHEEL_VERSION"
+  exec 9>&-
+fi

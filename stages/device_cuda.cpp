@@ -1,5 +1,5 @@
-// The CUDA device context (device.h): a compute stream per context, events for marks, the
-// caching allocator told which streams use a received tensor, its peak for the stage's memory,
+// The CUDA device context (device.h): a compute stream and a communication stream per context,
+// events for marks, the caching allocator told which streams use a received tensor, its peak for the stage's memory,
 // timing events for the stamps.
 // Compiled in every build whose libtorch has CUDA.
 #include <ATen/cuda/CUDAContext.h>
@@ -42,7 +42,10 @@ class CudaScope : public DeviceContext::Scope {
 
 class CudaContext : public DeviceContext {
  public:
-  explicit CudaContext(const c10::Device& d) : device_(d), stream_(c10::cuda::getStreamFromPool(false, d.index())) {}
+  explicit CudaContext(const c10::Device& d)
+      : device_(d),
+        stream_(c10::cuda::getStreamFromPool(false, d.index())),
+        comm_(c10::cuda::getStreamFromPool(false, d.index())) {}
 
   c10::Device device() const override { return device_; }
   std::string kind() const override { return "cuda"; }
@@ -59,31 +62,41 @@ class CudaContext : public DeviceContext {
     if (m) static_cast<CudaMarker*>(m.impl.get())->event.block(stream_);
   }
 
+  // Copies run on the context's communication stream, ordered to the producer by its mark and to
+  // the consumer by the returned one, so that they overlap the compute stream's work; a tensor
+  // already on this GPU is not copied, and its consumer waits for the producer's mark itself.
   Received receive(const at::Tensor& t, const Marker& produced) override {
     if (!t.is_cuda()) {
-      // From the host: on the compute stream, in its order (pageable memory: the call returns
-      // once the source was read).
-      c10::cuda::CUDAStreamGuard guard(stream_);
-      return {t.to(device_), {}};
+      // From the host. Pinned memory (the c10d transport's staging, the caching host allocator's,
+      // which keeps it until the copy is done) copies without holding this thread; pageable
+      // memory returns once the source was read.
+      c10::cuda::CUDAStreamGuard guard(comm_);
+      at::Tensor out = t.to(device_, /*non_blocking=*/t.is_pinned());
+      out.record_stream(stream_);
+      return {out, mark_on(comm_)};
     }
-    wait(produced);
     if (t.device() == device_) {
       // Produced on another stream of this device: the allocator must not reuse its memory
       // before this stream's work on it is done.
       t.record_stream(stream_);
-      return {t, {}};
+      return {t, produced};
     }
     // From another GPU: ATen copies on the source device's current stream of this thread after a
-    // barrier with this stream; that stream waits for the producer too, and keeps the source.
+    // barrier with this device's current one (here the communication stream), which waits for the
+    // copy after it; that source stream waits for the producer too, and keeps the source.
     const auto src_stream = c10::cuda::getCurrentCUDAStream(t.device().index());
     if (produced) static_cast<CudaMarker*>(produced.impl.get())->event.block(src_stream);
-    c10::cuda::CUDAStreamGuard guard(stream_);
+    c10::cuda::CUDAStreamGuard guard(comm_);
     at::Tensor out = t.to(device_);
     t.record_stream(src_stream);
-    return {out, {}};
+    out.record_stream(stream_);
+    return {out, mark_on(comm_)};
   }
 
-  void synchronize() override { stream_.synchronize(); }
+  void synchronize() override {
+    comm_.synchronize();
+    stream_.synchronize();
+  }
 
   int64_t peak_bytes() const override {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
@@ -103,8 +116,15 @@ class CudaContext : public DeviceContext {
   bool times_device() const override { return true; }
 
  private:
+  Marker mark_on(const c10::cuda::CUDAStream& s) {
+    auto m = std::make_shared<CudaMarker>();
+    m->event.record(s);
+    return Marker{m};
+  }
+
   c10::Device device_;
-  c10::cuda::CUDAStream stream_;
+  c10::cuda::CUDAStream stream_;  // compute
+  c10::cuda::CUDAStream comm_;    // copies into this device (receive)
 };
 
 }  // namespace

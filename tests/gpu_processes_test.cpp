@@ -11,11 +11,16 @@
 // otherwise; Gloo goes through pinned host memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -78,49 +83,57 @@ Result two_ranks(const std::string& cfg, const std::string& transport, const std
   return shell("bash -c '" + script + "'");
 }
 
-class TwoProcessesOneGpu : public ::testing::TestWithParam<std::string> {};
-
-// The same config as threads on the GPU, run once per schedule for every transport.
-const std::map<int, json>& threads_run(const std::string& schedule) {
-  static std::map<std::string, std::map<int, json>> runs;
-  if (auto it = runs.find(schedule); it != runs.end()) return it->second;
+// The same config as threads on the GPU, run once per schedule for every transport: ctest runs
+// each test in a process of its own, so the run is kept in a file named after ctest's process.
+std::map<int, json> threads_run(const std::string& schedule) {
+  const std::string kept = ::testing::TempDir() + "/pipetrain_gpu2_threads_" + schedule + "_" +
+                           std::to_string(::getppid()) + ".jsonl";
+  auto steps = steps_of(kept);
+  if (steps.size() == 3) return steps;
   const std::string cfg = write_config("gpu2_threads_" + schedule + ".json", config(schedule));
   Result t = run("train " + cfg + " --quiet --metrics " + cfg + ".jsonl");
   EXPECT_EQ(t.status, 0) << t.out;
-  return runs[schedule] = steps_of(cfg + ".jsonl");
+  std::filesystem::copy_file(cfg + ".jsonl", kept, std::filesystem::copy_options::overwrite_existing);
+  return steps_of(kept);
 }
 
 // NCCL, whose ordering rules are the ones that can deadlock, runs every schedule; UCX and Gloo a
-// schedule of each family (fill-drain, 1F1B, split backward, interleaved, V).
-std::vector<std::string> schedules_for(const std::string& transport) {
-  if (transport == "nccl")
-    return {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-auto", "zb-v", "dualpipev"};
-  return {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"};
+// schedule of each family (fill-drain, 1F1B, split backward, interleaved, V). One test each.
+std::vector<std::pair<std::string, std::string>> cases() {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const std::string s : {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-auto", "zb-v",
+                              "dualpipev"})
+    v.emplace_back("nccl", s);
+  for (const std::string t : {"ucx", "gloo"})
+    for (const std::string s : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"}) v.emplace_back(t, s);
+  return v;
 }
 
-TEST_P(TwoProcessesOneGpu, EverySchedulesStepsEqualThreadsOnTheGpu) {
+class TwoProcessesOneGpu : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(TwoProcessesOneGpu, StepsEqualThreadsOnTheGpu) {
   REQUIRE_GPU();
-  const std::string transport = GetParam();
-  for (const std::string& schedule : schedules_for(transport)) {
-    SCOPED_TRACE(transport + ", " + schedule);
-    const std::string cfg = write_config("gpu2_" + transport + "_" + schedule + ".json", config(schedule));
-    const std::string processes = cfg + ".processes.jsonl";
-    Result p = two_ranks(cfg, transport, processes);
-    ASSERT_EQ(p.status, 0) << p.out;
-    const auto& a = threads_run(schedule);
-    const auto b = steps_of(processes);
-    ASSERT_EQ(a.size(), 3u);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [step, j] : a) {
-      const double la = j.at("loss").get<double>(), lb = b.at(step).at("loss").get<double>();
-      const double ga = j.at("grad_norm").get<double>(), gb = b.at(step).at("grad_norm").get<double>();
-      EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << step << " loss " << la << " vs " << lb;
-      EXPECT_LE(std::abs(ga - gb), 1e-5 * std::abs(ga)) << "step " << step << " grad norm " << ga << " vs " << gb;
-    }
+  const auto& [transport, schedule] = GetParam();
+  const std::string cfg = write_config("gpu2_" + transport + "_" + schedule + ".json", config(schedule));
+  const std::string processes = cfg + ".processes.jsonl";
+  Result p = two_ranks(cfg, transport, processes);
+  ASSERT_EQ(p.status, 0) << p.out;
+  const auto a = threads_run(schedule);
+  const auto b = steps_of(processes);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [step, j] : a) {
+    const double la = j.at("loss").get<double>(), lb = b.at(step).at("loss").get<double>();
+    const double ga = j.at("grad_norm").get<double>(), gb = b.at(step).at("grad_norm").get<double>();
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << step << " loss " << la << " vs " << lb;
+    EXPECT_LE(std::abs(ga - gb), 1e-5 * std::abs(ga)) << "step " << step << " grad norm " << ga << " vs " << gb;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TwoProcessesOneGpu, ::testing::Values("nccl", "ucx", "gloo"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, TwoProcessesOneGpu, ::testing::ValuesIn(cases()), [](const auto& info) {
+  std::string name = info.param.first + "_" + info.param.second;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+});
 
 }  // namespace

@@ -2,12 +2,18 @@
 // scripts/gpu.sh builds and runs them on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <torch/torch.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/process_group.h"
 #include "comm/transport.h"
+#include "common/config.h"
+#if PIPETRAIN_HAVE_UCX
+#include "comm/ucx/testing.h"
+#endif
 #include "common/error.h"
 #include "common/rng.h"
 #include "models/layers.h"
@@ -94,6 +100,36 @@ TEST(Gpu, NcclGroupOfOneReducesAndTheTransportSendsToItself) {
   endpoint->abort("test");
   EXPECT_THROW(endpoint->recv(0, id, Deadline::after(1)), TransportError);
 }
+
+#if PIPETRAIN_HAVE_UCX
+// UCX built with CUDA (the libucx-cu13 wheel: UCX_CUDA=1 in --version) carries a GPU's tensor as
+// device memory: two ranks of one process on the GPU, a 4 MiB activation each way, received on
+// the GPU with the sent values, and not a byte staged through the host by the transport.
+TEST(Gpu, UcxCarriesDeviceMemoryWithoutAHostCopy) {
+  REQUIRE_GPU();
+  using namespace pipetrain;
+  if (!PIPETRAIN_UCX_CUDA) GTEST_SKIP() << "this build's UCX has no CUDA support (UCX_CUDA=0)";
+  comm::TransportOptions o;
+  o.backend = "ucx";
+  o.device = c10::Device(c10::kCUDA, 0);
+  o.detect_peer_failure = false;  // cuda_ipc and shared memory between the two
+  auto group = comm::make_transport_group(o, 2);
+  const uint64_t staged = comm::ucx_host_staged_bytes_for_test();
+  const at::Tensor up = torch::arange(1 << 20, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  const at::Tensor down = up * 2;
+  const comm::MessageId a{comm::Kind::Activation, 0, 0, 0}, g{comm::Kind::Grad, 0, 0, 0};
+  std::thread other([&] { group[1]->send(0, g, down); });
+  group[0]->send(1, a, up);
+  const at::Tensor got_a = group[1]->recv(0, a, Deadline::after(60));
+  const at::Tensor got_g = group[0]->recv(1, g, Deadline::after(60));
+  other.join();
+  EXPECT_TRUE(got_a.is_cuda());
+  EXPECT_TRUE(got_g.is_cuda());
+  EXPECT_TRUE(torch::equal(got_a, up));
+  EXPECT_TRUE(torch::equal(got_g, down));
+  EXPECT_EQ(comm::ucx_host_staged_bytes_for_test(), staged) << "the transport copied a GPU tensor to the host";
+}
+#endif
 
 }  // namespace
 

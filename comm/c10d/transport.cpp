@@ -372,10 +372,12 @@ class C10dTransport final : public Transport {
         if (!await_receive(src, i)) return;
         const at::Tensor frame = frames[i];
         const WireHeader h = decode(frame.data_ptr<uint8_t>(), kWireHeaderBytes, options_.max_message_bytes, src);
-        at::Tensor t = data_ && is_data(h.tag) ? at::empty(h.dims, at::TensorOptions()
-                                                                       .dtype(scalar_type_of(h.dtype))
-                                                                       .device(options_.device))
-                                               : empty_for(h);
+        // NCCL's data into the GPU; Gloo's for a GPU endpoint into pinned memory, which the stage's
+        // context copies to the GPU without holding its thread; the rest into pageable memory.
+        const auto dtype = at::TensorOptions().dtype(scalar_type_of(h.dtype));
+        at::Tensor t = data_ && is_data(h.tag)                       ? at::empty(h.dims, dtype.device(options_.device))
+                       : is_data(h.tag) && options_.device.is_cuda() ? at::empty(h.dims, dtype.pinned_memory(true))
+                                                                     : empty_for(h);
         c10::intrusive_ptr<c10d::Work> arriving;
         if (h.nbytes > 0 && inline_payload(h)) {
           std::memcpy(t.data_ptr(), frame.data_ptr<uint8_t>() + kWireHeaderBytes, h.nbytes);

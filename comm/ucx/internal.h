@@ -144,8 +144,10 @@ class UcxTransport final : public Transport {
   void recv_done(Op* op, void* request, ucs_status_t status, const ucp_tag_recv_info_t* info);
 
   // All of these expect `mu_` to be held.
-  void post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag);
-  void post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask);
+  void post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag,
+                 ucs_memory_type_t memory = UCS_MEMORY_TYPE_HOST);
+  void post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask,
+                 ucs_memory_type_t memory = UCS_MEMORY_TYPE_HOST);
   void wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>& op, int src, const MessageId& id,
             Deadline deadline, const char* part);
   void give_up(std::unique_ptr<Op> op);

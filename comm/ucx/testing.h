@@ -2,6 +2,7 @@
 // transport.cpp.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "comm/transport.h"
@@ -15,5 +16,9 @@ std::string ucx_endpoint_for_test(Transport& transport, int peer);
 // Sends `bytes` to `dst` where the header of message `id` belongs, bypassing encode(), to check
 // how a receiver treats a malformed header. `transport` must be a UCX one.
 void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id, const std::string& bytes);
+
+// Bytes of GPU tensors this process's UCX transports copied to the host to send them: 0 where UCX
+// carries device memory itself (PIPETRAIN_UCX_CUDA), every large payload's bytes otherwise.
+uint64_t ucx_host_staged_bytes_for_test();
 
 }  // namespace pipetrain::comm

@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <atomic>
+
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <ucp/api/ucp.h>
 
 #include "comm/ucx/buffers.h"
@@ -17,6 +20,7 @@
 #include "comm/ucx/process_watch.h"
 #include "comm/ucx/tags.h"
 #include "comm/ucx/testing.h"
+#include "common/config.h"
 #include "common/error.h"
 
 namespace pipetrain::comm {
@@ -40,12 +44,32 @@ void UcxTransport::check_usable(int peer, const Doing& doing) const {
                          detail::concat("rank ", rank_, ": cannot ", doing(), ": transport not connected"));
 }
 
+namespace {
+std::atomic<uint64_t> host_staged_bytes{0};
+
+// A data payload that travels as device memory: UCX built with CUDA and a separate (not inline)
+// GPU payload.
+bool on_device(const at::Tensor& t, uint64_t nbytes) { return PIPETRAIN_UCX_CUDA && t.is_cuda() && nbytes > kInlineBytes; }
+}  // namespace
+
 void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) {
   check_peer(dst);
   const WireHeader h = make_header(tensor, id);
   const auto header = encode(h);
   const uint64_t tag = header_tag(rank_, id);
-  at::Tensor data = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
+  const bool device = on_device(tensor, h.nbytes);
+  at::Tensor data;
+  if (device) {
+    // UCX is not stream-aware: the work the current stream issued (the producer, and the copy
+    // contiguous() may make) must be finished before UCX reads the memory.
+    data = tensor.contiguous();
+    c10::impl::VirtualGuardImpl(data.device().type()).getStream(data.device()).synchronize();
+  } else if (tensor.device().is_cpu()) {
+    data = tensor.contiguous();
+  } else {
+    data = tensor.to(at::kCPU).contiguous();  // on the current stream, after its work
+    host_staged_bytes += h.nbytes;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   check_usable(dst, [&] { return detail::concat("send ", id.describe(), " to rank ", dst); });
   size_t before = sends_in_flight_;
@@ -64,7 +88,8 @@ void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) 
     post_send(std::move(head), dst, buffer, kWireHeaderBytes, tag);
     auto body = new_op(OpKind::Send, dst, id);
     body->tensor = data;  // kept alive until the send completes
-    post_send(std::move(body), dst, data.data_ptr(), h.nbytes, data_tag(tag));
+    post_send(std::move(body), dst, data.data_ptr(), h.nbytes, data_tag(tag),
+              device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
   }
   if (static_cast<size_t>(sends_in_flight_) > before) wake();  // whoever drives moves them on
 }
@@ -97,7 +122,12 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
     throw TransportError(src, detail::concat("invalid message from rank ", src, ": ", length,
                                              " bytes for a header announcing ", h.nbytes, " bytes of data (",
                                              expected, " expected)"));
-  at::Tensor out = h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
+  // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
+  const bool device = PIPETRAIN_UCX_CUDA && !inline_data && options_.device.is_cuda() &&
+                      (id.kind == Kind::Activation || id.kind == Kind::Grad);
+  at::Tensor out = device ? at::empty(h.dims, at::TensorOptions().dtype(scalar_type_of(h.dtype)).device(options_.device))
+                   : h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h)
+                                                       : empty_for(h);
   if (inline_data) {
     if (h.nbytes) std::memcpy(out.data_ptr(), head->bytes.get() + kWireHeaderBytes, h.nbytes);
     return out;
@@ -108,7 +138,7 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
                [&] { return detail::concat("receive the data of ", id.describe(), " from rank ", src); });
   auto body = new_op(OpKind::Recv, src, id);
   body->tensor = out;
-  post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits);
+  post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits, device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
   ++data_waits_;
   try {
     wait(lock, body, src, id, deadline, "the data of ");
@@ -165,7 +195,8 @@ std::unique_ptr<UcxTransport::Op> UcxTransport::new_op(OpKind kind, int peer, co
   return op;
 }
 
-void UcxTransport::post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag) {
+void UcxTransport::post_send(std::unique_ptr<Op> op, int dst, const void* buffer, size_t size, uint64_t tag,
+                             ucs_memory_type_t memory) {
   Peer& peer = *peers_[dst];
   if (!peer.failure.empty())
     throw TransportError(dst, detail::concat("rank ", rank_, ": cannot send ", op->what(), " to rank ", dst,
@@ -174,7 +205,7 @@ void UcxTransport::post_send(std::unique_ptr<Op> op, int dst, const void* buffer
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   p.cb.send = &UcxTransport::on_send;
   p.user_data = op.get();
-  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  p.memory_type = memory;
   ucs_status_ptr_t r = ucp_tag_send_nbx(peer.ep, buffer, size, tag, &p);
   if (r == nullptr) return;  // complete already; the buffer may go
   if (UCS_PTR_IS_ERR(r))
@@ -185,7 +216,7 @@ void UcxTransport::post_send(std::unique_ptr<Op> op, int dst, const void* buffer
   pending_.emplace(op.get(), std::move(op));
 }
 
-void UcxTransport::post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask) {
+void UcxTransport::post_recv(Op& op, void* buffer, size_t size, uint64_t tag, uint64_t mask, ucs_memory_type_t memory) {
   // Without NO_IMM_CMPL a receive that matches at once returns NULL and UCX 1.13 leaves
   // recv_info (sender tag, length) unset; with it, the callback always runs, possibly right
   // here, before ucp_tag_recv_nbx returns.
@@ -194,7 +225,7 @@ void UcxTransport::post_recv(Op& op, void* buffer, size_t size, uint64_t tag, ui
                    UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.cb.recv = &UcxTransport::on_recv;
   p.user_data = &op;
-  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  p.memory_type = memory;
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buffer, size, tag, mask, &p);
   if (UCS_PTR_IS_ERR(r)) {
     op.done = true;
@@ -309,5 +340,7 @@ void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id
   if (!t) throw Error("send_raw_header_for_test: not a UCX transport");
   t->send_raw_header(dst, id, bytes);
 }
+
+uint64_t ucx_host_staged_bytes_for_test() { return ucx::host_staged_bytes.load(); }
 
 }  // namespace pipetrain::comm
