@@ -50,6 +50,13 @@ std::string version_text() {
   const bool ucx = comm::has_transport_backend("ucx");
   o << "UCX: "
     << (ucx ? "compiled in, " + comm::transport_backend_version("ucx") : std::string("not compiled in"));
+  const auto cpu = pipetrain::stages::cpu_info();
+  o << "\nCPU: " << (cpu.model.empty() ? std::string("?") : cpu.model) << "; bf16 products: "
+    << (!cpu.flags_known ? "unknown (no CPU flags listed)"
+        : cpu.avx512_bf16 && cpu.amx_bf16 ? "fast (AVX-512 BF16, AMX)"
+        : cpu.avx512_bf16 ? "fast (AVX-512 BF16)"
+        : cpu.amx_bf16 ? "fast (AMX)"
+                        : "slow (neither AVX-512 BF16 nor AMX)");
   return o.str();
 }
 
