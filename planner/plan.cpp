@@ -255,13 +255,14 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   for (auto& row : r.stages) row.share = bottleneck > 0 ? row.time_ms / bottleneck : 0;
 
   // Simulates config `cc` (a schedule, its chunks) on `balance` with the profiled costs.
+  // `prof`: the profile to cost it on; `flush`: the whole batch's for deferred weight gradients (or null).
   auto simulate_config = [&](const Config& cc, const partitioner::Balance& balance, const profiler::Profile& prof,
-                             const profiler::Profile* deferred) {
+                             const profiler::Profile* flush) {
     ScheduleRow row;
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
     const auto s = schedule::pipeline_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
-    auto costs = schedule_costs(prof, balance, s, recompute, deferred);
+    auto costs = schedule_costs(prof, balance, s, recompute, flush);
     apply_speeds(costs, s, cc.pipeline.speeds);
     add_reductions(costs, prof, balance, s, r.data_parallel);
     const auto sim = schedule::simulate(s, costs);
@@ -271,7 +272,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     partitioner::MemoryModel m = memory_model(cc, prof);
     const auto bo = partitioner::offsets(balance);
     for (int v = 0; v < s.virtual_stages(); ++v) {
-      const int64_t stash = deferred ? stash_of(prof, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
+      const int64_t stash = flush ? stash_of(prof, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
       row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(prof.layers, bo[v], bo[v + 1], v, m) + stash);
     }
     return std::make_pair(row, sim);
