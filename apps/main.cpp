@@ -54,6 +54,13 @@ std::string version_text() {
     << (ucx ? (PIPETRAIN_UCX_CUDA ? "; UCX_CUDA=1 (device memory between processes)"
                                   : "; UCX_CUDA=0 (a GPU's tensors through the host)")
             : "");
+  const auto cpu = pipetrain::stages::cpu_info();
+  o << "\nCPU: " << (cpu.model.empty() ? std::string("?") : cpu.model) << "; bf16 products: "
+    << (!cpu.flags_known ? "unknown (no CPU flags listed)"
+        : cpu.avx512_bf16 && cpu.amx_bf16 ? "fast (AVX-512 BF16, AMX)"
+        : cpu.avx512_bf16 ? "fast (AVX-512 BF16)"
+        : cpu.amx_bf16 ? "fast (AMX)"
+                        : "slow (neither AVX-512 BF16 nor AMX)");
   return o.str();
 }
 

@@ -13,7 +13,10 @@
 #    bench/, examples/, fuzz/ and tests/ sit on top and may include any folder but apps/;
 #  - an include of a transport backend's header (comm/local/, comm/ucx/, comm/c10d/) outside comm/, tests/,
 #    bench/ and fuzz/ (everyone else makes transports through comm/transport.h);
-#  - a source file over 600 lines, unless it is listed below as one algorithm.
+#  - a source file over 600 lines, unless it is listed below as one algorithm;
+#  - a thread_local in a header of a layered folder (the installed headers): GCC and clang mangle
+#    such a variable in an inline function differently, so an embedding program built by the
+#    other compiler would get a second one (common/skip.h).
 cmake_minimum_required(VERSION 3.18)
 if(NOT ROOT)
   message(FATAL_ERROR "check_layout.cmake: pass -DROOT=<source dir>")
@@ -60,8 +63,15 @@ foreach(folder IN LISTS layered consumers)
       list(APPEND problems "${rel}: ${count} lines (at most ${max_lines} unless it is one algorithm)")
     endif()
     set(n 0)
+    set(header FALSE)
+    if(rel MATCHES "\\.h$" AND NOT folder IN_LIST consumers)
+      set(header TRUE)
+    endif()
     foreach(line IN LISTS lines)
       math(EXPR n "${n} + 1")
+      if(header AND line MATCHES "^[^/]*thread_local")
+        list(APPEND problems "${rel}:${n}: a thread_local in an installed header (a program built by another compiler would get its own: define it in a .cpp)")
+      endif()
       if(NOT line MATCHES "^[ \t]*#[ \t]*include[ \t]+\"([a-z_]+)/([^\"]*)\"")
         continue()
       endif()
@@ -97,4 +107,4 @@ if(problems)
   string(REPLACE ";" "\n  " shown "${problems}")
   message(FATAL_ERROR "${k} layout problem(s):\n  ${shown}")
 endif()
-message(STATUS "layout: every include goes down a layer; every file within ${max_lines} lines")
+message(STATUS "layout: every include goes down a layer; every file within ${max_lines} lines; no thread_local in a header")

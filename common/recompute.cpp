@@ -5,6 +5,13 @@
 
 namespace pipetrain {
 
+namespace {
+thread_local bool recomputing_now = false;
+}  // namespace
+
+bool recomputing() { return recomputing_now; }
+void set_recomputing(bool on) { recomputing_now = on; }
+
 const std::vector<std::string>& recompute_modes() {
   static const std::vector<std::string> modes{"always", "except_last", "never"};
   return modes;

@@ -21,18 +21,16 @@ const char* recompute_name(Recompute r);
 // The mode of a name in recompute_modes(); ConfigError otherwise.
 Recompute parse_recompute(const std::string& name);
 
-inline bool& recomputing_flag() {
-  thread_local bool on = false;
-  return on;
-}
-
-// True inside a RecomputeGuard on this thread.
-inline bool recomputing() { return recomputing_flag(); }
+// True inside a RecomputeGuard on this thread. The flag is defined once, in recompute.cpp, not
+// as a thread_local of an inline function here, so that a layer of an embedding program built by
+// another compiler than the library's reads the same flag (common/skip.h says why).
+bool recomputing();
+void set_recomputing(bool on);
 
 class RecomputeGuard {
  public:
-  RecomputeGuard() : saved_(recomputing_flag()) { recomputing_flag() = true; }
-  ~RecomputeGuard() { recomputing_flag() = saved_; }
+  RecomputeGuard() : saved_(recomputing()) { set_recomputing(true); }
+  ~RecomputeGuard() { set_recomputing(saved_); }
   RecomputeGuard(const RecomputeGuard&) = delete;
   RecomputeGuard& operator=(const RecomputeGuard&) = delete;
 

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "job/balance.h"
+#include "profiler/profile.h"
 
 namespace pipetrain::job {
 
@@ -44,6 +45,22 @@ void warn_if_oversubscribed(const Job& job, int stages_here, const NoteSink& not
                         " stage", stages_here == 1 ? "" : "s", " on this host = ", threads, " threads on ", cores,
                         " cores; expect a large slowdown (runtime.intra_op_threads 0 picks cores / stages)"));
 }
+
+// train.precision bf16 on a CPU stage where the CPU lacks the instructions that make bf16
+// products fast (stages::slow_bf16_warning): one line, with a short measurement of the cost.
+void warn_if_slow_bf16(const Job& job, const NoteSink& note) {
+  if (job.options.precision != Precision::BF16) return;
+  bool cpu_stage = job.options.devices.empty();
+  for (const auto& d : job.options.devices) cpu_stage = cpu_stage || d.is_cpu();
+  if (!cpu_stage) return;
+  const stages::CpuInfo cpu = stages::cpu_info();
+  if (!cpu.flags_known || cpu.fast_bf16()) return;
+  const std::string line = stages::slow_bf16_warning(cpu, profiler::bf16_speed(3));
+  if (note)
+    note("warning: " + line);
+  else
+    log::warning(line);
+}
 }  // namespace
 
 void apply_kernel_switches(const RuntimeConfig& r) {
@@ -65,6 +82,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   const bool asked_auto = c.pipeline.devices.size() == 1 && c.pipeline.devices[0] == "auto";
   if (note && !job.device_note.empty() && (asked_auto || (gpus && c.pipeline.devices.empty())))
     note("note: " + job.device_note);
+  warn_if_slow_bf16(job, note);
   if (c.runtime.kind != "processes") {
     match_stage_threads(job);
     warn_if_oversubscribed(job, c.pipeline.stages * c.pipeline.data_parallel, note);

@@ -214,4 +214,15 @@ void StageOptimizers::scatter(int virtual_stage, torch::optim::Optimizer& full) 
 
 bool StageOptimizers::sharded() const { return executor_.sharded(); }
 
+void StageOptimizers::gather_grads() {
+  if (!sharded()) return;
+  executor_.on_every_copy([](Executor& p) {
+    for (auto& reducer : p.reducers) {
+      if (!reducer || !reducer->shard().grad().defined()) continue;
+      const auto whole = reducer->gather_state(reducer->shard().grad(), Deadline::after(p.options.timeout_s));
+      for (size_t i = 0; i < whole.size(); ++i) reducer->parameters()[i].mutable_grad() = whole[i];
+    }
+  });
+}
+
 }  // namespace pipetrain::pipeline

@@ -55,6 +55,11 @@ class StageOptimizers {
 
   /// ZeRO-1 (shard_optimizer with more than one copy): each copy holds the state of its slice.
   bool sharded() const;
+  /// Sharded: every parameter's .grad (on every copy) takes its stage's whole reduced gradient,
+  /// all-gathered from the copies' slices, after a forward_backward that reduced it; for reading
+  /// (the optimizer steps each copy's slice, which stays where it is). Collective, as gathered().
+  /// Not sharded: nothing to do, .grad already holds the reduced gradient.
+  void gather_grads();
   /// Sharded (checkpoints): an optimizer over the virtual stage's own parameters that holds the
   /// whole state, gathered from every copy's slice. Collective: every copy (rank) that runs the
   /// stage calls it, for the same stages in the same order. Null when not sharded.

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/modules/container/sequential.h>
@@ -158,9 +159,15 @@ class Pipeline {
   /// loss weight: with 1/k over k accumulated batches the gradient is that of their mean loss.
   /// Returns the (scaled) loss. A call that succeeds updates each models::BatchNorm's running
   /// statistics once, from all the micro-batches it saw, as one forward over their union would;
-  /// a call that fails changes none. With a sharded optimizer (options.shard_optimizer) the
-  /// reduced gradients live in each copy's shard of the optimizer, not in .grad, which stays
-  /// undefined: read gradients with the optimizer state unsharded.
+  /// a call that fails changes none.
+  ///
+  /// Where the gradient is after a call that reduced it (sync_gradients on, the default):
+  ///  - one copy, or data_parallel > 1 without a sharded optimizer: every parameter's .grad holds
+  ///    the whole batch's gradient (summed across the copies);
+  ///  - a sharded optimizer (options.shard_optimizer, data_parallel > 1): every parameter's .grad
+  ///    is undefined; each copy holds the reduced gradient of its slice of the stage's flattened
+  ///    parameters, which its optimizer steps. optimizers().gather_grads() puts the whole reduced
+  ///    gradient into every parameter's .grad when you need to read it (a collective).
   double forward_backward(const at::Tensor& input, const at::Tensor& target, bool accumulate = false,
                           double scale = 1.0);
 
@@ -204,6 +211,21 @@ class Pipeline {
   const std::vector<std::pair<std::string, std::string>>& tied_names() const;
   void set_step(int64_t step);  ///< continues the streams of a resumed run
   torch::nn::Sequential& stage_layers(int virtual_stage);  ///< multi-process: another rank's are released
+
+  /// Deprecated (0.1.0's spelling, removed in 0.3.0; CHANGELOG.md): optimizers().set(factory).
+  [[deprecated("use optimizers().set")]] void set_optimizer(OptimizerFactory factory) {
+    optimizers().set(std::move(factory));
+  }
+  /// Deprecated (0.1.0's spelling, removed in 0.3.0): optimizers().step().
+  [[deprecated("use optimizers().step")]] double step_optimizer() { return optimizers().step(); }
+  /// Deprecated (0.1.0's spelling, removed in 0.3.0): optimizers().set_grad_clip(max_norm).
+  [[deprecated("use optimizers().set_grad_clip")]] void set_grad_clip(double max_norm) {
+    optimizers().set_grad_clip(max_norm);
+  }
+  /// Deprecated (0.1.0's spelling, removed in 0.3.0): optimizers().set_learning_rate(lr).
+  [[deprecated("use optimizers().set_learning_rate")]] void set_learning_rate(double lr) {
+    optimizers().set_learning_rate(lr);
+  }
 
  private:
   std::unique_ptr<Executor> impl_;

@@ -255,27 +255,29 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   for (auto& row : r.stages) row.share = bottleneck > 0 ? row.time_ms / bottleneck : 0;
 
   // Simulates config `cc` (a schedule, its chunks) on `balance` with the profiled costs.
-  auto simulate_config = [&](const Config& cc, const partitioner::Balance& balance) {
+  // `prof`: the profile to cost it on; `flush`: the whole batch's for deferred weight gradients (or null).
+  auto simulate_config = [&](const Config& cc, const partitioner::Balance& balance, const profiler::Profile& prof,
+                             const profiler::Profile* flush) {
     ScheduleRow row;
     row.kind = cc.pipeline.schedule;
     row.chunks = cc.pipeline.chunks;
     const auto s = schedule::pipeline_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
-    auto costs = schedule_costs(r.profile, balance, s, recompute, deferred);
+    auto costs = schedule_costs(prof, balance, s, recompute, flush);
     apply_speeds(costs, s, cc.pipeline.speeds);
-    add_reductions(costs, r.profile, balance, s, r.data_parallel);
+    add_reductions(costs, prof, balance, s, r.data_parallel);
     const auto sim = schedule::simulate(s, costs);
     row.step_ms = sim.makespan_ms;
     row.bubble = sim.bubble;
     row.peak_in_flight = sim.peak_in_flight;
-    partitioner::MemoryModel m = memory_model(cc, r.profile);
+    partitioner::MemoryModel m = memory_model(cc, prof);
     const auto bo = partitioner::offsets(balance);
     for (int v = 0; v < s.virtual_stages(); ++v) {
-      const int64_t stash = deferred ? stash_of(r.profile, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
-      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(r.profile.layers, bo[v], bo[v + 1], v, m) + stash);
+      const int64_t stash = flush ? stash_of(prof, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
+      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(prof.layers, bo[v], bo[v + 1], v, m) + stash);
     }
     return std::make_pair(row, sim);
   };
-  auto configured = simulate_config(c, r.balance);
+  auto configured = simulate_config(c, r.balance, r.profile, deferred);
   r.configured = configured.first;
   r.simulation = configured.second;
   if (D > 1) {
@@ -298,7 +300,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
         if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
           throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
                                              " stages; this schedule needs ", virtual_stages(cc)));
-        r.compared.push_back(simulate_config(cc, choose_balance(cc, job.model.layers, &r.profile)).first);
+        r.compared.push_back(simulate_config(cc, choose_balance(cc, job.model.layers, &r.profile), r.profile, deferred).first);
       } catch (const Error& e) {
         ScheduleRow row;
         row.kind = kind;
@@ -306,6 +308,29 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
         row.error = e.what();
         r.compared.push_back(row);
       }
+    }
+  }
+  if (o.compare && o.costs_path.empty() && c.runtime.dtype == "float32") {
+    // The configured schedule in each precision, on that precision's own profile and balance
+    // (deferred weight gradients: float32 only, as the stages run them).
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      PrecisionRow row;
+      row.precision = p;
+      if (p == c.train.precision) {
+        row.step_ms = r.configured.step_ms, row.bubble = r.configured.bubble;
+      } else {
+        try {
+          Config cc = c;
+          cc.train.precision = p;
+          const Job other = prepare(cc);
+          const profiler::Profile prof = profile_job(other, o.repeat);
+          const auto row_sim = simulate_config(cc, choose_balance(cc, other.model.layers, &prof), prof, nullptr).first;
+          row.step_ms = row_sim.step_ms, row.bubble = row_sim.bubble;
+        } catch (const Error& e) {
+          row.error = e.what();
+        }
+      }
+      r.precisions.push_back(row);
     }
   }
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
@@ -393,6 +418,22 @@ void print_plan(std::ostream& out, const PlanReport& r) {
       out << line;
     }
   }
+  if (!r.precisions.empty()) {
+    double fp32 = 0;
+    for (const auto& p : r.precisions)
+      if (p.precision == Precision::FP32 && p.error.empty()) fp32 = p.step_ms;
+    std::snprintf(line, sizeof line, "\n%-18s %12s %8s %16s\n", "precision", "step ms", "bubble", "speed vs fp32");
+    out << line;
+    for (const auto& p : r.precisions) {
+      if (!p.error.empty()) {
+        out << precision_name(p.precision) << ": " << p.error << "\n";
+        continue;
+      }
+      std::snprintf(line, sizeof line, "%-18s %12.2f %7.1f%% %15.2fx\n", precision_name(p.precision), p.step_ms,
+                    100 * p.bubble, fp32 > 0 && p.step_ms > 0 ? fp32 / p.step_ms : 0.0);
+      out << line;
+    }
+  }
 }
 
 void print_plan_json(std::ostream& out, const PlanReport& r) {
@@ -427,6 +468,19 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
   if (!r.compared.empty()) {
     j["compare"] = json::array();
     for (const auto& s : r.compared) j["compare"].push_back(schedule_json(s));
+  }
+  if (!r.precisions.empty()) {
+    j["precisions"] = json::array();
+    for (const auto& p : r.precisions) {
+      json row{{"precision", precision_name(p.precision)}};
+      if (!p.error.empty()) {
+        row["error"] = p.error;
+      } else {
+        row["step_ms"] = p.step_ms;
+        row["bubble"] = p.bubble;
+      }
+      j["precisions"].push_back(row);
+    }
   }
   out << j.dump(2) << "\n";
 }

@@ -2,7 +2,7 @@
 // costs are loaded from a file), split by the configured balance method, and the configured
 // schedule is simulated on those costs: per stage the layers, parameters, time, activation and
 // predicted peak memory; for the step its predicted time and bubble; optionally every schedule
-// side by side. `pipetrain plan` prints it.
+// side by side, and the configured schedule in each precision. `pipetrain plan` prints it.
 #pragma once
 
 #include <ostream>
@@ -99,6 +99,13 @@ struct ScheduleRow {
   std::string error;                // why this schedule cannot run the config, if it cannot
 };
 
+// The configured schedule predicted in one precision (plan --compare): the layers profiled in it.
+struct PrecisionRow {
+  Precision precision = Precision::FP32;
+  double step_ms = 0, bubble = 0;
+  std::string error;  // why it could not be profiled or simulated, if so
+};
+
 struct PlanReport {
   std::string summary;  // model, data, stages, micro-batches, schedule, checkpoint, method
   profiler::Profile profile;
@@ -106,6 +113,9 @@ struct PlanReport {
   std::vector<StageRow> stages;
   ScheduleRow configured;
   std::vector<ScheduleRow> compared;  // with --compare: every schedule on the same balance
+  // With --compare on profiled costs of a float32 model: the configured schedule in fp32 and in
+  // bf16, each on its own profile and balance (the configured precision's is `configured`).
+  std::vector<PrecisionRow> precisions;
   schedule::Simulation simulation;    // the configured schedule's
   DataParallelPlan data_parallel;     // the config's copies and the reduction's link
   // With pipeline.defer_weight_grads (and a layer that defers): the profile of a copy's whole

@@ -387,3 +387,29 @@ void save_costs(const std::string& path, const Profile& p) {
 }
 
 }  // namespace pipetrain::profiler
+
+namespace pipetrain::profiler {
+
+double bf16_speed(int repeat) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor a = torch::randn({256, 512}, gen), b = torch::randn({512, 512}, gen);
+  const at::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
+  auto time_of = [&](const at::Tensor& x, const at::Tensor& y) {
+    std::vector<double> ms;
+    at::mm(x, y);  // warm-up
+    for (int i = 0; i < std::max(1, repeat); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::mm(x, y);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(ms);
+  };
+  const double fp32 = time_of(a, b), bf16 = time_of(a16, b16);
+  at::set_num_threads(threads);
+  return bf16 > 0 ? fp32 / bf16 : 0;
+}
+
+}  // namespace pipetrain::profiler

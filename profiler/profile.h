@@ -73,4 +73,9 @@ class MemoryCounter {
   void reset_peak();
 };
 
+// bf16's speed relative to float32 for a matrix product on this CPU (a 256x512 by 512x512
+// product, one intra-op thread as a stage computes, the median of `repeat` runs of each): above 1
+// faster, below 1 slower (stages::slow_bf16_warning reports it).
+double bf16_speed(int repeat = 5);
+
 }  // namespace pipetrain::profiler

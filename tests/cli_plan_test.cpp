@@ -348,3 +348,36 @@ TEST(Cli, NonFiniteStepsCanBeSkipped) {
   EXPECT_NE(r.out.find("; update skipped"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("updates skipped"), std::string::npos) << r.out;
 }
+
+// `plan --compare` predicts the configured schedule in fp32 and in bf16, each profiled, with
+// bf16's speed against fp32 (text and JSON); a bf16 run on a CPU that lacks AVX-512 BF16 and AMX
+// (told so by PIPETRAIN_CPU_FLAGS) is warned once, on one line, with the measured speed.
+TEST(Cli, PlanCompareShowsBothPrecisionsAndABf16RunIsWarned) {
+  const std::string cfg = write_config("compare_precisions.json", kSmall);
+  Result r = run("plan " + cfg + " --compare --repeat 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* needle : {"precision", "speed vs fp32", "\nfp32 ", "\nbf16 "})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  r = run("plan " + cfg + " --compare --repeat 1 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["precisions"].size(), 2u) << r.out;
+  EXPECT_EQ(j["precisions"][0]["precision"], "fp32");
+  EXPECT_EQ(j["precisions"][1]["precision"], "bf16");
+  EXPECT_GT(j["precisions"][1]["step_ms"].get<double>(), 0.0) << r.out;
+  EXPECT_NEAR(j["precisions"][0]["step_ms"].get<double>(), j["predicted"]["step_ms"].get<double>(), 1e-9);
+
+  const std::string train = "train " + cfg + " --set train.precision=bf16 --set train.steps=1 --quiet";
+  r = shell("PIPETRAIN_CPU_FLAGS='fpu sse2 avx2' " + std::string(PIPETRAIN_BINARY) + " " + train + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string warning = "pipetrain: warning: precision bf16 on a CPU stage, but this CPU";
+  const size_t at = r.out.find(warning);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(warning, at + 1), std::string::npos) << "warned twice\n" << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find("has neither AVX-512 BF16 nor AMX: a matrix product measured here ran "), std::string::npos) << line;
+  EXPECT_NE(line.find("x the float32 speed (train.precision fp32 avoids it)"), std::string::npos) << line;
+  r = shell("PIPETRAIN_CPU_FLAGS='avx2 avx512_bf16' " + std::string(PIPETRAIN_BINARY) + " " + train + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find(warning), std::string::npos) << r.out;
+}
