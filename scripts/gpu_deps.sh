@@ -15,8 +15,7 @@ rm -f "$deps"/*.deb
 # apt-get download writes into the current folder; -o APT::Architecture keeps it amd64, the GPU
 # machines' processor, whatever this one is.
 (cd "$deps" && apt-get download -q -o APT::Architecture=amd64 -o APT::Sandbox::User=root "${packages[@]/%/:amd64}" >/dev/null)
-# UCX with CUDA: the libucx-cu13 wheel's shared libraries, headers and CMake files (about 21 MB of
-# its 43), unpacked into .gpu-deps/ucx-wheel; scripts/gpu.sh builds against it (UCX_CUDA=1).
+# UCX with CUDA: the libucx-cu13 wheel's shared libraries, headers and CMake files (about 22 MB), unpacked into .gpu-deps/ucx-wheel; scripts/gpu.sh builds against it (UCX_CUDA=1).
 # shellcheck source=scripts/env.sh
 source "$root/scripts/env.sh"
 wheel_dir=$(mktemp -d)
@@ -28,9 +27,11 @@ import sys, zipfile, os
 wheel, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
+        # A wheel holds each library three times (.so, .so.0, .so.0.0.0: no symbolic links in a
+        # zip); only the .so.0 travels, and scripts/gpu.sh links the .so beside it.
         keep = (name.startswith("libucx/include/") or name.startswith("libucx/lib/cmake/")
                 or name.startswith("libucx_cu13.libs/")
-                or (name.startswith("libucx/lib/") and ".so" in name and "perftest" not in name))
+                or (name.startswith("libucx/lib/") and name.endswith(".so.0") and "perftest" not in name))
         if keep:
             z.extract(name, dest)
             info = z.getinfo(name)
