@@ -11,6 +11,9 @@
 // through the host.
 //
 //   transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
+//                [--device cuda|cpu]
+// --device cpu runs the same exchange with host tensors (no nccl), which checks the harness
+// where there is no GPU.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,9 +58,14 @@ double median(std::vector<double> v) {
 
 constexpr double kWait = 120;
 constexpr int kRepeats = 5;
+bool on_gpu = true;  // --device
+
+void sync_device() {
+  if (on_gpu) torch::cuda::synchronize();
+}
 
 // The card itself is in machine.jsonl beside the results (bench/gpu.sh).
-std::string device_name() { return "cuda:0"; }
+std::string device_name() { return on_gpu ? "cuda:0" : "cpu"; }
 
 // One rank's part: every size, both directions; rank 0 appends the lines.
 void rank_main(int rank, int port, const std::string& transport, const std::vector<int64_t>& sizes, int iters,
@@ -71,7 +79,7 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   TransportOptions o;
   o.backend = transport;
-  o.device = c10::Device(c10::kCUDA, 0);
+  o.device = on_gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   o.timeout_s = kWait;
   o.detect_peer_failure = false;  // UCX: shared memory and cuda_ipc between the two
   std::unique_ptr<Transport> t;
@@ -93,7 +101,7 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
     for (int from : {0, 1}) {
       std::vector<double> gbps;
       const int to = 1 - from;
-      at::Tensor msg = at::empty({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+      at::Tensor msg = at::empty({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(o.device));
       for (int rep = 0; rep < kRepeats + 1; ++rep, ++round) {  // the first round warms up
         const std::string done = pipetrain::detail::concat("done/", round), go = pipetrain::detail::concat("go/", round);
         if (rank == to) store->set(go, {1});
@@ -108,13 +116,13 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
             at::Tensor got = t->recv(from, id, Deadline::after(kWait));
             if (i == iters - 1) {
               const float want = static_cast<float>(round * iters + i);
-              if (!got.is_cuda() || got.numel() != msg.numel() || got.min().item<float>() != want ||
+              if (got.is_cuda() != on_gpu || got.numel() != msg.numel() || got.min().item<float>() != want ||
                   got.max().item<float>() != want)
                 throw Error(pipetrain::detail::concat(transport, ": received the wrong bytes at ", bytes, " bytes"));
             }
           }
         }
-        torch::cuda::synchronize();
+        sync_device();
         if (rank == to) store->set(done, {1});
         store->wait({done});
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -135,18 +143,19 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
 // A device-to-device copy on the one GPU, the bound a transfer between two processes could reach.
 void memcpy_baseline(const std::vector<int64_t>& sizes, int iters, const std::string& out) {
   for (int64_t bytes : sizes) {
-    at::Tensor a = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA)), b = at::empty_like(a);
+    at::Tensor a = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(on_gpu ? at::kCUDA : at::kCPU)),
+               b = at::empty_like(a);
     std::vector<double> gbps;
     for (int rep = 0; rep < kRepeats + 1; ++rep) {
-      torch::cuda::synchronize();
+      sync_device();
       const auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) b.copy_(a);
-      torch::cuda::synchronize();
+      sync_device();
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
       if (rep > 0) gbps.push_back(static_cast<double>(bytes) * iters / s / 1e9);
     }
     std::ofstream f(out, std::ios::app);
-    f << "{\"bench\":\"transfer\",\"transport\":\"cudaMemcpy\",\"from\":0,\"to\":0,\"bytes\":" << bytes
+    f << "{\"bench\":\"transfer\",\"transport\":\"" << (on_gpu ? "cudaMemcpy" : "memcpy") << "\",\"from\":0,\"to\":0,\"bytes\":" << bytes
       << ",\"iters\":" << iters << ",\"gbps_median\":" << median(gbps)
       << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
       << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << ",\"device\":\"" << device_name() << "\"}\n";
@@ -171,6 +180,7 @@ int main(int argc, char** argv) {
       sizes.clear();
       for (const auto& s : split(value)) sizes.push_back(std::stoll(s));
     } else if (flag == "--iters") iters = std::stoi(value);
+    else if (flag == "--device") on_gpu = value != "cpu";
     else {
       std::fprintf(stderr, "transfer_gpu: unknown flag %s\n", flag.c_str());
       return 2;
@@ -179,8 +189,9 @@ int main(int argc, char** argv) {
   int status = 0;
   // Every CUDA and NCCL call happens in the children, forked before anything initialized CUDA.
   for (const auto& transport : transports) {
-    if (!has_transport_backend(transport)) {
-      std::fprintf(stderr, "transfer_gpu: %s is not compiled in; skipped\n", transport.c_str());
+    if (!has_transport_backend(transport) || (!on_gpu && transport == "nccl")) {
+      std::fprintf(stderr, "transfer_gpu: %s %s; skipped\n", transport.c_str(),
+                   has_transport_backend(transport) ? "carries GPU tensors only" : "is not compiled in");
       continue;
     }
     const int port = free_loopback_port();
