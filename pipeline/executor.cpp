@@ -302,6 +302,8 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   }
   accumulate_grads = accumulate;
   grads_reduced = mesh.data_parallel == 1 || sync;
+  for (auto& reducer : reducers)
+    if (reducer) reducer->begin_step(accumulate);
 
   const auto t0 = Clock::now();
   step_t0 = t0;

@@ -127,6 +127,22 @@ void GradientReducer::start() {
   }
 }
 
+void GradientReducer::begin_step(bool accumulate) {
+  if (!accumulate) {
+    held_.clear();
+    reduced_ = false;
+    if (shard_ && shard_param_.defined()) shard_param_.mutable_grad() = at::Tensor();
+    return;
+  }
+  if (shard_ || !reduced_) return;
+  held_.clear();
+  for (auto& p : params_) {
+    held_.push_back(p.grad());
+    p.mutable_grad() = at::Tensor();
+  }
+  reduced_ = false;
+}
+
 double GradientReducer::finish(Deadline deadline) {
   for (const auto& w : works_) wait(w, deadline);
   torch::NoGradGuard no_grad;
@@ -136,7 +152,9 @@ double GradientReducer::finish(Deadline deadline) {
         const int64_t s = padded_ / info_.data_parallel;
         shard_grad_ = flats_.front().narrow(0, info_.copy * s, s).clone();
       }
-      shard_param_.mutable_grad() = shard_grad_;
+      // Onto a reduced gradient of this accumulation (begin_step), else in its place.
+      const at::Tensor before = shard_param_.grad();
+      shard_param_.mutable_grad() = before.defined() ? before + shard_grad_ : shard_grad_;
       // The local, unreduced gradients are not needed any more.
       for (auto& p : params_) p.mutable_grad() = at::Tensor();
     }
@@ -151,6 +169,17 @@ double GradientReducer::finish(Deadline deadline) {
         offset += g.numel();
       }
     }
+    // What an earlier reduction of this accumulation summed, back beside this one's sum.
+    for (size_t i = 0; i < held_.size(); ++i) {
+      if (!held_[i].defined()) continue;
+      at::Tensor& g = params_[i].mutable_grad();
+      if (g.defined())
+        g.add_(held_[i]);
+      else
+        g = held_[i];
+    }
+    held_.clear();
+    reduced_ = true;
   }
   const double done = done_at_->load();
   works_.clear();

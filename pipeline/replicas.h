@@ -53,6 +53,12 @@ class GradientReducer {
   GradientReducer(comm::ProcessGroup group, ReplicaInfo info, std::vector<at::Tensor> params, bool shard,
                   int64_t bucket_bytes, bool scatter = true);
 
+  // Before a step's backward passes. Not accumulating: whatever an earlier reduction left is
+  // dropped. Accumulating onto gradients a reduction already summed: they are held apart (the
+  // parameters' .grad emptied) and added back when the next reduction finishes, so that they are
+  // not summed over the replicas a second time; a sharded slice's reduced gradient stays, and the
+  // next reduction adds to it.
+  void begin_step(bool accumulate);
   // Starts reducing the gradients now in the parameters; they must not change before finish().
   // A parameter without a gradient (the same on every replica) is left out.
   void start();
@@ -93,6 +99,9 @@ class GradientReducer {
   std::vector<at::Tensor> flats_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::shared_ptr<std::atomic<double>> done_at_ = std::make_shared<std::atomic<double>>(0.0);
+  // Unsharded: the parameters' .grad is a reduction's result; gradients held apart (begin_step).
+  bool reduced_ = false;
+  std::vector<at::Tensor> held_;
   // Sharded.
   int64_t numel_ = 0, padded_ = 0;
   at::Tensor shard_param_, shard_grad_;

@@ -275,6 +275,37 @@ TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
   expect_same(got, want, "after two accumulated batches");
 }
 
+// Accumulating onto gradients that were already reduced across the copies: a batch reduced (sync
+// on), then one more accumulated, reduced at once (sync on) or left for the optimizer's step
+// (sync off). The earlier batch's reduced gradients are not reduced again (that would count them
+// once per copy) nor dropped (a sharded optimizer's slice): the step equals one device on both.
+TEST(DataParallelAccumulate, OntoReducedGradientsCountsEachBatchOnce) {
+  for (bool shard : {false, true})
+    for (bool second_sync : {true, false}) {
+      const std::string what = std::string(shard ? "sharded" : "unsharded") + (second_sync ? ", sync on" : ", sync off");
+      models::Model want = build("mlp"), got = build("mlp");
+      const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
+      auto opt = sgd()(want.layers->parameters());
+      {
+        RngContextGuard rng(RngContext{0, 0, 0});
+        (mean_ce(want.layers->forward(b0.input), b0.target) * 0.5).backward();
+      }
+      {
+        RngContextGuard rng(RngContext{0, 1, 0});
+        (mean_ce(want.layers->forward(b1.input), b1.target) * 0.5).backward();
+      }
+      opt->step();
+      Case c{"mlp", "1f1b", 2, 2, 2, 8, shard};
+      pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+      pipe.optimizers().set(sgd());
+      pipe.forward_backward(b0.input, b0.target, false, 0.5);  // reduced at once
+      pipe.sync_gradients(second_sync);
+      pipe.forward_backward(b1.input, b1.target, true, 0.5);
+      pipe.optimizers().step();
+      expect_same(got, want, what);
+    }
+}
+
 // A batch whose smallest shard has fewer samples than the micro-batch count (an epoch's last)
 // runs as fewer micro-batches on every copy, and still equals one device's step on it.
 TEST(DataParallelPartialBatch, ShardsSmallerThanTheMicroBatchesRunAsFewer) {
