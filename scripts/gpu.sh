@@ -77,7 +77,8 @@ bin=$PIPETRAIN_BUILD_DIR/apps/pipetrain
 
 status=0
 if want test; then
-  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
+  # Four at a time: the two-process tests mostly wait on their processes' start, beside the CUDA grid.
+  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu -j 4 --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
   log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1)"
   grep -E 'Skipped|\*\*\*' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
 fi
