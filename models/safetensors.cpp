@@ -82,13 +82,16 @@ SafetensorsEntry parse_entry(const std::string& file, const std::string& name, c
   const auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array()) fail(file, name, "no shape (an array)");
   if (shape->size() > 64) fail(file, name, "a shape of " + std::to_string(shape->size()) + " dimensions");
-  u128 bytes = c10::elementSize(e.type);
+  u128 bytes = c10::elementSize(e.type), strides = 1;
   for (const auto& d : *shape) {
     uint64_t n = 0;
     if (!small_uint(d, &n)) fail(file, name, "shape " + brief(*shape) + " has a dimension that is not a size");
     e.shape.push_back(static_cast<int64_t>(n));
     bytes *= n;
     if (bytes > kHuge) bytes = kHuge;  // refused below
+    // An empty tensor's other dimensions still make its strides: libtorch refuses them past int64.
+    strides *= std::max<uint64_t>(n, 1);
+    if (strides > kHuge) fail(file, name, "shape " + brief(*shape) + " multiplies past 2^62 (its strides)");
   }
   const auto offsets = v.find("data_offsets");
   if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 || !small_uint((*offsets)[0], &e.begin) ||
