@@ -3,6 +3,7 @@
 // naming the file and the tensor; and files exchanged with Python's own safetensors package
 // (skipped, with the reason, where the project's Python lacks it).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -187,6 +188,10 @@ TEST(Safetensors, MalformedFilesAreOneLineErrorsNamingFileAndTensor) {
   std::ofstream(dir() + "/short.safetensors") << "abc";
   EXPECT_NE(open_error(dir() + "/short.safetensors").find("too short for a safetensors file (3 bytes"), std::string::npos);
   EXPECT_NE(open_error(dir()).find("not a regular file"), std::string::npos);
+  // A FIFO is refused at once, not read (which would wait for a writer).
+  const std::string fifo = dir() + "/fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(open_error(fifo).find(fifo + ": not a regular file"), std::string::npos);
   EXPECT_NE(open_error(dir() + "/absent.safetensors").find("cannot open (No such file"), std::string::npos);
   // A name that is not in the file.
   const SafetensorsFile file(file_with("ok", "{" + ok + "}", eight));

@@ -4,6 +4,7 @@
 // order from the same seed; every bad file or config refused in one line naming the file (and the
 // byte offset of a bad id); and a gpt model trained on a tokens file through the command line.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -203,6 +204,26 @@ TEST(TokensData, BadFilesAndConfigsAreOneLineErrors) {
   EXPECT_EQ(error_of(gpt(100, 4), R"("path": ")" + bin + R"(", "test_path": ")" + shorter + R"(", "stride": 1)"), "(loaded)");
   EXPECT_NE(error_of(gpt(100, 4), R"("path": ")" + dir() + R"(/absent.bin")").find("absent.bin: cannot open (No such file"),
             std::string::npos);
+  // A FIFO is refused before anything opens it (opening would wait for a writer).
+  const std::string fifo = dir() + "/fifo.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of(gpt(100, 4), R"("path": ")" + fifo + R"(")"), fifo + ": not a regular file");
+  // An .npy file cut short of what its header describes.
+  std::vector<uint16_t> header_and_ids(64 + 50, 1);
+  const std::string cut = write_bin("cut.npy", header_and_ids);
+  {
+    std::string h = "\x93NUMPY";
+    h += std::string("\x01\x00", 2);
+    std::string dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (400,), }";
+    dict.append(128 - 10 - dict.size() - 1, ' ');
+    dict += '\n';
+    const uint16_t len = static_cast<uint16_t>(dict.size());
+    h.append(reinterpret_cast<const char*>(&len), 2);
+    h += dict;
+    std::fstream f(cut, std::ios::binary | std::ios::in | std::ios::out);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+  }
+  EXPECT_EQ(error_of(gpt(100, 4), R"("path": ")" + cut + R"(")"), cut + ": truncated: 228 bytes, its header describes 928");
   // Config: keys checked where they are read.
   EXPECT_NE(error_of(gpt(100, 4), R"("path": ")" + bin + R"(", "dtype": "int8")").find("cfg.json: data.dtype: unknown value \"int8\""),
             std::string::npos);
