@@ -85,8 +85,10 @@ NpyHeader read_npy_header(const std::string& file) {
     while (j < shape_text.size() && std::isdigit(static_cast<unsigned char>(shape_text[j]))) ++j;
     if (j - i > 12) bad(file, "a dimension of " + shape_text.substr(i, j - i));
     h.shape.push_back(std::stoll(shape_text.substr(i, j - i)));
-    count *= std::max<int64_t>(1, h.shape.back());
-    if (count > (int64_t{1} << 50)) bad(file, "a shape of more than 2^50 values");
+    // Checked before multiplying: two 12-digit dimensions overflow int64 (fuzz/token_file_fuzz found it).
+    const int64_t d = std::max<int64_t>(1, h.shape.back());
+    if (d > (int64_t{1} << 50) / count) bad(file, "a shape of more than 2^50 values");
+    count *= d;
     i = j;
   }
   if (h.shape.empty()) bad(file, "holds a scalar, not an array of samples");

@@ -18,18 +18,4 @@ namespace pipetrain::job {
 
 Dataset load_tokens(const Config& c, const models::Model& model);
 
-// A token file mapped: `ids` [n] as stored (uint16 held as int16 and uint32 as int32, which
-// libtorch indexes; `mask` clears the sign bits when they are widened; 0 for the other types).
-struct TokenFile {
-  std::string file;
-  at::Tensor ids;
-  int64_t mask = 0;
-  int64_t offset = 0;   // bytes before the first id (an .npy header)
-  int64_t itemsize = 1;
-};
-
-// Maps `file`: a `.npy` by its header (`dtype`, if not empty, must agree), anything else as raw
-// ids of `dtype` (empty: uint16). DataError naming the file on any problem.
-TokenFile read_token_file(const std::string& file, const std::string& dtype);
-
 }  // namespace pipetrain::job

@@ -224,6 +224,17 @@ TEST(TokensData, BadFilesAndConfigsAreOneLineErrors) {
     f.write(h.data(), static_cast<std::streamsize>(h.size()));
   }
   EXPECT_EQ(error_of(gpt(100, 4), R"("path": ")" + cut + R"(")"), cut + ": truncated: 228 bytes, its header describes 928");
+  // Dimensions whose product wraps past 2^64 to 2 (found by fuzz/token_file_fuzz.cpp): refused, not multiplied.
+  {
+    std::string dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (239075442, 77158673929), }";
+    dict.append(128 - 10 - dict.size() - 1, ' ');
+    dict += '\n';
+    std::string h = std::string("\x93NUMPY\x01\x00", 8);
+    const uint16_t len = static_cast<uint16_t>(dict.size());
+    h.append(reinterpret_cast<const char*>(&len), 2);
+    std::ofstream(dir() + "/huge.npy", std::ios::binary) << h << dict;
+  }
+  EXPECT_EQ(error_of(gpt(100, 4), R"("path": ")" + dir() + R"(/huge.npy")"), dir() + "/huge.npy: a shape of more than 2^50 values");
   // Config: keys checked where they are read.
   EXPECT_NE(error_of(gpt(100, 4), R"("path": ")" + bin + R"(", "dtype": "int8")").find("cfg.json: data.dtype: unknown value \"int8\""),
             std::string::npos);
