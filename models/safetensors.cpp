@@ -154,9 +154,8 @@ std::string safetensors_dtype(at::ScalarType type, const std::string& what) {
 }
 
 const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
-  for (const auto& e : entries)
-    if (e.name == name) return &e;
-  return nullptr;
+  const auto it = by_name.find(name);
+  return it == by_name.end() ? nullptr : &entries[it->second];
 }
 
 SafetensorsHeader parse_safetensors(const char* bytes, uint64_t size, const std::string& file) {
@@ -207,8 +206,10 @@ SafetensorsHeader parse_safetensors(const char* bytes, uint64_t size, const std:
   if (at != data_size)
     fail(file, std::to_string(data_size - at) + " bytes after the last tensor's data (the header accounts for " +
                    std::to_string(at) + " of " + std::to_string(data_size) + ")");
-  for (const auto& e : h.entries)
-    if (e.type == at::kBool) check_bools(file, e, bytes + h.data_start);
+  for (size_t i = 0; i < h.entries.size(); ++i) {
+    h.by_name[h.entries[i].name] = i;
+    if (h.entries[i].type == at::kBool) check_bools(file, h.entries[i], bytes + h.data_start);
+  }
   return h;
 }
 

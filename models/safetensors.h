@@ -58,6 +58,7 @@ struct SafetensorsHeader {
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata;
   uint64_t data_start = 0;  // 8 + the header's length
+  std::map<std::string, size_t> by_name;  // name -> index into entries (parse_safetensors fills it)
   /// The entry named `name`, or null.
   const SafetensorsEntry* find(const std::string& name) const;
 };
