@@ -12,7 +12,7 @@ source "$root/scripts/env.sh"
 seconds=${1:-10}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config_fuzz layers_fuzz wire_fuzz manifest_fuzz shard_fuzz costs_fuzz records_fuzz ucx_address_fuzz)
+[ ${#targets[@]} -gt 0 ] || targets=(config_fuzz layers_fuzz wire_fuzz manifest_fuzz shard_fuzz costs_fuzz records_fuzz safetensors_fuzz safetensors_index_fuzz token_file_fuzz ucx_address_fuzz)
 build=${PIPETRAIN_FUZZ_BUILD:-$root/build-fuzz}
 cxx=${PIPETRAIN_FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$cxx" ] || { echo "fuzz: clang++ not found (scripts/setup.sh installs clang)" >&2; exit 1; }

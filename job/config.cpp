@@ -102,19 +102,30 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   }
 
   JsonReader data = top.child("data");
-  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text", "tensors"});
+  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text", "tensors", "tokens"});
   c.data.batch_size = data.get_int("batch_size", c.data.batch_size, 1, 1 << 24);
-  const bool text = c.data.kind == "text", tensors = c.data.kind == "tensors";
-  c.data.path = data.get_string("path", text || tensors ? "" : c.data.path);
+  const bool text = c.data.kind == "text", tensors = c.data.kind == "tensors", tokens = c.data.kind == "tokens";
+  c.data.path = data.get_string("path", text || tensors || tokens ? "" : c.data.path);
   if (text && c.data.path.empty()) data.fail("path", "is required for data.kind text (the text file to train on)");
   if (tensors && c.data.path.empty())
     data.fail("path", "is required for data.kind tensors (a torch.save file of a dict of tensors, or a folder of .npy files)");
+  if (tokens && c.data.path.empty())
+    data.fail("path", "is required for data.kind tokens (a .npy or raw .bin file of token ids)");
   c.data.samples = data.get_int("samples", c.data.samples, 1, int64_t(1) << 32);
   c.data.test_samples = data.get_int("test_samples", c.data.test_samples, 0, int64_t(1) << 32);
   c.data.test_fraction = data.get_number("test_fraction", c.data.test_fraction, 0.0, 1.0);
   if (c.data.test_fraction <= 0.0 || c.data.test_fraction >= 1.0)
     data.fail("test_fraction", detail::concat("must be between 0 and 1 (exclusive), got ", c.data.test_fraction));
   c.data.stride = data.get_int("stride", c.data.stride, 0, int64_t(1) << 40);
+  // Keys of data.kind tokens alone: elsewhere they would be silently unused.
+  for (const char* key : {"test_path", "dtype"})
+    if (!tokens && data.has(key)) data.fail(key, "is read by data.kind tokens only");
+  c.data.test_path = data.get_string("test_path", "");
+  if (tokens && data.has("test_path") && c.data.test_path.empty()) data.fail("test_path", "is empty (leave it out to test on data.test_fraction of data.path)");
+  if (!c.data.test_path.empty() && data.has("test_fraction"))
+    data.fail("test_fraction", "is not used with data.test_path (that file is the test split)");
+  c.data.dtype = data.get_choice("dtype", "uint16", {"uint16", "uint32"});
+  if (!data.has("dtype")) c.data.dtype.clear();  // a .npy says its own; a .bin defaults to uint16
   c.data.drop_last = data.get_bool("drop_last", c.data.drop_last);
   data.finish();
 

@@ -20,13 +20,15 @@
 namespace pipetrain::job {
 
 struct DataConfig {
-  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text"
+  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text" | "tensors" | "tokens"
   int64_t batch_size = 64;
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder; for text the file (required)
   int64_t samples = 8192;       // synthetic train split size
   int64_t test_samples = 1024;  // synthetic test split size
   double test_fraction = 0.1;   // text: the last share of the file's bytes held out for testing
-  int64_t stride = 0;           // text: bytes between training windows; 0: model.seq_len
+  int64_t stride = 0;           // text, tokens: bytes (tokens) between training windows; 0: model.seq_len
+  std::string test_path;        // tokens: a second file of token ids, the test split (empty: test_fraction)
+  std::string dtype;            // tokens: "uint16" | "uint32" for a raw .bin (empty: uint16); a .npy says its own
   // Whether an epoch's last, smaller batch is skipped; trained by default (its step equals one
   // device's step on those samples).
   bool drop_last = false;

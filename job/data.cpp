@@ -1,5 +1,6 @@
 #include "job/data.h"
 #include "job/tensors_data.h"
+#include "job/tokens_data.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -90,10 +91,11 @@ Batch Dataset::make(const Split& s, const at::Tensor& index) const {
   if (b.target.scalar_type() == torch::kByte) b.target = b.target.to(torch::kLong);  // per-pixel targets, held as bytes
   if (images_u8) b.input = (b.input.to(torch::kFloat) / 255.0 - kFashionMean) / kFashionStd;
   if (widen_inputs) b.input = b.input.to(torch::kFloat);
-  if (tokens && b.input.scalar_type() != torch::kLong && b.input.scalar_type() != torch::kByte) b.input = b.input.to(torch::kLong);
-  if (tokens && b.input.scalar_type() == torch::kByte) {
-    b.input = b.input.to(torch::kLong);
-    b.target = b.target.to(torch::kLong);
+  if (tokens && b.input.scalar_type() != torch::kLong) b.input = b.input.to(torch::kLong);
+  if (tokens && b.target.scalar_type() != torch::kLong) b.target = b.target.to(torch::kLong);
+  if (const int64_t mask = &s == &test ? test_token_mask : train_token_mask) {
+    b.input.bitwise_and_(mask);
+    b.target.bitwise_and_(mask);
   }
   return b;
 }
@@ -282,6 +284,7 @@ Dataset load_dataset(const Config& c, const models::Model& model) {
   Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c)
               : c.data.kind == "text"        ? load_text(c, model)
               : c.data.kind == "tensors"     ? load_tensors(c, model)
+              : c.data.kind == "tokens"      ? load_tokens(c, model)
                                              : make_synthetic(c, model);
   if (model.pixel_targets && c.data.kind == "fashion-mnist") {
     // A segmentation of the images: each pixel brighter than a fifth of full scale is the

@@ -1,4 +1,5 @@
-// Data sets held in memory (or memory-mapped: data.kind tensors, job/tensors_data.h), and the
+// Data sets held in memory (or memory-mapped: data.kind tensors, job/tensors_data.h, and tokens,
+// job/tokens_data.h), and the
 // batch order of training. `fashion-mnist` reads the gzipped
 // IDX files of Debian's dataset-fashion-mnist package; `synthetic` generates a learnable task
 // for any model family from the seed, so every config runs without files; `text` reads any
@@ -36,6 +37,9 @@ class Dataset {
   bool tokens = false;
   bool images_u8 = false;  // inputs stored as uint8 pixels, normalised per batch
   bool widen_inputs = false;  // integer inputs (data.kind tensors) widened to float per batch
+  // data.kind tokens: uint16/uint32 ids held as int16/int32 (job/tokens_data.h) are widened with
+  // this mask per split; 0 for ids stored as they are.
+  int64_t train_token_mask = 0, test_token_mask = 0;
   // The loss of a model-free predictor on the test targets, to judge a trained model by:
   // text: "unigram", each target byte predicted by the training bytes' frequencies (add-one
   // smoothing), in nats per byte. Other kinds: 0 and empty.

@@ -95,3 +95,16 @@ if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-uc
   touch "$PIPETRAIN_VENV/.pipetrain-ucx-$PIPETRAIN_UCX_WHEEL_VERSION"
   exec 9>&-
 fi
+
+# Python's own safetensors, for the tests that exchange files with it (tests/safetensors_test.cpp);
+# added to an environment made before it was needed, as tensorboard above.
+if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-safetensors" ]; then
+  exec 9>"$PIPETRAIN_CACHE/.lock"
+  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
+  if ! "$PIPETRAIN_VENV/bin/python3" -c 'import safetensors' 2>/dev/null; then
+    echo "setup: installing safetensors from PyPI into $PIPETRAIN_VENV"
+    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q safetensors
+  fi
+  touch "$PIPETRAIN_VENV/.pipetrain-safetensors"
+  exec 9>&-
+fi

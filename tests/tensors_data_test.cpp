@@ -118,3 +118,20 @@ numpy.save(")" + d + R"(/complex.npy", numpy.zeros((4, 6), dtype=numpy.complex64
 }
 
 }  // namespace
+
+// An .npy shape whose product wraps past 2^64 to 2 values (239075442 x 77158673929 = 2^64 + 2,
+// found by fuzz/token_file_fuzz.cpp in the header reader both kinds share): refused before it is
+// multiplied, not mapped as an array over 2 bytes.
+TEST(TensorsData, NpyShapeOverflowIsRefused) {
+  const std::string folder = dir() + "/overflow";
+  std::filesystem::create_directories(folder);
+  std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (239075442, 77158673929), }";
+  dict.append(128 - 10 - dict.size() - 1, ' ');
+  dict += '\n';
+  const uint16_t len = static_cast<uint16_t>(dict.size());
+  std::string header = std::string("\x93NUMPY\x01\x00", 8);
+  header.append(reinterpret_cast<const char*>(&len), 2);
+  std::ofstream(folder + "/inputs.npy", std::ios::binary) << header << dict << "ab";
+  std::ofstream(folder + "/targets.npy", std::ios::binary) << header << dict << "ab";
+  EXPECT_EQ(error_of(kMlp, folder), folder + "/inputs.npy: a shape of more than 2^50 values");
+}
