@@ -32,32 +32,6 @@ const std::string kConfig = R"({
   "runtime": {"timeout_s": 60}
 })";
 
-std::map<int, json> read_steps(const std::string& path) {
-  std::map<int, json> steps;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    json j = json::parse(line);
-    if (j.value("event", "") == "" && j.contains("step")) steps[j.at("step").get<int>()] = j;
-  }
-  return steps;
-}
-
-// The same losses and gradient norms, step by step, within `tol` relative (0: bit for bit).
-void expect_same(const std::map<int, json>& a, const std::map<int, json>& b, double tol, const std::string& what) {
-  ASSERT_FALSE(a.empty()) << what;
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (const auto& [step, j] : a)
-    for (const char* key : {"loss", "grad_norm"}) {
-      const double x = j.at(key).get<double>(), y = b.at(step).at(key).get<double>();
-      if (tol == 0)
-        EXPECT_EQ(x, y) << what << ": step " << step << " " << key;
-      else
-        EXPECT_NEAR(x, y, tol * std::abs(y)) << what << ": step " << step << " " << key;
-    }
-}
-
 // In float64, so that two copies equal one copy on the whole batch to 1e-10 (only the order of
 // the sums differs), and processes equal threads bit for bit.
 TEST(DataParallelProcesses, LaunchedRanksEqualThreadsAndOneCopy) {
@@ -73,8 +47,8 @@ TEST(DataParallelProcesses, LaunchedRanksEqualThreadsAndOneCopy) {
     EXPECT_NE(p.out.find("[rank 0] test accuracy"), std::string::npos) << p.out;
     Result one = run("train " + cfg + " --quiet --metrics " + m1 + " --set runtime.dtype=float64 --set pipeline.data_parallel=1");
     ASSERT_EQ(one.status, 0) << one.out;
-    expect_same(read_steps(mt), read_steps(mp), 0, "threads against processes");
-    expect_same(read_steps(m1), read_steps(mt), 1e-10, "one copy against two");
+    expect_same_steps(read_steps(mt), read_steps(mp), 0, "threads against processes");
+    expect_same_steps(read_steps(m1), read_steps(mt), 1e-10, "one copy against two");
   }
   // 2 stages x 2 copies with the stages talking over c10d's Gloo.
   const std::string mt = temp("dp_gloo_threads.jsonl"), mp = temp("dp_gloo_processes.jsonl");
@@ -83,7 +57,7 @@ TEST(DataParallelProcesses, LaunchedRanksEqualThreadsAndOneCopy) {
   ASSERT_EQ(t.status, 0) << t.out;
   Result p = run("launch --nproc 4 -- train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes" + set);
   ASSERT_EQ(p.status, 0) << p.out;
-  expect_same(read_steps(mt), read_steps(mp), 0, "threads against processes over gloo");
+  expect_same_steps(read_steps(mt), read_steps(mp), 0, "threads against processes over gloo");
 }
 
 // The other launchers: mpirun (OpenMPI's variables) and Slurm's (srun's variables, set by hand
@@ -102,7 +76,7 @@ TEST(DataParallelProcesses, MpirunAndSlurmVariablesEqualThreads) {
     Result p = shell("MASTER_PORT=" + port + " timeout -s KILL 150 mpirun --allow-run-as-root --oversubscribe -np 4 -x MASTER_PORT " +
                      pipetrain_binary() + " train " + cfg + " --quiet --metrics " + mp + " --set runtime.kind=processes 2>&1");
     ASSERT_EQ(p.status, 0) << p.out;
-    expect_same(threads, read_steps(mp), 0, "mpirun");
+    expect_same_steps(threads, read_steps(mp), 0, "mpirun");
   } else {
     ADD_FAILURE() << "mpirun is not installed (scripts/setup.sh installs openmpi-bin)";
   }
@@ -122,7 +96,7 @@ TEST(DataParallelProcesses, MpirunAndSlurmVariablesEqualThreads) {
   }
   ASSERT_TRUE(wait_ranks(ranks, {}, t0, 120)) << ranks[0].out();
   for (int r = 0; r < 4; ++r) ASSERT_EQ(ranks[r].status, 0) << "rank " << r << ": " << ranks[r].out();
-  expect_same(threads, read_steps(ms), 0, "Slurm's variables");
+  expect_same_steps(threads, read_steps(ms), 0, "Slurm's variables");
 }
 
 TEST(DataParallelProcesses, WrongWorldSizeIsOneLineError) {
@@ -252,7 +226,7 @@ TEST(DataParallelProcesses, FourRanksInTwoNamespacesEqualThreads) {
   EXPECT_EQ(t.status, 0) << t.out;
   ASSERT_TRUE(exited) << ranks[0].out() << ranks[2].out();
   for (int r = 0; r < 4; ++r) ASSERT_EQ(ranks[r].status, 0) << "rank " << r << ": " << ranks[r].out();
-  expect_same(read_steps(mt), read_steps(mp), 0, "two namespaces");
+  expect_same_steps(read_steps(mt), read_steps(mp), 0, "two namespaces");
 }
 
 }  // namespace

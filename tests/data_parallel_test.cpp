@@ -247,11 +247,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, DataParallel, ::testing::ValuesIn(cases()), case_name);
 
-// Accumulated batches: no reduction until the last (sync off), then one; the step equals one
-// device on the mean loss of the batches.
-TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
-  models::Model want = build("mlp"), got = build("mlp");
-  const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
+// One device's SGD step on the mean loss of two batches, each at the dropout streams the
+// pipeline gives it (step 0, then 1), accumulated into `want`'s gradients.
+void step_on_two_batches(models::Model& want, const Batch& b0, const Batch& b1) {
   auto opt = sgd()(want.layers->parameters());
   {
     RngContextGuard rng(RngContext{0, 0, 0});
@@ -262,6 +260,14 @@ TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
     (mean_ce(want.layers->forward(b1.input), b1.target) * 0.5).backward();
   }
   opt->step();
+}
+
+// Accumulated batches: no reduction until the last (sync off), then one; the step equals one
+// device on the mean loss of the batches.
+TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
+  models::Model want = build("mlp"), got = build("mlp");
+  const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
+  step_on_two_batches(want, b0, b1);
   Case c{"mlp", "1f1b", 2, 2, 2, 8};
   pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
   pipe.optimizers().set(sgd());
@@ -285,16 +291,7 @@ TEST(DataParallelAccumulate, OntoReducedGradientsCountsEachBatchOnce) {
       const std::string what = std::string(shard ? "sharded" : "unsharded") + (second_sync ? ", sync on" : ", sync off");
       models::Model want = build("mlp"), got = build("mlp");
       const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
-      auto opt = sgd()(want.layers->parameters());
-      {
-        RngContextGuard rng(RngContext{0, 0, 0});
-        (mean_ce(want.layers->forward(b0.input), b0.target) * 0.5).backward();
-      }
-      {
-        RngContextGuard rng(RngContext{0, 1, 0});
-        (mean_ce(want.layers->forward(b1.input), b1.target) * 0.5).backward();
-      }
-      opt->step();
+      step_on_two_batches(want, b0, b1);
       Case c{"mlp", "1f1b", 2, 2, 2, 8, shard};
       pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
       pipe.optimizers().set(sgd());

@@ -1,7 +1,8 @@
 // Stages across processes on a GPU (ctest label gpu; each test skips, saying why, without one):
 // two pipetrain processes on the one GPU of the machine, over each transport, train the tied GPT
 // with each schedule, and every step's loss and gradient norm equal those of the same config run
-// as threads on that GPU (which the Cuda equivalence grid holds equal to one device).
+// as threads on that GPU (which the Cuda equivalence grid holds equal to one device) to 1e-10
+// in float64.
 //
 // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): each rank here gets its own
 // NCCL_HOSTID, so that NCCL takes them for two hosts and moves the data over sockets on the
@@ -30,7 +31,9 @@
 namespace {
 
 using json = nlohmann::json;
+using pipetrain::test::expect_same_steps;
 using pipetrain::test::free_port;
+using pipetrain::test::read_steps;
 
 #define REQUIRE_GPU()                                                                                 \
   do {                                                                                                \
@@ -39,7 +42,7 @@ using pipetrain::test::free_port;
   } while (0)
 
 // The tied GPT (the head's weight tied to the embedding, first and last rank), dropout on, in
-// true float32 so that the two runs differ in nothing but where their stages run.
+// float64, so that the two runs differ in nothing but where their stages run (1e-10 apart).
 std::string config(const std::string& schedule) {
   const bool chunked = schedule == "interleaved-1f1b" || schedule == "looped-bfs" || schedule == "zb-v" ||
                        schedule == "dualpipev";
@@ -49,21 +52,9 @@ std::string config(const std::string& schedule) {
             {"pipeline", {{"stages", 2}, {"micro_batches", 4}, {"schedule", schedule}, {"devices", "cuda:0"}}},
             {"optimizer", {{"kind", "adamw"}, {"lr", 0.003}}},
             {"train", {{"steps", 3}, {"seed", 7}}},
-            {"runtime", {{"timeout_s", 120}}}};
+            {"runtime", {{"timeout_s", 120}, {"dtype", "float64"}}}};
   if (chunked) c["pipeline"]["chunks"] = 2;
   return c.dump();
-}
-
-std::map<int, json> steps_of(const std::string& path) {
-  std::map<int, json> steps;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    json j = json::parse(line);
-    if (j.value("event", "") == "" && j.contains("step")) steps[j.at("step").get<int>()] = j;
-  }
-  return steps;
 }
 
 // Two ranks of `cfg` on this GPU, started by hand as a launcher would (RANK, WORLD_SIZE, ...),
@@ -88,13 +79,13 @@ Result two_ranks(const std::string& cfg, const std::string& transport, const std
 std::map<int, json> threads_run(const std::string& schedule) {
   const std::string kept = ::testing::TempDir() + "/pipetrain_gpu2_threads_" + schedule + "_" +
                            std::to_string(::getppid()) + ".jsonl";
-  auto steps = steps_of(kept);
+  auto steps = read_steps(kept);
   if (steps.size() == 3) return steps;
   const std::string cfg = write_config("gpu2_threads_" + schedule + ".json", config(schedule));
   Result t = run("train " + cfg + " --quiet --metrics " + cfg + ".jsonl");
   EXPECT_EQ(t.status, 0) << t.out;
   std::filesystem::copy_file(cfg + ".jsonl", kept, std::filesystem::copy_options::overwrite_existing);
-  return steps_of(kept);
+  return read_steps(kept);
 }
 
 // NCCL, whose ordering rules are the ones that can deadlock, runs every schedule; UCX and Gloo a
@@ -119,15 +110,8 @@ TEST_P(TwoProcessesOneGpu, StepsEqualThreadsOnTheGpu) {
   Result p = two_ranks(cfg, transport, processes);
   ASSERT_EQ(p.status, 0) << p.out;
   const auto a = threads_run(schedule);
-  const auto b = steps_of(processes);
   ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [step, j] : a) {
-    const double la = j.at("loss").get<double>(), lb = b.at(step).at("loss").get<double>();
-    const double ga = j.at("grad_norm").get<double>(), gb = b.at(step).at("grad_norm").get<double>();
-    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << step << " loss " << la << " vs " << lb;
-    EXPECT_LE(std::abs(ga - gb), 1e-5 * std::abs(ga)) << "step " << step << " grad norm " << ga << " vs " << gb;
-  }
+  expect_same_steps(read_steps(processes), a, 1e-10, transport + ", " + schedule);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TwoProcessesOneGpu, ::testing::ValuesIn(cases()), [](const auto& info) {

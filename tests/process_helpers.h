@@ -8,9 +8,14 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/rendezvous.h"
 
@@ -54,6 +59,33 @@ inline void expect_clean_error(const Result& r, const std::string& needle, int s
   EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << shown;
   EXPECT_LT(r.out.size(), 1000u) << shown;
   for (unsigned char c : r.out) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "byte " << int(c) << " in the message";
+}
+
+// The step lines of a metrics file (train --metrics), by step.
+inline std::map<int, nlohmann::json> read_steps(const std::string& path) {
+  std::map<int, nlohmann::json> steps;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "" && j.contains("step")) steps[j.at("step").get<int>()] = j;
+  }
+  return steps;
+}
+
+// The same losses and gradient norms, step by step, within `tol` relative (0: bit for bit).
+inline void expect_same_steps(const std::map<int, nlohmann::json>& a, const std::map<int, nlohmann::json>& b, double tol, const std::string& what) {
+  ASSERT_FALSE(a.empty()) << what;
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [step, j] : a)
+    for (const char* key : {"loss", "grad_norm"}) {
+      const double x = j.at(key).get<double>(), y = b.at(step).at(key).get<double>();
+      if (tol == 0)
+        EXPECT_EQ(x, y) << what << ": step " << step << " " << key;
+      else
+        EXPECT_NEAR(x, y, tol * std::abs(y)) << what << ": step " << step << " " << key;
+    }
 }
 
 }  // namespace pipetrain::test

@@ -138,7 +138,7 @@ class C10dTransport final : public Transport {
     if (dst == rank_) {
       std::lock_guard<std::mutex> lock(mu_);
       check_sendable(dst, id);
-      boxes_[{rank_, h.tag}].push_back({h, tensor});
+      boxes_[{rank_, h.tag}].push_back({h, tensor, {}});
       cv_.notify_all();
       return;
     }
@@ -283,7 +283,7 @@ class C10dTransport final : public Transport {
   // it (c10d's wait() without a timeout blocks no host thread); nccl-order: a host wait.
   void complete(const c10::intrusive_ptr<c10d::Work>& work, int src, const MessageId& id, Deadline deadline) {
     try {
-      if (options_.backend == "nccl")
+      if (stream_waits_)
         work->wait();
       else
         wait_work(work, deadline);
@@ -457,6 +457,7 @@ class C10dTransport final : public Transport {
   const TransportOptions options_;
   const int rank_, world_;
   const ProcessGroup control_, data_, data_down_;  // data_: up (or both directions, shared_p2p_stream)
+  const bool stream_waits_ = options_.backend == "nccl";  // a data receive completes by a stream wait
   std::mutex send_mu_;  // a header and its payload leave back to back, in one order per peer
   std::mutex mu_;
   std::condition_variable cv_;  // mailboxes, failures, the abort, drained sends
