@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "models/decoder.h"
 #include "models/families.h"
 #include "models/layers.h"
 #include "models/max_pool.h"
@@ -122,6 +123,25 @@ int64_t sample_dim(const Ctx& c, int64_t dim, const std::string& key) {
   const int64_t d = dim < 0 ? dim + rank : dim;
   if (d < 1 || d >= rank) c.fail(detail::concat(key, " ", dim, " is not a dimension of a sample of ", shape_text(c.in), " (dimension 0 is the batch)"));
   return d - 1;
+}
+
+// A llama_block's rotary positions: rope_theta, and rope_scaling as transformers writes it
+// ({"rope_type": "linear" | "llama3", "factor", ...}); other kinds are refused by name.
+Rope read_rope(JsonReader& r) {
+  Rope rope;
+  rope.theta = r.get_number("rope_theta", 10000.0, 1.0, 1e12);
+  if (!r.has("rope_scaling")) return rope;
+  JsonReader s = r.child("rope_scaling");
+  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3"});
+  if (rope.type != "default") rope.factor = s.get_number("factor", 1.0, 1e-6, 1e6);
+  if (rope.type == "llama3") {
+    rope.low_freq_factor = s.get_number("low_freq_factor", 1.0, 1e-6, 1e6);
+    rope.high_freq_factor = s.get_number("high_freq_factor", 4.0, 1e-6, 1e6);
+    if (rope.high_freq_factor <= rope.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
+    rope.original_max_positions = s.get_int("original_max_position_embeddings", 8192, 1, int64_t{1} << 30);
+  }
+  s.finish();
+  return rope;
 }
 
 Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
@@ -263,6 +283,49 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.run = through<BlockImpl>();
     b.out = in;
     b.random_streams = 3;
+  } else if (type == "llama_block") {
+    c.need_rank(2, "[sequence, d_model]");
+    LlamaBlockOptions o;
+    o.d_model = positive("d_model");
+    o.n_heads = positive("n_heads");
+    o.n_kv_heads = r.get_int("n_kv_heads", o.n_heads, 1, o.n_heads);
+    if (o.n_heads % o.n_kv_heads) r.fail("n_kv_heads", detail::concat("must divide n_heads (", o.n_heads, ")"));
+    if (!r.has("head_dim") && o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, "), or give head_dim"));
+    o.head_dim = r.get_int("head_dim", o.d_model / o.n_heads, 2, 1 << 16);
+    if (o.head_dim % 2) r.fail("head_dim", "must be even (rotary positions turn pairs of values)");
+    o.d_ff = positive("d_ff");
+    o.eps = r.get_number("eps", 1e-6, 1e-12, 1.0);
+    o.rope = read_rope(r);
+    o.qkv_bias = r.get_bool("qkv_bias", false);
+    o.o_bias = r.get_bool("o_bias", false);
+    o.mlp_bias = r.get_bool("mlp_bias", false);
+    o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
+    if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
+    const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
+    b.module_name = "llama";
+    b.params = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) +
+               (o.mlp_bias ? 2 * f + d : 0);
+    b.make = [=] { return LlamaBlock(o).ptr(); };
+    b.run = through<LlamaBlockImpl>();
+    b.out = in;
+  } else if (type == "gpt2_block") {
+    c.need_rank(2, "[sequence, d_model]");
+    Gpt2BlockOptions o;
+    o.d_model = positive("d_model");
+    o.n_heads = positive("n_heads");
+    o.d_ff = r.get_int("d_ff", 4 * o.d_model, 1, 1 << 24);
+    o.eps = r.get_number("eps", 1e-5, 1e-12, 1.0);
+    o.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
+    o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
+    if (o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, ")"));
+    if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
+    const double d = double(o.d_model), f = double(o.d_ff);
+    b.module_name = "gpt2";
+    b.params = 4 * d * d + 2 * d * f + 9 * d + f;
+    b.make = [=] { return Gpt2Block(o, stream).ptr(); };
+    b.run = through<Gpt2BlockImpl>();
+    b.out = in;
+    b.random_streams = 3;
   } else if (type == "mlp_block") {
     if (in.empty()) c.fail("expects [..., d_model] input, gets a scalar");
     const int64_t d = positive("d_model"), ff = r.get_int("d_ff", 4 * d, 1, 1 << 24);
@@ -320,6 +383,35 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
       s.insert(s.end(), out.begin(), out.end());
       return x.reshape(s);
     });
+  } else if (type == "permute") {  // PyTorch's dims, the batch's (0) first and staying there
+    const std::vector<double> dims = r.get_numbers("dims", {});
+    const size_t rank = in.size() + 1;
+    std::vector<int64_t> order;
+    for (double d : dims) {
+      if (d != std::floor(d) || d < -double(rank) || d >= double(rank)) r.fail("dims", detail::concat("expected dimensions of [batch] + ", shape_text(in)));
+      order.push_back(d < 0 ? static_cast<int64_t>(d) + static_cast<int64_t>(rank) : static_cast<int64_t>(d));
+    }
+    std::vector<int64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i)
+      if (sorted[i] != static_cast<int64_t>(i) || sorted.size() != rank)
+        r.fail("dims", detail::concat("must order all ", rank, " dimensions of [batch] + ", shape_text(in), ", each once"));
+    if (order[0] != 0) r.fail("dims", "must keep the batch (dimension 0) first");
+    for (size_t i = 1; i < rank; ++i) b.out.push_back(in[static_cast<size_t>(order[i]) - 1]);
+    b.run = function([order](const at::Tensor& x) { return x.permute(order); });
+  } else if (type == "transpose") {
+    const int64_t d0 = sample_dim(c, r.get_int("dim0", 1, -64, 64), "dim0") + 1;
+    const int64_t d1 = sample_dim(c, r.get_int("dim1", 2, -64, 64), "dim1") + 1;
+    b.out = in;
+    std::swap(b.out[static_cast<size_t>(d0 - 1)], b.out[static_cast<size_t>(d1 - 1)]);
+    b.run = function([d0, d1](const at::Tensor& x) { return x.transpose(d0, d1); });
+  } else if (type == "mean") {
+    const int64_t dim = sample_dim(c, r.get_int("dim", -1, -64, 64), "dim");
+    const bool keep = r.get_bool("keepdim", false);
+    b.out = in;
+    if (keep) b.out[static_cast<size_t>(dim)] = 1;
+    else b.out.erase(b.out.begin() + dim);
+    b.run = function([dim, keep](const at::Tensor& x) { return x.mean(dim + 1, keep); });
   } else if (type == "identity") {
     b.out = in;
     b.run = function([](const at::Tensor& x) { return x; });
@@ -333,9 +425,10 @@ const std::vector<std::string>& layer_types() {
   static const std::vector<std::string> t{
       "linear",      "conv1d",      "conv2d",      "maxpool1d",         "maxpool2d",         "avgpool1d",
       "avgpool2d",   "adaptiveavgpool1d", "adaptiveavgpool2d", "batchnorm1d", "batchnorm2d", "layernorm",
-      "rmsnorm",     "dropout",     "embedding",   "transformer_block", "mlp_block",         "relu",
+      "rmsnorm",     "dropout",     "embedding",   "transformer_block", "llama_block", "gpt2_block", "mlp_block", "relu",
       "gelu",        "silu",        "tanh",        "sigmoid",           "softmax",           "flatten",
-      "reshape",     "identity",    "add",         "concat",            "repeat"};
+      "reshape",     "permute",     "transpose",   "mean",              "identity",          "add",
+      "concat",      "repeat"};
   return t;
 }
 

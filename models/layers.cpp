@@ -306,7 +306,14 @@ RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps) : shape_(std::m
 
 void RmsNormImpl::reset() { weight = register_parameter("weight", torch::ones(shape_)); }
 
-torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) { return at::rms_norm(x, shape_, weight, eps_); }
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  // As transformers' Llama RMSNorm: in float32 at least, the scale applied in the input's type.
+  const at::Tensor h = c10::isReducedFloatingType(x.scalar_type()) ? x.to(torch::kFloat) : x;
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < shape_.size(); ++i) dims.push_back(-1 - static_cast<int64_t>(i));
+  const at::Tensor normed = h * torch::rsqrt(h.pow(2).mean(dims, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
 
 NormImpl::NormImpl(int64_t d_model) : d_model_(d_model) { reset(); }
 

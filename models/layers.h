@@ -180,7 +180,8 @@ class MlpBlockImpl : public torch::nn::Cloneable<MlpBlockImpl> {
 TORCH_MODULE(MlpBlock);
 
 // RMS normalization over the trailing dimensions `shape`, with a learned scale ("weight", ones
-// at the start), as torch.nn.RMSNorm.
+// at the start), as torch.nn.RMSNorm and transformers' Llama RMSNorm: computed in float32 for
+// lower precisions, the scale applied after the cast back.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
   RmsNormImpl(std::vector<int64_t> shape, double eps);

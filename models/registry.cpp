@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "models/families.h"
+#include "models/hf.h"
 
 namespace pipetrain::models {
 
@@ -14,7 +15,7 @@ struct Registry {
   std::mutex mu;
   std::map<std::string, Builder> builders{
       {"mlp", build_mlp}, {"cnn", build_cnn}, {"gpt", build_gpt}, {"unet", build_unet}, {"layers", build_layer_list},
-      {"torchscript", build_torchscript}};
+      {"torchscript", build_torchscript}, {"hf", build_hf}};
 };
 Registry& registry() {
   static Registry r;

@@ -1,0 +1,165 @@
+// Decoder blocks of today's language models, as Hugging Face's transformers computes them: the
+// Llama family's (RMSNorm, rotary positions, grouped-query attention, SwiGLU; Mistral's sliding
+// window and Qwen2's q/k/v biases as options) and GPT-2's. Their submodules carry transformers'
+// names, so that a block's parameter "self_attn.q_proj.weight" is the checkpoint's
+// "model.layers.<i>.self_attn.q_proj.weight" (models/hf.cpp). Attention is
+// at::scaled_dot_product_attention, causal; attention dropout above 0 in training keeps the
+// explicit path with keyed masks (the same masks whatever the stage count or micro-batching).
+// Each block also runs incrementally, on the next positions of sequences whose earlier keys and
+// values it kept (a KvCache), for generation (models/generate.h).
+#pragma once
+
+#include <string>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include "models/layers.h"
+
+namespace pipetrain::models {
+
+/// Rotary position embedding as transformers computes it: the inverse frequencies of the
+/// default kind, or scaled by `linear` or `llama3` (Llama 3.1's); other kinds are refused where a
+/// config is read (models/hf.cpp, layer_list.cpp).
+struct Rope {
+  double theta = 10000;
+  std::string type = "default";  // "default", "linear" or "llama3"
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_positions = 8192;  // llama3's original_max_position_embeddings
+};
+
+/// The inverse frequencies for a head of `head_dim` values ([head_dim / 2]): in float32 with
+/// transformers' operations for float32 and lower precisions (so the angles are the ones a
+/// checkpoint was trained with), in float64 for float64.
+at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type);
+/// cos and sin, [T, head_dim], of positions offset..offset+T-1, in `type` (computed as
+/// rope_inv_freq says).
+std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
+                                              at::ScalarType type, const at::Device& device);
+/// x [B, H, T, D] rotated: x * cos + rotate_half(x) * sin (transformers' convention: the two
+/// halves of each head, not interleaved pairs).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// What one attention layer kept of the positions before: keys and values [B, KV heads, S, D]
+/// (undefined before the first call).
+struct KvCache {
+  at::Tensor k, v;
+  int64_t length() const { return k.defined() ? k.size(2) : 0; }
+};
+
+/// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),
+/// the queries being the last Tq of the Tk positions; with `window` > 0 a query sees only the
+/// `window` positions up to itself (Mistral's sliding window). `dropout` (training, p > 0):
+/// keyed dropout of the attention weights on the explicit path.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            int64_t window, DropoutImpl* dropout);
+
+struct LlamaBlockOptions {
+  int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
+  double eps = 1e-6;
+  Rope rope;
+  bool qkv_bias = false;  // biases on q, k and v (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // on o (Llama's attention_bias)
+  bool mlp_bias = false;  // on gate, up and down (Llama's mlp_bias)
+  int64_t sliding_window = 0;  // 0: none
+};
+
+/// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block).
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+ public:
+  explicit LlamaAttentionImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  LlamaBlockOptions o_;
+};
+TORCH_MODULE(LlamaAttention);
+
+/// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block).
+class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
+ public:
+  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias) : d_model_(d_model), d_ff_(d_ff), bias_(bias) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  int64_t d_model_, d_ff_;
+  bool bias_;
+};
+TORCH_MODULE(GatedMlp);
+
+/// A Llama-family decoder layer: x + o(attn(rope(q), rope(k), v)) of input_layernorm(x), then
+/// h + mlp(post_attention_layernorm(h)). Input and output [B, T, d_model].
+class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
+ public:
+  explicit LlamaBlockImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return forward_cached(x, nullptr); }
+  /// With `cache`: x holds the positions after those cached, which it extends.
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache* cache);
+  const LlamaBlockOptions& options() const { return o_; }
+
+ private:
+  LlamaBlockOptions o_;
+  RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  LlamaAttention self_attn_{nullptr};
+  GatedMlp mlp_{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
+
+struct Gpt2BlockOptions {
+  int64_t d_model = 0, n_heads = 0, d_ff = 0;
+  double eps = 1e-5;
+  double dropout = 0;       // resid_pdrop: after each sublayer's output projection
+  double attn_dropout = 0;  // attn_pdrop: of the attention weights
+};
+
+/// GPT-2's c_attn (q, k, v in one) and c_proj ("attn"). The weights are [out, in] as torch's
+/// linear layers hold them; transformers' Conv1D holds their transposes.
+class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
+ public:
+  explicit Gpt2AttentionImpl(int64_t d_model) : d_model_(d_model) { reset(); }
+  void reset() override;
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t d_model_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+/// GPT-2's c_fc and c_proj with the tanh GELU between ("mlp").
+class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
+ public:
+  Gpt2MlpImpl(int64_t d_model, int64_t d_ff) : d_model_(d_model), d_ff_(d_ff) { reset(); }
+  void reset() override;
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t d_model_, d_ff_;
+};
+TORCH_MODULE(Gpt2Mlp);
+
+/// GPT-2's block in transformers' layout: x + attn(ln_1(x)), then h + mlp(ln_2(h)). Three
+/// dropout streams from `stream` (attention weights, attention output, MLP output).
+class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
+ public:
+  Gpt2BlockImpl(Gpt2BlockOptions o, uint64_t stream) : o_(o), stream_(stream) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return forward_cached(x, nullptr); }
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache* cache);
+
+ private:
+  Gpt2BlockOptions o_;
+  uint64_t stream_;
+  torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  Gpt2Attention attn_{nullptr};
+  Gpt2Mlp mlp_{nullptr};
+  Dropout attn_drop_{nullptr}, resid_drop_{nullptr}, mlp_drop_{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+}  // namespace pipetrain::models

@@ -1,0 +1,58 @@
+// The `hf` family: a causal language model written by Hugging Face's transformers
+// (`save_pretrained`: config.json and model.safetensors, or shards with
+// model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
+// weights, and such a list's weights written back in the same form (`pipetrain export --format
+// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (llama_block) and
+// GPT2LMHeadModel (gpt2_block). A config field that would change the math and is not supported is
+// a one-line ConfigError naming it; never a silently different model. Tests:
+// tests/hf_test.cpp, tests/hf_parity.py (against transformers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model.h"
+#include "models/safetensors.h"
+
+namespace pipetrain::models {
+
+/// The architectures the family reads.
+const std::vector<std::string>& hf_architectures();
+
+/// One parameter: our name ("layer_0.llama.self_attn.q_proj.weight") and the checkpoint's
+/// ("model.layers.0.self_attn.q_proj.weight"); `transposed`: the checkpoint holds the transpose
+/// (GPT-2's Conv1D weights).
+struct HfTensor {
+  std::string ours, theirs;
+  bool transposed = false;
+};
+
+/// A checked config.json: the architecture, the layer list that computes the same model (the
+/// `layers` family's keys, for windows of `seq_len` tokens), and every parameter's two names.
+struct HfSpec {
+  std::string architecture;
+  nlohmann::json config;
+  nlohmann::json layers;
+  std::vector<HfTensor> tensors;
+  bool tied = false;  // the output head is the token embedding (tie_word_embeddings)
+};
+
+/// Reads and checks `dir`/config.json; `where` prefixes errors (the config key that named dir).
+HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& where);
+
+/// `hf`: {"family": "hf", "path": DIR, "seq_len": N}. The weights are the checkpoint's; a float64
+/// checkpoint builds a float64 model (float32 otherwise: bfloat16 and float16 widen exactly).
+Model build_hf(JsonReader& model);
+
+/// Writes `weights` (our names; a merged checkpoint's or a model's parameters) as a directory
+/// `from_pretrained` loads: config.json (the source's, its dtype the weights'), model.safetensors
+/// or shards of at most `shard_bytes` with their index, and the source's tokenizer and generation
+/// files when it has them. `source` is the directory the model was built from. Returns the
+/// tensors written.
+size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor>& weights, const std::string& out,
+               uint64_t shard_bytes);
+
+}  // namespace pipetrain::models
