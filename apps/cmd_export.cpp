@@ -1,6 +1,8 @@
 // `pipetrain export`: a checkpoint's parameters and buffers merged into one torch.load-readable
 // file; with --initial, the model a config builds, before any step (its initial weights under
-// train.seed), so that another program can start from the same weights.
+// train.seed), so that another program can start from the same weights. With --format hf, a model
+// of the hf family is written as the Hugging Face directory it was built from
+// (models/hf.h: config.json, model.safetensors or shards), which from_pretrained loads.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -9,6 +11,7 @@
 #include "checkpoint/shard.h"
 #include "common/atomic_file.h"
 #include "job/job.h"
+#include "models/hf.h"
 
 namespace pipetrain::apps {
 
@@ -23,13 +26,19 @@ class Export final : public Command {
         ->add_option("checkpoint", checkpoint_,
                      "A checkpoint directory, or a checkpoint root (its latest); with --initial, a config")
         ->required();
-    subcommand_->add_option("out", out_, "Output file (a dict of named tensors)")->required();
+    subcommand_->add_option("out", out_, "Output file (a dict of named tensors); with --format hf, a directory")->required();
+    subcommand_->add_option("--format", format_, "torch: one torch.load-readable file; hf: a directory from_pretrained loads "
+                                                 "(a model of family hf)")
+        ->check(CLI::IsMember({"torch", "hf"}));
+    subcommand_->add_option("--max-shard-mb", shard_mb_, "--format hf: the largest safetensors file, in MiB (default 5000)")
+        ->check(CLI::Range(1, 1 << 30));
     subcommand_->add_flag("--initial", initial_,
                           "Write the model the config builds, before any step (its initial weights under train.seed)");
     config_.add_set(subcommand_);
   }
 
   int run() override {
+    if (format_ == "hf") return export_hf();
     if (initial_) {
       config_.path = checkpoint_;
       const train::Config c = config_.load();
@@ -50,7 +59,34 @@ class Export final : public Command {
   }
 
  private:
-  std::string checkpoint_, out_;
+  int export_hf() {
+    nlohmann::json model;
+    std::map<std::string, at::Tensor> weights;
+    std::string from;
+    if (initial_) {
+      config_.path = checkpoint_;
+      const train::Config c = config_.load();
+      model = c.model;
+      if (model.value("family", "") == "hf")
+        for (const auto& p : job::build_model(c).layers->named_parameters()) weights[p.key()] = p.value().detach();
+      from = "the initial model of " + checkpoint_;
+    } else {
+      if (!config_.overrides.empty()) throw ConfigError("export: --set goes with --initial (a checkpoint is exported as saved)");
+      from = checkpoint::find_checkpoint(checkpoint_);
+      model = checkpoint::checkpoint_model(from);
+      if (model.value("family", "") == "hf")
+        for (auto& [name, t] : checkpoint::checkpoint_weights(from)) weights[name] = t;
+    }
+    if (model.value("family", "") != "hf" || !model.contains("path") || !model["path"].is_string())
+      throw ConfigError("export --format hf: " + from + " is a model of family '" + model.value("family", "") +
+                        "'; --format hf writes a model built from a Hugging Face directory (model.family \"hf\")");
+    const size_t n = models::save_hf(model["path"].get<std::string>(), weights, out_, uint64_t(shard_mb_) << 20);
+    std::printf("exported %zu tensors of %s to %s (Hugging Face, from_pretrained loads it)\n", n, from.c_str(), out_.c_str());
+    return 0;
+  }
+
+  std::string checkpoint_, out_, format_ = "torch";
+  int64_t shard_mb_ = 5000;
   bool initial_ = false;
   ConfigOptions config_;
 };

@@ -571,18 +571,31 @@ CheckpointState load_weights(const std::string& dir, const Config& config, torch
   return state_of(dir, m);
 }
 
-size_t export_checkpoint(const std::string& dir, const std::string& out) {
+json checkpoint_model(const std::string& dir) {
   const json m = read_manifest(dir);
-  c10::Dict<std::string, at::Tensor> d;
-  size_t count = 0;
+  const json& identity = m.at("identity");
+  if (!identity.contains("model")) throw CheckpointError("checkpoint " + dir + ": the manifest's identity has no model");
+  return identity.at("model");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_weights(const std::string& dir) {
+  const json m = read_manifest(dir);
   // Shards in stage order hold the layers in model order.
   std::vector<std::string> order;
   std::map<std::string, at::Tensor> saved = read_shards(dir, m, &order);
+  std::vector<std::pair<std::string, at::Tensor>> weights;
   for (const std::string& name : order)
-    if (name.rfind(kOptimizerPrefix, 0) != 0 && name != kGeneratorKey) {
-      d.insert(name, saved.at(name));
-      ++count;
-    }
+    if (name.rfind(kOptimizerPrefix, 0) != 0 && name != kGeneratorKey) weights.emplace_back(name, saved.at(name));
+  return weights;
+}
+
+size_t export_checkpoint(const std::string& dir, const std::string& out) {
+  c10::Dict<std::string, at::Tensor> d;
+  size_t count = 0;
+  for (const auto& [name, t] : checkpoint_weights(dir)) {
+    d.insert(name, t);
+    ++count;
+  }
   const std::vector<char> bytes = save_tensor_dict(d);
   try {
     write_file_atomically(out, bytes.data(), bytes.size());

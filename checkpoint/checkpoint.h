@@ -69,6 +69,12 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
 CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model,
                              const std::vector<models::Tie>& ties = {});
 
+// The model section of the config the checkpoint `dir` was saved under (its manifest's identity).
+nlohmann::json checkpoint_model(const std::string& dir);
+// The merged parameters and buffers of the whole model, in layer order (a tied parameter once,
+// under its first member's name), checked as load_checkpoint checks them.
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_weights(const std::string& dir);
+
 // Writes the merged parameters and buffers of the whole model, in layer order, as one
 // torch.load-readable dict of named tensors (written atomically); returns how many tensors.
 size_t export_checkpoint(const std::string& dir, const std::string& out);
