@@ -68,43 +68,35 @@ EOF
   exec 9>&-
 fi
 
-# TensorBoard's own reader, for the test that reads pipetrain's event files back; added to an
-# environment made before it was needed (the marker saves importing it on every run).
-if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-tensorboard" ]; then
+# pip_add NAME CHECK PIP-ARGS...: what the tests and examples need from PyPI beyond torch, added
+# to the project's environment (also one made before it was needed) unless the Python statement
+# CHECK already succeeds; the marker NAME saves running CHECK on every set-up.
+pip_add() {
+  local marker="$PIPETRAIN_VENV/.pipetrain-$1" check=$2
+  shift 2
+  if [ -n "${PIPETRAIN_TORCH_PYTHON:-}" ] || [ -f "$marker" ]; then return 0; fi
   exec 9>"$PIPETRAIN_CACHE/.lock"
   flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
-  if ! "$PIPETRAIN_VENV/bin/python3" -c 'import tensorboard' 2>/dev/null; then
-    echo "setup: installing tensorboard from PyPI into $PIPETRAIN_VENV"
-    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q tensorboard
+  if ! "$PIPETRAIN_VENV/bin/python3" -c "$check" 2>/dev/null; then
+    echo "setup: installing ${*: -1} from PyPI into $PIPETRAIN_VENV"
+    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q "$@"
   fi
-  touch "$PIPETRAIN_VENV/.pipetrain-tensorboard"
+  touch "$marker"
   exec 9>&-
-fi
+}
 
+# TensorBoard's own reader, for the test that reads pipetrain's event files back.
+pip_add tensorboard 'import tensorboard' tensorboard
 # UCX with CUDA (cuda_copy, cuda_ipc: device memory between processes) from PyPI's libucx-cu13
-# wheel, into the same environment; the build finds it through the wheel's CMake files
-# (scripts/build.sh) and falls back to Debian's UCX (no CUDA) where it is absent.
-if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-ucx-$PIPETRAIN_UCX_WHEEL_VERSION" ]; then
-  exec 9>"$PIPETRAIN_CACHE/.lock"
-  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
-  if ! "$PIPETRAIN_VENV/bin/python3" -c "import libucx, sys; sys.exit(libucx.__version__ != '$PIPETRAIN_UCX_WHEEL_VERSION')" 2>/dev/null; then
-    echo "setup: installing libucx-cu13 $PIPETRAIN_UCX_WHEEL_VERSION from PyPI into $PIPETRAIN_VENV"
-    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q --no-deps \
-      "libucx-cu13==$PIPETRAIN_UCX_WHEEL_VERSION"
-  fi
-  touch "$PIPETRAIN_VENV/.pipetrain-ucx-$PIPETRAIN_UCX_WHEEL_VERSION"
-  exec 9>&-
-fi
-
-# Python's own safetensors, for the tests that exchange files with it (tests/safetensors_test.cpp);
-# added to an environment made before it was needed, as tensorboard above.
-if [ -z "${PIPETRAIN_TORCH_PYTHON:-}" ] && [ ! -f "$PIPETRAIN_VENV/.pipetrain-safetensors" ]; then
-  exec 9>"$PIPETRAIN_CACHE/.lock"
-  flock -w 1800 9 || { echo "setup: another set-up holds $PIPETRAIN_CACHE/.lock" >&2; exit 1; }
-  if ! "$PIPETRAIN_VENV/bin/python3" -c 'import safetensors' 2>/dev/null; then
-    echo "setup: installing safetensors from PyPI into $PIPETRAIN_VENV"
-    "$PIPETRAIN_VENV/bin/python3" -m pip install --disable-pip-version-check --no-input -q safetensors
-  fi
-  touch "$PIPETRAIN_VENV/.pipetrain-safetensors"
-  exec 9>&-
-fi
+# wheel; the build finds it through the wheel's CMake files (scripts/build.sh) and falls back to
+# Debian's UCX (no CUDA) where it is absent.
+pip_add "ucx-$PIPETRAIN_UCX_WHEEL_VERSION" \
+  "import libucx, sys; sys.exit(libucx.__version__ != '$PIPETRAIN_UCX_WHEEL_VERSION')" \
+  --no-deps "libucx-cu13==$PIPETRAIN_UCX_WHEEL_VERSION"
+# Python's own safetensors, for the tests that exchange files with it (tests/safetensors_test.cpp).
+pip_add safetensors 'import safetensors' safetensors
+# transformers and tokenizers: the oracle of the hf family's tests (tests/hf_models.py) and the
+# fine-tuning example (examples/hf_finetune); the versions the tests were written against.
+pip_add "transformers-$PIPETRAIN_TRANSFORMERS_VERSION" \
+  "import transformers, tokenizers, sys; sys.exit(transformers.__version__ != '$PIPETRAIN_TRANSFORMERS_VERSION')" \
+  "tokenizers==$PIPETRAIN_TOKENIZERS_VERSION" "transformers==$PIPETRAIN_TRANSFORMERS_VERSION"
