@@ -16,7 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/error.h"
 #include "job/npy.h"
+#include "models/families.h"
 #include "models/hf.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
@@ -125,3 +127,126 @@ TEST(HfParity, Llama3RopeTiedWithBiases) { check_architecture("llama3-tied"); }
 TEST(HfParity, MistralSlidingWindow) { check_architecture("mistral"); }
 TEST(HfParity, Qwen2) { check_architecture("qwen2"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
+
+// Without transformers: a directory written here in save_pretrained's form, and what the family
+// refuses in it, each in one line naming the field or the tensor.
+namespace {
+
+const nlohmann::json kLlamaConfig{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 40},
+                                  {"hidden_size", 16}, {"intermediate_size", 24}, {"num_hidden_layers", 2},
+                                  {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-6},
+                                  {"rope_theta", 10000.0}, {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+
+// `config` and its weights (random, named as transformers names them) into a fresh directory.
+std::string write_model(const std::string& name, const nlohmann::json& config, int64_t seq_len = 8) {
+  const std::string dir = root() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const models::HfSpec spec = models::read_hf_spec(dir, seq_len, "test");
+  JsonReader list(spec.layers, "model", "test");
+  const models::Model m = models::build_layer_list(list);
+  auto params = m.layers->named_parameters();
+  models::NamedTensors tensors;
+  for (const models::HfTensor& t : spec.tensors) {
+    if (spec.tied && t.ours == "lm_head.linear.weight") continue;
+    const at::Tensor p = params[t.ours].detach();
+    tensors.emplace_back(t.theirs, t.transposed ? p.t().contiguous() : p);
+  }
+  models::save_safetensors(dir + "/model.safetensors", tensors);
+  return dir;
+}
+
+std::string hf_error(const std::string& dir, int64_t seq_len = 8) {
+  try {
+    build(dir, seq_len);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(built)";
+}
+
+nlohmann::json with(nlohmann::json config, const nlohmann::json& changes) {
+  for (auto& [k, v] : changes.items()) config[k] = v;
+  return config;
+}
+
+}  // namespace
+
+TEST(HfFamily, AValidDirectoryBuildsWithItsWeights) {
+  const std::string dir = write_model("valid", kLlamaConfig);
+  models::Model m = build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  EXPECT_TRUE(torch::equal(m.layers->named_parameters()["layer_1.llama.self_attn.k_proj.weight"],
+                           ck.get("model.layers.1.self_attn.k_proj.weight")));
+  EXPECT_EQ(m.classes, 40);
+  EXPECT_EQ(m.sample_shape, (std::vector<int64_t>{8}));
+}
+
+TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
+  const auto refused = [](const std::string& name, const nlohmann::json& changes, const std::string& expected) {
+    const std::string dir = write_model(name, kLlamaConfig);
+    std::ofstream(dir + "/config.json") << with(kLlamaConfig, changes).dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(expected), std::string::npos) << name << ": " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  };
+  refused("yarn", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope type 'yarn' is not supported");
+  refused("gelu", {{"hidden_act", "gelu"}}, "hidden_act 'gelu' is not supported");
+  refused("dropout", {{"attention_dropout", 0.1}}, "attention_dropout above 0 is not supported");
+  refused("partial", {{"partial_rotary_factor", 0.5}}, "partial_rotary_factor 0.5 is not supported");
+  refused("gqa", {{"num_key_value_heads", 3}}, "num_key_value_heads must divide num_attention_heads (4)");
+  const std::string bert = root() + "/bert";
+  std::filesystem::create_directories(bert);
+  std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
+  EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                                "Qwen2ForCausalLM, GPT2LMHeadModel)"),
+            std::string::npos)
+      << hf_error(bert);
+  EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
+  // GPT-2's positions end at n_positions.
+  const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
+                            {"n_head", 2}, {"n_positions", 8}};
+  EXPECT_EQ(hf_error(write_model("gpt2", gpt2)), "(built)");
+  EXPECT_NE(hf_error(root() + "/gpt2", 9).find("n_positions is 8, fewer than model.seq_len (9)"), std::string::npos);
+}
+
+TEST(HfFamily, TheWeightsMustBeExactlyTheModels) {
+  const std::string dir = write_model("weights", kLlamaConfig);
+  models::SafetensorsCheckpoint ck(dir);
+  models::NamedTensors all;
+  for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+  auto rewrite = [&](const models::NamedTensors& tensors) { models::save_safetensors(dir + "/model.safetensors", tensors); };
+  models::NamedTensors missing, extra = all, reshaped = all;
+  for (const auto& t : all)
+    if (t.first != "model.norm.weight") missing.push_back(t);
+  rewrite(missing);
+  EXPECT_NE(hf_error(dir).find("has no tensor 'model.norm.weight'"), std::string::npos) << hf_error(dir);
+  extra.emplace_back("model.layers.0.self_attn.q_norm.weight", torch::ones({4}));
+  rewrite(extra);
+  EXPECT_NE(hf_error(dir).find("tensor 'model.layers.0.self_attn.q_norm.weight' is not part of a LlamaForCausalLM"),
+            std::string::npos)
+      << hf_error(dir);
+  for (auto& t : reshaped)
+    if (t.first == "lm_head.weight") t.second = torch::zeros({41, 16});
+  rewrite(reshaped);
+  EXPECT_NE(hf_error(dir).find("tensor 'lm_head.weight' has shape [41, 16], config.json makes it [40, 16]"), std::string::npos)
+      << hf_error(dir);
+}
+
+TEST(HfFamily, ExportAsHfWritesTheSourcesFormAndOnlyForTheFamily) {
+  const std::string dir = write_model("export", with(kLlamaConfig, {{"tie_word_embeddings", true}}));
+  const std::string cfg = root() + "/export.json";
+  std::ofstream(cfg) << nlohmann::json{{"model", {{"family", "hf"}, {"path", dir}, {"seq_len", 8}}}}.dump();
+  const auto ok = test::shell(std::string(PIPETRAIN_BINARY) + " export " + cfg + " " + root() + "/exported --format hf --initial 2>&1");
+  ASSERT_EQ(ok.status, 0) << ok.out;
+  models::SafetensorsCheckpoint source(dir), written(root() + "/exported");
+  EXPECT_EQ(source.names(), written.names());  // the tied head left out, as save_pretrained does
+  for (const std::string& n : source.names()) EXPECT_TRUE(torch::equal(source.get(n), written.get(n))) << n;
+  const std::string gpt = root() + "/gpt.json";
+  std::ofstream(gpt) << nlohmann::json{{"model", {{"family", "gpt"}}}}.dump();
+  const auto refused = test::shell(std::string(PIPETRAIN_BINARY) + " export " + gpt + " " + root() + "/no --format hf --initial 2>&1");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.out.find("is a model of family 'gpt'; --format hf writes a model built from a Hugging Face directory"),
+            std::string::npos)
+      << refused.out;
+}

@@ -228,3 +228,67 @@ TEST(LayerList, TheShippedConfigPlansWithItsNamesAndTrains) {
 }
 
 }  // namespace
+
+// permute, transpose and mean: a ViT-style list (patches as a sequence, mean-pooled), whose
+// shapes are worked out when built and whose values are torch's own operations.
+TEST(LayerList, PermuteTransposeAndMeanWriteAVitStyleList) {
+  const json layers = json::array({
+      {{"name", "patches"}, {"type", "conv2d"}, {"in_channels", 1}, {"out_channels", 8}, {"kernel_size", 4}, {"stride", 4}},
+      {{"name", "seq"}, {"type", "flatten"}, {"start_dim", 2}},                          // [8, 49]
+      {{"name", "tokens"}, {"type", "transpose"}, {"dim0", 1}, {"dim1", 2}},             // [49, 8]
+      {{"name", "mix"}, {"type", "llama_block"}, {"d_model", 8}, {"n_heads", 2}, {"d_ff", 16}},
+      {{"name", "back"}, {"type", "permute"}, {"dims", {0, 2, 1}}},                       // [8, 49]
+      {{"name", "pool"}, {"type", "mean"}, {"dim", -1}},                                 // [8]
+      linear("head", 8, 10)});
+  models::Model m = build({{"family", "layers"}, {"input_shape", {1, 28, 28}}, {"layers", layers}});
+  EXPECT_EQ(m.classes, 10);
+  const at::Tensor x = torch::randn({3, 1, 28, 28});
+  EXPECT_EQ(m.layers->forward(x).sizes(), (std::vector<int64_t>{3, 10}));
+  // Each equals torch's operation on the output before it.
+  auto layer = [&](long i, const at::Tensor& t) { return (m.layers->begin() + i)->forward(t); };
+  const at::Tensor a = layer(1, layer(0, x));
+  const at::Tensor b = layer(2, a);
+  EXPECT_TRUE(torch::equal(b, a.transpose(1, 2)));
+  const at::Tensor c = layer(3, b);
+  const at::Tensor d = layer(4, c);
+  EXPECT_TRUE(torch::equal(d, c.permute({0, 2, 1})));
+  EXPECT_TRUE(torch::equal(layer(5, d), d.mean(2)));
+
+  auto list = [&](json extra) {
+    json l = layers;
+    l[4] = extra;
+    return json{{"family", "layers"}, {"input_shape", {1, 28, 28}}, {"layers", l}};
+  };
+  EXPECT_NE(build_error(list({{"name", "back"}, {"type", "permute"}, {"dims", {1, 0, 2}}})).find("must keep the batch (dimension 0) first"), std::string::npos);
+  EXPECT_NE(build_error(list({{"name", "back"}, {"type", "permute"}, {"dims", {0, 1, 1}}})).find("each once"), std::string::npos);
+  EXPECT_NE(build_error(list({{"name", "back"}, {"type", "transpose"}, {"dim0", 0}, {"dim1", 1}})).find("dimension 0 is the batch"), std::string::npos);
+  EXPECT_NE(build_error(list({{"name", "back"}, {"type", "mean"}, {"dim", 3}})).find("is not a dimension of a sample"), std::string::npos);
+}
+
+// llama_block's arguments: grouped-query heads must divide, the rope kind is one of those
+// supported, and a mismatch of d_model names both.
+TEST(LayerList, LlamaBlockArgumentsAreChecked) {
+  auto block = [](json extra) {
+    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 32}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b, linear("h", 16, 20)}}};
+  };
+  EXPECT_EQ(build_error(block({{"n_kv_heads", 2}})), "(built)");
+  EXPECT_NE(build_error(block({{"n_kv_heads", 3}})).find("n_kv_heads: must divide n_heads (4)"), std::string::npos);
+  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "yarn"}}}})).find("yarn"), std::string::npos);
+  EXPECT_NE(build_error(block({{"d_model", 24}})).find("expects d_model 24, gets 16"), std::string::npos);
+  EXPECT_NE(build_error(block({{"head_dim", 5}})).find("must be even"), std::string::npos);
+  // A sliding window of 3: the last position's output does not depend on the first tokens, as
+  // it does without the window.
+  for (int window : {3, 0}) {
+    models::Model m = build(block({{"n_kv_heads", 2}, {"sliding_window", window}, {"qkv_bias", true}}));
+    m.layers->to(torch::kDouble);
+    const at::Tensor x = torch::randint(0, 20, {1, 6});
+    at::Tensor changed = x.clone();
+    changed[0][0] = (x[0][0].item<int64_t>() + 1) % 20;
+    changed[0][1] = (x[0][1].item<int64_t>() + 1) % 20;
+    const at::Tensor last = m.layers->forward(x).select(1, 5), last_changed = m.layers->forward(changed).select(1, 5);
+    EXPECT_EQ(torch::equal(last, last_changed), window == 3) << "window " << window;
+  }
+}
