@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/recompute.h"
 #include "common/rng.h"
+#include "models/decoder.h"
 #include "models/max_pool.h"
 
 namespace pipetrain::models {
@@ -278,10 +279,18 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_heads_, D = C / H;
   auto qkv = run_linear(qkv_, ln1_(x)).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
   auto q = qkv[0], k = qkv[1], v = qkv[2];
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-  if (causal_) att = att.masked_fill(torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1), -INFINITY);
-  att = attn_drop_(torch::softmax(att, -1));
-  auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // Fused attention (models/decoder.h); the explicit path, with its keyed masks, for attention
+  // dropout in training.
+  at::Tensor att;
+  if (causal_) {
+    att = causal_attention(q, k, v, scale, 0, attn_drop_.get());
+  } else if (attn_drop_->is_training() && dropout_p_ > 0) {
+    att = torch::matmul(attn_drop_(torch::softmax(torch::matmul(q, k.transpose(-2, -1)) * scale, -1)), v);
+  } else {
+    att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
+  }
+  auto y = att.transpose(1, 2).reshape({B, T, C});
   auto h = x + resid_drop_(run_linear(proj_, y));
   return h + mlp_drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln2_(h)))));
 }

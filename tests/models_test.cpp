@@ -209,3 +209,38 @@ TEST(Linear, AStashDefersTheWeightGradientToOneGemm) {
   EXPECT_TRUE(torch::allclose(weight.grad(), one + gys[1].reshape({-1, 5}).t().mm(xs[1].reshape({-1, 4})), 1e-12, 1e-12));
   EXPECT_TRUE(stash.empty());
 }
+
+// The transformer block's attention is fused (at::scaled_dot_product_attention); it equals the
+// explicit product, mask and softmax within each precision's tolerance, causal or not, and its
+// gradients too.
+TEST(FusedAttention, EqualsTheExplicitPathInEachPrecision) {
+  for (const bool causal : {true, false})
+    for (const auto type : {torch::kDouble, torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(7);
+      models::Block block(32, 4, 64, /*dropout=*/0.0, 0, causal);
+      block->to(type);
+      const at::Tensor x = torch::randn({3, 10, 32}).to(type).requires_grad_();
+      const at::Tensor y = block->forward(x);
+      auto p = block->named_parameters();
+      // The same block, its attention written out.
+      auto ln = [&](const at::Tensor& h, const std::string& n) {
+        return torch::layer_norm(h, {32}, p[n + ".weight"], p[n + ".bias"]);
+      };
+      const at::Tensor x2 = x.detach().clone().requires_grad_();
+      auto qkv = torch::linear(ln(x2, "ln1"), p["qkv.weight"], p["qkv.bias"]).view({3, 10, 3, 4, 8}).permute({2, 0, 3, 1, 4});
+      auto att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * (1.0 / std::sqrt(8.0));
+      if (causal) att = att.masked_fill(torch::ones({10, 10}, torch::kBool).triu(1), -INFINITY);
+      auto a = torch::matmul(torch::softmax(att, -1), qkv[2]).transpose(1, 2).reshape({3, 10, 32});
+      auto h = x2 + torch::linear(a, p["proj.weight"], p["proj.bias"]);
+      const at::Tensor ref = h + torch::linear(torch::gelu(torch::linear(ln(h, "ln2"), p["fc1.weight"], p["fc1.bias"])),
+                                               p["fc2.weight"], p["fc2.bias"]);
+      const double tol = type == torch::kDouble ? 1e-12 : type == torch::kFloat ? 1e-5 : 5e-2;
+      EXPECT_LE((y.to(torch::kDouble) - ref.to(torch::kDouble)).abs().max().item<double>(), tol)
+          << "causal " << causal << " " << type;
+      y.sum().backward();
+      const at::Tensor gx = x.grad().clone();
+      ref.sum().backward();
+      EXPECT_LE((gx.to(torch::kDouble) - x2.grad().to(torch::kDouble)).abs().max().item<double>(), tol * 4)
+          << "input gradient, causal " << causal << " " << type;
+    }
+}
