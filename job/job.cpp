@@ -1,5 +1,6 @@
 // Building what a config describes (job/job.h).
 #include "job/job.h"
+#include "job/fused_optimizers.h"
 
 #include <torch/torch.h>
 
@@ -68,13 +69,13 @@ OptimizerFactory make_optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     switch (c.kind) {
       case OptimizerKind::SGD:
-        return std::make_unique<torch::optim::SGD>(
+        return std::make_unique<FusedSGD>(
             params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
       case OptimizerKind::Adam:
-        return std::make_unique<torch::optim::Adam>(
+        return std::make_unique<FusedAdam>(
             params, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
       case OptimizerKind::AdamW:
-        return std::make_unique<torch::optim::AdamW>(
+        return std::make_unique<FusedAdamW>(
             params, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
     }
     throw ConfigError(detail::concat("optimizer.kind: no builder for optimizer ", static_cast<int>(c.kind)));

@@ -37,7 +37,8 @@ Job prepare(const Config& config);
 // Turns a data batch into model inputs of the job's dtype.
 Batch to_model(const Job& job, Batch b);
 
-// Builds a torch optimizer over `params` from the config's optimizer section.
+// Builds a torch optimizer over `params` from the config's optimizer section: libtorch's, its
+// step one fused kernel per device and dtype (job/fused_optimizers.h).
 OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
 
 // Cross-entropy over the last dimension with mean reduction (classifiers and language models).
