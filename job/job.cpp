@@ -1,5 +1,6 @@
 // Building what a config describes (job/job.h).
 #include "job/job.h"
+#include "job/cross_entropy.h"
 #include "job/fused_optimizers.h"
 
 #include <torch/torch.h>
@@ -98,6 +99,7 @@ int64_t held_bytes(Pipeline& pipe, int device) {
 }
 
 at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target) {
+  if (output.size(-1) >= kChunkedCrossEntropyClasses) return chunked_cross_entropy(output, target);
   return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }
 

@@ -41,7 +41,8 @@ Batch to_model(const Job& job, Batch b);
 // step one fused kernel per device and dtype (job/fused_optimizers.h).
 OptimizerFactory make_optimizer_factory(const OptimizerConfig& config);
 
-// Cross-entropy over the last dimension with mean reduction (classifiers and language models).
+// Cross-entropy over the last dimension with mean reduction (classifiers and language models);
+// from kChunkedCrossEntropyClasses classes on, in chunks of rows (job/cross_entropy.h).
 at::Tensor mean_cross_entropy(const at::Tensor& output, const at::Tensor& target);
 
 // What a device of `pipe` holds between steps: its stages' parameters and optimizer state (a

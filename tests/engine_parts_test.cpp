@@ -16,7 +16,9 @@
 #include "comm/mesh.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "job/cross_entropy.h"
 #include "job/fused_optimizers.h"
+#include "job/job.h"
 #include "pipeline/optimizer_state.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/step_trace.h"
@@ -332,4 +334,31 @@ TEST(FusedOptimizers, EqualLibtorchsLoop) {
         }
       }
     }
+}
+
+// Chunked cross-entropy (job/cross_entropy.h) equals the plain one, loss and gradient, over
+// chunks that do not divide the rows, in float64, float32 and bfloat16 (whose plain reference is
+// the float32 loss of the same logits).
+TEST(CrossEntropy, ChunkedEqualsThePlainLossAndGradient) {
+  for (const auto type : {torch::kDouble, torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(11);
+    const int64_t C = 5000;
+    const at::Tensor base = torch::randn({3, 7, C}) * 3;
+    const at::Tensor target = torch::randint(0, C, {3, 7});
+    const at::Tensor a = base.to(type).requires_grad_(), b = base.to(type).requires_grad_();
+    const at::Tensor chunked = job::chunked_cross_entropy(a, target, C * 8 * 4);  // 4 rows a chunk: 21 = 5 x 4 + 1
+    const at::Tensor plain = torch::nn::functional::cross_entropy(
+        b.to(type == torch::kBFloat16 ? torch::kFloat : type).reshape({-1, C}), target.reshape({-1}));
+    chunked.backward();
+    plain.backward();
+    const double tol = type == torch::kDouble ? 1e-12 : type == torch::kFloat ? 1e-5 : 1e-2;
+    EXPECT_LE(std::abs(chunked.item<double>() - plain.item<double>()), tol) << type;
+    EXPECT_EQ(a.grad().scalar_type(), type);
+    EXPECT_LE((a.grad().to(torch::kDouble) - b.grad().to(torch::kDouble)).abs().max().item<double>(), tol * 1e-2) << type;
+  }
+  // mean_cross_entropy takes it from kChunkedCrossEntropyClasses classes on.
+  const at::Tensor logits = torch::randn({2, 4, job::kChunkedCrossEntropyClasses}, torch::kDouble);
+  const at::Tensor target = torch::randint(0, job::kChunkedCrossEntropyClasses, {2, 4});
+  EXPECT_NEAR(job::mean_cross_entropy(logits, target).item<double>(),
+              torch::nn::functional::cross_entropy(logits.reshape({8, -1}), target.reshape({-1})).item<double>(), 1e-12);
 }
