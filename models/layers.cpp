@@ -77,7 +77,11 @@ at::Tensor keyed_keep_mask(const std::vector<uint64_t>& keys, at::IntArrayRef sa
     halves[2 * i + 1] = static_cast<int64_t>(keys[i] >> 32);
   }
   const auto longs = options.dtype(at::kLong);
-  const at::Tensor s = torch::tensor(halves, at::TensorOptions().dtype(at::kLong)).view({B, 2}).to(options.device());
+  // To a GPU from pinned memory, without waiting: the caching host allocator keeps the buffer
+  // until the copy has run, so the host goes on queueing the step.
+  at::Tensor host = torch::tensor(halves, at::TensorOptions().dtype(at::kLong)).view({B, 2});
+  if (options.device().is_cuda()) host = host.pin_memory();
+  const at::Tensor s = host.to(options.device(), /*non_blocking=*/true);
   const at::Tensor j = torch::arange(n, longs).view({1, n});
   at::Tensor h = mix32(j.bitwise_xor(s.select(1, 0).view({B, 1})));
   h = mix32(h.bitwise_xor(s.select(1, 1).view({B, 1})));
