@@ -23,13 +23,6 @@ struct Mesh {
   }
   int stage_of(int rank) const { return checked(rank) / data_parallel; }  ///< the stage a rank runs
   int copy_of(int rank) const { return checked(rank) % data_parallel; }   ///< the copy a rank belongs to
-  /// The ranks that run the same stage as `rank` (its copies, `rank` included), in copy order:
-  /// the group that reduces that stage's gradients.
-  std::vector<int> peers_of(int rank) const {
-    std::vector<int> out;
-    for (int c = 0; c < data_parallel; ++c) out.push_back(this->rank(stage_of(rank), c));
-    return out;
-  }
 
  private:
   int checked(int rank) const {

@@ -35,8 +35,6 @@ std::chrono::milliseconds ms(double seconds) {
 }
 }  // namespace
 
-bool has_gloo() { return true; }
-
 ProcessGroup make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank,
                              int size, const std::string& interface, double timeout_s) {
   if (size < 1 || rank < 0 || rank >= size)

@@ -22,9 +22,6 @@ namespace pipetrain::comm {
 
 using ProcessGroup = c10::intrusive_ptr<c10d::Backend>;
 
-// Whether this build can make Gloo groups (libtorch built with Gloo, as PyTorch's wheels are).
-bool has_gloo();
-
 // A Gloo group of `size` members, this one `rank`, meeting under `prefix` in `store`; its
 // sockets bind to `interface` ("lo", "eth0"; "" resolves this host's name). Every operation's
 // wait ends after `timeout_s`. Blocks until every member has joined; a member that does not

@@ -16,22 +16,6 @@ size_t dtype_size(uint8_t code) {
   return 0;
 }
 
-const char* dtype_name(uint8_t code) {
-  switch (static_cast<WireDType>(code)) {
-    case WireDType::Float32: return "float32";
-    case WireDType::Float64: return "float64";
-    case WireDType::Float16: return "float16";
-    case WireDType::BFloat16: return "bfloat16";
-    case WireDType::Int64: return "int64";
-    case WireDType::Int32: return "int32";
-    case WireDType::Int16: return "int16";
-    case WireDType::Int8: return "int8";
-    case WireDType::UInt8: return "uint8";
-    case WireDType::Bool: return "bool";
-  }
-  return "unknown";
-}
-
 namespace {
 template <typename T>
 void put(uint8_t*& p, T v) {

@@ -23,7 +23,6 @@ enum class WireDType : uint8_t {
 
 // Bytes per element, or 0 for a code that is not a known dtype.
 size_t dtype_size(uint8_t code);
-const char* dtype_name(uint8_t code);
 
 struct WireHeader {
   WireDType dtype = WireDType::Float32;

@@ -47,9 +47,6 @@ class JsonReader {
   // key when it is not an array, or naming the element that is not an object.
   std::vector<JsonReader> objects(const std::string& key);
 
-  // Marks a key as known without reading it (for keys read elsewhere).
-  void accept(const std::string& key) { known_.insert(key); }
-
   // Throws ConfigError for the first key that was never read.
   void finish() const;
 

@@ -20,7 +20,6 @@ namespace {
 class CpuContext : public DeviceContext {
  public:
   c10::Device device() const override { return c10::Device(c10::kCPU); }
-  std::string kind() const override { return "cpu"; }
   std::unique_ptr<Scope> enter() override { return std::make_unique<Scope>(); }
   Marker mark() override { return {}; }
   void wait(const Marker& m) override {
@@ -63,7 +62,6 @@ class CheckingContext : public DeviceContext {
   Stamp stamp(double host_s) override { return {host_s, std::make_shared<ClockStamp>()}; }
   bool times_device() const override { return true; }
   c10::Device device() const override { return c10::Device(c10::kCPU); }
-  std::string kind() const override { return "checking"; }
   std::unique_ptr<Scope> enter() override { return std::make_unique<Scope>(); }
   Marker mark() override { return {}; }  // CPU work is done when it returns
   void wait(const Marker& m) override {

@@ -85,7 +85,6 @@ class DeviceContext {
 
   virtual ~DeviceContext() = default;
   virtual c10::Device device() const = 0;
-  virtual std::string kind() const = 0;  ///< "cpu", "cuda" or "checking"
 
   /// Makes the calling thread issue its work on this context's device and compute stream until
   /// the returned scope ends.

@@ -48,7 +48,6 @@ class CudaContext : public DeviceContext {
         comm_(c10::cuda::getStreamFromPool(false, d.index())) {}
 
   c10::Device device() const override { return device_; }
-  std::string kind() const override { return "cuda"; }
   std::unique_ptr<Scope> enter() override { return std::make_unique<CudaScope>(stream_); }
 
   Marker mark() override {
