@@ -5,7 +5,6 @@
 // `pipetrain generate` with token ids on an hf model (made here, without Python). The cases that
 // need transformers are skipped where the project's Python has none (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -21,24 +20,18 @@
 #include "models/model.h"
 #include "models/skip.h"
 #include "tests/cli_helpers.h"
+#include "tests/hf_oracle.h"
 
 using namespace pipetrain;
 using json = nlohmann::json;
 
 namespace {
 
-std::string scratch() {
-  static const std::string d = [] {
-    const std::string p = ::testing::TempDir() + "/pipetrain_generate_hf_" + std::to_string(::getpid());
-    std::filesystem::create_directories(p);
-    return p;
-  }();
-  return d;
-}
+using test::has_transformers;
+using test::hf_oracle;
+using test::python;
 
-std::string python() { return PIPETRAIN_PYTHON; }
-std::string oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/tests/hf_models.py"; }
-bool has_transformers() { return shell(python() + " -c 'import transformers' >/dev/null 2>&1").status == 0; }
+std::string scratch() { return test::scratch_dir("generate_hf"); }
 
 models::Model build(json model, uint64_t seed = 3) {
   JsonReader r(model, "model", "test");
@@ -192,7 +185,7 @@ namespace {
 // tests/hf_models.py's cases (comma-separated), made in a directory of their own.
 std::string hf_cases(const std::string& cases) {
   const std::string d = scratch() + "/hf-" + cases;
-  const Result made = shell(python() + " " + oracle() + " make " + d + " " + cases + " 2>&1");
+  const Result made = shell(python() + " " + hf_oracle() + " make " + d + " " + cases + " 2>&1");
   EXPECT_EQ(made.status, 0) << made.out;
   return d;
 }
@@ -228,7 +221,7 @@ TEST(GenerateHf, GreedyEqualsTransformersGenerate) {
   for (const char* arch : {"llama", "gpt2"})
     for (const char* dtype : {"float32", "float64"})
       dirs.push_back(cases + "/" + arch + "-" + dtype + "/model");
-  std::string command = python() + " " + oracle() + " generate 5,17,3,42 24";
+  std::string command = python() + " " + hf_oracle() + " generate 5,17,3,42 24";
   for (const std::string& dir : dirs) command += " " + dir;
   const Result r = shell(command + " 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
