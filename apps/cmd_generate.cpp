@@ -88,8 +88,8 @@ class Generate final : public Command {
         throw ConfigError(detail::concat(
             "generate: ",
             prompt_.empty() ? "this" : "--prompt is text, for a byte-level model (vocab_size 256); this",
-            " model of family ", family, " has ", model.classes,
-            " token ids: give the prompt as --prompt-ids \"1 2 3\""));
+            " model of family ", family, " has a vocabulary of ", model.classes,
+            " token ids, not bytes: give the prompt as --prompt-ids \"1 2 3\""));
       const std::string text = models::generate(model.layers, prompt_, options_);
       made = static_cast<int64_t>(text.size());
       std::fwrite(prompt_.data(), 1, prompt_.size(), stdout);
