@@ -18,6 +18,7 @@
 #include "common/strings.h"
 #include "models/decoder.h"
 #include "models/families.h"
+#include "models/incremental.h"
 #include "models/layers.h"
 #include "models/max_pool.h"
 #include "models/skip.h"
@@ -31,23 +32,34 @@ namespace {
 using Shape = std::vector<int64_t>;  // one sample's shape (no batch dimension)
 using Make = std::function<std::shared_ptr<torch::nn::Module>()>;
 using Run = std::function<at::Tensor(torch::nn::Module*, const at::Tensor&)>;
+// How a layer runs on the next positions alone (IncrementalLayer::forward_at); none: it cannot.
+using Step = std::function<at::Tensor(torch::nn::Module*, const at::Tensor&, int64_t offset, KvCache&)>;
 
 // One layer of a list: its operation (a module registered under the type's short name, so that
 // its parameters are "<layer>.<module>.<PyTorch's name>"; none for a function), then the skip it
 // merges (add or concat) and the skip it stashes its output under.
-class ListLayerImpl : public torch::nn::Cloneable<ListLayerImpl>, public SkipDeclaring {
+class ListLayerImpl : public torch::nn::Cloneable<ListLayerImpl>, public SkipDeclaring, public IncrementalLayer {
  public:
-  ListLayerImpl(std::string module_name, Make make, Run run, std::string stash, std::string pop, bool concat,
+  ListLayerImpl(std::string module_name, Make make, Run run, Step step, std::string stash, std::string pop, bool concat,
                 int64_t concat_dim)
-      : module_name_(std::move(module_name)), make_(std::move(make)), run_(std::move(run)), stash_(std::move(stash)),
-        pop_(std::move(pop)), concat_(concat), concat_dim_(concat_dim) {
+      : module_name_(std::move(module_name)), make_(std::move(make)), run_(std::move(run)), step_(std::move(step)),
+        stash_(std::move(stash)), pop_(std::move(pop)), concat_(concat), concat_dim_(concat_dim) {
     reset();
   }
   void reset() override {
     op_ = make_ ? register_module(module_name_, make_()) : nullptr;
   }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = run_(op_.get(), x);
+  at::Tensor forward(const at::Tensor& x) { return merge_skips(run_(op_.get(), x)); }
+  bool incremental() const override { return static_cast<bool>(step_); }
+  at::Tensor forward_at(const at::Tensor& x, int64_t offset, KvCache& cache) override {
+    PIPETRAIN_CHECK(step_);
+    return merge_skips(step_(op_.get(), x, offset, cache));
+  }
+  std::vector<std::string> stashes() const override { return stash_.empty() ? std::vector<std::string>{} : std::vector<std::string>{stash_}; }
+  std::vector<std::string> pops() const override { return pop_.empty() ? std::vector<std::string>{} : std::vector<std::string>{pop_}; }
+
+ private:
+  at::Tensor merge_skips(at::Tensor h) {
     if (!pop_.empty()) {
       const at::Tensor other = pop(pop_);
       h = concat_ ? torch::cat({h, other.to(h.scalar_type())}, concat_dim_) : h + other;
@@ -55,13 +67,11 @@ class ListLayerImpl : public torch::nn::Cloneable<ListLayerImpl>, public SkipDec
     if (!stash_.empty()) stash(stash_, h);
     return h;
   }
-  std::vector<std::string> stashes() const override { return stash_.empty() ? std::vector<std::string>{} : std::vector<std::string>{stash_}; }
-  std::vector<std::string> pops() const override { return pop_.empty() ? std::vector<std::string>{} : std::vector<std::string>{pop_}; }
 
- private:
   std::string module_name_;
   Make make_;
   Run run_;
+  Step step_;
   std::string stash_, pop_;
   bool concat_;
   int64_t concat_dim_;
@@ -96,6 +106,14 @@ template <class M>
 Run through() {
   return [](torch::nn::Module* m, const at::Tensor& x) { return static_cast<M*>(m)->forward(x); };
 }
+// A decoder block's step: its keys and values are the cache's, which must hold the positions before.
+template <class M>
+Step cached() {
+  return [](torch::nn::Module* m, const at::Tensor& x, int64_t offset, KvCache& cache) {
+    PIPETRAIN_CHECK(offset == cache.length());
+    return static_cast<M*>(m)->forward_cached(x, &cache);
+  };
+}
 Run function(std::function<at::Tensor(const at::Tensor&)> f) {
   return [f](torch::nn::Module*, const at::Tensor& x) { return f(x); };
 }
@@ -111,6 +129,11 @@ int64_t conv_out(const Ctx& c, int64_t in, int64_t k, int64_t stride, int64_t pa
 struct Built {
   Make make;
   Run run;
+  // Running on the next positions alone: the same run (a layer that acts on each position apart,
+  // the sample's first dimension being the positions), or a step of its own (an embedding with
+  // learned positions, a decoder block); neither: the layer needs the whole window.
+  bool per_position = false;
+  Step step;
   std::string module_name;
   Shape out;
   int random_streams = 0;  // dropout streams the layer uses (it takes them from the list's counter)
@@ -163,6 +186,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
       auto* l = static_cast<torch::nn::LinearImpl*>(m);
       return linear(x, l->weight, l->bias);  // autocast caches the cast weight (layers.cpp)
     };
+    b.per_position = in.size() >= 2;
     b.out = in;
     b.out.back() = fout;
   } else if (type == "conv1d" || type == "conv2d") {
@@ -233,6 +257,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     double n = 1;
     for (int64_t d : norm) n *= double(d);
     b.params = type == "layernorm" ? 2 * n : n;
+    b.per_position = norm.size() < in.size();
     if (type == "layernorm") {
       b.module_name = "ln";
       b.make = [=] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions(norm).eps(eps)).ptr(); };
@@ -247,6 +272,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.module_name = "dropout";
     b.make = [=] { return Dropout(p, stream).ptr(); };
     b.run = through<DropoutImpl>();
+    b.per_position = true;  // in evaluation, where generation runs it
     b.out = in;
     b.random_streams = 1;
   } else if (type == "embedding") {
@@ -263,11 +289,15 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     if (positions > 0) {  // token and learned position embedding, then dropout: the gpt's embed
       b.make = [=] { return Embedding(vocab, positions, d, p, stream).ptr(); };
       b.run = through<EmbeddingImpl>();
+      b.step = [](torch::nn::Module* m, const at::Tensor& x, int64_t offset, KvCache&) {
+        return static_cast<EmbeddingImpl*>(m)->forward_at(x, offset);
+      };
       b.random_streams = 1;
     } else {
       if (p > 0) r.fail("dropout", "needs max_positions (or a dropout layer after the embedding)");
       b.make = [=] { return torch::nn::Embedding(vocab, d).ptr(); };
       b.run = through<torch::nn::EmbeddingImpl>();
+      b.per_position = true;
     }
   } else if (type == "transformer_block") {
     c.need_rank(2, "[sequence, d_model]");
@@ -307,6 +337,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
                (o.mlp_bias ? 2 * f + d : 0);
     b.make = [=] { return LlamaBlock(o).ptr(); };
     b.run = through<LlamaBlockImpl>();
+    b.step = cached<LlamaBlockImpl>();
     b.out = in;
   } else if (type == "gpt2_block") {
     c.need_rank(2, "[sequence, d_model]");
@@ -324,6 +355,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.params = 4 * d * d + 2 * d * f + 9 * d + f;
     b.make = [=] { return Gpt2Block(o, stream).ptr(); };
     b.run = through<Gpt2BlockImpl>();
+    b.step = cached<Gpt2BlockImpl>();
     b.out = in;
     b.random_streams = 3;
   } else if (type == "mlp_block") {
@@ -335,6 +367,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.params = 2.0 * double(d) * double(ff) + 3.0 * double(d) + double(ff);
     b.make = [=] { return MlpBlock(d, ff, p, stream).ptr(); };
     b.run = through<MlpBlockImpl>();
+    b.per_position = in.size() >= 2;
     b.out = in;
     b.random_streams = 1;
   } else if (type == "relu" || type == "gelu" || type == "silu" || type == "tanh" || type == "sigmoid") {
@@ -346,10 +379,12 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
         {"tanh", [](const at::Tensor& x) { return torch::tanh(x); }},
         {"sigmoid", [](const at::Tensor& x) { return torch::sigmoid(x); }}};
     b.run = function(fns.at(type));
+    b.per_position = true;
   } else if (type == "softmax") {
     const int64_t dim = sample_dim(c, r.get_int("dim", -1, -64, 64), "dim") + 1;
     b.out = in;
     b.run = function([dim](const at::Tensor& x) { return torch::softmax(x, dim); });
+    b.per_position = dim >= 2;
   } else if (type == "flatten") {
     const int64_t start = sample_dim(c, r.get_int("start_dim", 1, -64, 64), "start_dim");
     b.out.assign(in.begin(), in.begin() + start);
@@ -415,6 +450,7 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
   } else if (type == "identity") {
     b.out = in;
     b.run = function([](const at::Tensor& x) { return x; });
+    b.per_position = true;
   } else {
     throw InternalError("layer type " + type);
   }
@@ -508,12 +544,14 @@ struct ListBuilder {
       const Shape& other = it->second;
       b.out = shape;
       b.run = function([](const at::Tensor& x) { return x; });
+      b.per_position = true;
       if (type == "add") {
         if (other != shape) c.fail(detail::concat("adds ", pop_name, " of ", shape_text(other), " to ", shape_text(shape)));
       } else {
         concat = true;
         const int64_t d = sample_dim(c, r.get_int("dim", 1, -64, 64), "dim");
         concat_dim = d + 1;
+        b.per_position = d >= 1;
         Shape a = shape, o = other;
         if (a.size() != o.size()) c.fail(detail::concat("concatenates ", pop_name, " of ", shape_text(other), " to ", shape_text(shape)));
         a[static_cast<size_t>(d)] = o[static_cast<size_t>(d)] = 0;
@@ -536,7 +574,10 @@ struct ListBuilder {
       c.fail(detail::concat("brings the model to ", params, " parameter values (", bytes_text(4 * params),
                             " in float32), more than this machine's memory holds (", bytes_text(4 * parameter_limit()), ")"));
     stream += static_cast<uint64_t>(b.random_streams);
-    m.layers->push_back(std::string(name), ListLayer(b.module_name, b.make, b.run, stash_name, pop_name, concat, concat_dim));
+    Step step = b.step;
+    if (!step && b.per_position)
+      step = [run = b.run](torch::nn::Module* op, const at::Tensor& x, int64_t, KvCache&) { return run(op, x); };
+    m.layers->push_back(std::string(name), ListLayer(b.module_name, b.make, b.run, step, stash_name, pop_name, concat, concat_dim));
     shape = b.out;
     tokens = false;
   }

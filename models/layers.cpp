@@ -246,10 +246,10 @@ void EmbeddingImpl::reset() {
   dropout_ = register_module("dropout", Dropout(dropout_p_, stream_));
 }
 
-torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= seq_len_, "embedding expects [batch, <=",
-              seq_len_, "] token ids, got ", tokens.sizes());
-  auto pos = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
+torch::Tensor EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t offset) {
+  TORCH_CHECK(offset >= 0 && tokens.dim() == 2 && offset + tokens.size(1) <= seq_len_, "embedding expects [batch, <=",
+              seq_len_ - offset, "] token ids at position ", offset, ", got ", tokens.sizes());
+  auto pos = torch::arange(offset, offset + tokens.size(1), tokens.options().dtype(torch::kLong));
   auto h = tok_(tokens) + pos_(pos).unsqueeze(0);
   // Under autocast the residual stream is kept in the autocast dtype (an embedding lookup is not
   // autocast, and the blocks' residual additions would otherwise promote it back to float32), as

@@ -132,7 +132,9 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
  public:
   EmbeddingImpl(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout, uint64_t stream);
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& tokens);
+  torch::Tensor forward(const torch::Tensor& tokens) { return forward_at(tokens, 0); }
+  // The tokens at positions offset .. offset + T - 1 (generation's next positions).
+  torch::Tensor forward_at(const torch::Tensor& tokens, int64_t offset);
 
  private:
   int64_t vocab_, seq_len_, d_model_;

@@ -7,8 +7,8 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "models/model.h"
 #include "models/generate.h"
+#include "models/model.h"
 
 using namespace pipetrain;
 using namespace pipetrain::models;
@@ -51,9 +51,9 @@ torch::nn::Sequential tiny_gpt(int64_t seq_len, int64_t vocab = 256) {
   return models::build(r, 7).layers;
 }
 
-GenerateOptions opts(int64_t new_bytes, int64_t seq_len, double temperature, int64_t top_k, uint64_t seed) {
+GenerateOptions opts(int64_t new_tokens, int64_t seq_len, double temperature, int64_t top_k, uint64_t seed) {
   GenerateOptions o;
-  o.new_bytes = new_bytes;
+  o.new_tokens = new_tokens;
   o.seq_len = seq_len;
   o.temperature = temperature;
   o.top_k = top_k;
@@ -140,7 +140,7 @@ TEST(Generate, RefusesBadOptionsWithOneLineMessages) {
     }
     return std::string();
   };
-  EXPECT_NE(message(opts(-1, 8, 1.0, 0, 0), model).find("new_bytes"), std::string::npos);
+  EXPECT_NE(message(opts(-1, 8, 1.0, 0, 0), model).find("new_tokens"), std::string::npos);
   EXPECT_NE(message(opts(4, 0, 1.0, 0, 0), model).find("seq_len"), std::string::npos);
   EXPECT_NE(message(opts(4, 8, -0.5, 0, 0), model).find("temperature"), std::string::npos);
   EXPECT_NE(message(opts(4, 8, std::numeric_limits<double>::quiet_NaN(), 0, 0), model).find("temperature"),
@@ -151,4 +151,62 @@ TEST(Generate, RefusesBadOptionsWithOneLineMessages) {
   for (const auto& m :
        {message(opts(-1, 8, 1.0, 0, 0), model), message(opts(4, 8, 1.0, 0, 0), tiny_gpt(8, 300))})
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
+// The gpt family is not built of layers that run on the next positions alone: every byte re-runs
+// the window, with or without options.cache, and token ids go through the same path.
+TEST(Generate, TheGptFamilyReRunsTheWindow) {
+  auto model = tiny_gpt(8);
+  EXPECT_FALSE(generates_incrementally(model));
+  GenerateOptions cached = opts(20, 8, 0.0, 0, 0), uncached = cached;
+  uncached.cache = false;
+  const std::string prompt = "a longer prompt than the window";
+  const std::string bytes = generate(model, prompt, cached);
+  EXPECT_EQ(bytes, generate(model, prompt, uncached));
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  std::string from_ids;
+  for (int64_t id : generate_tokens(model, ids, cached)) from_ids.push_back(static_cast<char>(id));
+  EXPECT_EQ(from_ids, bytes);
+}
+
+TEST(Generate, StopsAfterTheStopId) {
+  FirstPlusOne inner;
+  auto model = hand_model(inner);
+  GenerateOptions o = opts(20, 3, 0.0, 0, 0);
+  const std::string all = generate(model, "abcdefg", o);
+  o.stop_id = static_cast<unsigned char>(all[4]);
+  const std::string stopped = generate(model, "abcdefg", o);
+  EXPECT_EQ(stopped, all.substr(0, all.find(all[4]) + 1));
+}
+
+TEST(Generate, RefusesBadTokenIdsAndOptionsWithOneLineMessages) {
+  auto model = tiny_gpt(8, 300);
+  auto message = [&](const std::vector<int64_t>& prompt, const GenerateOptions& o) {
+    try {
+      generate_tokens(model, prompt, o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const GenerateOptions good = opts(4, 8, 1.0, 0, 0);
+  EXPECT_EQ(message({1, 2}, good), "");
+  GenerateOptions top_k = good, stop = good, low_stop = good, window = good;
+  top_k.top_k = 301;
+  stop.stop_id = 300;
+  low_stop.stop_id = -2;
+  window.seq_len = 0;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {message({}, good), "at least one token id"},
+      {message({1, 300}, good), "the prompt's id 1 is 300, not in [0, 300)"},
+      {message({-1}, good), "the prompt's id 0 is -1"},
+      {message({1}, top_k), "top_k must be between 0 (all tokens) and the vocabulary's 300, got 301"},
+      {message({1}, stop), "stop_id 300 is not below the vocabulary's 300"},
+      {message({1}, low_stop), "stop_id must be a token id or -1"},
+      {message({1}, window), "seq_len must be >= 1"},
+  };
+  for (const auto& [got, want] : cases) {
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+    EXPECT_EQ(got.find('\n'), std::string::npos) << got;
+  }
 }

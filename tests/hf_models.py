@@ -6,6 +6,10 @@ written by transformers' save_pretrained, and what transformers computes with th
                               [B, T+1] int64, logits.npy (transformers' logits of tokens[:, :T]),
                               losses.npy (5 steps of plain SGD on the one batch, in transformers'
                               own loop) and trained/ (the weights after them)
+  hf_models.py generate IDS N DIR...  greedy generation by transformers (model.generate, do_sample
+                              False, its own key/value cache) of at most N tokens after the
+                              comma-separated IDS with the model in each DIR; prints, as JSON by DIR,
+                              the new ids and the end-of-text id it stops at (-1: none in the vocabulary)
   hf_models.py compare ROOT   loads every ROOT/<case>/exported with from_pretrained and prints, as
                               JSON, its largest difference from ROOT/<case>/trained per case
 
@@ -129,6 +133,24 @@ def make(root, only=None):
     print("made the cases with transformers", transformers.__version__)
 
 
+def generate(ids, new_tokens, *model_dirs):
+    patch_float64()
+    result = {}
+    for model_dir in model_dirs:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            dtype = DTYPES.get(json.load(f).get("dtype"), torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        prompt = torch.tensor([[int(i) for i in ids.split(",")]])
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=int(new_tokens), pad_token_id=0)
+        eos = model.generation_config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        in_vocab = eos is not None and 0 <= eos < model.config.vocab_size
+        result[model_dir] = {"new": out[0, prompt.size(1):].tolist(), "eos": int(eos) if in_vocab else -1}
+    print(json.dumps(result))
+
+
 def compare(root):
     result = {}
     for case in sorted(os.listdir(root)):
@@ -146,4 +168,4 @@ def compare(root):
 
 
 if __name__ == "__main__":
-    {"make": make, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    {"make": make, "generate": generate, "compare": compare}[sys.argv[1]](*sys.argv[2:])

@@ -6,10 +6,8 @@
 // ("parity ..." lines: the table of docs/models.md). Skipped where the project's Python has no
 // transformers (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -22,27 +20,17 @@
 #include "models/hf.h"
 #include "models/model.h"
 #include "pipeline/pipeline.h"
+#include "tests/hf_oracle.h"
 #include "tests/process_helpers.h"
 
 using namespace pipetrain;
 
 namespace {
 
-std::string root() {
-  static const std::string d = [] {
-    const std::string p = ::testing::TempDir() + "/pipetrain_hf_" + std::to_string(::getpid());
-    std::filesystem::create_directories(p);
-    return p;
-  }();
-  return d;
-}
+using test::has_transformers;
+using test::python;
 
-std::string python() { return PIPETRAIN_PYTHON; }
-std::string oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/tests/hf_models.py"; }
-
-bool has_transformers() {
-  return test::shell(python() + " -c 'import transformers' >/dev/null 2>&1").status == 0;
-}
+std::string root() { return test::scratch_dir("hf"); }
 
 at::Tensor load_npy(const std::string& file) {
   const job::NpyHeader h = job::read_npy_header(file);
@@ -75,7 +63,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // Every check of one architecture, both precisions.
 void check_architecture(const std::string& arch) {
   if (!has_transformers()) GTEST_SKIP() << "the project's Python has no transformers (scripts/setup.sh installs it)";
-  const auto made = test::shell(python() + " " + oracle() + " make " + root() + " " + arch + " 2>&1");
+  const auto made = test::shell(python() + " " + test::hf_oracle() + " make " + root() + " " + arch + " 2>&1");
   ASSERT_EQ(made.status, 0) << made.out;
   for (const std::string dtype : {"float32", "float64"}) {
     const std::string dir = root() + "/" + arch + "-" + dtype;
@@ -108,7 +96,7 @@ void check_architecture(const std::string& arch) {
     for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
     EXPECT_GT(models::save_hf(dir + "/model", weights, dir + "/exported", 1 << 20), 0u);
   }
-  const auto compared = test::shell(python() + " " + oracle() + " compare " + root() + " 2>/dev/null");
+  const auto compared = test::shell(python() + " " + test::hf_oracle() + " compare " + root() + " 2>/dev/null");
   ASSERT_EQ(compared.status, 0) << compared.out;
   const nlohmann::json result = nlohmann::json::parse(compared.out.substr(compared.out.find('{')));
   for (const std::string dtype : {"float32", "float64"}) {
