@@ -137,7 +137,8 @@ def check(args):
         print(f"sample: {text!r}")
 
     result = {"transformers_test_loss": loss, "pipetrain_test_loss": test["test_loss"], "difference": diff,
-              "baseline_loss": test["baseline_loss"], "perplexity": math.exp(loss), "steps": len(steps),
+              "baseline_loss": test["baseline_loss"], "perplexity": math.exp(loss),
+              "pipetrain_test_accuracy": test["test_accuracy"], "steps": len(steps),
               "first_loss": steps[0]["loss"] if steps else None, "last_loss": steps[-1]["loss"] if steps else None,
               "train_time_s": steps[-1]["time_s"] if steps else None, "samples": samples}
     print(json.dumps(result))
@@ -166,17 +167,19 @@ def write_results(folder, steps, work, result, cpu):
         "# The fine-tuning example's figures",
         "",
         f"`bash examples/hf_finetune/run.sh` on {os.cpu_count()} cores ({cpu}): {r['steps']} steps "
-        f"in {r['train_time_s']:.0f} s.",
+        f"in {r['train_time_s']:.0f} s (load average {os.getloadavg()[0]:.1f} when it ended: the machine ran other "
+        f"jobs too).",
         "",
         *rows,
         "",
-        f"Test loss {r['pipetrain_test_loss']:.4f} nats per token (perplexity {r['perplexity']:.1f}); "
+        f"Test loss {r['pipetrain_test_loss']:.4f} nats per token (perplexity {r['perplexity']:.1f}, next-token "
+        f"accuracy {r['pipetrain_test_accuracy']:.3f}); "
         f"unigram baseline {r['baseline_loss']:.4f}. transformers on the exported model: "
         f"{r['transformers_test_loss']:.5f} (difference {r['difference']:.2g}).",
         "",
         "Samples (`model.generate`, top-k 40, temperature 0.8):",
         "",
-        *[line for s in r["samples"] for line in ("```", s, "```", "")],
+        *[line for s in r["samples"] for line in ("```", s.rstrip(), "```", "")],
     ]
     with open(os.path.join(folder, "results.md"), "w") as f:
         f.write("\n".join(text))
