@@ -33,8 +33,14 @@ fi
 [ -x "$pipetrain" ] || { echo "no pipetrain binary at $pipetrain (build it, or set PIPETRAIN)" >&2; exit 1; }
 export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
+# WORK is emptied first: only a folder this script made (it leaves a mark) or an empty one.
+if [ -d "$work" ] && [ -n "$(ls -A "$work")" ] && [ ! -f "$work/.hf_finetune" ]; then
+  echo "$work: not empty and not made by this example; give another folder" >&2
+  exit 1
+fi
 rm -rf "$work"
 mkdir -p "$work"
+touch "$work/.hf_finetune"
 work=$(cd "$work" && pwd)
 if [ $quick = 1 ]; then
   prepare=(--vocab 1024 --hidden 64 --layers 2)
