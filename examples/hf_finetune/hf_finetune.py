@@ -1,7 +1,7 @@
 """The Python half of the fine-tuning example (run.sh runs it; see docs/models.md).
 
     python hf_finetune.py prepare WORK [--vocab N] [--hidden H] [--layers L]
-    python hf_finetune.py check WORK [--samples N]
+    python hf_finetune.py check WORK [--samples N] [--new-tokens N] [--results DIR --cpu MODEL]
 
 prepare: trains a byte-level BPE tokenizer on the licence texts Debian installs on every machine
 (/usr/share/common-licenses, from base-files), every tenth paragraph held out; writes a
