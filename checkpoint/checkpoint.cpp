@@ -553,10 +553,7 @@ CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pi
 CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model,
                              const std::vector<models::Tie>& ties) {
   const json m = read_manifest(dir);
-  const json& identity = m.at("identity");
-  if (!identity.contains("model"))
-    throw CheckpointError("checkpoint " + dir + ": the manifest's identity has no model");
-  json saved_model{{"model", identity.at("model")}}, now{{"model", config.model}};
+  json saved_model{{"model", checkpoint_model(dir)}}, now{{"model", config.model}};
   const std::string diff = first_difference(saved_model, now, "");
   if (!diff.empty()) throw CheckpointError("checkpoint " + dir + " holds a different model: " + diff);
   std::map<std::string, at::Tensor> saved = read_shards(dir, m);
@@ -572,17 +569,14 @@ CheckpointState load_weights(const std::string& dir, const Config& config, torch
 }
 
 json checkpoint_model(const std::string& dir) {
-  const json m = read_manifest(dir);
-  const json& identity = m.at("identity");
+  const json identity = read_manifest(dir).at("identity");
   if (!identity.contains("model")) throw CheckpointError("checkpoint " + dir + ": the manifest's identity has no model");
   return identity.at("model");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> checkpoint_weights(const std::string& dir) {
-  const json m = read_manifest(dir);
-  // Shards in stage order hold the layers in model order.
-  std::vector<std::string> order;
-  std::map<std::string, at::Tensor> saved = read_shards(dir, m, &order);
+  std::vector<std::string> order;  // shards in stage order hold the layers in model order
+  std::map<std::string, at::Tensor> saved = read_shards(dir, read_manifest(dir), &order);
   std::vector<std::pair<std::string, at::Tensor>> weights;
   for (const std::string& name : order)
     if (name.rfind(kOptimizerPrefix, 0) != 0 && name != kGeneratorKey) weights.emplace_back(name, saved.at(name));
@@ -591,18 +585,14 @@ std::vector<std::pair<std::string, at::Tensor>> checkpoint_weights(const std::st
 
 size_t export_checkpoint(const std::string& dir, const std::string& out) {
   c10::Dict<std::string, at::Tensor> d;
-  size_t count = 0;
-  for (const auto& [name, t] : checkpoint_weights(dir)) {
-    d.insert(name, t);
-    ++count;
-  }
+  for (const auto& [name, t] : checkpoint_weights(dir)) d.insert(name, t);
   const std::vector<char> bytes = save_tensor_dict(d);
   try {
     write_file_atomically(out, bytes.data(), bytes.size());
   } catch (const IoError& e) {
     throw CheckpointError(e.what());
   }
-  return count;
+  return d.size();
 }
 
 }  // namespace pipetrain::checkpoint

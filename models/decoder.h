@@ -16,6 +16,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include "common/json_reader.h"
 #include "models/layers.h"
 
 namespace pipetrain::models {
@@ -161,5 +162,15 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
   Dropout attn_drop_{nullptr}, resid_drop_{nullptr}, mlp_drop_{nullptr};
 };
 TORCH_MODULE(Gpt2Block);
+
+/// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
+/// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, rope_scaling, qkv_bias,
+/// o_bias, mlp_bias, sliding_window; gpt2_block's d_model, n_heads, d_ff, eps, dropout,
+/// attn_dropout. A bad value is the reader's ConfigError naming the key.
+LlamaBlockOptions read_llama_block(JsonReader& r);
+Gpt2BlockOptions read_gpt2_block(JsonReader& r);
+/// The values of a block's parameters, counted before any tensor is made.
+double parameter_values(const LlamaBlockOptions& o);
+double parameter_values(const Gpt2BlockOptions& o);
 
 }  // namespace pipetrain::models

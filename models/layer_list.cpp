@@ -148,25 +148,6 @@ int64_t sample_dim(const Ctx& c, int64_t dim, const std::string& key) {
   return d - 1;
 }
 
-// A llama_block's rotary positions: rope_theta, and rope_scaling as transformers writes it
-// ({"rope_type": "linear" | "llama3", "factor", ...}); other kinds are refused by name.
-Rope read_rope(JsonReader& r) {
-  Rope rope;
-  rope.theta = r.get_number("rope_theta", 10000.0, 1.0, 1e12);
-  if (!r.has("rope_scaling")) return rope;
-  JsonReader s = r.child("rope_scaling");
-  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3"});
-  if (rope.type != "default") rope.factor = s.get_number("factor", 1.0, 1e-6, 1e6);
-  if (rope.type == "llama3") {
-    rope.low_freq_factor = s.get_number("low_freq_factor", 1.0, 1e-6, 1e6);
-    rope.high_freq_factor = s.get_number("high_freq_factor", 4.0, 1e-6, 1e6);
-    if (rope.high_freq_factor <= rope.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
-    rope.original_max_positions = s.get_int("original_max_position_embeddings", 8192, 1, int64_t{1} << 30);
-  }
-  s.finish();
-  return rope;
-}
-
 Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
   JsonReader& r = c.r;
   Built b;
@@ -315,44 +296,20 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     b.random_streams = 3;
   } else if (type == "llama_block") {
     c.need_rank(2, "[sequence, d_model]");
-    LlamaBlockOptions o;
-    o.d_model = positive("d_model");
-    o.n_heads = positive("n_heads");
-    o.n_kv_heads = r.get_int("n_kv_heads", o.n_heads, 1, o.n_heads);
-    if (o.n_heads % o.n_kv_heads) r.fail("n_kv_heads", detail::concat("must divide n_heads (", o.n_heads, ")"));
-    if (!r.has("head_dim") && o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, "), or give head_dim"));
-    o.head_dim = r.get_int("head_dim", o.d_model / o.n_heads, 2, 1 << 16);
-    if (o.head_dim % 2) r.fail("head_dim", "must be even (rotary positions turn pairs of values)");
-    o.d_ff = positive("d_ff");
-    o.eps = r.get_number("eps", 1e-6, 1e-12, 1.0);
-    o.rope = read_rope(r);
-    o.qkv_bias = r.get_bool("qkv_bias", false);
-    o.o_bias = r.get_bool("o_bias", false);
-    o.mlp_bias = r.get_bool("mlp_bias", false);
-    o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
+    const LlamaBlockOptions o = read_llama_block(r);
     if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
-    const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
     b.module_name = "llama";
-    b.params = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) +
-               (o.mlp_bias ? 2 * f + d : 0);
+    b.params = parameter_values(o);
     b.make = [=] { return LlamaBlock(o).ptr(); };
     b.run = through<LlamaBlockImpl>();
     b.step = cached<LlamaBlockImpl>();
     b.out = in;
   } else if (type == "gpt2_block") {
     c.need_rank(2, "[sequence, d_model]");
-    Gpt2BlockOptions o;
-    o.d_model = positive("d_model");
-    o.n_heads = positive("n_heads");
-    o.d_ff = r.get_int("d_ff", 4 * o.d_model, 1, 1 << 24);
-    o.eps = r.get_number("eps", 1e-5, 1e-12, 1.0);
-    o.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
-    o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
-    if (o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, ")"));
+    const Gpt2BlockOptions o = read_gpt2_block(r);
     if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
-    const double d = double(o.d_model), f = double(o.d_ff);
     b.module_name = "gpt2";
-    b.params = 4 * d * d + 2 * d * f + 9 * d + f;
+    b.params = parameter_values(o);
     b.make = [=] { return Gpt2Block(o, stream).ptr(); };
     b.run = through<Gpt2BlockImpl>();
     b.step = cached<Gpt2BlockImpl>();
@@ -420,23 +377,15 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
     });
   } else if (type == "permute") {  // PyTorch's dims, the batch's (0) first and staying there
     const std::vector<double> dims = r.get_numbers("dims", {});
-    const size_t rank = in.size() + 1;
-    std::vector<int64_t> order;
-    for (double d : dims) {
-      if (d != std::floor(d) || d < -double(rank) || d >= double(rank)) r.fail("dims", detail::concat("expected dimensions of [batch] + ", shape_text(in)));
-      order.push_back(d < 0 ? static_cast<int64_t>(d) + static_cast<int64_t>(rank) : static_cast<int64_t>(d));
-    }
-    std::vector<int64_t> sorted = order;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i)
-      if (sorted[i] != static_cast<int64_t>(i) || sorted.size() != rank)
-        r.fail("dims", detail::concat("must order all ", rank, " dimensions of [batch] + ", shape_text(in), ", each once"));
-    if (order[0] != 0) r.fail("dims", "must keep the batch (dimension 0) first");
-    for (size_t i = 1; i < rank; ++i) b.out.push_back(in[static_cast<size_t>(order[i]) - 1]);
+    if (dims.empty() || dims[0] != 0) r.fail("dims", "must keep the batch (dimension 0) first");
+    std::vector<int64_t> order{0};
+    for (size_t i = 1; i < dims.size(); ++i) order.push_back(sample_dim(c, static_cast<int64_t>(dims[i]), "dims") + 1);
+    if (std::set<int64_t>(order.begin(), order.end()).size() != in.size() + 1 || order.size() != in.size() + 1)
+      r.fail("dims", detail::concat("must order all ", in.size() + 1, " dimensions of [batch] + ", shape_text(in), ", each once"));
+    for (size_t i = 1; i < order.size(); ++i) b.out.push_back(in[static_cast<size_t>(order[i]) - 1]);
     b.run = function([order](const at::Tensor& x) { return x.permute(order); });
   } else if (type == "transpose") {
-    const int64_t d0 = sample_dim(c, r.get_int("dim0", 1, -64, 64), "dim0") + 1;
-    const int64_t d1 = sample_dim(c, r.get_int("dim1", 2, -64, 64), "dim1") + 1;
+    const int64_t d0 = sample_dim(c, r.get_int("dim0", 1, -64, 64), "dim0") + 1, d1 = sample_dim(c, r.get_int("dim1", 2, -64, 64), "dim1") + 1;
     b.out = in;
     std::swap(b.out[static_cast<size_t>(d0 - 1)], b.out[static_cast<size_t>(d1 - 1)]);
     b.run = function([d0, d1](const at::Tensor& x) { return x.transpose(d0, d1); });
