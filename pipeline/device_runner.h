@@ -83,7 +83,6 @@ struct Wiring {
   bool processes = false;  // one rank per stage (else in-process, over the local transport)
   bool marking = false;  // some stage here runs on a GPU, whose work its marks follow
   std::vector<DeviceRunner*> runners;  // in-process, by device
-  double timeout_s = 0;
 };
 // At most 62 skips cross a cut and 255 chunks: each part of a message has a channel of its own.
 void check_crossing(const std::vector<std::vector<std::string>>& crossing, int chunks);
@@ -108,7 +107,7 @@ class DeviceRunner {
   stages::DeviceContext& context() { return *context_; }
   Worker& worker() { return *worker_; }
   comm::Transport& endpoint() { return *endpoint_; }
-  std::unique_ptr<comm::Transport>& endpoint_slot() { return endpoint_; }  // fresh mailboxes after a failure
+  void renew_endpoint(std::unique_ptr<comm::Transport> endpoint) { endpoint_ = std::move(endpoint); }  // fresh mailboxes
   // In-process, a message from another device carries the sender's mark, which this device's
   // context waits for: (kind, micro-batch, channel, step tag).
   using MarkKey = std::tuple<int, int, int, int64_t>;

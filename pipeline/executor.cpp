@@ -173,7 +173,6 @@ void Executor::make_runners() {
   else
     endpoints[self_] = std::move(taken_);
   wiring_.processes = self_ >= 0;
-  wiring_.timeout_s = options_.timeout_s;
   wiring_.ranks.clear();
   for (int r = 0; r < S; ++r) wiring_.ranks.push_back(peer(r));
   runners_.resize(S);
@@ -284,7 +283,7 @@ int Executor::run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_
 
 void Executor::fresh_endpoints() {
   auto fresh = stage_transports(options_);
-  for (int r : local_) runners_[r]->endpoint_slot() = std::move(fresh[r]);
+  for (int r : local_) runners_[r]->renew_endpoint(std::move(fresh[r]));
 }
 
 // Multi-process: every rank of the world sends its losses, peaks and spans; a rank reads its own
