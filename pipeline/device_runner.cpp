@@ -1,4 +1,4 @@
-// One device's run of its action list (device_runner.h).
+// One device's runner and its run of an action list (device_runner.h).
 #include "pipeline/device_runner.h"
 
 #include <sys/resource.h>
@@ -26,20 +26,42 @@ bool computes(Op op) {
 }
 }  // namespace
 
-DeviceRunner::DeviceRunner(Executor& e, int device, const schedule::Schedule& lists, Pass pass, int64_t tag_step,
-                           Clock::time_point t0)
-    : e_(e),
-      r_(device),
-      lists_(lists),
-      training_(pass == Pass::Train),
-      tag_step_(tag_step),
-      t0_(t0),
-      ctx_(*e.contexts[device]),
-      spans_(training_ ? e.trace.spans[device] : evaluation_spans_),
-      peak_(training_ ? e.trace.peak_in_flight[device] : evaluation_peaks_[0]),
-      peak_w_(training_ ? e.trace.peak_awaiting_weight[device] : evaluation_peaks_[1]),
-      stash_(e.weight_grads[device]) {
-  for (int c = 0; c < lists.chunks; ++c) mine_.push_back(e.stages[lists.virtual_stage(device, c)].get());
+DeviceRunner::DeviceRunner(int device, std::unique_ptr<stages::DeviceContext> context,
+                           std::unique_ptr<comm::Transport> endpoint, std::vector<stages::Stage*> stages,
+                           const PipelineOptions& options, int memory_account, bool on_caller, const Wiring& wiring,
+                           StepIO& io, const std::vector<std::unique_ptr<GradientReducer>>& reducers, const bool& sync)
+    : r_(device),
+      options_(options),
+      wiring_(wiring),
+      io_(io),
+      reducers_(reducers),
+      sync_(sync),
+      context_(std::move(context)),
+      endpoint_(std::move(endpoint)),
+      worker_(std::make_unique<Worker>(detail::concat("stage ", device), options.intra_op_threads, memory_account,
+                                       context_.get(), on_caller)),
+      mine_(std::move(stages)),
+      stash_(options.defer_min_bytes) {}
+
+void DeviceRunner::post_mark(const MarkKey& key, stages::Marker mark) {
+  std::lock_guard<std::mutex> lock(marks_mu_);
+  marks_[key] = std::move(mark);
+}
+
+stages::Marker DeviceRunner::take_mark(const MarkKey& key) {
+  std::lock_guard<std::mutex> lock(marks_mu_);
+  stages::Marker mark;
+  auto it = marks_.find(key);
+  if (it != marks_.end()) {
+    mark = std::move(it->second);
+    marks_.erase(it);
+  }
+  return mark;
+}
+
+void DeviceRunner::clear_marks() {
+  std::lock_guard<std::mutex> lock(marks_mu_);
+  marks_.clear();
 }
 
 DeviceRunner::Handler DeviceRunner::handler(Op op) {
@@ -61,16 +83,29 @@ DeviceRunner::Handler DeviceRunner::handler(Op op) {
   return table[i];
 }
 
-void DeviceRunner::run() {
+void DeviceRunner::run(const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0,
+                       StepTrace& trace) {
+  lists_ = &lists;
+  training_ = pass == Pass::Train;
+  tag_step_ = tag_step;
+  t0_ = t0;
+  trace_ = &trace;
+  spans_ = training_ ? &trace.spans[r_] : &evaluation_spans_;
+  peak_ = training_ ? &trace.peak_in_flight[r_] : &evaluation_peaks_[0];
+  peak_w_ = training_ ? &trace.peak_awaiting_weight[r_] : &evaluation_peaks_[1];
+  struct Clear {  // the list's buffers die with it, a failed one's too
+    DeviceRunner& runner;
+    ~Clear() { runner.clear_list(); }
+  } clear{*this};
   faults_before_ = thread_minor_faults();
   begin();
   std::optional<torch::NoGradGuard> no_grad;
   if (!training_) no_grad.emplace();
   ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
-  origin_ = ctx_.stamp(seconds_since(t0_));
-  for (const schedule::Action& a : lists_.actions[r_]) {
+  origin_ = context_->stamp(seconds_since(t0_));
+  for (const schedule::Action& a : lists.actions[r_]) {
     const Key key{a.micro_batch, a.chunk};
-    const int vs = lists_.virtual_stage(r_, a.chunk);
+    const int vs = lists.virtual_stage(r_, a.chunk);
     if (a.op == Op::Reduce) {
       reduce(a, vs, key);
       continue;
@@ -80,7 +115,7 @@ void DeviceRunner::run() {
     if (a.op == Op::Backward || a.op == Op::BackwardInput) wait_all(grad_ready_, key);
     const double start = seconds_since(t0_);
     stages::Stamp began;
-    if (computes(a.op)) began = ctx_.stamp(start);
+    if (computes(a.op)) began = context_->stamp(start);
     try {
       (this->*handler(a.op))(a, vs, key);
     } catch (const Error&) {
@@ -97,17 +132,33 @@ void DeviceRunner::run() {
   finish();
 }
 
+void DeviceRunner::clear_list() {
+  received_.clear();
+  outbox_.clear();
+  grads_.clear();
+  received_skips_.clear();
+  outbox_skips_.clear();
+  grad_skips_.clear();
+  received_ready_.clear();
+  grad_ready_.clear();
+  local_.held.clear();
+  deferring_.reset();
+  reducing_.clear();
+  stamped_.clear();
+  first_action_ = true;
+}
+
 void DeviceRunner::begin() {
   if (training_)
     for (stages::Stage* st : mine_) {
-      st->begin_step(e_.options.seed, e_.step, lists_.micro_batches);
+      st->begin_step(options_.seed, io_.step, lists_->micro_batches);
       models::reset_batch_norm(*st->layers());  // e.g. forwards run outside a step (profiling)
-      if (!e_.accumulate_grads)
+      if (!io_.accumulate)
         for (auto& param : st->layers()->parameters()) param.mutable_grad() = at::Tensor();
     }
-  spans_.clear();
-  peak_ = peak_w_ = 0;
-  if (training_ && e_.options.defer_weight_grads) {
+  spans_->clear();
+  *peak_ = *peak_w_ = 0;
+  if (training_ && options_.defer_weight_grads) {
     stash_.clear();  // a failed step's
     deferring_.emplace(&stash_);
   }
@@ -119,26 +170,26 @@ void DeviceRunner::trace_action(const schedule::Action& a, int vs, double start,
     held += static_cast<int>(st->held());
     awaiting += static_cast<int>(st->held() + st->awaiting_weight());
   }
-  peak_ = std::max(peak_, held);
-  peak_w_ = std::max(peak_w_, awaiting);
+  *peak_ = std::max(*peak_, held);
+  *peak_w_ = std::max(*peak_w_, awaiting);
   const bool backward = a.op == Op::Backward || a.op == Op::BackwardInput;
-  spans_.push_back({a.op, a.micro_batch, a.chunk, start, seconds_since(t0_),
-                    backward ? e_.stages[vs]->last_recompute_s() : 0.0});
-  if (computes(a.op) && began.impl) stamped_.push_back({spans_.size() - 1, began, ctx_.stamp(spans_.back().end)});
-  if (first_action_ && training_) fault_point("pipeline.step", r_, e_.step);  // common/fault.h
+  spans_->push_back({a.op, a.micro_batch, a.chunk, start, seconds_since(t0_),
+                     backward ? mine_[a.chunk]->last_recompute_s() : 0.0});
+  if (computes(a.op) && began.impl) stamped_.push_back({spans_->size() - 1, began, context_->stamp(spans_->back().end)});
+  if (first_action_ && training_) fault_point("pipeline.step", r_, io_.step);  // common/fault.h
   first_action_ = false;
 }
 
 void DeviceRunner::wait_all(std::map<Key, std::vector<stages::Marker>>& ready, const Key& key) {
   auto it = ready.find(key);
   if (it == ready.end()) return;
-  for (const auto& mk : it->second) ctx_.wait(mk);
+  for (const auto& mk : it->second) context_->wait(mk);
   ready.erase(it);
 }
 
 at::Tensor DeviceRunner::bring(const at::Tensor& t) {
-  stages::Received got = ctx_.receive(t, {});
-  ctx_.wait(got.ready);
+  stages::Received got = context_->receive(t, {});
+  context_->wait(got.ready);
   return got.tensor;
 }
 
@@ -146,29 +197,29 @@ void DeviceRunner::flush_weight_grads() {
   if (stash_.empty()) return;
   const double start = seconds_since(t0_);
   stash_.flush();
-  spans_.push_back({Op::BackwardWeight, -1, 0, start, seconds_since(t0_), 0.0});
+  spans_->push_back({Op::BackwardWeight, -1, 0, start, seconds_since(t0_), 0.0});
 }
 
 void DeviceRunner::recv_activation(const schedule::Action& a, int vs, const Key& key) {
-  received_[key] = e_.recv_across(r_, comm::Kind::Activation, vs - 1, a.chunk, vs - 1, a.micro_batch, tag_step_,
-                                  &received_skips_[key], local_, received_ready_[key]);
+  received_[key] = recv_across(comm::Kind::Activation, vs - 1, a.chunk, vs - 1, a.micro_batch, &received_skips_[key],
+                               received_ready_[key]);
 }
 
-void DeviceRunner::forward(const schedule::Action& a, int vs, const Key& key) {
-  stages::Stage& stage = *e_.stages[vs];
+void DeviceRunner::forward(const schedule::Action& a, int, const Key& key) {
+  stages::Stage& stage = *mine_[a.chunk];
   const int m = a.micro_batch;
-  at::Tensor in = stage.is_first() ? bring(e_.inputs[m]) : received_.at(key);
+  at::Tensor in = stage.is_first() ? bring(io_.inputs[m]) : received_.at(key);
   received_.erase(key);
   stages::Skips passed_on;
-  at::Tensor out = training_ ? stage.forward(m, in, e_.offsets[m], stage.is_last() ? bring(e_.targets[m]) : at::Tensor(),
-                                             e_.weights[m], received_skips_[key], &passed_on)
+  at::Tensor out = training_ ? stage.forward(m, in, io_.offsets[m], stage.is_last() ? bring(io_.targets[m]) : at::Tensor(),
+                                             io_.weights[m], received_skips_[key], &passed_on)
                              : stage.forward_only(in, received_skips_[key], &passed_on);
   received_skips_.erase(key);
   if (stage.is_last()) {
     if (training_)
-      e_.loss_values[m] = out.detach();  // read at the end of the list, not per micro-batch
+      io_.loss_values[m] = out.detach();  // read at the end of the list, not per micro-batch
     else
-      e_.outputs[m] = out;
+      io_.outputs[m] = out;
   } else {
     outbox_[key] = out;
     outbox_skips_[key] = std::move(passed_on);
@@ -176,19 +227,17 @@ void DeviceRunner::forward(const schedule::Action& a, int vs, const Key& key) {
 }
 
 void DeviceRunner::send_activation(const schedule::Action& a, int vs, const Key& key) {
-  e_.send_across(r_, comm::Kind::Activation, vs + 1, vs, a.micro_batch, tag_step_, outbox_.at(key), outbox_skips_[key],
-                 local_);
+  send_across(comm::Kind::Activation, vs + 1, vs, a.micro_batch, outbox_.at(key), outbox_skips_[key]);
   outbox_.erase(key);
   outbox_skips_.erase(key);
 }
 
 void DeviceRunner::recv_grad(const schedule::Action& a, int vs, const Key& key) {
-  grads_[key] = e_.recv_across(r_, comm::Kind::Grad, vs + 1, a.chunk, vs, a.micro_batch, tag_step_, &grad_skips_[key],
-                               local_, grad_ready_[key]);
+  grads_[key] = recv_across(comm::Kind::Grad, vs + 1, a.chunk, vs, a.micro_batch, &grad_skips_[key], grad_ready_[key]);
 }
 
-void DeviceRunner::backward(const schedule::Action& a, int vs, const Key& key) {
-  stages::Stage& stage = *e_.stages[vs];
+void DeviceRunner::backward(const schedule::Action& a, int, const Key& key) {
+  stages::Stage& stage = *mine_[a.chunk];
   at::Tensor g = stage.is_last() ? at::Tensor() : grads_.at(key);
   grads_.erase(key);
   stages::Skips skip_grads_in;
@@ -201,13 +250,12 @@ void DeviceRunner::backward(const schedule::Action& a, int vs, const Key& key) {
   }
 }
 
-void DeviceRunner::backward_weight(const schedule::Action& a, int vs, const Key&) {
-  e_.stages[vs]->backward_weight(a.micro_batch);
+void DeviceRunner::backward_weight(const schedule::Action& a, int, const Key&) {
+  mine_[a.chunk]->backward_weight(a.micro_batch);
 }
 
 void DeviceRunner::send_grad(const schedule::Action& a, int vs, const Key& key) {
-  e_.send_across(r_, comm::Kind::Grad, vs - 1, vs - 1, a.micro_batch, tag_step_, outbox_.at(key), outbox_skips_[key],
-                 local_);
+  send_across(comm::Kind::Grad, vs - 1, vs - 1, a.micro_batch, outbox_.at(key), outbox_skips_[key]);
   outbox_.erase(key);
   outbox_skips_.erase(key);
 }
@@ -215,32 +263,33 @@ void DeviceRunner::send_grad(const schedule::Action& a, int vs, const Key& key) 
 // Starts the chunk's reduction across its copies; it runs beside the actions after it and is
 // waited for in finish().
 void DeviceRunner::reduce(const schedule::Action& a, int vs, const Key&) {
-  if (!e_.sync) return;  // accumulating: the gradients are reduced after a later batch
+  if (!sync_) return;  // accumulating: the gradients are reduced after a later batch
   flush_weight_grads();  // the chunk's gradients whole before they are reduced
   const double start = seconds_since(t0_);
-  if (auto& reducer = e_.reducers[vs]) reducer->start();
-  fault_point("pipeline.reduce", e_.self >= 0 ? e_.peer(r_) : r_, e_.step);  // common/fault.h: a copy that dies mid-reduction
-  spans_.push_back({a.op, -1, a.chunk, start, start, 0.0});
-  reducing_.push_back(spans_.size() - 1);
+  if (auto& reducer = reducers_[vs]) reducer->start();
+  fault_point("pipeline.reduce", wiring_.ranks[r_], io_.step);  // common/fault.h: a copy that dies mid-reduction
+  spans_->push_back({a.op, -1, a.chunk, start, start, 0.0});
+  reducing_.push_back(spans_->size() - 1);
 }
 
 void DeviceRunner::finish() {
   flush_weight_grads();
   // The step's losses, read from the device once (one host synchronization per step).
-  const int M = lists_.micro_batches;
-  const bool has_losses = training_ && lists_.device_of(static_cast<int>(e_.stages.size()) - 1) == r_;
+  const int M = lists_->micro_batches;
+  const bool has_losses =
+      training_ && std::any_of(mine_.begin(), mine_.end(), [](const stages::Stage* st) { return st->is_last(); });
   if (has_losses && M == 1) {
-    e_.losses[0] = e_.loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
+    io_.losses[0] = io_.loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
   } else if (has_losses && M > 1) {
     std::vector<at::Tensor> values;
-    for (int m = 0; m < M; ++m) values.push_back(e_.loss_values.at(m).reshape({}));
+    for (int m = 0; m < M; ++m) values.push_back(io_.loss_values.at(m).reshape({}));
     const at::Tensor all = torch::stack(values).to(at::kDouble).cpu();
-    for (int m = 0; m < M; ++m) e_.losses[m] = all.data_ptr<double>()[m];
+    for (int m = 0; m < M; ++m) io_.losses[m] = all.data_ptr<double>()[m];
   }
   if (!stamped_.empty()) {
-    ctx_.synchronize();  // once per step, as the worker would at the job's end
+    context_->synchronize();  // once per step, as the worker would at the job's end
     for (const Stamped& st : stamped_) {
-      Span& sp = spans_[st.span];
+      Span& sp = (*spans_)[st.span];
       sp.start = stages::DeviceContext::resolve(origin_, st.began);
       sp.end = std::max(sp.start, stages::DeviceContext::resolve(origin_, st.ended));
     }
@@ -248,11 +297,11 @@ void DeviceRunner::finish() {
   // The optimizer needs the reductions: wait for them here, after the last action.
   const double t0_s = std::chrono::duration<double>(t0_.time_since_epoch()).count();
   for (size_t i : reducing_) {
-    Span& sp = spans_[i];
-    auto& reducer = e_.reducers[lists_.virtual_stage(r_, sp.chunk)];
-    sp.end = reducer ? reducer->finish(Deadline::after(e_.options.timeout_s)) - t0_s : seconds_since(t0_);
+    Span& sp = (*spans_)[i];
+    auto& reducer = reducers_[lists_->virtual_stage(r_, sp.chunk)];
+    sp.end = reducer ? reducer->finish(Deadline::after(options_.timeout_s)) - t0_s : seconds_since(t0_);
   }
-  if (training_) e_.trace.page_faults[r_] = thread_minor_faults() - faults_before_;
+  if (training_) trace_->page_faults[r_] = thread_minor_faults() - faults_before_;
 }
 
 }  // namespace pipetrain::pipeline

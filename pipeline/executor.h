@@ -1,57 +1,70 @@
-// Internal to the pipeline module: the executor behind Pipeline (pipeline.h). It runs action
-// lists (a training step's, or an evaluation's forward-only ones) on each local device's worker
-// over the transport, and traces them (executor.cpp; boundary messages and short batches in
-// messages.cpp; tied parameters in ties.cpp; the copies of data parallelism in
-// data_parallel.cpp). The stage optimizers are apart from it (OptimizerSide here, optimizers.cpp:
-// stepping, clipping, the loss scale, the sharded state); they share its workers.
+// Internal to the pipeline module: the executor of one data-parallel copy of a Pipeline
+// (pipeline.h; the copies of this process side by side in copies.h). It builds the copy's stages
+// and one runner per local device (device_runner.h: the device's context, worker, endpoint,
+// stages and per-micro-batch buffers), runs a training step's or an evaluation's action lists on
+// the runners, keeps the first failure and the step's results, and exchanges them between ranks
+// (executor.cpp). Its parts, each with its own interface: the step the runners share (StepIO)
+// and how they reach each other (Wiring), both in device_runner.h; tied parameters (Ties,
+// ties.cpp); this copy's side of data parallelism (DataParallel, data_parallel.cpp); the stage
+// optimizers (OptimizerSide, stepped in optimizers.cpp, on the runners' workers).
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <functional>
 #include <map>
-#include <tuple>
-#include <unordered_set>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
-#include "models/weight_grads.h"
+#include "pipeline/device_runner.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/replicas.h"
-#include "pipeline/worker.h"
-#include "stages/autocast.h"
-#include "stages/device.h"
 #include "stages/stage.h"
 
 namespace pipetrain::pipeline {
 
-using schedule::Op;
+// Tied parameters (PipelineOptions::ties, ties.cpp). Each member of a tie keeps its own tensor
+// on the stage that runs its layer; their gradients are summed once a step's lists are done.
+class Ties {
+ public:
+  // Checks the ties against the model (whose layers `balance` cuts into virtual stages) and
+  // makes every member equal to its tie's first.
+  void init(const torch::nn::Sequential& model, const std::vector<models::Tie>& ties, const partitioner::Balance& balance);
+  // A member after its tie's first, which the gradient norm leaves out (it counts once).
+  bool follower(const at::Tensor& param) const { return followers_.count(param.unsafeGetTensorImpl()) > 0; }
+  // Checkpoints' (follower, first member) names ("layer.parameter").
+  const std::vector<std::pair<std::string, std::string>>& names() const { return names_; }
+  // Sums each tie's gradients in member order and gives every member the sum. `runs`: whether a
+  // virtual stage runs here. Across processes (`group` not null) every rank takes part alike,
+  // each member's gradient coming from `rank_of(virtual stage)`.
+  void sum_grads(const std::function<bool(int)>& runs, comm::Collectives* group,
+                 const std::function<int(int)>& rank_of) const;
 
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-struct ClearAutocastCache {  // on the thread that ran the forwards (stages/autocast.h)
-  ~ClearAutocastCache() { stages::clear_autocast_cache(); }
+ private:
+  struct Member {
+    int vs;  // the virtual stage that runs it (run by another rank: a released tensor here)
+    at::Tensor param;
+  };
+  std::vector<std::vector<Member>> groups_;
+  std::unordered_set<const c10::TensorImpl*> followers_;
+  std::vector<std::pair<std::string, std::string>> names_;
 };
 
-// Hands tensors between two virtual stages of one device (the turn of a V placement, or a
-// device that holds consecutive chunks): no transfer, the sending action leaves it here and the
-// receiving action takes it.
-struct LocalHandoff {
-  std::map<std::tuple<int, int, int>, at::Tensor> held;  // (kind, micro-batch, chunk there)
-  void put(comm::Kind kind, int m, int chunk, at::Tensor t) { held[{static_cast<int>(kind), m, chunk}] = std::move(t); }
-  at::Tensor take(comm::Kind kind, int m, int chunk) {
-    auto it = held.find({static_cast<int>(kind), m, chunk});
-    if (it == held.end()) throw Error(detail::concat("pipeline: nothing handed over for micro-batch ", m, " chunk ", chunk));
-    at::Tensor t = std::move(it->second);
-    held.erase(it);
-    return t;
-  }
+// This copy's side of data parallelism (data_parallel.cpp, replicas.h): where it sits in the
+// mesh, the c10d group of each local device's copies, each virtual stage's gradient reduction,
+// and whether the gradients held now are reduced.
+struct DataParallel {
+  comm::Mesh mesh;  // stages x copies (comm/mesh.h)
+  int copy = 0;     // this executor's copy
+  std::vector<comm::ProcessGroup> device_groups;  // by device, for the devices run here
+  std::vector<std::unique_ptr<GradientReducer>> reducers;  // by virtual stage; null: no parameters, or run elsewhere
+  bool sync = true;         // reduce in the next forward-backward (read by the runners)
+  bool reduced = true;      // the gradients held now are reduced (or need no reduction)
+  double world_loss = 0;    // multi-process: the last step's loss summed over every copy
 };
-
-using Skips = stages::Skips;
 
 // The optimizer side of one copy (optimizers.cpp): every virtual stage's optimizer and what
 // happens between the last backward and the next forward.
@@ -64,150 +77,129 @@ struct OptimizerSide {
   bool skipped = false;  // the last optimizer step, for a float16 overflow
 };
 
-// What a list of actions is run for: a training step (forward with the loss, backward) or an
-// evaluation (forward only, no gradients, the layers in evaluation mode).
-enum class Pass { Train, Evaluate };
-
-struct Executor {
-  PipelineOptions options;
-  torch::nn::Sequential model;
-  partitioner::Balance balance;
-  schedule::Schedule sched;  // this step's: the configured one, or one for fewer micro-batches
-  schedule::Schedule configured;
-  std::map<int, schedule::Schedule> fewer;  // by micro-batch count, made on first use
-  int fewest = 0;  // the fewest micro-batches since the last optimizer step
-  // The schedule for `m` micro-batches (m < the configured count: the kind's schedule for the
-  // most micro-batches it supports up to m; the same placement and chunks).
-  const schedule::Schedule& schedule_for(int m);
-  std::vector<std::unique_ptr<stages::Stage>> stages;
-  std::vector<std::unique_ptr<comm::Transport>> transports;
-  // Each device's context (stages/device.h) for the devices run here (null elsewhere); each
-  // worker enters its device's context for every job.
-  std::vector<std::unique_ptr<stages::DeviceContext>> contexts;
-  // In-process, a message between two devices carries the sender's mark, which the receiver's
-  // context waits for: by (kind, micro-batch, channel, step tag, receiving device).
-  std::mutex marks_mu;
-  std::map<std::tuple<int, int, int, int64_t, int>, stages::Marker> marks;
-  bool marking = false;  // some stage here runs on a GPU, whose work its marks follow
-  void place_stages();  // the contexts, and the layers on their devices (executor.cpp)
-  std::vector<std::unique_ptr<Worker>> workers;
-  // Per device: its linear layers' weight gradients while deferred (options.defer_weight_grads),
-  // used by that device's worker alone.
-  std::vector<models::WeightGradStash> weight_grads;
-  StepTrace trace;
-  Clock::time_point created = Clock::now();
-  int64_t step = 0;
-  int64_t predictions = 0;  // predict() calls, which tag their messages with negative steps
-  std::atomic<int> first_failure{-1};  // the stage whose error caused a step to fail
-  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, and the
-  // control plane among the ranks (a group of one in-process), which also records why the
-  // pipeline can no longer be used.
-  int self = -1;
-  std::vector<int> local;
-  comm::Collectives group;
-
-  // Data parallelism: this pipeline is copy `copy` of mesh.data_parallel. device_groups[device]: the
-  // c10d group of the device's copies (for the devices run here); reducers[virtual stage]: its
-  // gradient reduction (null for a stage without parameters or run elsewhere). In-process, copy
-  // 0 (the caller's) drives copies 1..D-1 (`others`), each from a driver thread of its own.
-  comm::Mesh mesh;  // stages x copies (comm/mesh.h)
-  int copy = 0;     // this pipeline's copy
-  std::vector<comm::ProcessGroup> device_groups;
-  std::vector<std::unique_ptr<GradientReducer>> reducers;
-  std::vector<std::unique_ptr<Executor>> others;
-  std::vector<std::unique_ptr<Worker>> drivers;
-  OptimizerSide opt;
-  bool sync = true;             // reduce in the next forward-backward
-  double world_loss = 0;        // multi-process: the last step's loss summed over every copy
-  bool grads_reduced = true;    // the gradients held now are reduced (or need no reduction)
-  bool sharded() const { return options.shard_optimizer && mesh.data_parallel > 1; }
-  int peer(int device) const { return self < 0 ? device : mesh.rank(device, copy); }  // its rank
-  void make_reducers();
-  void make_replicas(const torch::nn::Sequential& model, const stages::LossFn& loss);
-  void reduce_now();  // the gradients left unreduced, on every local device
-  void merge_batch_norm();  // every BatchNorm's statistics of the step, merged over the copies
-  std::string abort_notice(int r);  // a peer's abort reason that reached this rank's endpoint, if any
-  // Runs `f` on every copy's Executor in-process (copy 0 here, the others on their drivers).
-  void on_every_copy(const std::function<void(Executor&)>& f);
-  void sync_copies();  // Pipeline::sync_copies
-  double run(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
-             double scale);
-
-  // Tied parameters (PipelineOptions::ties, ties.cpp): each group's members, in order, with the
-  // virtual stage that runs each (a member run by another rank holds a released tensor); the
-  // members after the first, which the gradient norm leaves out; checkpoints' (follower, leader)
-  // names ("layer.parameter").
-  struct TiedParam {
-    int vs;
-    at::Tensor param;
-  };
-  std::vector<std::vector<TiedParam>> tie_groups;
-  std::unordered_set<const c10::TensorImpl*> tie_followers;
-  std::vector<std::pair<std::string, std::string>> tied_names;
-  void init_ties(const torch::nn::Sequential& model);
-  // Sums each group's gradients in member order and gives every member the sum (every rank takes
-  // part, each the same exchanges). Before the norm and the optimizers.
-  void sum_tied_grads();
-
-  // Skip connections: the names crossing the cut after each virtual stage (models/skip.h).
-  std::vector<std::vector<std::string>> crossing;
-  void check_crossing() const;
-  // Micro-batch m's message across the cut after virtual stage `boundary`, towards virtual stage
-  // `to_vs` (kind Activation: forward; Grad: backward): the tensor, then the skips crossing
-  // there in name order, each on a channel of its own (messages.cpp).
-  void send_across(int r, comm::Kind kind, int to_vs, int boundary, int m, int64_t tag_step, const at::Tensor& t,
-                   const Skips& skips, LocalHandoff& local);
-  // The same message received on this device's chunk `chunk_here`, from virtual stage `from_vs`,
-  // through the device's context: its tensors may be read once the markers left in `ready` are
-  // waited for.
-  at::Tensor recv_across(int r, comm::Kind kind, int from_vs, int chunk_here, int boundary, int m, int64_t tag_step,
-                         Skips* skips, LocalHandoff& local, std::vector<stages::Marker>& ready);
-
-  // Takes `endpoint` (multi-process) only once it is checked; on a throw the caller still
-  // holds it, or finds it in transports[self].
+class Executor {
+ public:
+  // Multi-process (`endpoint` set): takes the endpoint only once it is checked; on a throw the
+  // caller still holds it, or finds it at endpoint(). `device_groups`: by device, the c10d group
+  // of its copies (data parallelism); `copy`: this executor's copy in-process (across processes
+  // the endpoint's rank says it).
   void init(torch::nn::Sequential model, PipelineOptions options, stages::LossFn loss,
-            std::unique_ptr<comm::Transport>& endpoint);
-  bool is_local_device(int device) const { return self < 0 || device == self; }
-  bool runs(int virtual_stage) const { return is_local_device(sched.device_of(virtual_stage)); }
-  int last_device() const { return sched.device_of(static_cast<int>(stages.size()) - 1); }
+            std::unique_ptr<comm::Transport>& endpoint, std::vector<comm::ProcessGroup> device_groups, int copy);
+
+  // A training step on this copy's shard of the batch: its loss (multi-process with copies:
+  // every copy's); the optimizers step after it when `apply_optimizer`.
+  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer, bool accumulate,
+                  double scale);
+  at::Tensor evaluate(const at::Tensor& input);  // Pipeline::predict on this copy
   void check_usable() const;
+
+  const PipelineOptions& options() const { return options_; }
+  const comm::Mesh& mesh() const { return dp_.mesh; }
+  int copy() const { return dp_.copy; }
+  int rank() const { return self_ < 0 ? -1 : peer(self_); }  // multi-process: this rank; else -1
+  comm::Transport* endpoint();  // multi-process: this rank's, once taken
+  comm::Collectives& collectives() { return group_; }
+  bool is_local_device(int device) const { return self_ < 0 || device == self_; }
+  bool runs(int virtual_stage) const { return is_local_device(sched_.device_of(virtual_stage)); }
+  const partitioner::Balance& balance() const { return balance_; }
+  const schedule::Schedule& schedule() const { return sched_; }
+  const StepTrace& trace() const { return trace_; }
+  int64_t step() const { return io_.step; }
+  void set_step(int64_t step) { io_.step = step; }
+  void set_sync(bool on) { dp_.sync = on; }
+  int fewest_micro_batches() const { return fewest_ ? fewest_ : configured_.micro_batches; }
+  int64_t take_device_peak(int device);
+  const std::vector<std::pair<std::string, std::string>>& tied_names() const { return ties_.names(); }
+  torch::nn::Sequential& stage_layers(int virtual_stage) { return stages_.at(virtual_stage)->layers(); }
+
+  // The optimizer side (optimizers.cpp), for StageOptimizers.
+  bool sharded() const { return options_.shard_optimizer && dp_.mesh.data_parallel > 1; }
+  bool scaling() const { return options_.precision == Precision::FP16; }
+  OptimizerSide& optimizer_side() { return opt_; }
+  GradientReducer* reducer(int virtual_stage) const { return dp_.reducers.at(virtual_stage).get(); }
+  void set_optimizers(const OptimizerFactory& factory);
+  double step_optimizers();  // after forward_backward: StageOptimizers::step on this copy
+  // Sharded optimizer: the whole state of virtual stage `vs`, gathered from every copy's slice.
+  std::unique_ptr<torch::optim::Optimizer> gathered_optimizer(int vs);
+
+  // Pipeline::sync_copies (data_parallel.cpp): the first copy refreshes its shards, every other
+  // copies its parameters, buffers and optimizer state from it.
+  void refresh_shards();
+  void copy_from(const Executor& first);
+
+ private:
+  // Construction (executor.cpp).
+  void check_options(const torch::nn::Sequential& model) const;
+  void join_ranks(std::unique_ptr<comm::Transport>& endpoint, int layers);  // multi-process
+  void make_stages(const torch::nn::Sequential& model, const stages::LossFn& loss);
+  void make_runners();  // the contexts, the layers on their devices, a runner per local device
+  std::vector<std::unique_ptr<stages::DeviceContext>> make_contexts();
   void agree_layout(int layers);  // multi-process: every rank takes rank 0's balance and checks its precision
-  void exchange_step_results(int M);  // multi-process: every rank's losses, peaks and spans, after a step
   // With a transport that delivers in order (options.transport.in_order), `s` must hold under
   // it (schedule/in_order.h): a ConfigError otherwise.
   void check_delivery(const schedule::Schedule& s) const;
-  void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
-  [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
+  // The schedule for `m` micro-batches (m < the configured count: the kind's schedule for the
+  // most micro-batches it supports up to m; the same placement and chunks) (messages.cpp).
+  const schedule::Schedule& schedule_for(int m);
 
-  // Inputs of the step being run, shared read-only with the stage threads; an evaluation's
-  // outputs (the last virtual stage's, per micro-batch).
-  std::vector<at::Tensor> inputs, targets, outputs;
-  std::vector<int64_t> offsets;
-  std::vector<double> weights, losses;
-  std::vector<at::Tensor> loss_values;  // the last stage's, on its device: read once, at the end of its list
-
-  // Runs every local device's list of `lists` on its worker (a DeviceRunner each,
-  // device_runner.h). A failing device aborts
-  // its transport at once so that its peers stop waiting; returns the device whose error came
+  // A step (executor.cpp).
+  int split_batch(const at::Tensor& input, const at::Tensor& target, bool accumulate, double scale);
+  // Runs every local device's list of `lists` on its runner's worker. A failing device aborts
+  // its endpoint at once so that its peers stop waiting; returns the device whose error came
   // first (-1: none), every device's error in `errors`. `tag_step` tags the messages (negative
   // for evaluations, which never meet a training step's).
   int run_lists(const schedule::Schedule& lists, Pass pass, int64_t tag_step, Clock::time_point t0,
                 std::vector<std::exception_ptr>& errors);
-  double run_step(const at::Tensor& input, const at::Tensor& target, bool apply_optimizer,
-                  bool accumulate = false, double scale = 1.0);
-  at::Tensor evaluate(const at::Tensor& input);  // Pipeline::predict on this copy
-  bool scaling() const { return options.precision == Precision::FP16; }
-  Clock::time_point step_t0;  // start of the last run_step, for the optimizer's trace span
-  bool accumulate_grads = false;  // read by the runners: keep the gradients already there
+  void settle_batch_norm(bool failed);
+  void exchange_step_results(int M);  // multi-process: every rank's losses, peaks and spans, after a step
+  void fresh_endpoints();  // in-process, after a failure: fresh mailboxes
+  std::exception_ptr on_local_devices(const std::function<void(DeviceRunner&)>& job,
+                                      std::vector<std::exception_ptr>* errors = nullptr);
+  void stop(const std::string& what);  // ends a multi-process pipeline, telling every peer
+  [[noreturn]] void fail(const std::string& what, std::exception_ptr error);
+  int peer(int device) const { return self_ < 0 ? device : dp_.mesh.rank(device, dp_.copy); }  // its rank
+  int last_device() const { return sched_.device_of(static_cast<int>(stages_.size()) - 1); }
+
+  // Data parallelism (data_parallel.cpp).
+  void make_reducers();
+  void reduce_now();  // the gradients left unreduced, on every local device
+  void merge_batch_norm();  // every BatchNorm's statistics of the step, merged over the copies
+  std::string abort_notice(int r);  // a peer's abort reason that reached this rank's endpoint, if any
+
+  // The optimizer side (optimizers.cpp). Clips the global gradient norm (every stage's
+  // gradients together), checks it, and steps every stage's optimizer, each device's in its
+  // worker. Returns the norm before clipping (0 when nothing asked for it); infinity when an
+  // fp16 overflow skipped the step.
+  double step_all(Clock::time_point t0);
+  void step_device_optimizers(int r, Clock::time_point t0, double grad_scale);
+  double device_grad_sq_norm(int r) const;
+
+  PipelineOptions options_;
+  torch::nn::Sequential model_;
+  partitioner::Balance balance_;
+  schedule::Schedule sched_;  // this step's: the configured one, or one for fewer micro-batches
+  schedule::Schedule configured_;
+  std::map<int, schedule::Schedule> fewer_;  // by micro-batch count, made on first use
+  int fewest_ = 0;  // the fewest micro-batches since the last optimizer step
+  std::vector<std::unique_ptr<stages::Stage>> stages_;  // every virtual stage (another rank's released)
+  std::vector<std::unique_ptr<DeviceRunner>> runners_;  // by device, for the devices run here
+  Wiring wiring_;
+  StepIO io_;
+  Ties ties_;
+  DataParallel dp_;
+  OptimizerSide opt_;
+  StepTrace trace_;
+  Clock::time_point created_ = Clock::now();
+  Clock::time_point step_t0_;  // start of the last run_step, for the optimizer's trace span
+  int64_t predictions_ = 0;  // predict() calls, which tag their messages with negative steps
+  std::atomic<int> first_failure_{-1};  // the device whose error caused a step to fail
+  // Multi-process runtime: this process's device (-1 in-process), the devices it runs, and the
+  // control plane among the ranks (a group of one in-process), which also records why the
+  // pipeline can no longer be used.
+  int self_ = -1;
+  std::vector<int> local_;
+  comm::Collectives group_;
+  std::unique_ptr<comm::Transport> taken_;  // multi-process: this rank's endpoint, until its runner takes it
 };
-
-
-// The optimizer side's steps (optimizers.cpp), on an executor's workers.
-// Clips the global gradient norm (every stage's gradients together), checks it, and steps every
-// stage's optimizer, each in its own worker. Returns the norm before clipping (0 when nothing
-// asked for it); infinity when an fp16 overflow skipped the step.
-double step_all(Executor& e, Clock::time_point t0);
-// Sharded optimizer: the whole state of virtual stage `vs`, gathered from every copy's slice.
-std::unique_ptr<torch::optim::Optimizer> gather_optimizer(Executor& e, int vs);
 
 }  // namespace pipetrain::pipeline

@@ -1,6 +1,7 @@
-// The optimizer side of a Pipeline (optimizers.h): the stage optimizers' steps on the executor's
-// workers, the gradient norm, clipping and the non-finite check, fp16 loss scaling, and a
-// sharded optimizer's state gathered and scattered through the codec of optimizer_state.h.
+// The optimizer side of a Pipeline (optimizers.h): each copy's stage optimizers stepped on its
+// runners' workers (the executor's OptimizerSide, executor.h), the gradient norm, clipping and
+// the non-finite check, fp16 loss scaling, and a sharded optimizer's state gathered and
+// scattered through the codec of optimizer_state.h; StageOptimizers runs them on every copy.
 #include "pipeline/optimizers.h"
 
 #include <cmath>
@@ -11,99 +12,115 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
-#include "pipeline/executor.h"
+#include "pipeline/copies.h"
 #include "pipeline/optimizer_state.h"
 
 namespace pipetrain::pipeline {
 
-namespace {
-
-void step_stage_optimizers(Executor& e, int r, Clock::time_point t0, double grad_scale) {
+void Executor::step_device_optimizers(int r, Clock::time_point t0, double grad_scale) {
   const double start = seconds_since(t0);
-  for (int c = 0; c < e.sched.chunks; ++c) {
-    const int vs = e.sched.virtual_stage(r, c);
-    stages::Stage& st = *e.stages[vs];
+  for (int c = 0; c < sched_.chunks; ++c) {
+    const int vs = sched_.virtual_stage(r, c);
+    GradientReducer* reducer = sharded() ? dp_.reducers[vs].get() : nullptr;  // ZeRO-1's slice
     if (grad_scale != 1.0) {
       torch::NoGradGuard no_grad;
-      for (auto& p : e.sharded() && e.reducers[vs] ? std::vector<at::Tensor>{e.reducers[vs]->shard()} : st.layers()->parameters())
+      for (auto& p : reducer ? std::vector<at::Tensor>{reducer->shard()} : stages_[vs]->layers()->parameters())
         if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
     }
-    if (auto& o = e.opt.optimizers[vs]) o->step();
+    if (auto& o = opt_.optimizers[vs]) o->step();
     // ZeRO-1: every copy's updated slice into every copy's parameters.
-    if (e.sharded() && e.reducers[vs]) e.reducers[vs]->gather_parameters(Deadline::after(e.options.timeout_s));
+    if (reducer) reducer->gather_parameters(Deadline::after(options_.timeout_s));
   }
-  e.trace.optimizer[r] = {start, seconds_since(t0)};
+  trace_.optimizer[r] = {start, seconds_since(t0)};
 }
 
-double stage_grad_sq_norm(const Executor& e, int r) {
+double Executor::device_grad_sq_norm(int r) const {
   double sum = 0;
-  for (int c = 0; c < e.sched.chunks; ++c)
-    if (e.sharded() && e.reducers[e.sched.virtual_stage(r, c)])  // summed across the copies' slices
-      sum += e.reducers[e.sched.virtual_stage(r, c)]->grad_sq_norm(Deadline::after(e.options.timeout_s));
-    else {
-      // Each parameter's norm on its device, read back together (one host synchronization per
-      // chunk, not one per parameter), then summed in parameter order as before.
-      std::vector<at::Tensor> norms;
-      for (const auto& p : e.stages[e.sched.virtual_stage(r, c)]->layers()->parameters())
-        if (p.grad().defined() && !e.tie_followers.count(p.unsafeGetTensorImpl()))  // a tied weight counts once
-          norms.push_back(p.grad().norm().reshape({}).to(at::kDouble));  // NaN and inf carry through
-      if (norms.empty()) continue;
-      const at::Tensor all = at::stack(norms).cpu();
-      const double* n = all.data_ptr<double>();
-      for (int64_t i = 0; i < all.numel(); ++i) sum += n[i] * n[i];
+  for (int c = 0; c < sched_.chunks; ++c) {
+    const int vs = sched_.virtual_stage(r, c);
+    if (sharded() && dp_.reducers[vs]) {  // summed across the copies' slices
+      sum += dp_.reducers[vs]->grad_sq_norm(Deadline::after(options_.timeout_s));
+      continue;
     }
+    // Each parameter's norm on its device, read back together (one host synchronization per
+    // chunk, not one per parameter), then summed in parameter order as before.
+    std::vector<at::Tensor> norms;
+    for (const auto& p : stages_[vs]->layers()->parameters())
+      if (p.grad().defined() && !ties_.follower(p))  // a tied weight counts once
+        norms.push_back(p.grad().norm().reshape({}).to(at::kDouble));  // NaN and inf carry through
+    if (norms.empty()) continue;
+    const at::Tensor all = at::stack(norms).cpu();
+    const double* n = all.data_ptr<double>();
+    for (int64_t i = 0; i < all.numel(); ++i) sum += n[i] * n[i];
+  }
   return sum;
 }
 
-}  // namespace
-
-double step_all(Executor& e, Clock::time_point t0) {
+double Executor::step_all(Clock::time_point t0) {
   double scale = 1.0, norm = 0;
-  e.check_usable();
-  e.opt.skipped = false;
-  e.reduce_now();
-  e.sum_tied_grads();
+  check_usable();
+  opt_.skipped = false;
+  reduce_now();
+  ties_.sum_grads([this](int vs) { return runs(vs); }, self_ >= 0 ? &group_ : nullptr,
+                  [this](int vs) { return peer(sched_.device_of(vs)); });
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
   // fp16: always, as the overflow check.
-  if (e.self >= 0 || e.opt.grad_clip > 0 || e.opt.track_norm || e.opt.check_finite || e.scaling()) {
-    std::vector<double> sq(e.options.stages, 0.0);
-    if (auto error = fork_join(e.workers, e.local, [&](int r) { sq[r] = stage_grad_sq_norm(e, r); }))
+  if (self_ >= 0 || opt_.grad_clip > 0 || opt_.track_norm || opt_.check_finite || scaling()) {
+    std::vector<double> sq(options_.stages, 0.0);
+    if (auto error = on_local_devices([&](DeviceRunner& d) { sq[d.device()] = device_grad_sq_norm(d.device()); }))
       std::rethrow_exception(error);
-    if (e.self >= 0) {  // every rank sums every rank's squares in the same order (its own copy's)
-      const auto all = e.group.all_gather(torch::tensor({sq[e.self]}, torch::kDouble), "the gradient norms");
-      for (int r = 0; r < e.options.stages; ++r) sq[r] = all[e.peer(r)].item<double>();
+    if (self_ >= 0) {  // every rank sums every rank's squares in the same order (its own copy's)
+      const auto all = group_.all_gather(torch::tensor({sq[self_]}, torch::kDouble), "the gradient norms");
+      for (int r = 0; r < options_.stages; ++r) sq[r] = all[peer(r)].item<double>();
     }
     // fp16: an overflow anywhere skips the step on every stage (all ranks saw the same squares).
-    if (e.scaling() && !e.opt.scaler.unscale(sq, scale)) {
-      e.opt.skipped = true;
+    if (scaling() && !opt_.scaler.unscale(sq, scale)) {
+      opt_.skipped = true;
       return std::numeric_limits<double>::infinity();
     }
-    for (int r = 0; r < e.options.stages; ++r)
-      if (e.opt.check_finite && !std::isfinite(sq[r]))
+    for (int r = 0; r < options_.stages; ++r)
+      if (opt_.check_finite && !std::isfinite(sq[r]))
         throw NonFiniteGradient(r, detail::concat("stage ", r, ": the gradient is not finite (squared norm ", sq[r],
                                                   "); no parameter was changed"));
     for (double v : sq) norm += v;
     norm = std::sqrt(norm);
-    if (e.opt.grad_clip > 0 && norm > e.opt.grad_clip) scale *= e.opt.grad_clip / (norm + 1e-6);
+    if (opt_.grad_clip > 0 && norm > opt_.grad_clip) scale *= opt_.grad_clip / (norm + 1e-6);
   }
-  if (auto error = fork_join(e.workers, e.local, [&](int r) { step_stage_optimizers(e, r, t0, scale); })) {
-    if (e.self >= 0) e.fail("optimizer step failed", error);
+  if (auto error = on_local_devices([&](DeviceRunner& d) { step_device_optimizers(d.device(), t0, scale); })) {
+    if (self_ >= 0) fail("optimizer step failed", error);
     std::rethrow_exception(error);
   }
   return norm;
 }
 
-std::unique_ptr<torch::optim::Optimizer> gather_optimizer(Executor& e, int vs) {
-  GradientReducer& reducer = *e.reducers.at(vs);
-  auto full = e.opt.factory(reducer.parameters());
-  torch::optim::Optimizer* shard = e.opt.optimizers.at(vs).get();
+double Executor::step_optimizers() {
+  opt_.grad_norm = step_all(step_t0_);
+  trace_.wall = seconds_since(step_t0_);
+  return opt_.grad_norm;
+}
+
+void Executor::set_optimizers(const OptimizerFactory& factory) {
+  opt_.factory = factory;
+  for (size_t vs = 0; vs < stages_.size(); ++vs) {
+    auto params = stages_[vs]->layers()->parameters();
+    if (params.empty() || !runs(static_cast<int>(vs)))
+      opt_.optimizers[vs] = nullptr;
+    else
+      opt_.optimizers[vs] = sharded() ? factory({dp_.reducers[vs]->shard()}) : factory(params);
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> Executor::gathered_optimizer(int vs) {
+  GradientReducer& reducer = *dp_.reducers.at(vs);
+  auto full = opt_.factory(reducer.parameters());
+  torch::optim::Optimizer* shard = opt_.optimizers.at(vs).get();
   if (!shard) return full;
   auto it = shard->state().find(reducer.shard().unsafeGetTensorImpl());
   if (it == shard->state().end()) return full;  // no step yet: no state on any copy
   const ParamState sliced = to_param_state(*it->second);  // optimizer_state.h
   std::vector<ParamState> per_param(reducer.parameters().size(), ParamState{sliced.kind, sliced.step, {}});
   for (const auto& [name, slice] : sliced.tensors) {
-    const auto parts = reducer.gather_state(slice, Deadline::after(e.options.timeout_s));
+    const auto parts = reducer.gather_state(slice, Deadline::after(options_.timeout_s));
     for (size_t i = 0; i < parts.size(); ++i) per_param[i].tensors[name] = parts[i];
   }
   for (size_t i = 0; i < per_param.size(); ++i)
@@ -112,80 +129,68 @@ std::unique_ptr<torch::optim::Optimizer> gather_optimizer(Executor& e, int vs) {
 }
 
 void StageOptimizers::set(OptimizerFactory factory) {
-  executor_.on_every_copy([&factory](Executor& p) {
-    p.opt.factory = factory;
-    for (size_t vs = 0; vs < p.stages.size(); ++vs) {
-      auto params = p.stages[vs]->layers()->parameters();
-      if (params.empty() || !p.runs(static_cast<int>(vs)))
-        p.opt.optimizers[vs] = nullptr;
-      else
-        p.opt.optimizers[vs] = p.sharded() ? factory({p.reducers[vs]->shard()}) : factory(params);
-    }
-  });
+  copies_.each([&factory](Executor& e) { e.set_optimizers(factory); });
 }
 
 double StageOptimizers::step() {
-  executor_.on_every_copy([](Executor& p) {
-    p.opt.grad_norm = step_all(p, p.step_t0);
-    p.trace.wall = seconds_since(p.step_t0);
-  });
-  return executor_.opt.grad_norm;
+  copies_.each([](Executor& e) { e.step_optimizers(); });
+  return copies_.front().optimizer_side().grad_norm;
 }
 
 void StageOptimizers::set_grad_clip(double max_norm) {
   if (!(max_norm >= 0) || !std::isfinite(max_norm))
     throw ConfigError(detail::concat("pipeline: gradient clip must be a finite number >= 0, got ", max_norm));
-  executor_.on_every_copy([max_norm](Executor& p) { p.opt.grad_clip = max_norm; });
+  copies_.each([max_norm](Executor& e) { e.optimizer_side().grad_clip = max_norm; });
 }
 
 void StageOptimizers::set_learning_rate(double lr) {
-  executor_.on_every_copy([lr](Executor& p) {
-    for (auto& o : p.opt.optimizers)
+  copies_.each([lr](Executor& e) {
+    for (auto& o : e.optimizer_side().optimizers)
       if (o)
         for (auto& group : o->param_groups()) group.options().set_lr(lr);
   });
 }
 
-double StageOptimizers::last_grad_norm() const { return executor_.opt.grad_norm; }
-double StageOptimizers::loss_scale() const { return executor_.scaling() ? executor_.opt.scaler.scale() : 1.0; }
+double StageOptimizers::last_grad_norm() const { return side().grad_norm; }
+double StageOptimizers::loss_scale() const { return copies_.front().scaling() ? side().scaler.scale() : 1.0; }
 int64_t StageOptimizers::loss_scale_good_steps() const {
-  return executor_.scaling() ? executor_.opt.scaler.good_steps() : 0;
+  return copies_.front().scaling() ? side().scaler.good_steps() : 0;
 }
-bool StageOptimizers::last_step_skipped() const { return executor_.opt.skipped; }
+bool StageOptimizers::last_step_skipped() const { return side().skipped; }
 void StageOptimizers::restore_loss_scale(double scale, int64_t good_steps) {
-  executor_.on_every_copy([=](Executor& p) {
-    if (p.scaling()) p.opt.scaler.restore(scale, good_steps);
+  copies_.each([=](Executor& e) {
+    if (e.scaling()) e.optimizer_side().scaler.restore(scale, good_steps);
   });
 }
 void StageOptimizers::track_grad_norm(bool on) {
-  executor_.on_every_copy([on](Executor& p) { p.opt.track_norm = on; });
+  copies_.each([on](Executor& e) { e.optimizer_side().track_norm = on; });
 }
 void StageOptimizers::check_finite_grads(bool on) {
-  executor_.on_every_copy([on](Executor& p) { p.opt.check_finite = on; });
+  copies_.each([on](Executor& e) { e.optimizer_side().check_finite = on; });
 }
 torch::optim::Optimizer* StageOptimizers::of(int virtual_stage) {
-  return executor_.opt.optimizers.at(virtual_stage).get();
+  return copies_.front().optimizer_side().optimizers.at(virtual_stage).get();
 }
 
 std::unique_ptr<torch::optim::Optimizer> StageOptimizers::gathered(int virtual_stage) {
-  if (!sharded() || !executor_.reducers.at(virtual_stage)) return nullptr;
+  if (!sharded() || !copies_.front().reducer(virtual_stage)) return nullptr;
   std::unique_ptr<torch::optim::Optimizer> first;
-  executor_.on_every_copy([&](Executor& p) {
-    auto full = gather_optimizer(p, virtual_stage);
-    if (p.copy == executor_.copy) first = std::move(full);
+  const int front = copies_.front().copy();
+  copies_.each([&](Executor& e) {
+    auto full = e.gathered_optimizer(virtual_stage);
+    if (e.copy() == front) first = std::move(full);
   });
   return first;
 }
 
 std::unique_ptr<torch::optim::Optimizer> StageOptimizers::unsharded(int virtual_stage) {
-  if (!sharded() || !executor_.reducers.at(virtual_stage) || !executor_.opt.factory) return nullptr;
-  return executor_.opt.factory(executor_.reducers[virtual_stage]->parameters());
+  Executor& e = copies_.front();
+  if (!sharded() || !e.reducer(virtual_stage) || !e.optimizer_side().factory) return nullptr;
+  return e.optimizer_side().factory(e.reducer(virtual_stage)->parameters());
 }
 
 void StageOptimizers::scatter(int virtual_stage, torch::optim::Optimizer& full) {
-  std::vector<Executor*> copies{&executor_};
-  for (auto& o : executor_.others) copies.push_back(o.get());
-  const auto& params = executor_.reducers.at(virtual_stage)->parameters();
+  const auto& params = copies_.front().reducer(virtual_stage)->parameters();
   // The fields every parameter's state has, in parameter order.
   std::map<std::string, std::vector<at::Tensor>> fields;
   std::optional<ParamState> kind;  // the kind and step of the states, once one is seen
@@ -199,9 +204,9 @@ void StageOptimizers::scatter(int virtual_stage, torch::optim::Optimizer& full) 
     for (const auto& [name, t] : s.tensors) fields[name].push_back(t);
     kind = ParamState{s.kind, s.step, {}};
   }
-  for (Executor* p : copies) {
-    GradientReducer& reducer = *p->reducers.at(virtual_stage);
-    torch::optim::Optimizer* shard = p->opt.optimizers.at(virtual_stage).get();
+  for (Executor* e : copies_.all()) {
+    GradientReducer& reducer = *e->reducer(virtual_stage);
+    torch::optim::Optimizer* shard = e->optimizer_side().optimizers.at(virtual_stage).get();
     if (!shard) continue;
     shard->state().clear();
     if (!kind) continue;
@@ -212,17 +217,20 @@ void StageOptimizers::scatter(int virtual_stage, torch::optim::Optimizer& full) 
   }
 }
 
-bool StageOptimizers::sharded() const { return executor_.sharded(); }
+bool StageOptimizers::sharded() const { return copies_.front().sharded(); }
 
 void StageOptimizers::gather_grads() {
   if (!sharded()) return;
-  executor_.on_every_copy([](Executor& p) {
-    for (auto& reducer : p.reducers) {
+  copies_.each([](Executor& e) {
+    for (int vs = 0; vs < static_cast<int>(e.balance().size()); ++vs) {
+      GradientReducer* reducer = e.reducer(vs);
       if (!reducer || !reducer->shard().grad().defined()) continue;
-      const auto whole = reducer->gather_state(reducer->shard().grad(), Deadline::after(p.options.timeout_s));
+      const auto whole = reducer->gather_state(reducer->shard().grad(), Deadline::after(e.options().timeout_s));
       for (size_t i = 0; i < whole.size(); ++i) reducer->parameters()[i].mutable_grad() = whole[i];
     }
   });
 }
+
+const OptimizerSide& StageOptimizers::side() const { return copies_.front().optimizer_side(); }
 
 }  // namespace pipetrain::pipeline

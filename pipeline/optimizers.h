@@ -1,4 +1,4 @@
-// optimizers: the optimizer side of a Pipeline, apart from the executor that runs the action
+// optimizers: the optimizer side of a Pipeline, apart from the executors that run the action
 // lists: every stage's optimizer, and what happens between a step's last backward and the next
 // forward — the gradient norm, clipping, the non-finite check, fp16 loss scaling, the learning
 // rate and a sharded optimizer's state (gathered whole for checkpoints, scattered back). It runs
@@ -18,7 +18,8 @@
 
 namespace pipetrain::pipeline {
 
-struct Executor;
+class Copies;
+struct OptimizerSide;
 
 /// Builds the optimizer of one stage (one copy) over the parameters it owns.
 using OptimizerFactory =
@@ -71,8 +72,9 @@ class StageOptimizers {
 
  private:
   friend class Pipeline;
-  explicit StageOptimizers(Executor& executor) : executor_(executor) {}
-  Executor& executor_;
+  explicit StageOptimizers(Copies& copies) : copies_(copies) {}
+  const OptimizerSide& side() const;  // the first copy's, which answers for all
+  Copies& copies_;
 };
 
 }  // namespace pipetrain::pipeline

@@ -1,8 +1,8 @@
 // The public C++ API. A Pipeline takes a torch::nn::Sequential, splits it into stages (the
 // modules are shared, so the caller's model sees every update), and runs each step as a
 // schedule of micro-batch forwards and backwards, one thread per stage, over a transport. Its
-// executor runs the schedule's action lists; its stage optimizers (optimizers.h) step, clip and
-// scale apart from it, on the same stage threads.
+// executors (one per data-parallel copy) run the schedule's action lists; its stage optimizers
+// (optimizers.h) step, clip and scale apart from them, on the same stage threads.
 //
 //   pipetrain::pipeline::PipelineOptions options;
 //   options.stages = 2;
@@ -228,7 +228,7 @@ class Pipeline {
   }
 
  private:
-  std::unique_ptr<Executor> impl_;
+  std::unique_ptr<Copies> copies_;
   std::unique_ptr<StageOptimizers> optimizers_;
 };
 

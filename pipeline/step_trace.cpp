@@ -88,6 +88,30 @@ double bubble(const StepTrace& t) {
   return t.wall > 0 ? 1.0 - busy_ms / 1e3 / (static_cast<double>(t.spans.size()) * t.wall) : 0.0;
 }
 
+namespace {
+// Delivery latency: for each receive that had to wait, from the end of the matching send to the
+// end of the receive (the wake-up of the waiting stage); the median.
+double delivery_latency_ms(const StepTrace& t, const schedule::Schedule& s) {
+  std::map<std::tuple<int, int, int, int>, double> sent;  // (destination, recv op, mb, chunk there) -> end
+  for (size_t r = 0; r < t.spans.size(); ++r)
+    for (const Span& sp : t.spans[r]) {
+      const int vs = s.virtual_stage(static_cast<int>(r), sp.chunk);
+      if (sp.op == Op::SendActivation)
+        sent[{s.device_of(vs + 1), static_cast<int>(Op::RecvActivation), sp.micro_batch, s.chunk_of(vs + 1)}] = sp.end;
+      else if (sp.op == Op::SendGrad)
+        sent[{s.device_of(vs - 1), static_cast<int>(Op::RecvGrad), sp.micro_batch, s.chunk_of(vs - 1)}] = sp.end;
+    }
+  std::vector<double> latency;
+  for (size_t r = 0; r < t.spans.size(); ++r)
+    for (const Span& sp : t.spans[r]) {
+      if (sp.op != Op::RecvActivation && sp.op != Op::RecvGrad) continue;
+      auto it = sent.find({static_cast<int>(r), static_cast<int>(sp.op), sp.micro_batch, sp.chunk});
+      if (it != sent.end() && it->second > sp.start) latency.push_back((sp.end - it->second) * 1e3);
+    }
+  return median(latency);
+}
+}  // namespace
+
 schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) {
   const int V = s.virtual_stages();
   std::vector<std::vector<double>> fwd(V), bin(V), fused(V), bw(V), rec(V), red(V);
@@ -132,25 +156,7 @@ schedule::Costs measured_costs(const StepTrace& t, const schedule::Schedule& s) 
     }
   }
   c.send_ms = median(sends);
-  // Delivery latency: for each receive that had to wait, from the end of the matching send to
-  // the end of the receive (the wake-up of the waiting stage).
-  std::map<std::tuple<int, int, int, int>, double> sent;  // (destination, recv op, mb, chunk there) -> end
-  for (size_t r = 0; r < t.spans.size(); ++r)
-    for (const Span& sp : t.spans[r]) {
-      const int vs = s.virtual_stage(static_cast<int>(r), sp.chunk);
-      if (sp.op == Op::SendActivation)
-        sent[{s.device_of(vs + 1), static_cast<int>(Op::RecvActivation), sp.micro_batch, s.chunk_of(vs + 1)}] = sp.end;
-      else if (sp.op == Op::SendGrad)
-        sent[{s.device_of(vs - 1), static_cast<int>(Op::RecvGrad), sp.micro_batch, s.chunk_of(vs - 1)}] = sp.end;
-    }
-  std::vector<double> latency;
-  for (size_t r = 0; r < t.spans.size(); ++r)
-    for (const Span& sp : t.spans[r]) {
-      if (sp.op != Op::RecvActivation && sp.op != Op::RecvGrad) continue;
-      auto it = sent.find({static_cast<int>(r), static_cast<int>(sp.op), sp.micro_batch, sp.chunk});
-      if (it != sent.end() && it->second > sp.start) latency.push_back((sp.end - it->second) * 1e3);
-    }
-  c.latency_ms = median(latency);
+  c.latency_ms = delivery_latency_ms(t, s);
   c.finish_ms.assign(s.stages, 0.0);
   for (size_t r = 0; r < t.optimizer.size() && r < c.finish_ms.size(); ++r)
     c.finish_ms[r] = (t.optimizer[r].second - t.optimizer[r].first) * 1e3;

@@ -13,20 +13,18 @@
 
 namespace pipetrain::pipeline {
 
-void Executor::init_ties(const torch::nn::Sequential& model) {
-  if (options.ties.empty()) return;
-  if (sharded())
-    throw ConfigError("pipeline: a sharded optimizer (shard_optimizer) does not take tied parameters: the tie's "
-                      "gradients are summed over whole tensors, which sharding splits");
+void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Tie>& ties,
+                const partitioner::Balance& balance) {
+  if (ties.empty()) return;
   const auto names = models::layer_names(model);
   const auto off = partitioner::offsets(balance);
   const int layers = static_cast<int>(model->size());
   torch::NoGradGuard no_grad;
-  for (size_t g = 0; g < options.ties.size(); ++g) {
-    const models::Tie& tie = options.ties[g];
+  for (size_t g = 0; g < ties.size(); ++g) {
+    const models::Tie& tie = ties[g];
     const std::string where = detail::concat("pipeline: tie ", g);
     if (tie.size() < 2) throw ConfigError(where + ": a tie needs at least two parameters");
-    std::vector<TiedParam> members;
+    std::vector<Member> members;
     for (const models::ParamRef& ref : tie) {
       if (ref.layer < 0 || ref.layer >= layers)
         throw ConfigError(detail::concat(where, ": layer ", ref.layer, " outside the model's ", layers, " layers"));
@@ -47,12 +45,12 @@ void Executor::init_ties(const torch::nn::Sequential& model) {
           throw ConfigError(detail::concat(where, ": ", names[ref.layer], ".", ref.name,
                                            " is the same tensor as the tie's first member; each member keeps its own"));
         p->copy_(first);  // equal from the start
-        tie_followers.insert(p->unsafeGetTensorImpl());
-        tied_names.emplace_back(names[ref.layer] + "." + ref.name, names[tie[0].layer] + "." + tie[0].name);
+        followers_.insert(p->unsafeGetTensorImpl());
+        names_.emplace_back(names[ref.layer] + "." + ref.name, names[tie[0].layer] + "." + tie[0].name);
       }
       members.push_back({vs, *p});
     }
-    tie_groups.push_back(std::move(members));
+    groups_.push_back(std::move(members));
   }
 }
 
@@ -60,17 +58,18 @@ void Executor::init_ties(const torch::nn::Sequential& model) {
 // sum is made on one device, the first member's in-process and the host across ranks (where the
 // control plane carries host tensors), and each member takes a copy on its own device. Elementwise
 // addition rounds alike on every device, so where it is made does not change the sum.
-void Executor::sum_tied_grads() {
+void Ties::sum_grads(const std::function<bool(int)>& runs, comm::Collectives* group,
+                     const std::function<int(int)>& rank_of) const {
   torch::NoGradGuard no_grad;
-  for (const auto& members : tie_groups) {
+  for (const auto& members : groups_) {
     std::vector<at::Tensor> grads;
-    for (const TiedParam& t : members) {
+    for (const Member& t : members) {
       at::Tensor g;
       if (runs(t.vs)) g = t.param.grad().defined() ? t.param.grad() : torch::zeros_like(t.param);
-      if (self >= 0) {  // every rank sends what it has (nothing for another rank's member)
-        const auto all = group.all_gather(g.defined() ? g.reshape({-1}).cpu() : at::empty({0}, t.param.options().device(at::kCPU)),
+      if (group) {  // every rank sends what it has (nothing for another rank's member)
+        const auto all = group->all_gather(g.defined() ? g.reshape({-1}).cpu() : at::empty({0}, t.param.options().device(at::kCPU)),
                                           "a tied parameter's gradients");
-        g = all.at(peer(sched.device_of(t.vs)));
+        g = all.at(rank_of(t.vs));
         if (g.numel() != t.param.numel() && runs(t.vs))
           throw Error("pipeline: a tied parameter's gradient arrived with the wrong size");
       }
@@ -78,7 +77,7 @@ void Executor::sum_tied_grads() {
     }
     at::Tensor sum = grads[0].clone();
     for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i].to(sum.device()).reshape(sum.sizes()));
-    for (const TiedParam& t : members)
+    for (const Member& t : members)
       if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).to(t.param.device(), /*non_blocking=*/false, /*copy=*/true);
   }
 }

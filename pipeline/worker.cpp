@@ -97,6 +97,14 @@ void Worker::loop() {
 std::exception_ptr fork_join(const std::vector<std::unique_ptr<Worker>>& workers, const std::vector<int>& which,
                              const std::function<void(int)>& job, const std::function<void()>& here,
                              std::vector<std::exception_ptr>* errors) {
+  std::vector<Worker*> plain;
+  for (const auto& w : workers) plain.push_back(w.get());
+  return fork_join(plain, which, job, here, errors);
+}
+
+std::exception_ptr fork_join(const std::vector<Worker*>& workers, const std::vector<int>& which,
+                             const std::function<void(int)>& job, const std::function<void()>& here,
+                             std::vector<std::exception_ptr>* errors) {
   for (int i : which) workers.at(i)->submit([&job, i] { job(i); });
   std::exception_ptr first;
   if (here) {

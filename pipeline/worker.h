@@ -59,6 +59,9 @@ class Worker {
 /// given, `here` on the calling thread meanwhile; returns once every one has finished. The result
 /// is the first error: here's, else the workers' in `which` order; null when none failed. With
 /// `errors`, every worker's own error is also left in (*errors)[i] (sized to workers.size()).
+std::exception_ptr fork_join(const std::vector<Worker*>& workers, const std::vector<int>& which,
+                             const std::function<void(int)>& job, const std::function<void()>& here = nullptr,
+                             std::vector<std::exception_ptr>* errors = nullptr);
 std::exception_ptr fork_join(const std::vector<std::unique_ptr<Worker>>& workers, const std::vector<int>& which,
                              const std::function<void(int)>& job, const std::function<void()>& here = nullptr,
                              std::vector<std::exception_ptr>* errors = nullptr);
