@@ -132,6 +132,16 @@ void read_rope(const Fields& f, json& block) {
   block["rope_scaling"] = s;
 }
 
+// The output head (lm_head, tied to the token embedding `embed` when `tied`) after `layers`, and
+// the list for windows of seq_len tokens.
+void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq_len, bool tied, const std::string& embed) {
+  layers.push_back({{"name", "lm_head"}, {"type", "linear"}, {"in_features", d}, {"out_features", vocab}, {"bias", false}});
+  spec.tensors.push_back({"lm_head.linear.weight", "lm_head.weight"});
+  spec.tied = tied;
+  spec.layers = {{"input_shape", json::array({seq_len})}, {"input_dtype", "long"}, {"layers", layers}};
+  if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
+}
+
 // Llama, Mistral, Qwen2: embed, layer_0..n-1 (llama_block), norm, lm_head.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
   const int64_t big = int64_t{1} << 30;
@@ -198,11 +208,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   }
   layers.push_back({{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", f.number("rms_norm_eps", 1e-6)}});
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
-  layers.push_back({{"name", "lm_head"}, {"type", "linear"}, {"in_features", d}, {"out_features", vocab}, {"bias", false}});
-  spec.tensors.push_back({"lm_head.linear.weight", "lm_head.weight"});
-  spec.tied = f.boolean("tie_word_embeddings", false);
-  spec.layers = {{"input_shape", json::array({seq_len})}, {"input_dtype", "long"}, {"layers", layers}};
-  if (spec.tied) spec.layers["ties"] = json::array({json::array({"embed.embedding.weight", "lm_head.linear.weight"})});
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", false), "embed.embedding.weight");
 }
 
 // GPT-2: embed (token and position), h_0..n-1 (gpt2_block), ln_f, lm_head.
@@ -244,11 +250,7 @@ void gpt2(const Fields& f, int64_t seq_len, HfSpec& spec) {
   layers.push_back({{"name", "ln_f"}, {"type", "layernorm"}, {"normalized_shape", d}, {"eps", eps}});
   spec.tensors.push_back({"ln_f.ln.weight", "transformer.ln_f.weight"});
   spec.tensors.push_back({"ln_f.ln.bias", "transformer.ln_f.bias"});
-  layers.push_back({{"name", "lm_head"}, {"type", "linear"}, {"in_features", d}, {"out_features", vocab}, {"bias", false}});
-  spec.tensors.push_back({"lm_head.linear.weight", "lm_head.weight"});
-  spec.tied = f.boolean("tie_word_embeddings", true);
-  spec.layers = {{"input_shape", json::array({seq_len})}, {"input_dtype", "long"}, {"layers", layers}};
-  if (spec.tied) spec.layers["ties"] = json::array({json::array({"embed.embedding.tok.weight", "lm_head.linear.weight"})});
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", true), "embed.embedding.tok.weight");
 }
 
 // Tensors a checkpoint may hold beyond the parameters: buffers older versions saved.

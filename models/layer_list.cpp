@@ -148,6 +148,18 @@ int64_t sample_dim(const Ctx& c, int64_t dim, const std::string& key) {
   return d - 1;
 }
 
+// A decoder block (models/decoder.h) over [sequence, d_model]: its module, size and steps.
+template <class Impl, class Options>
+void decoder_block(const Ctx& c, Built& b, const Options& o, const std::string& module, Make make) {
+  if (c.in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", c.in[1], " (input ", shape_text(c.in), ")"));
+  b.module_name = module;
+  b.params = parameter_values(o);
+  b.make = std::move(make);
+  b.run = through<Impl>();
+  b.step = cached<Impl>();
+  b.out = c.in;
+}
+
 Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
   JsonReader& r = c.r;
   Built b;
@@ -297,23 +309,11 @@ Built build_one(const std::string& type, Ctx& c, uint64_t stream) {
   } else if (type == "llama_block") {
     c.need_rank(2, "[sequence, d_model]");
     const LlamaBlockOptions o = read_llama_block(r);
-    if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
-    b.module_name = "llama";
-    b.params = parameter_values(o);
-    b.make = [=] { return LlamaBlock(o).ptr(); };
-    b.run = through<LlamaBlockImpl>();
-    b.step = cached<LlamaBlockImpl>();
-    b.out = in;
+    decoder_block<LlamaBlockImpl>(c, b, o, "llama", [o] { return LlamaBlock(o).ptr(); });
   } else if (type == "gpt2_block") {
     c.need_rank(2, "[sequence, d_model]");
     const Gpt2BlockOptions o = read_gpt2_block(r);
-    if (in[1] != o.d_model) c.fail(detail::concat("expects d_model ", o.d_model, ", gets ", in[1], " (input ", shape_text(in), ")"));
-    b.module_name = "gpt2";
-    b.params = parameter_values(o);
-    b.make = [=] { return Gpt2Block(o, stream).ptr(); };
-    b.run = through<Gpt2BlockImpl>();
-    b.step = cached<Gpt2BlockImpl>();
-    b.out = in;
+    decoder_block<Gpt2BlockImpl>(c, b, o, "gpt2", [o, stream] { return Gpt2Block(o, stream).ptr(); });
     b.random_streams = 3;
   } else if (type == "mlp_block") {
     if (in.empty()) c.fail("expects [..., d_model] input, gets a scalar");
