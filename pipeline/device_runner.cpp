@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/fault.h"
 #include "models/layers.h"
+#include "stages/accelerator.h"
 #include "stages/library_warnings.h"
 
 namespace pipetrain::pipeline {
@@ -117,6 +118,7 @@ void DeviceRunner::run(const schedule::Schedule& lists, Pass pass, int64_t tag_s
     stages::Stamp began;
     if (computes(a.op)) began = context_->stamp(start);
     try {
+      const stages::ProfilerRange range(detail::concat("stage ", vs, " ", schedule::to_string(a)));
       (this->*handler(a.op))(a, vs, key);
     } catch (const Error&) {
       throw;

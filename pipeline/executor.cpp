@@ -342,8 +342,8 @@ int Executor::split_batch(const at::Tensor& input, const at::Tensor& target, boo
     shard_input = in[dp_.copy];
     shard_target = tg[dp_.copy];
   }
-  io_.inputs = shard_input.tensor_split(M, 0);
-  io_.targets = shard_target.tensor_split(M, 0);
+  io_.inputs = pinned_for_gpus(shard_input).tensor_split(M, 0);
+  io_.targets = pinned_for_gpus(shard_target).tensor_split(M, 0);
   // fp16: the loss is scaled before backward (every rank holds the same scale).
   const double loss_scale = scaling() ? opt_.scaler.scale() : 1.0;
   io_.offsets.assign(M, 0);
@@ -421,6 +421,13 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   return loss / loss_scale;
 }
 
+// A host batch for GPU stages, pinned once: each micro-batch's slice then reaches its GPU on the
+// stage's communication stream without holding the runner's thread (stages/device.h; the caching
+// host allocator keeps the memory until the copies have run). CPU stages take it as it is.
+at::Tensor Executor::pinned_for_gpus(const at::Tensor& t) const {
+  return wiring_.marking && t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t;
+}
+
 // A forward-only pass: the batch is split into the configured micro-batches, which flow through
 // the stages on schedule::forward_only's lists (each device takes them in order, so none waits
 // on a later one), with no gradients, no recomputation and the layers in evaluation mode.
@@ -428,7 +435,7 @@ at::Tensor Executor::evaluate(const at::Tensor& input) {
   check_usable();
   const int M = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options_.micro_batches, input.size(0))));
   const schedule::Schedule lists = schedule::forward_only(configured_, M);
-  io_.inputs = input.tensor_split(M, 0);
+  io_.inputs = pinned_for_gpus(input).tensor_split(M, 0);
   io_.outputs.assign(M, at::Tensor());
   const int64_t tag_step = -(++predictions_);  // never a training step's
   model_->eval();

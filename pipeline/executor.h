@@ -138,6 +138,7 @@ class Executor {
   // With a transport that delivers in order (options.transport.in_order), `s` must hold under
   // it (schedule/in_order.h): a ConfigError otherwise.
   void check_delivery(const schedule::Schedule& s) const;
+  at::Tensor pinned_for_gpus(const at::Tensor& t) const;  // a host batch pinned when GPU stages run here
   // The schedule for `m` micro-batches (m < the configured count: the kind's schedule for the
   // most micro-batches it supports up to m; the same placement and chunks) (messages.cpp).
   const schedule::Schedule& schedule_for(int m);

@@ -23,6 +23,17 @@ struct AcceleratorInfo {
 /// This build's and this process's.
 AcceleratorInfo accelerator_info();
 
+/// A named range on the profiler's timeline (NVTX, which nsys shows) from construction to
+/// destruction, on the calling thread; nothing in a build without CUDA, and next to nothing when
+/// no profiler listens.
+class ProfilerRange {
+ public:
+  explicit ProfilerRange(const std::string& name);  ///< opens the range `name`
+  ~ProfilerRange();  ///< closes it
+  ProfilerRange(const ProfilerRange&) = delete;
+  ProfilerRange& operator=(const ProfilerRange&) = delete;
+};
+
 /// What the CPU offers bf16 products, from the flags Linux lists in /proc/cpuinfo. Without
 /// AVX-512 BF16 or AMX, libtorch's bf16 products convert in software: on an AMD EPYC with AVX2
 /// only, train.precision bf16 ran 0.07x (MLP) and 0.21x (GPT) the float32 speed.

@@ -2,6 +2,7 @@
 // count, which also says why there is none (no driver, no device), and libtorch's CUDA hooks
 // for the versions it was built with.
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -43,5 +44,8 @@ AcceleratorInfo accelerator_info() {
 #endif
   return info;
 }
+
+ProfilerRange::ProfilerRange(const std::string& name) { nvtxRangePushA(name.c_str()); }
+ProfilerRange::~ProfilerRange() { nvtxRangePop(); }
 
 }  // namespace pipetrain::stages

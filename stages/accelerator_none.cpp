@@ -9,4 +9,7 @@ AcceleratorInfo accelerator_info() {
   return info;
 }
 
+ProfilerRange::ProfilerRange(const std::string&) {}
+ProfilerRange::~ProfilerRange() = default;
+
 }  // namespace pipetrain::stages
