@@ -1,4 +1,4 @@
-// train: the run layer, from a config to a trained model. config.h reads and validates a JSON
+// job: the run layer's base, from a config to a Pipeline. config.h reads and validates a JSON
 // config (plus overrides) into typed sections; every mistake is a one-line ConfigError naming
 // the file or the override and the key path.
 #pragma once
