@@ -35,10 +35,6 @@ namespace {
 
 constexpr int64_t kBatch = 16;
 
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out, target);
-}
-
 // Conv maps with BatchNorm over channels (2d) and a linear layer with BatchNorm over features
 // (1d); with `one_norm` only the first BatchNorm. With `deferred` the BatchNorms are
 // models::BatchNorm, otherwise torch's (the reference). Both draw the same weights: BatchNorm
@@ -271,7 +267,7 @@ TEST(DeferredBatchNorm, StageRecomputationCountsEachMicroBatchOnce) {
   for (auto mode : {Recompute::Always, Recompute::Never}) {
     auto layers = net(true);
     stages::Stage st(0, 1, layers, mode);
-    st.set_loss(mean_ce);
+    st.set_loss(pipetrain::test::mean_cross_entropy);
     st.begin_step(0, 0, 2);
     Data b = batch(1);
     auto bn0 = batch_norms(*layers).front();
@@ -301,7 +297,7 @@ TEST_P(Deferred, StatisticsAreThoseOfTheWholeBatch) {
   for (bool one_norm : {true, false}) {
     SCOPED_TRACE(one_norm ? "one BatchNorm" : "three BatchNorms");
     auto model = net(true, one_norm);
-    Pipeline pipe(model, options(stages, micro_batches, schedule, mode), mean_ce);
+    Pipeline pipe(model, options(stages, micro_batches, schedule, mode), pipetrain::test::mean_cross_entropy);
     pipe.optimizers().set(sgd(0.0));
     for (int s : {1, 2}) {
       Data b = batch(s);
@@ -344,7 +340,7 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, Deferred, ::testing::ValuesIn(cases()), case_
 TEST(DeferredBatchNorm, PerMicroBatchUpdatesWouldDiffer) {
   for (bool one_norm : {true, false}) {
     auto model = net(false, one_norm);
-    Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), mean_ce);
+    Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), pipetrain::test::mean_cross_entropy);
     for (int s : {1, 2}) {
       Data b = batch(s);
       pipe.forward_backward(b.x, b.y);
@@ -358,7 +354,7 @@ TEST(DeferredBatchNorm, PerMicroBatchUpdatesWouldDiffer) {
 // first normalised per micro-batch. The first BatchNorm's statistics are the whole batch's.
 TEST(DeferredBatchNorm, LaterBatchNormsSeeMicroBatchNormalisedInputs) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), mean_ce);
+  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), pipetrain::test::mean_cross_entropy);
   for (int s : {1, 2}) {
     Data b = batch(s);
     pipe.forward_backward(b.x, b.y);
@@ -373,8 +369,8 @@ TEST(DeferredBatchNorm, LaterBatchNormsSeeMicroBatchNormalisedInputs) {
 // Recomputing every micro-batch and recomputing none give the same statistics.
 TEST(DeferredBatchNorm, RecomputeAlwaysEqualsNever) {
   auto always = net(true), never = net(true);
-  Pipeline a(always, options(2, 4, "1f1b", Recompute::Always), mean_ce);
-  Pipeline n(never, options(2, 4, "1f1b", Recompute::Never), mean_ce);
+  Pipeline a(always, options(2, 4, "1f1b", Recompute::Always), pipetrain::test::mean_cross_entropy);
+  Pipeline n(never, options(2, 4, "1f1b", Recompute::Never), pipetrain::test::mean_cross_entropy);
   for (int s : {1, 2}) {
     Data b = batch(s);
     a.forward_backward(b.x, b.y);
@@ -389,15 +385,15 @@ TEST(DeferredBatchNorm, RecomputeAlwaysEqualsNever) {
 TEST(DeferredBatchNorm, OneMicroBatchEqualsSingleDevice) {
   Data b = batch(1);
   auto pip = net(true);
-  Pipeline pipe(pip, options(2, 1, "gpipe", Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(pip, options(2, 1, "gpipe", Recompute::ExceptLast), pipetrain::test::mean_cross_entropy);
   const double loss = pipe.forward_backward(b.x, b.y);
 
   auto single = net(true);
-  SingleDevice dev(single, mean_ce, sgd(0.0), 0);
+  SingleDevice dev(single, pipetrain::test::mean_cross_entropy, sgd(0.0), 0);
   const double single_loss = dev.train_step(b.x, b.y);  // lr 0: the gradients stay in .grad
 
   auto torch_model = net(false);
-  at::Tensor torch_loss = mean_ce(torch_model->forward(b.x), b.y);
+  at::Tensor torch_loss = pipetrain::test::mean_cross_entropy(torch_model->forward(b.x), b.y);
   torch_loss.backward();
 
   EXPECT_LE(std::abs(loss - single_loss), 1e-12);
@@ -418,14 +414,14 @@ TEST(DeferredBatchNorm, OneMicroBatchEqualsSingleDevice) {
 TEST(DeferredBatchNorm, GradientsNormaliseEachMicroBatch) {
   Data b = batch(1);
   auto pip = net(true);
-  Pipeline pipe(pip, options(2, 4, "1f1b", Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(pip, options(2, 4, "1f1b", Recompute::ExceptLast), pipetrain::test::mean_cross_entropy);
   const double loss = pipe.forward_backward(b.x, b.y);
 
   auto torch_model = net(false);
   double want = 0;
   auto xs = b.x.tensor_split(4, 0), ys = b.y.tensor_split(4, 0);
   for (size_t m = 0; m < xs.size(); ++m) {
-    at::Tensor l = mean_ce(torch_model->forward(xs[m]), ys[m]) * (static_cast<double>(xs[m].size(0)) / kBatch);
+    at::Tensor l = pipetrain::test::mean_cross_entropy(torch_model->forward(xs[m]), ys[m]) * (static_cast<double>(xs[m].size(0)) / kBatch);
     l.backward();
     want += l.item<double>();
   }
@@ -438,7 +434,7 @@ TEST(DeferredBatchNorm, GradientsNormaliseEachMicroBatch) {
 // Gradient accumulation: every forward_backward commits its own batch.
 TEST(DeferredBatchNorm, EachForwardBackwardCommits) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(model, options(2, 4, "gpipe", Recompute::ExceptLast), pipetrain::test::mean_cross_entropy);
   Data b1 = batch(1), b2 = batch(2);
   pipe.forward_backward(b1.x, b1.y, /*accumulate=*/false, 0.5);
   pipe.forward_backward(b2.x, b2.y, /*accumulate=*/true, 0.5);
@@ -451,7 +447,7 @@ TEST(DeferredBatchNorm, FailedStepChangesNoStatistic) {
   auto calls = std::make_shared<int>(0);
   stages::LossFn loss = [fail_on_call, calls](const at::Tensor& out, const at::Tensor& target) {
     if (++*calls == *fail_on_call) throw std::runtime_error("injected loss failure");
-    return mean_ce(out, target);
+    return pipetrain::test::mean_cross_entropy(out, target);
   };
   auto model = net(true);
   Pipeline pipe(model, options(2, 4, "gpipe", Recompute::Never), loss);
@@ -475,7 +471,7 @@ TEST(DeferredBatchNorm, FailedStepChangesNoStatistic) {
 // the next step starts.
 TEST(DeferredBatchNorm, ForwardsOutsideAStepAreDiscarded) {
   auto model = net(true);
-  Pipeline pipe(model, options(2, 4, "1f1b", Recompute::ExceptLast), mean_ce);
+  Pipeline pipe(model, options(2, 4, "1f1b", Recompute::ExceptLast), pipetrain::test::mean_cross_entropy);
   {
     torch::NoGradGuard no_grad;
     model->forward(batch(9).x);

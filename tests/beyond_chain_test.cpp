@@ -19,6 +19,7 @@
 #include "models/skip.h"
 #include "partitioner/partition.h"
 #include "pipeline/pipeline.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -35,10 +36,6 @@ models::Model build(const json& config) {
 json tied_gpt() {
   return {{"family", "gpt"}, {"vocab_size", 13}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
           {"n_layers", 2}, {"d_ff", 16}, {"dropout", 0.1}, {"tie_embeddings", true}};
-}
-
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
 
 double rel_error(const at::Tensor& got, const at::Tensor& want) {
@@ -78,7 +75,7 @@ std::vector<double> reference(models::Model& m) {
     at::Tensor l;
     {
       RngContextGuard rng(RngContext{0, s, 0});
-      l = mean_ce(m.layers->forward(x), y);
+      l = pipetrain::test::mean_cross_entropy(m.layers->forward(x), y);
     }
     l.backward();
     losses.push_back(l.item<double>());
@@ -106,7 +103,7 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
   models::Model want = build(tied_gpt()), got = build(tied_gpt());
   ASSERT_EQ(want.ties.size(), 1u);
   const std::vector<double> want_losses = reference(want);
-  pipeline::Pipeline pipe(got.layers, options(got, 3), mean_ce);
+  pipeline::Pipeline pipe(got.layers, options(got, 3), pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set(adamw());
   for (int s = 0; s < kSteps; ++s) {
     const auto [x, y] = tokens(8, 10 + s);
@@ -127,7 +124,7 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
 // for bit.
 TEST(TiedWeights, RanksHoldEqualCopies) {
   models::Model threads_model = build(tied_gpt());
-  pipeline::Pipeline threads(threads_model.layers, options(threads_model, 3), mean_ce);
+  pipeline::Pipeline threads(threads_model.layers, options(threads_model, 3), pipetrain::test::mean_cross_entropy);
   threads.optimizers().set(adamw());
   std::vector<double> threads_losses;
   for (int s = 0; s < kSteps; ++s) {
@@ -144,7 +141,7 @@ TEST(TiedWeights, RanksHoldEqualCopies) {
   for (int r = 0; r < 3; ++r)
     ranks.emplace_back([&, r] {
       try {
-        pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]));
+        pipeline::Pipeline pipe(models[r].layers, o, pipetrain::test::mean_cross_entropy, std::move(endpoints[r]));
         pipe.optimizers().set(adamw());
         for (int s = 0; s < kSteps; ++s) {
           const auto [x, y] = tokens(8, 10 + s);
@@ -171,7 +168,7 @@ TEST(TiedWeights, BadTiesAreRefused) {
     auto o = options(m, 2);
     o.ties = std::move(ties);
     try {
-      pipeline::Pipeline pipe(m.layers, o, mean_ce);
+      pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
       ADD_FAILURE() << "no error for " << part;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -222,7 +219,7 @@ TEST(Skips, AUsersUndeclaredSkipIsNamedAndADeclaredOneCrosses) {
   o.micro_batches = 2;
   o.timeout_s = 60;
   {
-    pipeline::Pipeline pipe(user_model(), o, mean_ce);
+    pipeline::Pipeline pipe(user_model(), o, pipetrain::test::mean_cross_entropy);
     try {
       pipe.forward_backward(x, y);
       ADD_FAILURE() << "an undeclared skip crossed a cut";
@@ -233,15 +230,15 @@ TEST(Skips, AUsersUndeclaredSkipIsNamedAndADeclaredOneCrosses) {
     }
   }
   torch::nn::Sequential want = user_model(), got = user_model();
-  at::Tensor l = mean_ce(models::forward_with_skips(want, x), y);
+  at::Tensor l = pipetrain::test::mean_cross_entropy(models::forward_with_skips(want, x), y);
   l.backward();
   o.skips = {{"mine", 0, 2}};
-  pipeline::Pipeline pipe(got, o, mean_ce);
+  pipeline::Pipeline pipe(got, o, pipetrain::test::mean_cross_entropy);
   EXPECT_NEAR(pipe.forward_backward(x, y), l.item<double>(), 1e-12);
   auto w = want->named_parameters();
   for (const auto& p : got->named_parameters()) EXPECT_LT(rel_error(p.value().grad(), w[p.key()].grad()), 1e-10) << p.key();
   o.skips = {{"mine", 2, 1}};
-  EXPECT_THROW(pipeline::Pipeline(user_model(), o, mean_ce), ConfigError);
+  EXPECT_THROW(pipeline::Pipeline(user_model(), o, pipetrain::test::mean_cross_entropy), ConfigError);
 }
 
 // The U-Net's skips and the cuts they cross: on three stages of two layers "enc1" (layer 0 to

@@ -24,6 +24,7 @@
 #include "pipeline/pipeline.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -57,10 +58,6 @@ Batch make_batch(const models::Model& m, int64_t n, uint64_t seed) {
   if (m.token_input)
     return {torch::randint(0, m.classes, shape, gen, torch::kLong), torch::randint(0, m.classes, shape, gen, torch::kLong)};
   return {torch::randn(shape, gen).to(torch::kDouble), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
-}
-
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
 
 double rel_error(const at::Tensor& got, const at::Tensor& want) {
@@ -100,7 +97,7 @@ constexpr int kSteps = 3;
 // One device, the whole batch (job::SingleDevice, with the pipeline's dropout streams: seed 0,
 // step s): the reference losses, the model after kSteps optimizer steps.
 std::vector<double> reference(models::Model& m, const Case& c) {
-  job::SingleDevice one(m.layers, mean_ce, c.optimizer == "sgd" ? sgd() : adam(), /*seed=*/0);
+  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, c.optimizer == "sgd" ? sgd() : adam(), /*seed=*/0);
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     const Batch b = make_batch(m, c.batch, 100 + s);
@@ -154,7 +151,7 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
 
   if (!c.ranks) {
     models::Model got = build(c.family);
-    pipeline::Pipeline pipe(got.layers, o, mean_ce);
+    pipeline::Pipeline pipe(got.layers, o, pipetrain::test::mean_cross_entropy);
     pipe.optimizers().set(factory);
     for (int s = 0; s < kSteps; ++s) {
       const Batch b = make_batch(got, c.batch, 100 + s);
@@ -184,7 +181,7 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        pipeline::Pipeline pipe(models[r].layers, o, mean_ce, std::move(endpoints[r]), groups[r / c.copies][r % c.copies]);
+        pipeline::Pipeline pipe(models[r].layers, o, pipetrain::test::mean_cross_entropy, std::move(endpoints[r]), groups[r / c.copies][r % c.copies]);
         EXPECT_EQ(pipe.rank(), r);
         EXPECT_EQ(pipe.copy(), r % c.copies);
         pipe.optimizers().set(factory);
@@ -253,11 +250,11 @@ void step_on_two_batches(models::Model& want, const Batch& b0, const Batch& b1) 
   auto opt = sgd()(want.layers->parameters());
   {
     RngContextGuard rng(RngContext{0, 0, 0});
-    (mean_ce(want.layers->forward(b0.input), b0.target) * 0.5).backward();
+    (pipetrain::test::mean_cross_entropy(want.layers->forward(b0.input), b0.target) * 0.5).backward();
   }
   {
     RngContextGuard rng(RngContext{0, 1, 0});
-    (mean_ce(want.layers->forward(b1.input), b1.target) * 0.5).backward();
+    (pipetrain::test::mean_cross_entropy(want.layers->forward(b1.input), b1.target) * 0.5).backward();
   }
   opt->step();
 }
@@ -269,7 +266,7 @@ TEST(DataParallelAccumulate, ReducesOnceAfterTheLastBatch) {
   const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
   step_on_two_batches(want, b0, b1);
   Case c{"mlp", "1f1b", 2, 2, 2, 8};
-  pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+  pipeline::Pipeline pipe(got.layers, options(c), pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set(sgd());
   pipe.sync_gradients(false);
   pipe.forward_backward(b0.input, b0.target, false, 0.5);
@@ -293,7 +290,7 @@ TEST(DataParallelAccumulate, OntoReducedGradientsCountsEachBatchOnce) {
       const Batch b0 = make_batch(want, 8, 1), b1 = make_batch(want, 8, 2);
       step_on_two_batches(want, b0, b1);
       Case c{"mlp", "1f1b", 2, 2, 2, 8, shard};
-      pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+      pipeline::Pipeline pipe(got.layers, options(c), pipetrain::test::mean_cross_entropy);
       pipe.optimizers().set(sgd());
       pipe.forward_backward(b0.input, b0.target, false, 0.5);  // reduced at once
       pipe.sync_gradients(second_sync);
@@ -312,12 +309,12 @@ TEST(DataParallelPartialBatch, ShardsSmallerThanTheMicroBatchesRunAsFewer) {
   at::Tensor l;
   {
     RngContextGuard rng(RngContext{0, 0, 0});
-    l = mean_ce(want.layers->forward(b.input), b.target);
+    l = pipetrain::test::mean_cross_entropy(want.layers->forward(b.input), b.target);
   }
   l.backward();
   opt->step();
   Case c{"mlp", "1f1b", 2, 3, 4, 10};
-  pipeline::Pipeline pipe(got.layers, options(c), mean_ce);
+  pipeline::Pipeline pipe(got.layers, options(c), pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set(sgd());
   EXPECT_NEAR(pipe.train_step(b.input, b.target), l.item<double>(), 1e-10 * l.item<double>());
   EXPECT_EQ(pipe.fewest_micro_batches(), 3);  // 10 over 3 copies: shards of 4, 3 and 3

@@ -22,6 +22,7 @@
 #include "pipeline/pipeline.h"
 #include "profiler/profile.h"
 #include "stages/accelerator.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 
@@ -80,10 +81,6 @@ torch::nn::Sequential small_model() {
   return s;
 }
 
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out, target);
-}
-
 pipeline::OptimizerFactory sgd() {
   return [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
@@ -97,7 +94,7 @@ TEST(Deprecated, TheOldOptimizerSpellingsForwardToOptimizers) {
   o.micro_batches = 2;
   o.timeout_s = 60;
   torch::nn::Sequential old_model = small_model(), new_model = small_model();
-  pipeline::Pipeline old_pipe(old_model, o, mean_ce), new_pipe(new_model, o, mean_ce);
+  pipeline::Pipeline old_pipe(old_model, o, pipetrain::test::mean_cross_entropy), new_pipe(new_model, o, pipetrain::test::mean_cross_entropy);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   old_pipe.set_optimizer(sgd());
@@ -142,9 +139,9 @@ TEST(ShardedGrads, GatherGradsPutsTheWholeReducedGradientInDotGrad) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor x = torch::randn({12, 6}, gen).to(torch::kDouble), y = torch::randint(0, 3, {12}, gen, torch::kLong);
   torch::nn::Sequential one = small_model(), plain_model = small_model(), sharded_model = small_model();
-  const at::Tensor want_loss = mean_ce(one->forward(x), y);
+  const at::Tensor want_loss = pipetrain::test::mean_cross_entropy(one->forward(x), y);
   want_loss.backward();
-  pipeline::Pipeline plain(plain_model, copies(false), mean_ce), sharded(sharded_model, copies(true), mean_ce);
+  pipeline::Pipeline plain(plain_model, copies(false), pipetrain::test::mean_cross_entropy), sharded(sharded_model, copies(true), pipetrain::test::mean_cross_entropy);
   plain.optimizers().set(sgd());
   sharded.optimizers().set(sgd());
   ASSERT_TRUE(sharded.optimizers().sharded());

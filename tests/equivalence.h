@@ -30,6 +30,7 @@
 #include "stages/accelerator.h"
 #include "stages/autocast.h"
 #include "stages/device.h"
+#include "tests/helpers.h"
 
 namespace equivalence {
 
@@ -114,10 +115,6 @@ inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype)
   return {torch::randn(shape, gen).to(dtype), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
 }
 
-inline at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
-}
-
 inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
   const double denom = std::max(want.norm().item<double>(), 1e-30);
   return (got - want).norm().item<double>() / denom;
@@ -130,7 +127,7 @@ inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
 // bfloat16 input, and bfloat16 partial sums round differently). Returns the loss; the gradients
 // (a tie's members each holding their sum) go to .grad.
 inline double reference(models::Model& m, const Batch& b, Precision precision, int micro_batches = 1, double scale = 1.0) {
-  job::SingleDevice one(m.layers, mean_ce, {}, /*seed=*/42, precision, m.ties);
+  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, {}, /*seed=*/42, precision, m.ties);
   if (precision != Precision::FP32 || micro_batches > 1) one.accumulate({micro_batches, scale, /*intra_op_threads=*/1});
   return one.forward_backward(b.input, b.target);
 }

@@ -201,7 +201,7 @@ TEST(InOrderDelivery, VPlacementsAreRefusedNamingTheCrossing) {
     o.micro_batches = micro_batches;
     o.transport.in_order = true;
     try {
-      pipeline::Pipeline pipe(m.layers, o, mean_ce);
+      pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
       ADD_FAILURE() << kind << " was accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("a transport that delivers in order cannot run this schedule: schedule ") +
@@ -231,7 +231,7 @@ TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
     o.seed = 42;
     o.timeout_s = 60;
     o.checking_contexts = true;
-    pipeline::Pipeline pipe(m.layers, o, mean_ce);
+    pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
     stages::checking_contexts_skip_waits(1, k);
     bool equal = true;
     try {
@@ -253,7 +253,7 @@ TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
   o.micro_batches = 4;
   o.seed = 42;
   o.checking_contexts = true;
-  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(b.input, b.target);
   for (const auto& p : ref.layers->named_parameters())
     EXPECT_LE(rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
@@ -287,7 +287,7 @@ TEST(CheckingContext, TheTraceHoldsTheContextsTimes) {
   o.stages = 2;
   o.micro_batches = 4;
   o.checking_contexts = true;
-  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(b.input, b.target);
   const auto& t = pipe.last_trace();
   ASSERT_EQ(t.spans.size(), 2u);

@@ -52,7 +52,7 @@ std::vector<PipelineRun> step_ranks(std::vector<models::Model>& copies, const pi
   for (int r = 0; r < K; ++r)
     threads.emplace_back([&, r] {
       try {
-        runs[r].pipe = std::make_unique<pipeline::Pipeline>(copies[r].layers, o, mean_ce, std::move(endpoints[r]));
+        runs[r].pipe = std::make_unique<pipeline::Pipeline>(copies[r].layers, o, pipetrain::test::mean_cross_entropy, std::move(endpoints[r]));
         runs[r].loss = runs[r].pipe->forward_backward(b.input, b.target);
         runs[r].pipe->optimizers().step();  // no optimizer: sums tied gradients, steps nothing
       } catch (...) {
@@ -143,7 +143,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   for (int r = 0; r < (c.ranks ? c.stages : 1); ++r) copies.push_back(build(c.family, c.dtype, deep));
   if (c.stepped()) {  // one optimizer step, SGD with lr 1: each parameter moves by minus its gradient
     ASSERT_FALSE(c.ranks) << "the ranks runtime of copies and fp16: data_parallel_test, precision_test";
-    pipeline::Pipeline pipe(copies[0].layers, o, mean_ce);
+    pipeline::Pipeline pipe(copies[0].layers, o, pipetrain::test::mean_cross_entropy);
     pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1.0); });
     std::map<std::string, at::Tensor> before;
     for (const auto& p : copies[0].layers->named_parameters()) before[p.key()] = p.value().detach().clone();
@@ -164,7 +164,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     runs = step_ranks(copies, o, b);
   } else {
     runs.emplace_back();
-    runs[0].pipe = std::make_unique<pipeline::Pipeline>(copies[0].layers, o, mean_ce);
+    runs[0].pipe = std::make_unique<pipeline::Pipeline>(copies[0].layers, o, pipetrain::test::mean_cross_entropy);
     runs[0].loss = runs[0].pipe->forward_backward(b.input, b.target);
     runs[0].pipe->optimizers().step();  // no optimizer: sums tied gradients, steps nothing
   }

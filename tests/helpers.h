@@ -25,9 +25,9 @@ inline ::testing::AssertionResult same_parameters(const torch::nn::Module& a, co
   return ::testing::AssertionSuccess();
 }
 
-// Mean cross-entropy of class scores [N, C] against targets [N]: a stage loss for the tests.
+// Mean cross-entropy of class scores [..., C] against targets [...]: the tests' stage loss.
 inline at::Tensor mean_cross_entropy(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out, target);
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
 
 // A layer that fails on its `fail_at`-th call, to test error propagation.

@@ -25,7 +25,6 @@ using pipetrain::test::Failing;
 
 namespace {
 
-const auto& mean_ce = pipetrain::test::mean_cross_entropy;
 
 torch::nn::Sequential mlp(int width, int layers) {
   torch::manual_seed(0);
@@ -84,7 +83,7 @@ TEST(Executor, StagesRunConcurrently) {
   o.stages = 2;
   o.micro_batches = 4;
   o.recompute = Recompute::Never;  // one forward call per micro-batch
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(torch::randn({8, 16}), torch::randint(0, 16, {8}, torch::kLong));
   EXPECT_TRUE(meeting->met && meeting->arrived == 2) << "the two stages never computed at the same time";
 
@@ -111,7 +110,7 @@ TEST(Executor, ErrorInOneStageStopsEveryStageAndNamesIt) {
   o.stages = 4;
   o.micro_batches = 4;
   o.timeout_s = 60;  // far longer than the test: peers must be woken, not time out
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   auto x = torch::randn({8, 4});
   auto y = torch::randint(0, 4, {8}, torch::kLong);
   try {
@@ -144,7 +143,7 @@ TEST(Executor, SilentPeerTimesOutNamingTheRank) {
   o.stages = 2;
   o.micro_batches = 1;
   o.timeout_s = 0.2;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   std::string msg;
   try {
     pipe.forward_backward(torch::randn({2, 4}), torch::randint(0, 4, {2}, torch::kLong));
@@ -180,7 +179,7 @@ TEST(Pipeline, ARankThatCannotBeConstructedFailsItsPeersAtOnce) {
           // Rank 1 gets a model of one layer: too few for two stages.
           torch::nn::Sequential one;
           one->push_back("fc", torch::nn::Linear(4, 4));
-          Pipeline pipe(r == 0 ? mlp(4, 2) : one, o, mean_ce, std::move(endpoints[r]));
+          Pipeline pipe(r == 0 ? mlp(4, 2) : one, o, pipetrain::test::mean_cross_entropy, std::move(endpoints[r]));
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }
@@ -203,11 +202,11 @@ TEST(Pipeline, UnevenBatchGivesTheExactMeanLoss) {
   model->to(torch::kDouble);
   auto x = torch::randn({7, 8}, torch::kDouble);
   auto y = torch::randint(0, 8, {7}, torch::kLong);
-  const double whole = mean_ce(model->forward(x), y).item<double>();
+  const double whole = pipetrain::test::mean_cross_entropy(model->forward(x), y).item<double>();
   PipelineOptions o;
   o.stages = 3;
   o.micro_batches = 3;  // 3 + 2 + 2 samples
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   EXPECT_NEAR(pipe.forward_backward(x, y), whole, 1e-12);
 }
 
@@ -216,7 +215,7 @@ TEST(Pipeline, TrainStepUpdatesTheCallersModelAndLowersTheLoss) {
   PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 4;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
   });
@@ -248,11 +247,11 @@ TEST(Pipeline, OptimizerStepMatchesSingleDevice) {
     PipelineOptions o;
     o.stages = 2;
     o.micro_batches = 3;
-    Pipeline pipe(b, o, mean_ce);
+    Pipeline pipe(b, o, pipetrain::test::mean_cross_entropy);
     pipe.optimizers().set(make);
     for (int s = 0; s < 3; ++s) {
       opt->zero_grad();
-      mean_ce(a->forward(x), y).backward();
+      pipetrain::test::mean_cross_entropy(a->forward(x), y).backward();
       opt->step();
       pipe.train_step(x, y);
     }
@@ -265,13 +264,13 @@ TEST(Pipeline, BadOptionsAreErrors) {
   auto model = mlp(4, 1);  // 2 layers
   PipelineOptions o;
   o.stages = 3;
-  EXPECT_THROW(Pipeline(model, o, mean_ce), ConfigError);
+  EXPECT_THROW(Pipeline(model, o, pipetrain::test::mean_cross_entropy), ConfigError);
   o.stages = 2;
   o.balance = {1, 2};
-  EXPECT_THROW(Pipeline(model, o, mean_ce), ConfigError);
+  EXPECT_THROW(Pipeline(model, o, pipetrain::test::mean_cross_entropy), ConfigError);
   o.balance = {};
   o.micro_batches = 4;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   // Fewer samples than micro-batches (an epoch's short last batch) run as fewer micro-batches.
   pipe.forward_backward(torch::randn({3, 4}), torch::randint(0, 4, {3}, torch::kLong));
   EXPECT_EQ(pipe.fewest_micro_batches(), 3);
@@ -295,7 +294,7 @@ TEST(Executor, InFlightMicroBatchesMatchTheSimulator) {
     o.schedule = schedule::parse_kind(c.kind);
     o.chunks = c.chunks;
     o.recompute = Recompute::Never;
-    Pipeline pipe(mlp(8, 4), o, mean_ce);
+    Pipeline pipe(mlp(8, 4), o, pipetrain::test::mean_cross_entropy);
     pipe.forward_backward(torch::randn({16, 8}), torch::randint(0, 8, {16}, torch::kLong));
     const auto sim = schedule::simulate(pipe.schedule(), schedule::Costs::uniform(c.stages * c.chunks, 1, 1, 1));
     EXPECT_EQ(pipe.last_trace().peak_in_flight, sim.peak_in_flight) << c.kind;
@@ -312,7 +311,7 @@ TEST(Executor, MeasuredCostsKeepFusedAndSplitBackwardsApart) {
   o.schedule = schedule::parse_kind("dualpipev");
   o.chunks = 2;
   o.recompute = Recompute::Never;
-  Pipeline pipe(mlp(8, 4), o, mean_ce);
+  Pipeline pipe(mlp(8, 4), o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(torch::randn({16, 8}), torch::randint(0, 8, {16}, torch::kLong));
   const auto c = measured_costs(pipe.last_trace(), pipe.schedule());
   ASSERT_EQ(c.backward_fused.size(), 4u);
@@ -330,7 +329,7 @@ TEST(Executor, TimelineAndMeasuredCosts) {
   o.micro_batches = 3;
   o.schedule = schedule::parse_kind("zb-h1");
   o.recompute = Recompute::ExceptLast;
-  Pipeline pipe(mlp(8, 4), o, mean_ce);
+  Pipeline pipe(mlp(8, 4), o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(torch::randn({6, 8}), torch::randint(0, 8, {6}, torch::kLong));
   const StepTrace& t = pipe.last_trace();
   auto tl = timeline(t, t.start);
@@ -379,7 +378,7 @@ TEST(Profile, MeasuresEachLayer) {
   profiler::ProfileOptions o;
   o.warmup = 1;
   o.repeat = 3;
-  const auto p = profiler::profile_layers(model, x, y, mean_ce, o);
+  const auto p = profiler::profile_layers(model, x, y, pipetrain::test::mean_cross_entropy, o);
   ASSERT_EQ(p.layers.size(), 4u);
   EXPECT_EQ(p.input_bytes, 8 * 16 * 8);
   EXPECT_EQ(p.layers[0].name, "fc0");
@@ -454,7 +453,7 @@ TEST(Executor, FailedStepChangesNoParameter) {
   o.stages = 4;
   o.micro_batches = 4;
   o.recompute = Recompute::Always;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
   std::vector<at::Tensor> before;
   for (auto& p : model->parameters()) before.push_back(p.detach().clone());
@@ -481,7 +480,7 @@ TEST(Executor, ZeroBubbleStartsCleanAfterAFailedStep) {
   o.schedule = schedule::parse_kind("zb-h1");
   o.recompute = Recompute::Never;
   auto failed_model = failing_model(/*fail_at=*/2, false), clean_model = failing_model(/*fail_at=*/0, false);
-  Pipeline failed(failed_model, o, mean_ce), clean(clean_model, o, mean_ce);
+  Pipeline failed(failed_model, o, pipetrain::test::mean_cross_entropy), clean(clean_model, o, pipetrain::test::mean_cross_entropy);
   auto x1 = torch::randn({8, 4}), x2 = torch::randn({8, 4});
   auto y = torch::randint(0, 4, {8}, torch::kLong);
   EXPECT_THROW(failed.forward_backward(x1, y), Error);
@@ -511,7 +510,7 @@ TEST(Controls, GlobalGradientClipping) {
   PipelineOptions o;
   o.stages = 4;
   o.micro_batches = 2;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1.0); });
   auto x = torch::randn({8, 8}, torch::kDouble);
   auto y = torch::randint(0, 8, {8}, torch::kLong);
@@ -543,7 +542,7 @@ TEST(Controls, NonFiniteGradientNamesTheStageAndChangesNothing) {
   PipelineOptions o;
   o.stages = 4;
   o.micro_batches = 2;
-  Pipeline pipe(model, o, mean_ce);
+  Pipeline pipe(model, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); });
   pipe.optimizers().check_finite_grads(true);
   auto x = torch::randn({8, 8}, torch::kDouble);

@@ -29,16 +29,13 @@
 #include "checkpoint/checkpoint.h"
 #include "job/config.h"
 #include "train/trainer.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
-}
 
 models::Model mlp(double dropout = 0.1) {
   JsonReader r(json{{"family", "mlp"}, {"in", 12}, {"width", 16}, {"layers", 3}, {"out", 5}, {"dropout", dropout}},
@@ -121,7 +118,7 @@ TEST(Precision, Bf16StageSpeaksBfloat16AndKeepsFloat32Gradients) {
 // under autocast, one intra-op thread as a stage's worker, the pipeline's dropout streams (seed 7).
 void reference_steps(models::Model& m, const std::vector<std::pair<at::Tensor, at::Tensor>>& batches, int M,
                      double lr) {
-  job::SingleDevice one(m.layers, mean_ce,
+  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy,
                         [lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); },
                         /*seed=*/7, Precision::BF16);
   one.accumulate({M, 1.0, /*intra_op_threads=*/1});
@@ -154,7 +151,7 @@ TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
   o.schedule = schedule::parse_kind("1f1b");
   o.seed = 7;
   o.precision = Precision::BF16;
-  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.5); });
   for (const auto& [x, y] : batches) pipe.train_step(x, y);
   auto want = ref.layers->named_parameters();
@@ -173,7 +170,7 @@ TEST(Precision, ALaterMicroBatchAccumulatesEachWeightGradientAsItGoes) {
   JsonReader r(json{{"family", "mlp"}, {"in", 256}, {"width", 256}, {"layers", 6}, {"out", 5}}, "model", "test");
   models::Model m = models::build(r, 5);
   stages::Stage stage(0, 1, m.layers, Recompute::Never);
-  stage.set_loss(mean_ce);
+  stage.set_loss(pipetrain::test::mean_cross_entropy);
   stage.set_precision(Precision::BF16);
   const int M = 4;
   const at::Tensor x = torch::randn({8 * M, 256}), y = torch::randint(0, 5, {8 * M}, torch::kLong);
@@ -207,7 +204,7 @@ TEST(Precision, APipelineRefusesReducedPrecisionOverNonFloat32Weights) {
   o.stages = 2;
   o.precision = Precision::BF16;
   try {
-    pipeline::Pipeline pipe(m.layers, o, mean_ce);
+    pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
     FAIL() << "a float64 model ran in bf16";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("float32 master weights"), std::string::npos) << e.what();
@@ -299,7 +296,7 @@ TEST(Fp16, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
   for (int r = 0; r < K; ++r)
     threads.emplace_back([&, r] {
       try {
-        pipes[r] = std::make_unique<pipeline::Pipeline>(models[r], o, mean_ce, std::move(endpoints[r]));
+        pipes[r] = std::make_unique<pipeline::Pipeline>(models[r], o, pipetrain::test::mean_cross_entropy, std::move(endpoints[r]));
         pipes[r]->optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 0.1); });
         for (int s = 0; s < kSteps; ++s) {
           std::vector<at::Tensor> before;
@@ -344,7 +341,7 @@ TEST(Fp16, AScaledStepEqualsTheReferenceWithTheSameScale) {
   const at::Tensor x = torch::randn({8, 12}, gen), y = torch::randint(0, 5, {8}, gen, torch::kLong);
   constexpr double S = 4096;
   models::Model ref = mlp(0.0);
-  job::SingleDevice one(ref.layers, mean_ce, {}, /*seed=*/0, Precision::FP16);
+  job::SingleDevice one(ref.layers, pipetrain::test::mean_cross_entropy, {}, /*seed=*/0, Precision::FP16);
   one.accumulate({2, S, /*intra_op_threads=*/1});
   const double ref_loss = one.forward_backward(x, y);
   models::Model m = mlp(0.0);
@@ -353,7 +350,7 @@ TEST(Fp16, AScaledStepEqualsTheReferenceWithTheSameScale) {
   o.micro_batches = 2;
   o.precision = Precision::FP16;
   o.loss_scale.initial = S;
-  pipeline::Pipeline pipe(m.layers, o, mean_ce);
+  pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
   pipe.optimizers().set([](auto params) { return std::make_unique<torch::optim::SGD>(params, 1.0); });
   std::vector<at::Tensor> before;
   for (auto& p : m.layers->parameters()) before.push_back(p.detach().clone());

@@ -7,6 +7,7 @@
 #include "models/model.h"
 #include "stages/library_warnings.h"
 #include "stages/stage.h"
+#include "tests/helpers.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -19,15 +20,11 @@ torch::nn::Sequential mlp(uint64_t seed) {
   m->to(torch::kDouble);
   return m;
 }
-at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& t) {
-  return torch::nn::functional::cross_entropy(out, t);
-}
-
 // Gradients of a single (last and first) stage over `micro_batches` micro-batches.
 std::vector<at::Tensor> grads(Recompute mode, int micro_batches, size_t* held_after_forward) {
   auto model = mlp(1);
   stages::Stage s(0, 1, model, mode);
-  s.set_loss(mean_ce);
+  s.set_loss(pipetrain::test::mean_cross_entropy);
   s.begin_step(5, 0, micro_batches);
   auto x = torch::randn({8, 6}, torch::dtype(torch::kDouble).requires_grad(false));
   auto y = torch::randint(0, 3, {8}, torch::kLong);
@@ -82,7 +79,7 @@ TEST(Stage, AUnitWeightLeavesTheLossAsItIs) {
     auto model = mlp(1);
     stages::Stage s(0, 1, model, Recompute::Never);
     at::Tensor loss;
-    s.set_loss([&loss](const at::Tensor& out, const at::Tensor& t) { return loss = mean_ce(out, t); });
+    s.set_loss([&loss](const at::Tensor& out, const at::Tensor& t) { return loss = pipetrain::test::mean_cross_entropy(out, t); });
     s.begin_step(0, 0, 1);
     const at::Tensor out = s.forward(0, torch::randn({4, 6}, torch::kDouble), 0, torch::randint(0, 3, {4}), weight);
     EXPECT_EQ(out.data_ptr() == loss.data_ptr(), weight == 1.0) << weight;
