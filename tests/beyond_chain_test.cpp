@@ -38,10 +38,6 @@ json tied_gpt() {
           {"n_layers", 2}, {"d_ff", 16}, {"dropout", 0.1}, {"tie_embeddings", true}};
 }
 
-double rel_error(const at::Tensor& got, const at::Tensor& want) {
-  return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
-}
-
 std::pair<at::Tensor, at::Tensor> tokens(int64_t n, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return {torch::randint(0, 13, {n, 6}, gen, torch::kLong), torch::randint(0, 13, {n, 6}, gen, torch::kLong)};
@@ -114,7 +110,7 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
   EXPECT_TRUE(torch::equal(param(got, tie[0]), param(got, tie[1]))) << "the tied copies differ";
   auto w = want.layers->named_parameters();
   for (const auto& p : got.layers->named_parameters())
-    EXPECT_LT(rel_error(p.value(), w[p.key()]), 1e-10) << p.key();
+    EXPECT_LT(pipetrain::test::rel_error(p.value(), w[p.key()]), 1e-10) << p.key();
   ASSERT_EQ(pipe.tied_names().size(), 1u);
   EXPECT_EQ(pipe.tied_names()[0], (std::pair<std::string, std::string>{"head.linear.weight", "embed.tok.weight"}));
 }
@@ -236,7 +232,7 @@ TEST(Skips, AUsersUndeclaredSkipIsNamedAndADeclaredOneCrosses) {
   pipeline::Pipeline pipe(got, o, pipetrain::test::mean_cross_entropy);
   EXPECT_NEAR(pipe.forward_backward(x, y), l.item<double>(), 1e-12);
   auto w = want->named_parameters();
-  for (const auto& p : got->named_parameters()) EXPECT_LT(rel_error(p.value().grad(), w[p.key()].grad()), 1e-10) << p.key();
+  for (const auto& p : got->named_parameters()) EXPECT_LT(pipetrain::test::rel_error(p.value().grad(), w[p.key()].grad()), 1e-10) << p.key();
   o.skips = {{"mine", 2, 1}};
   EXPECT_THROW(pipeline::Pipeline(user_model(), o, pipetrain::test::mean_cross_entropy), ConfigError);
 }

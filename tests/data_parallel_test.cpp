@@ -60,10 +60,6 @@ Batch make_batch(const models::Model& m, int64_t n, uint64_t seed) {
   return {torch::randn(shape, gen).to(torch::kDouble), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
 }
 
-double rel_error(const at::Tensor& got, const at::Tensor& want) {
-  return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
-}
-
 pipeline::OptimizerFactory adam() {
   return [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
@@ -127,14 +123,14 @@ void expect_same(const models::Model& got, const models::Model& want, const std:
   for (const auto& p : w) {
     const at::Tensor& t = g[p.key()];
     if (t.numel() == 0) continue;  // another rank's stage
-    EXPECT_LT(rel_error(t, p.value()), 1e-10) << who << ": parameter " << p.key();
+    EXPECT_LT(pipetrain::test::rel_error(t, p.value()), 1e-10) << who << ": parameter " << p.key();
     ++compared;
   }
   EXPECT_GT(compared, 0) << who;
   auto gb = got.layers->named_buffers(), wb = want.layers->named_buffers();
   for (const auto& b : wb) {
     if (gb[b.key()].numel() > 0 && b.value().is_floating_point()) {
-      EXPECT_LT(rel_error(gb[b.key()], b.value()), 1e-10) << who << ": buffer " << b.key();
+      EXPECT_LT(pipetrain::test::rel_error(gb[b.key()], b.value()), 1e-10) << who << ": buffer " << b.key();
     }
   }
 }

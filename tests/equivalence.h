@@ -115,11 +115,6 @@ inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype)
   return {torch::randn(shape, gen).to(dtype), torch::randint(0, m.classes, {n}, gen, torch::kLong)};
 }
 
-inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
-  const double denom = std::max(want.norm().item<double>(), 1e-30);
-  return (got - want).norm().item<double>() / denom;
-}
-
 // The reference: job::SingleDevice on the model's copy `m`, the whole batch in one step or, for a
 // reduced precision, micro-batch by micro-batch as the pipeline splits it (its dropout streams and
 // loss weights), each forward under the same autocast as a stage's, with one intra-op thread as a

@@ -238,7 +238,7 @@ TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
       pipe.forward_backward(b.input, b.target);
       for (const auto& p : ref.layers->named_parameters()) {
         const at::Tensor g = m.layers->named_parameters()[p.key()].grad();
-        equal = equal && g.defined() && g.isfinite().all().item<bool>() && rel_error(g, p.value().grad()) < 1e-10;
+        equal = equal && g.defined() && g.isfinite().all().item<bool>() && pipetrain::test::rel_error(g, p.value().grad()) < 1e-10;
       }
     } catch (const std::exception&) {
       equal = false;  // e.g. a target read as -1
@@ -256,7 +256,7 @@ TEST(CheckingContext, AMissingWaitCorruptsTheStep) {
   pipeline::Pipeline pipe(m.layers, o, pipetrain::test::mean_cross_entropy);
   pipe.forward_backward(b.input, b.target);
   for (const auto& p : ref.layers->named_parameters())
-    EXPECT_LE(rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
+    EXPECT_LE(pipetrain::test::rel_error(m.layers->named_parameters()[p.key()].grad(), p.value().grad()), 1e-10) << p.key();
 }
 
 // A context's stamps: on the CPU a stamp is the host time it was given; on the checking context

@@ -155,7 +155,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     ASSERT_EQ(got.size(), want.size());
     for (const auto& p : want) {
       const at::Tensor moved = (before.at(p.key()) - got[p.key()].detach()).cpu();
-      EXPECT_LE(rel_error(moved, p.value().grad() / scale), tol) << p.key();
+      EXPECT_LE(pipetrain::test::rel_error(moved, p.value().grad() / scale), tol) << p.key();
     }
     return;
   }
@@ -201,7 +201,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
     ASSERT_TRUE(got->second.defined()) << p.key() << " has no gradient";
     // Master weights: the gradients are of the parameters' dtype whatever the precision.
     EXPECT_EQ(got->second.scalar_type(), c.dtype) << p.key();
-    EXPECT_LE(rel_error(got->second, p.value().grad()), tol) << p.key();
+    EXPECT_LE(pipetrain::test::rel_error(got->second, p.value().grad()), tol) << p.key();
     if (reduced) {
       diff_sq += (got->second - loose[p.key()].grad()).pow(2).sum().item<double>();
       ref_sq += loose[p.key()].grad().pow(2).sum().item<double>();

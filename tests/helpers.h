@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -28,6 +29,11 @@ inline ::testing::AssertionResult same_parameters(const torch::nn::Module& a, co
 // Mean cross-entropy of class scores [..., C] against targets [...]: the tests' stage loss.
 inline at::Tensor mean_cross_entropy(const at::Tensor& out, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+// |got - want| / |want| (Frobenius norms): how far a result is from its reference.
+inline double rel_error(const at::Tensor& got, const at::Tensor& want) {
+  return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
 }
 
 // A layer that fails on its `fail_at`-th call, to test error propagation.

@@ -43,10 +43,6 @@ models::Model mlp(double dropout = 0.1) {
   return models::build(r, /*seed=*/3);
 }
 
-double rel_error(const at::Tensor& got, const at::Tensor& want) {
-  return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
-}
-
 TEST(Precision, NamesParseAndBytes) {
   EXPECT_EQ(precision_names(), (std::vector<std::string>{"fp32", "bf16", "fp16"}));
   for (const auto& n : precision_names()) EXPECT_EQ(precision_name(parse_precision(n)), n);
@@ -157,7 +153,7 @@ TEST(Precision, NoWeightCastSurvivesAnOptimizerStep) {
   auto want = ref.layers->named_parameters();
   for (const auto& p : m.layers->named_parameters()) {
     EXPECT_EQ(p.value().scalar_type(), torch::kFloat) << p.key();
-    EXPECT_LE(rel_error(p.value(), want[p.key()]), 1e-5) << p.key();
+    EXPECT_LE(pipetrain::test::rel_error(p.value(), want[p.key()]), 1e-5) << p.key();
   }
 }
 
@@ -362,7 +358,7 @@ TEST(Fp16, AScaledStepEqualsTheReferenceWithTheSameScale) {
   for (auto& p : m.layers->parameters()) {
     // SGD with lr 1: the update is minus the unscaled gradient.
     const at::Tensor step = before[i] - p.detach();
-    EXPECT_LE(rel_error(step, want[i].grad() / S), 1e-6) << i;
+    EXPECT_LE(pipetrain::test::rel_error(step, want[i].grad() / S), 1e-6) << i;
     ++i;
   }
 }
