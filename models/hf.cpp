@@ -298,13 +298,12 @@ Model build_hf(JsonReader& r) {
   Model m = build_layer_list(list);
 
   SafetensorsCheckpoint ck(dir);
-  auto params = m.layers->named_parameters();
-  std::set<std::string> used;
-  bool wide = false;
+  bool wide = false;  // a float64 checkpoint builds a float64 model
   for (const HfTensor& t : spec.tensors)
     if (ck.contains(t.theirs) && ck.get(t.theirs).scalar_type() == at::kDouble) wide = true;
   if (wide) m.layers->to(torch::kDouble);
-  params = m.layers->named_parameters();
+  auto params = m.layers->named_parameters();
+  std::set<std::string> used;
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
     at::Tensor p = params[t.ours];
