@@ -154,41 +154,53 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
   return m;
 }
 
+partitioner::Balance balance_by(const std::string& method, const std::vector<partitioner::LayerCost>& layers, int V,
+                                partitioner::Constraints k, const partitioner::Balance& list) {
+  const int n = static_cast<int>(layers.size());
+  if (method == "list") return list;
+  if (method == "uniform") return partitioner::uniform(n, V);
+  if (method == "parameters") {
+    std::vector<double> w;
+    for (const auto& l : layers) w.push_back(static_cast<double>(l.param_bytes));
+    return partitioner::by_weights(w, V);
+  }
+  if (method == "time") return partitioner::min_max(layers, V, k).balance;
+  PIPETRAIN_CHECK(method == "memory", "balance method '", method, "' is not one of list, uniform, parameters, time, memory");
+  // The same exact min-max, on each layer's share of a stage's peak bytes instead of time.
+  std::vector<partitioner::LayerCost> mem = layers;
+  const auto& m = k.memory;
+  const int peak = m.in_flight.empty() ? 1 : *std::max_element(m.in_flight.begin(), m.in_flight.end());
+  for (auto& l : mem) {
+    const bool keeps_all = m.recompute == Recompute::Never;
+    l.forward_ms = static_cast<double>(l.param_bytes) * (1 + m.state_factor) +
+                   static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
+    l.backward_ms = 0;
+  }
+  for (auto& d : k.devices) d.speed = 1;  // speeds do not change memory
+  return partitioner::min_max(mem, V, k).balance;
+}
+
 partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
                                     const profiler::Profile* profile) {
   const int layers = static_cast<int>(model->size()), V = virtual_stages(c);
   const std::string& method = c.pipeline.balance_method;
   const std::string where = c.where("pipeline.balance");
   try {
-    if (method == "list") {
-      partitioner::check(c.pipeline.balance, layers, V, where);
-      return c.pipeline.balance;
-    }
-    if (method == "uniform") return partitioner::uniform(layers, V);
-    if (method == "parameters") {
-      std::vector<double> w;
+    if (method == "list") partitioner::check(c.pipeline.balance, layers, V, where);
+    std::vector<partitioner::LayerCost> costs;
+    if (profile) {
+      costs = profile->layers;
+    } else {  // the parameter bytes are all that a method without a profile reads
+      PIPETRAIN_CHECK(method == "list" || method == "uniform" || method == "parameters", "balance method '", method,
+                      "' needs a profile");
       for (const auto& m : *model) {
-        double bytes = 0;
-        for (const auto& p : m.ptr()->parameters()) bytes += static_cast<double>(p.nbytes());
-        w.push_back(bytes);
+        partitioner::LayerCost l;
+        for (const auto& p : m.ptr()->parameters()) l.param_bytes += static_cast<int64_t>(p.nbytes());
+        costs.push_back(l);
       }
-      return partitioner::by_weights(w, V);
     }
-    PIPETRAIN_CHECK(profile, "balance method '", method, "' needs a profile");
-    if (method == "time") return partitioner::min_max(profile->layers, V, constraints(c, profile)).balance;
-    // memory: the same exact min-max, on each layer's share of a stage's peak bytes instead of time.
-    std::vector<partitioner::LayerCost> mem = profile->layers;
-    const auto model_mem = memory_model(c, *profile);
-    const int peak = *std::max_element(model_mem.in_flight.begin(), model_mem.in_flight.end());
-    for (auto& l : mem) {
-      const bool keeps_all = model_mem.recompute == Recompute::Never;
-      l.forward_ms = static_cast<double>(l.param_bytes) * (1 + model_mem.state_factor) +
-                     static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
-      l.backward_ms = 0;
-    }
-    auto k = constraints(c, profile);
-    for (auto& d : k.devices) d.speed = 1;  // speeds do not change memory
-    return partitioner::min_max(mem, V, k).balance;
+    PIPETRAIN_CHECK(static_cast<int>(costs.size()) == layers, "the profile has ", costs.size(), " layers but the model ", layers);
+    return balance_by(method, costs, V, constraints(c, profile), c.pipeline.balance);
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
     if (msg.rfind(where, 0) == 0) throw;

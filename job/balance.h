@@ -32,6 +32,14 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
 // stage; a device's chunks share its memory), and with a profile the memory model.
 partitioner::Constraints constraints(const Config& c, const profiler::Profile* profile);
 
+// The one dispatch on a balance method: layers per virtual stage of `layers` (their costs; only
+// parameter bytes for `parameters`) over `virtual_stages` under `k` (device speeds and memory
+// limits; `memory` also reads k.memory): `list` gives `list` back (checked by the caller),
+// `uniform` the most even counts, `parameters` balanced parameter bytes, `time` the exact
+// min-max of forward + backward, `memory` the exact min-max of each layer's bytes at the peak.
+partitioner::Balance balance_by(const std::string& method, const std::vector<partitioner::LayerCost>& layers,
+                                int virtual_stages, partitioner::Constraints k, const partitioner::Balance& list = {});
+
 // Layers per virtual stage for the config's balance method. `profile` is needed by `time` and
 // `memory` (and for memory limits); the others ignore it. ConfigErrors name pipeline.balance.
 partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,

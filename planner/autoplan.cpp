@@ -33,22 +33,6 @@ double Candidate::max_peak_bytes() const {
 
 namespace {
 
-partitioner::Balance balance_for(const std::string& method, const profiler::Profile& p, int V,
-                                 const std::vector<double>& speeds_per_vs) {
-  if (method == "uniform") return partitioner::uniform(static_cast<int>(p.layers.size()), V);
-  if (method == "parameters") {
-    std::vector<double> w;
-    for (const auto& l : p.layers) w.push_back(static_cast<double>(l.param_bytes));
-    return partitioner::by_weights(w, V);
-  }
-  partitioner::Constraints k;
-  if (!speeds_per_vs.empty()) {
-    k.devices.resize(V);
-    for (int v = 0; v < V; ++v) k.devices[v].speed = speeds_per_vs[v];
-  }
-  return partitioner::min_max(p.layers, V, k).balance;
-}
-
 // The speed (or bandwidth) of each of K stages whose D copies run on devices d * D + r: its
 // slowest copy's (every copy waits for the others' reductions). Empty: all alike.
 std::vector<double> stage_speeds(const std::vector<double>& device_speeds, int K, int D) {
@@ -107,107 +91,186 @@ const Candidate* plain_loop(const SearchResult& r, int cores, Precision precisio
   return nullptr;
 }
 
+namespace {
+
+// One point of the search space before it is costed: the axes a candidate varies.
+struct Axes {
+  Precision precision = Precision::FP32;
+  int D = 1, M = 1, K = 1, T = 1, chunks = 1;
+  schedule::Kind kind = schedule::Kind::GPipe;
+  bool sharded = false, defer = false;
+  std::string method;
+  Recompute recompute = Recompute::Never;
+};
+
+// The thread counts of K x D workers: 1, and the most that fill the cores.
+std::vector<int> thread_counts(const SearchSpace& sp, int workers) {
+  std::vector<int> out{1};
+  if (sp.cores > 0 && sp.cores / workers > 1) out.push_back(sp.cores / workers);
+  return out;
+}
+
+// Every candidate the search simulates, in its order, as one odometer over the axes (precision,
+// copies, micro-batches, stages, threads, schedule, chunks, sharding, balance method,
+// recomputation, deferral), the combinations that cannot run left out: a copy's shard needs M
+// samples, K x D <= devices, the kind must run K, M and its chunks on no more virtual stages than
+// layers, one stage runs gpipe only (every schedule is the plain loop there), one micro-batch does
+// not defer (its flush is its W), one copy has no optimizer state to shard.
+std::vector<Axes> candidate_space(const SearchSpace& sp) {
+  const int max_d = static_cast<int>(std::min<int64_t>(std::min(std::max(1, sp.max_data_parallel), sp.devices), sp.batch));
+  const std::vector<bool> flags{false, true};
+  const std::vector<size_t> sizes{sp.precisions.size(), static_cast<size_t>(std::max(0, max_d)), sp.micro_batches.size(),
+                                  static_cast<size_t>(std::max(0, sp.devices)), 2, sp.schedules.size(), 4, 2,
+                                  sp.balances.size(), sp.recompute.size(), sp.defer.size()};
+  std::vector<Axes> out;
+  if (std::find(sizes.begin(), sizes.end(), size_t{0}) != sizes.end()) return out;
+  std::map<std::tuple<schedule::Kind, int, int, int>, bool> supported;
+  for (std::vector<size_t> i(sizes.size(), 0);;) {
+    Axes a;
+    a.precision = sp.precisions[i[0]], a.D = static_cast<int>(i[1]) + 1, a.M = sp.micro_batches[i[2]];
+    a.K = static_cast<int>(i[3]) + 1, a.kind = sp.schedules[i[5]], a.sharded = flags[i[7]];
+    a.method = sp.balances[i[8]], a.recompute = sp.recompute[i[9]], a.defer = sp.defer[i[10]];
+    const std::vector<int> threads = thread_counts(sp, a.K * a.D), chunks = chunk_options(a.kind);
+    bool ok = a.M >= 1 && a.M <= sp.batch / a.D && a.K * a.D <= sp.devices && i[4] < threads.size() &&
+              i[6] < chunks.size() && (a.D > 1 || !a.sharded) && !(a.defer && a.M == 1) &&
+              (a.K > 1 || a.kind == schedule::Kind::GPipe);
+    if (ok) {
+      a.T = threads[i[4]], a.chunks = chunks[i[6]];
+      ok = a.K * a.chunks <= sp.layers;
+    }
+    if (ok) {
+      auto it = supported.find({a.kind, a.K, a.M, a.chunks});
+      if (it == supported.end()) {
+        bool runs = true;
+        try {
+          schedule::check_supported(a.kind, a.K, a.M, a.chunks);
+        } catch (const ScheduleError&) {
+          runs = false;
+        }
+        it = supported.emplace(std::make_tuple(a.kind, a.K, a.M, a.chunks), runs).first;
+      }
+      ok = it->second;
+    }
+    if (ok) out.push_back(a);
+    size_t axis = sizes.size();  // the odometer: the last axis turns fastest
+    while (axis > 0 && ++i[axis - 1] == sizes[axis - 1]) i[--axis] = 0;
+    if (axis == 0) return out;
+  }
+}
+
+// What the search measured before it starts (not search time): the reduction's link and the
+// straggler share per copy count, the slowdown per count of busy workers.
+struct Measured {
+  std::map<int, profiler::ReduceLink> links;
+  std::map<int, double> contention, straggler;
+};
+
+Measured measure(const SearchSpace& sp) {
+  Measured m;
+  for (int D = 2; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices && D <= sp.batch; ++D) m.links[D] = sp.link(D);
+  for (int w = 2; w <= sp.devices; ++w) m.contention[w] = sp.contention(w);
+  for (const auto& [D, link] : m.links) m.straggler[D] = sp.straggler(D);
+  return m;
+}
+
+// The costs of candidates of one precision, copy count, micro-batch count and thread count: the
+// micro-batch's profile at T threads and, where a layer defers, a copy's whole batch's.
+struct Costing {
+  profiler::Profile micro, whole;
+  bool may_defer = false;
+};
+
+// `a` as a plan point on `k`: the stages' speeds (the copies' slowest, slowed by the busy
+// workers), the balance by its method, the links, and the reduction among the copies.
+PlanPoint point_of(const SearchSpace& sp, const Axes& a, const Costing& k, const Measured& m) {
+  PlanPoint pt;
+  pt.schedule = a.kind, pt.stages = a.K, pt.micro_batches = a.M, pt.chunks = a.chunks;
+  pt.recompute = a.recompute, pt.defer = a.defer;
+  pt.speeds = stage_speeds(sp.speeds, a.K, a.D);
+  if (a.K * a.D > 1) {  // K x D workers compute at once
+    const double slow = m.contention.count(a.K * a.D) ? m.contention.at(a.K * a.D) : 1.0;
+    if (pt.speeds.empty()) pt.speeds.assign(a.K, 1.0);
+    for (double& v : pt.speeds) v /= slow;
+  }
+  const schedule::Schedule shape{a.kind, a.K, a.M, a.chunks, {}, schedule::placement_of(a.kind)};
+  partitioner::Constraints speeds;
+  if (!pt.speeds.empty())
+    for (int v = 0; v < a.K * a.chunks; ++v) speeds.devices.push_back({pt.speeds.at(shape.device_of(v)), 0});
+  pt.balance = balance_by(a.method, k.micro.layers, a.K * a.chunks, speeds);
+  pt.latency_ms = sp.latency_ms, pt.bytes_per_ms = sp.bytes_per_ms;
+  pt.device_bytes_per_ms = stage_speeds(sp.device_bytes_per_ms, a.K, a.D);  // each stage's: its copies' slowest
+  pt.data_parallel.copies = a.D, pt.data_parallel.sharded = a.sharded;
+  if (a.D > 1) {
+    pt.data_parallel.link = m.links.at(a.D);
+    if (!pt.device_bytes_per_ms.empty() && sp.bytes_per_ms > 0)
+      for (double bw : pt.device_bytes_per_ms) pt.data_parallel.link_speed.push_back(bw / sp.bytes_per_ms);
+    pt.straggler = m.straggler.count(a.D) ? m.straggler.at(a.D) : 0.0;
+  }
+  pt.state_factor = sp.state_factor(a.precision, a.D, a.sharded);
+  return pt;
+}
+
+Candidate candidate_of(const SearchSpace& sp, const Axes& a, const PlanPoint& pt, const Prediction& p) {
+  Candidate c;
+  c.stages = a.K, c.micro_batches = a.M, c.chunks = a.chunks, c.schedule = a.kind, c.balance_method = a.method;
+  c.recompute = a.recompute, c.precision = a.precision, c.data_parallel = a.D, c.sharded = a.sharded, c.threads = a.T;
+  c.defer = a.defer;
+  c.balance = pt.balance;
+  c.step_ms = p.step_ms;
+  c.bubble = p.bubble;
+  c.exposed_reduce_ms = p.exposed_reduce_ms;
+  c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
+  c.peak_bytes = p.peak_bytes;
+  return c;
+}
+
+// Whether every copy of every stage fits its device's limit: copy r of stage d runs on device
+// d * D + r, as a rank's device.
+bool fits(const SearchSpace& sp, const Candidate& c) {
+  if (sp.memory_limit.empty()) return true;
+  for (int d = 0; d < c.stages; ++d)
+    for (int r = 0; r < c.data_parallel; ++r) {
+      const int device = comm::Mesh{c.stages, c.data_parallel}.rank(d, r);
+      const double limit = sp.memory_limit.size() == 1 ? sp.memory_limit[0] : sp.memory_limit.at(device);
+      if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) return false;
+    }
+  return true;
+}
+
+}  // namespace
+
 SearchResult search_plans(const SearchSpace& sp, const ProfileSource& profile) {
   SearchResult out;
   out.smallest_peak = -1;
   double search_s = 0;
-  auto limit_of = [&](int device) {
-    if (sp.memory_limit.empty()) return 0.0;
-    return sp.memory_limit.size() == 1 ? sp.memory_limit[0] : sp.memory_limit.at(device);
-  };
   const int n = std::max(1, sp.cores);
-  std::map<int, profiler::ReduceLink> links;
-  for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices; ++D)
-    if (D > 1 && D <= sp.batch) links[D] = sp.link(D);  // may measure: not counted as search time
-  std::map<int, double> contention, straggler;  // may measure: not counted as search time
-  for (int w = 2; w <= sp.devices; ++w) contention[w] = sp.contention(w);
-  for (const auto& [D, link] : links) straggler[D] = sp.straggler(D);
-  for (Precision prec : sp.precisions)
-    for (int D = 1; D <= std::max(1, sp.max_data_parallel) && D <= sp.devices && D <= sp.batch; ++D)
-      for (int M : sp.micro_batches) {
-        const int64_t shard = (sp.batch + D - 1) / D;  // the largest copy's samples
-        if (M < 1 || M > sp.batch / D) continue;       // every copy's shard needs M samples
-        const int64_t rows = (shard + M - 1) / M;
-        const profiler::Profile& p1 = profile(rows, prec, 1);  // may profile: not search time
-        const profiler::Profile* pn = n > 1 ? &profile(rows, prec, n) : nullptr;
-        // Deferring: the flush runs on a copy's whole batch, from its own profile.
-        const bool may_defer = std::find(sp.defer.begin(), sp.defer.end(), true) != sp.defer.end() && any_deferred(p1);
-        const profiler::Profile* whole1 = may_defer ? &profile(shard, prec, 1) : nullptr;
-        const profiler::Profile* wholen = may_defer && n > 1 ? &profile(shard, prec, n) : nullptr;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int K = 1; K * D <= sp.devices; ++K) {
-          // The thread counts: 1, and the most that fill the cores.
-          std::vector<int> thread_counts{1};
-          if (sp.cores > 0 && sp.cores / (K * D) > 1) thread_counts.push_back(sp.cores / (K * D));
-          for (int T : thread_counts) {
-            const profiler::Profile p = pn ? at_threads(p1, *pn, n, T) : p1;
-            const profiler::Profile whole = !whole1 ? profiler::Profile{} : wholen ? at_threads(*whole1, *wholen, n, T) : *whole1;
-            std::vector<double> speeds = stage_speeds(sp.speeds, K, D);
-            if (K * D > 1) {  // K x D workers compute at once
-              const double slow = contention.count(K * D) ? contention.at(K * D) : 1.0;
-              if (speeds.empty()) speeds.assign(K, 1.0);
-              for (double& v : speeds) v /= slow;
-            }
-            // Each stage's bandwidth: its copies' slowest device's.
-            std::vector<double> stage_bw = stage_speeds(sp.device_bytes_per_ms, K, D), link_speed;
-            if (!stage_bw.empty() && sp.bytes_per_ms > 0)
-              for (double bw : stage_bw) link_speed.push_back(bw / sp.bytes_per_ms);
-            for (schedule::Kind kind : sp.schedules)
-              for (int v : chunk_options(kind)) {
-                try {
-                  schedule::check_supported(kind, K, M, v);
-                } catch (const ScheduleError&) {
-                  continue;
-                }
-                const int V = K * v;
-                if (V > sp.layers || (K == 1 && kind != schedule::Kind::GPipe)) continue;  // one stage: every schedule is the plain loop
-                const schedule::Schedule s = schedule::pipeline_schedule(kind, K, M, v, D);  // what train runs
-                for (bool sharded : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-                  for (const std::string& method : sp.balances)
-                    for (Recompute rc : sp.recompute)
-                      for (bool defer : sp.defer) {
-                      if (defer && (!whole1 || M == 1)) continue;  // one micro-batch: the flush is its W
-                      schedule::Schedule shape{kind, K, M, v, {}, schedule::placement_of(kind)};
-                      std::vector<double> speed_vs;
-                      if (!speeds.empty())
-                        for (int vs = 0; vs < V; ++vs) speed_vs.push_back(speeds.at(shape.device_of(vs)));
-                      Candidate c;
-                      c.stages = K, c.micro_batches = M, c.chunks = v, c.schedule = kind, c.balance_method = method;
-                      c.recompute = rc, c.precision = prec, c.data_parallel = D, c.sharded = sharded, c.threads = T;
-                      c.defer = defer;
-                      c.balance = balance_for(method, p, V, speed_vs);
-                      schedule::Costs costs = schedule_costs(p, c.balance, s, rc, defer ? &whole : nullptr);
-                      apply_speeds(costs, s, speeds);
-                      costs.latency_ms = sp.latency_ms, costs.bytes_per_ms = sp.bytes_per_ms;
-                      costs.device_bytes_per_ms = stage_bw;
-                      if (D > 1) {
-                        add_reductions(costs, p, c.balance, s, {D, sharded, links.at(D), link_speed});
-                        add_straggler_wait(costs, s, straggler.count(D) ? straggler.at(D) : 0.0);
-                      }
-                      const schedule::Simulation sim = schedule::simulate(s, costs);
-                      c.step_ms = sim.makespan_ms;
-                      c.bubble = sim.bubble;
-                      for (double e : sim.exposed_reduce_ms) c.exposed_reduce_ms = std::max(c.exposed_reduce_ms, e);
-                      c.samples_per_s = c.step_ms > 0 ? static_cast<double>(sp.batch) / (c.step_ms / 1e3) : 0.0;
-                      c.peak_bytes = device_peak_bytes(p, c.balance, s, sim, rc, sp.state_factor(prec, D, sharded), defer);
-                      bool fits = true;
-                      for (int d = 0; d < K; ++d) {
-                        // Copy r of device d runs on device d * D + r, as a rank's device: each
-                        // copy is held to that device's limit.
-                        for (int r = 0; r < D; ++r) {
-                          const double limit = limit_of(comm::Mesh{K, D}.rank(d, r));
-                          if (limit > 0 && c.peak_bytes[d] > limit * (1 - sp.memory_headroom)) fits = false;
-                        }
-                      }
-                      ++out.considered;
-                      if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
-                      if (fits) out.fitting.push_back(std::move(c));
-                    }
-              }
-          }
-        }
-        search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Measured measured = measure(sp);
+  const bool asks_defer = std::find(sp.defer.begin(), sp.defer.end(), true) != sp.defer.end();
+  std::map<std::tuple<int, int, int, int>, Costing> costings;  // by precision, D, M, T
+  for (const Axes& a : candidate_space(sp)) {
+    auto [it, fresh] = costings.try_emplace({static_cast<int>(a.precision), a.D, a.M, a.T});
+    Costing& k = it->second;
+    if (fresh) {  // may profile: not search time
+      const int64_t shard = (sp.batch + a.D - 1) / a.D;  // the largest copy's samples
+      const int64_t rows = (shard + a.M - 1) / a.M;
+      const profiler::Profile& p1 = profile(rows, a.precision, 1);
+      k.micro = n > 1 ? at_threads(p1, profile(rows, a.precision, n), n, a.T) : p1;
+      // Deferring: the flush runs on a copy's whole batch, from its own profile.
+      k.may_defer = asks_defer && any_deferred(p1);
+      if (k.may_defer) {
+        const profiler::Profile& w1 = profile(shard, a.precision, 1);
+        k.whole = n > 1 ? at_threads(w1, profile(shard, a.precision, n), n, a.T) : w1;
       }
+    }
+    if (a.defer && !k.may_defer) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const PlanPoint pt = point_of(sp, a, k, measured);
+    Candidate c = candidate_of(sp, a, pt, predict(pt, k.micro, &k.whole));
+    ++out.considered;
+    if (out.smallest_peak < 0 || c.max_peak_bytes() < out.smallest_peak) out.smallest_peak = c.max_peak_bytes();
+    if (fits(sp, c)) out.fitting.push_back(std::move(c));
+    search_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   out.seconds = search_s;
   if (out.fitting.empty())
     throw ConfigError(detail::concat("plan --auto: no plan of the ", out.considered, " considered fits the memory limit; ",
@@ -250,17 +313,16 @@ std::string describe(const Candidate& c) {
                         c.defer ? ", deferred weight gradients" : "", ", ", precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
 }
 
-}  // namespace
 
-AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
-  AutoPlanReport r;
+// The space `plan --auto` searches for config `c`: on the cost file `file` when one is named (its
+// layers, devices and link), else on this machine (its cores on a CPU, measured contention and
+// straggler wait, kept in `measured`); the options' limits and speeds, else the config's.
+SearchSpace search_space(const Config& c, const AutoPlanOptions& o, const partitioner::CostFile& file,
+                         std::map<int, Concurrency>& measured, AutoPlanReport& r) {
   const bool filed = !o.costs_path.empty();
-  partitioner::CostFile file;
   SearchSpace sp;
   bool all_cpu = false;  // every stage of the config on the CPU (not known from a cost file)
   if (filed) {
-    file = partitioner::load_cost_file(o.costs_path);
-    if (file.micro_batch < 1) partitioner::scaled_to_rows(file, 1, o.costs_path);  // names what is missing
     sp.layers = static_cast<int>(file.layers.size());
   } else {
     const Job probe = prepare(c);
@@ -306,7 +368,6 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   if (!sp.speeds.empty() && static_cast<int>(sp.speeds.size()) != sp.devices)
     throw ConfigError(detail::concat(option(Option::Speeds), ": ", sp.speeds.size(), " speeds for ", sp.devices, " devices"));
   sp.state_factor = [&](Precision p, int D, bool sharded) { return state_factor(c.optimizer, p, D, sharded); };
-  std::map<int, Concurrency> measured;  // read by the search through sp.contention and sp.straggler
   if (sp.cores > 0) {
     // Measured at 2, 4, 8, ... workers (at most the devices), in the config's precision; between
     // two measured counts, the slowdown and straggler share of the lower.
@@ -332,6 +393,51 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
   } else {
     sp.link = [](int D) { return reduce_link(D, nullptr); };
   }
+  return sp;
+}
+
+// The winner as a config that runs as written: the explicit balance, not a method to redo;
+// written to options.write_config when named.
+Config chosen_config(const Config& c, const AutoPlanOptions& o, const SearchSpace& sp, const Candidate& best) {
+  nlohmann::json root = c.root;
+  auto& pipe = root["pipeline"];
+  pipe["stages"] = best.stages;
+  pipe["micro_batches"] = best.micro_batches;
+  pipe["schedule"] = schedule::name(best.schedule);
+  pipe["chunks"] = best.chunks;
+  pipe["recompute"] = recompute_name(best.recompute);
+  pipe["defer_weight_grads"] = best.defer;
+  pipe["balance"] = best.balance;
+  pipe["data_parallel"] = best.data_parallel;
+  root["train"]["shard_optimizer"] = best.sharded;
+  if (sp.cores > 0) root["runtime"]["intra_op_threads"] = best.threads;
+  if (!sp.speeds.empty()) pipe["speeds"] = stage_speeds(sp.speeds, best.stages, best.data_parallel);
+  else pipe.erase("speeds");
+  pipe.erase("memory_limit");
+  root["train"]["precision"] = precision_name(best.precision);
+  const Config chosen = parse_config(root, o.write_config.empty() ? "the chosen plan" : o.write_config);
+  if (!o.write_config.empty()) {
+    try {
+      write_file_atomically(o.write_config, root.dump(2) + "\n");
+    } catch (const IoError& e) {
+      throw ConfigError(option(Option::WriteConfig) + " " + o.write_config + ": " + e.what());
+    }
+  }
+  return chosen;
+}
+
+}  // namespace
+
+AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
+  AutoPlanReport r;
+  const bool filed = !o.costs_path.empty();
+  partitioner::CostFile file;
+  if (filed) {
+    file = partitioner::load_cost_file(o.costs_path);
+    if (file.micro_batch < 1) partitioner::scaled_to_rows(file, 1, o.costs_path);  // names what is missing
+  }
+  std::map<int, Concurrency> measured;  // read by the search through sp.contention and sp.straggler
+  const SearchSpace sp = search_space(c, o, file, measured, r);
   const auto t0 = std::chrono::steady_clock::now();
   std::map<std::tuple<int64_t, int, int>, profiler::Profile> by_threads;
   r.result = search_plans(sp, [&](int64_t rows, Precision p, int threads) -> const profiler::Profile& {
@@ -355,32 +461,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     return prof;
   });
   r.profile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - r.result.seconds;
-  // The winner as a config that runs as written: the explicit balance, not a method to redo.
-  const Candidate& best = r.result.fitting.front();
-  nlohmann::json root = c.root;
-  auto& pipe = root["pipeline"];
-  pipe["stages"] = best.stages;
-  pipe["micro_batches"] = best.micro_batches;
-  pipe["schedule"] = schedule::name(best.schedule);
-  pipe["chunks"] = best.chunks;
-  pipe["recompute"] = recompute_name(best.recompute);
-  pipe["defer_weight_grads"] = best.defer;
-  pipe["balance"] = best.balance;
-  pipe["data_parallel"] = best.data_parallel;
-  root["train"]["shard_optimizer"] = best.sharded;
-  if (sp.cores > 0) root["runtime"]["intra_op_threads"] = best.threads;
-  if (!sp.speeds.empty()) pipe["speeds"] = stage_speeds(sp.speeds, best.stages, best.data_parallel);
-  else pipe.erase("speeds");
-  pipe.erase("memory_limit");
-  root["train"]["precision"] = precision_name(best.precision);
-  r.chosen = parse_config(root, o.write_config.empty() ? "the chosen plan" : o.write_config);
-  if (!o.write_config.empty()) {
-    try {
-      write_file_atomically(o.write_config, root.dump(2) + "\n");
-    } catch (const IoError& e) {
-      throw ConfigError(option(Option::WriteConfig) + " " + o.write_config + ": " + e.what());
-    }
-  }
+  r.chosen = chosen_config(c, o, sp, r.result.fitting.front());
   return r;
 }
 

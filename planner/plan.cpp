@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -31,170 +32,6 @@ std::string bytes_text(double b) {
 
 }  // namespace
 
-bool defers(const profiler::Profile& p, size_t i) {
-  return i < p.deferred_bytes.size() && i < p.deferred_backward_ms.size() && p.deferred_bytes[i] > 0;
-}
-
-namespace {
-// Deferring, what layers [first, last) stash: every micro-batch's, held to the end of the step,
-// and the largest layer's alone (at the flush its pieces are concatenated beside the rest).
-struct Stash {
-  int64_t all = 0, largest = 0;
-  int64_t peak() const { return all + largest; }
-};
-Stash stash_of(const profiler::Profile& p, int first, int last, int micro_batches) {
-  Stash s;
-  for (int i = first; i < last; ++i)
-    if (defers(p, i)) s.all += micro_batches * p.deferred_bytes[i], s.largest = std::max(s.largest, micro_batches * p.deferred_bytes[i]);
-  return s;
-}
-}  // namespace
-
-bool any_deferred(const profiler::Profile& p) {
-  for (size_t i = 0; i < p.layers.size(); ++i)
-    if (defers(p, i)) return true;
-  return false;
-}
-
-schedule::Costs schedule_costs(const profiler::Profile& p, const partitioner::Balance& balance,
-                               const schedule::Schedule& s, Recompute recompute, const profiler::Profile* deferred) {
-  const int V = s.virtual_stages();
-  schedule::Costs c = schedule::Costs::uniform(V, 0, 0, 0);
-  const auto off = partitioner::offsets(balance);
-  const bool split = schedule::splits_backward(s.kind);
-  auto defer = [&](int i) { return deferred && defers(p, i) && static_cast<size_t>(i) < deferred->flush_ms.size(); };
-  // A layer's fused backward, and what deferring takes out of its W.
-  auto fused = [&](int i) { return defer(i) ? p.deferred_backward_ms[i] : p.layers[i].backward_ms; };
-  auto weight = [&](int i) {
-    return defer(i) ? std::max(0.0, p.backward_weight_ms[i] - (p.layers[i].backward_ms - fused(i))) : p.backward_weight_ms[i];
-  };
-  std::vector<double> flush(s.stages, 0.0);
-  for (int v = 0; v < V; ++v) {
-    for (int i = off[v]; i < off[v + 1]; ++i) {
-      c.forward[v] += p.layers[i].forward_ms;
-      c.recompute[v] += p.layers[i].forward_ms;
-      if (split) {
-        c.backward_input[v] += p.backward_input_ms[i];
-        c.backward_weight[v] += weight(i);
-      } else {
-        c.backward_input[v] += fused(i);
-      }
-      if (defer(i)) flush[s.device_of(v)] += deferred->flush_ms[i];
-    }
-    if (split && v == 0) {  // the first stage's input needs no gradient: W is its whole backward
-      c.backward_weight[v] = 0;
-      for (int i = off[0]; i < off[1]; ++i) c.backward_weight[v] += fused(i);
-      c.backward_input[v] = 0;
-    }
-    c.activation_bytes[v] = static_cast<double>(p.layers[off[v + 1] - 1].activation_bytes);
-    c.saved_bytes.push_back(0);
-    for (int i = off[v]; i < off[v + 1]; ++i) c.saved_bytes[v] += static_cast<double>(p.layers[i].saved_bytes);
-    if (split && !p.awaiting_weight_bytes.empty()) {
-      c.awaiting_weight_bytes.resize(V, 0.0);
-      if (v > 0)  // the first stage's W is its whole backward: nothing waits between
-        for (int i = off[v]; i < off[v + 1]; ++i)
-          c.awaiting_weight_bytes[v] += static_cast<double>(p.awaiting_weight_bytes[i]);
-    }
-  }
-  if (!p.optimizer_ms.empty()) {
-    c.finish_ms.assign(s.stages, 0.0);
-    for (int v = 0; v < V; ++v)
-      for (int i = off[v]; i < off[v + 1]; ++i) c.finish_ms[s.device_of(v)] += p.optimizer_ms[i];
-  }
-  if (deferred) c.tail_ms = flush;  // each device's flush right after its own list
-  c.recomputed.assign(s.micro_batches, false);
-  for (int m = 0; m < s.micro_batches; ++m)
-    c.recomputed[m] = recompute == Recompute::Always ||
-                      (recompute == Recompute::ExceptLast && m != s.micro_batches - 1);
-  return c;
-}
-
-profiler::Profile profile_of(std::vector<partitioner::LayerCost> layers) {
-  profiler::Profile p;
-  for (const auto& l : layers) {  // without a measured split, assume B and W halve the backward
-    const bool given = l.backward_input_ms >= 0;
-    p.backward_input_ms.push_back(given ? l.backward_input_ms : l.backward_ms / 2);
-    p.backward_weight_ms.push_back(given ? l.backward_weight_ms : l.backward_ms / 2);
-  }
-  p.layers = std::move(layers);
-  return p;
-}
-
-void apply_speeds(schedule::Costs& costs, const schedule::Schedule& s, const std::vector<double>& speeds) {
-  if (speeds.empty()) return;
-  for (int v = 0; v < s.virtual_stages(); ++v) {
-    const double speed = speeds.at(s.device_of(v));
-    costs.forward[v] /= speed, costs.backward_input[v] /= speed;
-    costs.backward_weight[v] /= speed, costs.recompute[v] /= speed;
-  }
-  for (size_t d = 0; d < costs.tail_ms.size(); ++d) costs.tail_ms[d] /= speeds.at(d);  // a flush computes too
-}
-
-void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const partitioner::Balance& balance,
-                    const schedule::Schedule& s, const DataParallelPlan& dp) {
-  if (dp.copies < 2) return;
-  const auto off = partitioner::offsets(balance);
-  const int V = s.virtual_stages();
-  costs.reduce_ms.assign(V, 0.0);
-  if (costs.finish_ms.empty()) costs.finish_ms.assign(s.stages, 0.0);
-  for (int v = 0; v < V; ++v) {
-    double bytes = 0, optimizer_ms = 0;
-    for (int i = off[v]; i < off[v + 1]; ++i) {
-      bytes += static_cast<double>(p.layers[i].param_bytes);
-      if (!p.optimizer_ms.empty()) optimizer_ms += p.optimizer_ms[i];
-    }
-    if (bytes == 0) continue;  // no parameters: nothing to reduce
-    const double speed = dp.link_speed.empty() ? 1.0 : dp.link_speed.at(s.device_of(v));
-    if (!dp.sharded) {
-      costs.reduce_ms[v] = dp.link.all_reduce.time_ms(bytes, speed);
-      continue;
-    }
-    costs.reduce_ms[v] = dp.link.shard_reduce().time_ms(bytes, speed);
-    double& finish = costs.finish_ms[s.device_of(v)];
-    finish += dp.link.all_gather.time_ms(bytes, speed) - optimizer_ms + optimizer_ms / dp.copies;
-  }
-}
-
-void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share) {
-  if (share <= 0 || costs.reduce_ms.empty()) return;
-  const int V = s.virtual_stages();
-  std::vector<double> compute(s.stages, 0.0);
-  std::vector<int> chunks(s.stages, 0);
-  for (int v = 0; v < V; ++v) {
-    const int d = s.device_of(v);
-    compute[d] += s.micro_batches * (costs.forward[v] + costs.backward_input[v] + costs.backward_weight[v]);
-    ++chunks[d];
-  }
-  for (int v = 0; v < V; ++v) costs.reduce_ms[v] += share * compute[s.device_of(v)] / chunks[s.device_of(v)];
-}
-
-std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,
-                                      const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
-                                      double state_factor, bool deferred) {
-  const auto off = partitioner::offsets(balance);
-  std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
-  std::vector<Stash> stash(s.stages);  // deferred weight gradients: the device's chunks together
-  for (int vs = 0; vs < s.virtual_stages(); ++vs) {
-    const int d = s.device_of(vs);
-    double saved = 0;
-    for (int i = off[vs]; i < off[vs + 1]; ++i) {
-      params[d] += static_cast<double>(p.layers[i].param_bytes);
-      saved += static_cast<double>(p.layers[i].saved_bytes);
-      workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
-    }
-    if (deferred) {
-      const Stash chunk = stash_of(p, off[vs], off[vs + 1], s.micro_batches);
-      stash[d].all += chunk.all, stash[d].largest = std::max(stash[d].largest, chunk.largest);
-    }
-    if (recompute != Recompute::Never) rebuilt[d] = std::max(rebuilt[d], saved);
-  }
-  // One layer runs at a time on a device: its largest workspace comes on top of what is held.
-  for (int d = 0; d < s.stages; ++d)
-    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] +
-              static_cast<double>(stash[d].peak());
-  return peak;
-}
-
 profiler::Profile whole_batch_profile(const Job& job, int repeat) {
   const int D = job.config.pipeline.data_parallel;
   return profile_job(job, repeat, (job.config.data.batch_size + D - 1) / D);
@@ -206,37 +43,80 @@ profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) 
   return profiler::measure_reductions(copies);
 }
 
-PlanReport make_plan(const Config& c, const PlanOptions& o) {
-  Job job = prepare(c);
-  PlanReport r;
+namespace {
+
+// What the configured candidate runs on besides its costs: a cost file's link between stages
+// (and per device, when it lists one per stage), else free transfers, as a profile measures none.
+struct Links {
+  double latency_ms = 0, bytes_per_ms = 0;
+  std::vector<double> device_bytes_per_ms;
+};
+
+// Config `cc` on `balance` as a candidate: its schedule, sizes, recomputation, copies and speeds.
+PlanPoint point_of(const Config& cc, const partitioner::Balance& balance, const DataParallelPlan& dp, const Links& links,
+                   bool defer) {
+  PlanPoint pt;
+  pt.schedule = cc.pipeline.schedule;
+  pt.stages = cc.pipeline.stages, pt.micro_batches = cc.pipeline.micro_batches, pt.chunks = cc.pipeline.chunks;
+  pt.recompute = cc.pipeline.recompute;
+  pt.defer = defer;
+  pt.balance = balance;
+  pt.data_parallel = dp;
+  pt.speeds = cc.pipeline.speeds;
+  pt.latency_ms = links.latency_ms, pt.bytes_per_ms = links.bytes_per_ms;
+  pt.device_bytes_per_ms = links.device_bytes_per_ms;
+  pt.state_factor = state_factor(cc.optimizer, cc.train.precision, dp.copies, dp.sharded);
+  return pt;
+}
+
+ScheduleRow row_of(const PlanPoint& pt, const Prediction& p) {
+  ScheduleRow row;
+  row.kind = pt.schedule;
+  row.chunks = pt.chunks;
+  row.step_ms = p.step_ms;
+  row.bubble = p.bubble;
+  row.peak_in_flight = p.simulation.peak_in_flight;
+  row.device_peak_bytes = p.peak_bytes;
+  row.peak_bytes = static_cast<int64_t>(std::llround(p.max_peak_bytes()));
+  return row;
+}
+
+// The profile the plan is costed on (measured, or the cost file's), the reduction's link, and
+// with deferred weight gradients the whole batch's profile.
+Links load_costs(const Job& job, const PlanOptions& o, PlanReport& r) {
+  const Config& c = job.config;
   const int D = c.pipeline.data_parallel;
-  if (!o.costs_path.empty()) {
-    const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
-    r.profile = profile_of(file.layers);
-    if (r.profile.layers.size() != job.model.layers->size())
-      throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
-                                       job.model.layers->size()));
-    Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
-    r.profile.input_bytes =
-        static_cast<int64_t>(b.input.tensor_split(D, 0)[0].tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
-    r.data_parallel.link = reduce_link(D, &file);
-  } else {
+  Links links;
+  if (o.costs_path.empty()) {
     r.profile = profile_job(job, o.repeat);
     r.data_parallel.link = reduce_link(D, nullptr);
     if (c.pipeline.defer_weight_grads && any_deferred(r.profile)) r.whole = whole_batch_profile(job, o.repeat);
+    return links;
   }
-  const profiler::Profile* deferred = r.whole.layers.empty() ? nullptr : &r.whole;
-  r.data_parallel.copies = D;
-  r.data_parallel.sharded = c.train.shard_optimizer && D > 1;
-  r.balance = choose_balance(c, job.model.layers, &r.profile);
-  const auto recompute = c.pipeline.recompute;
-  const auto names = models::layer_names(job.model.layers);
-  const auto mem = memory_model(c, r.profile);
+  const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
+  r.profile = profile_of(file.layers);
+  if (r.profile.layers.size() != job.model.layers->size())
+    throw ConfigError(detail::concat(o.costs_path, ": ", r.profile.layers.size(), " layers but the model has ",
+                                     job.model.layers->size()));
+  Batch b = to_model(job, job.data.train_batch(0, c.data.batch_size, c.train.seed));
+  r.profile.input_bytes =
+      static_cast<int64_t>(b.input.tensor_split(D, 0)[0].tensor_split(c.pipeline.micro_batches, 0)[0].nbytes());
+  r.data_parallel.link = reduce_link(D, &file);
+  links.latency_ms = file.latency_ms;
+  links.bytes_per_ms = file.bandwidth_gb_s * 1e6;
+  if (static_cast<int>(file.devices.size()) == c.pipeline.stages)
+    for (const auto& d : file.devices) links.device_bytes_per_ms.push_back(d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s * 1e6 : links.bytes_per_ms);
+  return links;
+}
+
+// Per virtual stage: its layers, parameters, time, output, and its device's predicted peak.
+std::vector<StageRow> stage_rows(const Config& c, const PlanReport& r, const std::vector<std::string>& names) {
   const auto k = constraints(c, &r.profile);
   const auto off = partitioner::offsets(r.balance);
-  double bottleneck = 0;
   const schedule::Schedule shape{c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches, c.pipeline.chunks,
                                  {}, schedule::placement_of(c.pipeline.schedule)};
+  std::vector<StageRow> rows;
+  double bottleneck = 0;
   for (size_t v = 0; v + 1 < off.size(); ++v) {
     StageRow row;
     row.stage = shape.device_of(static_cast<int>(v));
@@ -247,92 +127,90 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
     row.time_ms = partitioner::stage_time(r.profile.layers, off[v], off[v + 1],
                                           k.devices.empty() ? partitioner::Device{} : k.devices[v]);
     row.activation_bytes = r.profile.layers[off[v + 1] - 1].activation_bytes;
-    row.peak_bytes = partitioner::stage_memory(r.profile.layers, off[v], off[v + 1], static_cast<int>(v), mem);
-    if (deferred) row.peak_bytes += stash_of(r.profile, off[v], off[v + 1], c.pipeline.micro_batches).peak();
+    row.peak_bytes = static_cast<int64_t>(std::llround(r.configured.device_peak_bytes.at(row.stage)));
+    if (v < r.prediction.reduce_ms.size()) row.reduce_ms = r.prediction.reduce_ms[v];
     bottleneck = std::max(bottleneck, row.time_ms);
-    r.stages.push_back(row);
+    rows.push_back(row);
   }
-  for (auto& row : r.stages) row.share = bottleneck > 0 ? row.time_ms / bottleneck : 0;
+  for (auto& row : rows) row.share = bottleneck > 0 ? row.time_ms / bottleneck : 0;
+  return rows;
+}
 
-  // Simulates config `cc` (a schedule, its chunks) on `balance` with the profiled costs.
-  // `prof`: the profile to cost it on; `flush`: the whole batch's for deferred weight gradients (or null).
-  auto simulate_config = [&](const Config& cc, const partitioner::Balance& balance, const profiler::Profile& prof,
-                             const profiler::Profile* flush) {
-    ScheduleRow row;
-    row.kind = cc.pipeline.schedule;
-    row.chunks = cc.pipeline.chunks;
-    const auto s = schedule::pipeline_schedule(row.kind, cc.pipeline.stages, cc.pipeline.micro_batches, row.chunks, D);
-    auto costs = schedule_costs(prof, balance, s, recompute, flush);
-    apply_speeds(costs, s, cc.pipeline.speeds);
-    add_reductions(costs, prof, balance, s, r.data_parallel);
-    const auto sim = schedule::simulate(s, costs);
-    row.step_ms = sim.makespan_ms;
-    row.bubble = sim.bubble;
-    row.peak_in_flight = sim.peak_in_flight;
-    partitioner::MemoryModel m = memory_model(cc, prof);
-    const auto bo = partitioner::offsets(balance);
-    for (int v = 0; v < s.virtual_stages(); ++v) {
-      const int64_t stash = flush ? stash_of(prof, bo[v], bo[v + 1], s.micro_batches).peak() : 0;
-      row.peak_bytes = std::max(row.peak_bytes, partitioner::stage_memory(prof.layers, bo[v], bo[v + 1], v, m) + stash);
+// plan --compare: every schedule with its own balance by the same method, each with the
+// config's chunks where it runs them, else its default.
+std::vector<ScheduleRow> compare_schedules(const Config& c, const Job& job, const PlanReport& r, const Links& links) {
+  std::vector<ScheduleRow> out;
+  const int layers = static_cast<int>(job.model.layers->size());
+  for (schedule::Kind kind : schedule::all_kinds()) {
+    Config cc = c;
+    cc.pipeline.schedule = kind;
+    cc.pipeline.chunks = schedule::chunks_for(kind, c.pipeline.chunks);
+    try {
+      schedule::check_supported(kind, cc.pipeline.stages, cc.pipeline.micro_batches, cc.pipeline.chunks);
+      if (virtual_stages(cc) > layers)
+        throw ScheduleError(detail::concat("schedule: ", virtual_stages(cc), " virtual stages but the model has only ",
+                                           layers, " layers"));
+      if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
+        throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
+                                           " stages; this schedule needs ", virtual_stages(cc)));
+      const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty());
+      out.push_back(row_of(pt, predict(pt, r.profile, &r.whole)));
+    } catch (const Error& e) {
+      ScheduleRow row;
+      row.kind = kind;
+      row.chunks = cc.pipeline.chunks;
+      row.error = e.what();
+      out.push_back(row);
     }
-    return std::make_pair(row, sim);
-  };
-  auto configured = simulate_config(c, r.balance, r.profile, deferred);
-  r.configured = configured.first;
-  r.simulation = configured.second;
-  if (D > 1) {
-    schedule::Costs costs = schedule::Costs::uniform(static_cast<int>(r.stages.size()), 0, 0, 0);
-    add_reductions(costs, r.profile, r.balance, shape, r.data_parallel);
-    for (size_t v = 0; v < r.stages.size(); ++v) r.stages[v].reduce_ms = costs.reduce_ms[v];
   }
-  if (o.compare) {
-    // Every schedule with its own balance by the same method, each with the config's chunks
-    // where it runs them, else its default.
-    for (schedule::Kind kind : schedule::all_kinds()) {
-      Config cc = c;
-      cc.pipeline.schedule = kind;
-      cc.pipeline.chunks = schedule::chunks_for(kind, c.pipeline.chunks);
+  return out;
+}
+
+// plan --compare on a float32 model: the configured schedule in each precision, on that
+// precision's own profile and balance (deferred weight gradients: float32 only, as the stages run them).
+std::vector<PrecisionRow> compare_precisions(const Config& c, const PlanOptions& o, const PlanReport& r, const Links& links) {
+  std::vector<PrecisionRow> out;
+  for (Precision p : {Precision::FP32, Precision::BF16}) {
+    PrecisionRow row;
+    row.precision = p;
+    if (p == c.train.precision) {
+      row.step_ms = r.configured.step_ms, row.bubble = r.configured.bubble;
+    } else {
       try {
-        schedule::check_supported(kind, cc.pipeline.stages, cc.pipeline.micro_batches, cc.pipeline.chunks);
-        if (virtual_stages(cc) > static_cast<int>(names.size()))
-          throw ScheduleError(detail::concat("schedule: ", virtual_stages(cc), " virtual stages but the model has only ",
-                                             names.size(), " layers"));
-        if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
-          throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
-                                             " stages; this schedule needs ", virtual_stages(cc)));
-        r.compared.push_back(simulate_config(cc, choose_balance(cc, job.model.layers, &r.profile), r.profile, deferred).first);
+        Config cc = c;
+        cc.train.precision = p;
+        const Job other = prepare(cc);
+        const profiler::Profile prof = profile_job(other, o.repeat);
+        const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false);
+        const Prediction pred = predict(pt, prof);
+        row.step_ms = pred.step_ms, row.bubble = pred.bubble;
       } catch (const Error& e) {
-        ScheduleRow row;
-        row.kind = kind;
-        row.chunks = cc.pipeline.chunks;
         row.error = e.what();
-        r.compared.push_back(row);
       }
     }
+    out.push_back(row);
   }
-  if (o.compare && o.costs_path.empty() && c.runtime.dtype == "float32") {
-    // The configured schedule in each precision, on that precision's own profile and balance
-    // (deferred weight gradients: float32 only, as the stages run them).
-    for (Precision p : {Precision::FP32, Precision::BF16}) {
-      PrecisionRow row;
-      row.precision = p;
-      if (p == c.train.precision) {
-        row.step_ms = r.configured.step_ms, row.bubble = r.configured.bubble;
-      } else {
-        try {
-          Config cc = c;
-          cc.train.precision = p;
-          const Job other = prepare(cc);
-          const profiler::Profile prof = profile_job(other, o.repeat);
-          const auto row_sim = simulate_config(cc, choose_balance(cc, other.model.layers, &prof), prof, nullptr).first;
-          row.step_ms = row_sim.step_ms, row.bubble = row_sim.bubble;
-        } catch (const Error& e) {
-          row.error = e.what();
-        }
-      }
-      r.precisions.push_back(row);
-    }
-  }
+  return out;
+}
+
+}  // namespace
+
+PlanReport make_plan(const Config& c, const PlanOptions& o) {
+  Job job = prepare(c);
+  PlanReport r;
+  const int D = c.pipeline.data_parallel;
+  const Links links = load_costs(job, o, r);
+  const bool deferred = !r.whole.layers.empty();
+  r.data_parallel.copies = D;
+  r.data_parallel.sharded = c.train.shard_optimizer && D > 1;
+  r.balance = choose_balance(c, job.model.layers, &r.profile);
+  r.point = point_of(c, r.balance, r.data_parallel, links, deferred);
+  r.prediction = predict(r.point, r.profile, &r.whole);
+  r.configured = row_of(r.point, r.prediction);
+  r.simulation = r.prediction.simulation;
+  r.stages = stage_rows(c, r, models::layer_names(job.model.layers));
+  if (o.compare) r.compared = compare_schedules(c, job, r, links);
+  if (o.compare && o.costs_path.empty() && c.runtime.dtype == "float32") r.precisions = compare_precisions(c, o, r, links);
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
                              D > 1 ? detail::concat(" x ", D, " data-parallel copies", r.data_parallel.sharded ? " (sharded optimizer)" : "") : "",

@@ -104,29 +104,28 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   r.balance = plan.balance;
   r.split = file.split_given ? "backward_input_ms and backward_weight_ms from the cost file"
                              : "no backward_input_ms/backward_weight_ms in the cost file: B and W are half of backward_ms each";
-  const schedule::Schedule shape{o.schedule, o.stages, o.micro_batches, chunks, {}, schedule::placement_of(o.schedule)};
-  schedule::Costs c = schedule_costs(profile_of(file.layers), r.balance, shape, o.recompute);
+  PlanPoint pt;
+  pt.schedule = o.schedule, pt.stages = o.stages, pt.micro_batches = o.micro_batches, pt.chunks = chunks;
+  pt.recompute = o.recompute;
+  pt.balance = r.balance;
+  pt.speeds = speeds;
+  const double gb_s = o.bandwidth_gb_s >= 0 ? o.bandwidth_gb_s : file.bandwidth_gb_s;
+  pt.bytes_per_ms = gb_s * 1e6;
+  pt.latency_ms = o.latency_ms >= 0 ? o.latency_ms : file.latency_ms;
+  if (!file.devices.empty() && o.bandwidth_gb_s < 0)
+    for (const auto& d : file.devices) pt.device_bytes_per_ms.push_back((d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s : gb_s) * 1e6);
+  pt.state_factor = o.state_factor;
+  pt.search_on_costs = true;  // zb-auto: searched on the file's costs
+  pt.search_memory_limit = o.memory_limit;
+  Prediction p = predict(pt, profile_of(file.layers));
   const auto off = partitioner::offsets(r.balance);
   r.param_bytes.assign(o.stages, 0.0);
   for (int v = 0; v < V; ++v)
-    for (int i = off[v]; i < off[v + 1]; ++i) r.param_bytes[shape.device_of(v)] += static_cast<double>(file.layers[i].param_bytes);
-  const double gb_s = o.bandwidth_gb_s >= 0 ? o.bandwidth_gb_s : file.bandwidth_gb_s;
-  c.bytes_per_ms = gb_s * 1e6;
-  c.latency_ms = o.latency_ms >= 0 ? o.latency_ms : file.latency_ms;
-  apply_speeds(c, shape, speeds);
-  if (!file.devices.empty() && o.bandwidth_gb_s < 0)
-    for (const auto& d : file.devices) c.device_bytes_per_ms.push_back((d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s : gb_s) * 1e6);
-  if (schedule::info(o.schedule).searched) {  // on the file's costs
-    const double limit = o.memory_limit > 0 ? o.memory_limit : schedule::twice_1f1b_memory(o.stages, o.micro_batches, c);
-    r.schedule = schedule::make_zb_auto(o.stages, o.micro_batches, c, limit);
-  } else {
-    r.schedule = schedule::make_schedule(o.schedule, o.stages, o.micro_batches, chunks);
-  }
-  r.costs = c;
-  r.simulation = schedule::simulate(r.schedule, c);
-  r.peak_bytes.resize(o.stages);
-  for (int d = 0; d < o.stages; ++d)
-    r.peak_bytes[d] = r.simulation.peak_memory[d] + r.param_bytes[d] * (1 + o.state_factor);
+    for (int i = off[v]; i < off[v + 1]; ++i) r.param_bytes[p.schedule.device_of(v)] += static_cast<double>(file.layers[i].param_bytes);
+  r.schedule = std::move(p.schedule);
+  r.costs = std::move(p.costs);
+  r.simulation = std::move(p.simulation);
+  r.peak_bytes = std::move(p.peak_bytes);
   return r;
 }
 

@@ -23,7 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kCases = 60;
+constexpr int kCases = 200;
 
 struct Case {
   json config;
@@ -123,6 +123,12 @@ TEST(PlannerAgreement, PlanAndAutoPlanAgreeOnEveryFigureOfRandomConfigurations) 
     EXPECT_NEAR(row->step_ms, plan.configured.step_ms, rel * plan.configured.step_ms);
     EXPECT_NEAR(row->bubble, plan.configured.bubble, 1e-9);
     EXPECT_NEAR(row->max_peak_bytes(), static_cast<double>(plan.configured.peak_bytes), 1.0);
+    ASSERT_EQ(row->peak_bytes.size(), plan.configured.device_peak_bytes.size());
+    for (size_t d = 0; d < row->peak_bytes.size(); ++d) {
+      EXPECT_DOUBLE_EQ(row->peak_bytes[d], plan.configured.device_peak_bytes[d]) << "device " << d;
+      for (const auto& stage : plan.stages)  // the stage table shows its device's peak
+        if (stage.stage == static_cast<int>(d)) EXPECT_NEAR(static_cast<double>(stage.peak_bytes), row->peak_bytes[d], 1.0);
+    }
     double exposed = 0;
     for (double e : plan.simulation.exposed_reduce_ms) exposed = std::max(exposed, e);
     EXPECT_NEAR(row->exposed_reduce_ms, exposed, 1e-9 + rel * exposed);

@@ -213,15 +213,17 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   const profiler::Profile profile = profile_job(job);
   const bool deferring = c.pipeline.defer_weight_grads && any_deferred(profile);
   const profiler::Profile whole = deferring ? whole_batch_profile(job, 5) : profiler::Profile{};
-  auto costs = schedule_costs(profile, pipe.balance(), pipe.schedule(), job.options.recompute, deferring ? &whole : nullptr);
-  add_reductions(costs, profile, pipe.balance(), pipe.schedule(),
-                 {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr), {}});
-  const schedule::Simulation sim = schedule::simulate(pipe.schedule(), costs);
-  r.prediction.profiled_step_s = sim.makespan_ms / 1e3;
-  r.prediction.predicted_device_peak_bytes =
-      device_peak_bytes(profile, pipe.balance(), pipe.schedule(), sim, job.options.recompute,
-                        state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded()),
-                        deferring);
+  PlanPoint pt;
+  pt.schedule = pipe.schedule().kind;
+  pt.stages = pipe.stages(), pt.micro_batches = pipe.schedule().micro_batches, pt.chunks = pipe.schedule().chunks;
+  pt.recompute = job.options.recompute;
+  pt.defer = deferring;
+  pt.balance = pipe.balance();
+  pt.data_parallel = {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr), {}};
+  pt.state_factor = state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded());
+  const Prediction predicted = predict(pt, profile, &whole, &pipe.schedule());
+  r.prediction.profiled_step_s = predicted.step_ms / 1e3;
+  r.prediction.predicted_device_peak_bytes = predicted.peak_bytes;
   return r;
 }
 
