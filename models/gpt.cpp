@@ -30,7 +30,7 @@ Model build_gpt(JsonReader& r) {
   list.push_back({{"name", "head"}, {"type", "linear"}, {"in_features", d_model}, {"out_features", vocab}});
   json spelled = {{"input_shape", {seq_len}}, {"input_dtype", "long"}, {"layers", list}};
   // The head's weight starts as the token embedding and stays tied to it.
-  if (tie) spelled["ties"] = {{"embed.tok.weight", "head.linear.weight"}};
+  if (tie) spelled["ties"] = json::array({json::array({"embed.tok.weight", "head.linear.weight"})});
   return build_spelled_list(spelled, "the gpt preset");
 }
 
