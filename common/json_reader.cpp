@@ -41,6 +41,8 @@ std::set<std::string>*& key_recorder() {
 }  // namespace
 
 void record_keys(std::set<std::string>* into) { key_recorder() = into; }
+KeysUnrecorded::KeysUnrecorded() : saved_(key_recorder()) { key_recorder() = nullptr; }
+KeysUnrecorded::~KeysUnrecorded() { key_recorder() = saved_; }
 
 const json* JsonReader::find(const std::string& key) {
   known_.insert(key);

@@ -69,6 +69,18 @@ class JsonReader {
 // for: the manual's check lists every config key this way (tests/docs_test.cpp). Not
 // thread-safe; for tools, not for runs.
 void record_keys(std::set<std::string>* into);
+// Stops the recording for its lifetime: what a program generates and reads itself (a preset's
+// layer list) holds no key of the user's.
+class KeysUnrecorded {
+ public:
+  KeysUnrecorded();
+  ~KeysUnrecorded();
+  KeysUnrecorded(const KeysUnrecorded&) = delete;
+  KeysUnrecorded& operator=(const KeysUnrecorded&) = delete;
+
+ private:
+  std::set<std::string>* saved_;
+};
 
 // Deeper nesting than this is refused: no config, manifest or cost file needs it.
 constexpr int kMaxJsonDepth = 64;

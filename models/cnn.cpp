@@ -1,10 +1,11 @@
 // cnn: a small convolutional classifier for 28x28 grey images (Fashion-MNIST):
 // conv1 (conv+pool) -> conv2 (conv+pool) -> conv3 -> fc (dropout) -> head. With `batch_norm`,
 // each conv is followed by a BatchNorm (running statistics deferred to the end of the step).
-#include <torch/torch.h>
+// Spelled as a layer list (models/layer_table.h), each named layer one sequential.
+#include <nlohmann/json.hpp>
 
 #include "models/families.h"
-#include "models/layers.h"
+#include "models/layer_table.h"
 
 namespace pipetrain::models {
 
@@ -17,17 +18,22 @@ Model build_cnn(JsonReader& r) {
   const double dropout = r.get_number("dropout", 0.25, 0.0, 0.99);
   const bool batch_norm = r.get_bool("batch_norm", false);
   if (image % 4 != 0) r.fail("image_size", "must be divisible by 4 (two 2x2 pools)");
-  Model m;
-  m.layers = torch::nn::Sequential();
-  m.layers->push_back("conv1", ConvBlock(in_channels, c, /*pool=*/true, batch_norm));
-  m.layers->push_back("conv2", ConvBlock(c, 2 * c, /*pool=*/true, batch_norm));
-  m.layers->push_back("conv3", ConvBlock(2 * c, 2 * c, /*pool=*/false, batch_norm));
+  using nlohmann::json;
+  // Conv 3x3 (same padding; no bias before a BatchNorm, whose mean cancels it), ReLU, 2x2 pool.
+  auto conv = [&](const std::string& name, int64_t in, int64_t out, bool pool) {
+    json ops = {{{"type", "conv2d"}, {"in_channels", in}, {"out_channels", out}, {"kernel_size", 3}, {"padding", 1}, {"bias", !batch_norm}}};
+    if (batch_norm) ops.push_back({{"type", "batchnorm2d"}, {"num_features", out}});
+    ops.push_back({{"type", "relu"}});
+    if (pool) ops.push_back({{"type", "maxpool2d"}, {"kernel_size", 2}});
+    return json{{"name", name}, {"type", "sequential"}, {"layers", ops}};
+  };
   const int64_t side = image / 4;
-  m.layers->push_back("fc", Dense(2 * c * side * side, hidden, /*relu=*/true, dropout, 0));
-  m.layers->push_back("head", Dense(hidden, classes, /*relu=*/false));
-  m.sample_shape = {in_channels, image, image};
-  m.classes = classes;
-  return m;
+  json fc = {{{"type", "flatten"}}, {{"type", "linear"}, {"in_features", 2 * c * side * side}, {"out_features", hidden}}, {{"type", "relu"}}};
+  if (dropout > 0) fc.push_back({{"type", "dropout"}, {"p", dropout}});
+  const json list = {conv("conv1", in_channels, c, true), conv("conv2", c, 2 * c, true), conv("conv3", 2 * c, 2 * c, false),
+                     {{"name", "fc"}, {"type", "sequential"}, {"layers", fc}},
+                     {{"name", "head"}, {"type", "linear"}, {"in_features", hidden}, {"out_features", classes}}};
+  return build_spelled_list({{"input_shape", {in_channels, image, image}}, {"layers", list}}, "the cnn preset");
 }
 
 }  // namespace pipetrain::models

@@ -1,9 +1,11 @@
 // gpt: decoder-only transformer: embed (token + position), block0..N-1, norm, head. With
-// `tie_embeddings`, the head's weight is tied to the token embedding (models::Tie).
-#include <torch/torch.h>
+// `tie_embeddings`, the head's weight is tied to the token embedding (models::Tie). Spelled as a
+// layer list (models/layer_table.h); the embedding's and blocks' parameters are named under the
+// layer itself ("embed.tok.weight", "block0.qkv.weight").
+#include <nlohmann/json.hpp>
 
 #include "models/families.h"
-#include "models/layers.h"
+#include "models/layer_table.h"
 
 namespace pipetrain::models {
 
@@ -18,24 +20,18 @@ Model build_gpt(JsonReader& r) {
   const bool tie = r.get_bool("tie_embeddings", false);
   if (d_model % n_heads != 0)
     r.fail("n_heads", "must divide model.d_model (" + std::to_string(d_model) + ")");
-  Model m;
-  m.layers = torch::nn::Sequential();
-  m.layers->push_back("embed", Embedding(vocab, seq_len, d_model, dropout, 0));
+  using nlohmann::json;
+  json list = {{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d_model},
+                {"max_positions", seq_len}, {"dropout", dropout}, {"module", ""}}};
   for (int64_t i = 0; i < n_layers; ++i)
-    m.layers->push_back("block" + std::to_string(i),
-                        Block(d_model, n_heads, d_ff, dropout, 1 + 3 * static_cast<uint64_t>(i)));
-  m.layers->push_back("norm", Norm(d_model));
-  m.layers->push_back("head", Dense(d_model, vocab, /*relu=*/false, 0.0, 0, /*flatten=*/false));
-  if (tie) {  // the head's weight starts as the token embedding and stays tied to it
-    const int head = static_cast<int>(m.layers->size()) - 1;
-    torch::NoGradGuard no_grad;
-    m.layers->ptr(head)->named_parameters()["linear.weight"].copy_(m.layers->ptr(0)->named_parameters()["tok.weight"]);
-    m.ties.push_back({{0, "tok.weight"}, {head, "linear.weight"}});
-  }
-  m.sample_shape = {seq_len};
-  m.token_input = true;
-  m.classes = vocab;
-  return m;
+    list.push_back({{"name", "block" + std::to_string(i)}, {"type", "transformer_block"}, {"d_model", d_model}, {"n_heads", n_heads},
+                    {"d_ff", d_ff}, {"dropout", dropout}, {"module", ""}});
+  list.push_back({{"name", "norm"}, {"type", "layernorm"}, {"normalized_shape", d_model}});
+  list.push_back({{"name", "head"}, {"type", "linear"}, {"in_features", d_model}, {"out_features", vocab}});
+  json spelled = {{"input_shape", {seq_len}}, {"input_dtype", "long"}, {"layers", list}};
+  // The head's weight starts as the token embedding and stays tied to it.
+  if (tie) spelled["ties"] = json::array({json::array({"embed.tok.weight", "head.linear.weight"})});
+  return build_spelled_list(spelled, "the gpt preset");
 }
 
 }  // namespace pipetrain::models

@@ -7,82 +7,45 @@
 //   dec1  up, conv (C), concat "enc1", conv (C)          full size
 //   head  1x1 conv to the classes, channels last: [N, H, W, classes]
 // The skips cross stage boundaries when the stages cut between them (models/skip.h): on three
-// stages of two layers, "enc1" crosses two boundaries and "enc2" one.
-#include <torch/torch.h>
+// stages of two layers, "enc1" crosses two boundaries and "enc2" one. Spelled as a layer list
+// (models/layer_table.h), each named layer one sequential.
+#include <nlohmann/json.hpp>
 
 #include "models/families.h"
-#include "models/layers.h"
-#include "models/max_pool.h"
-#include "models/skip.h"
+#include "models/layer_table.h"
 
 namespace pipetrain::models {
 
 namespace {
 
-// Optional 2x2 max-pool, then conv 3x3 + ReLU, then dropout; stashes its output under `stash`
-// (if not empty).
-class DownImpl : public torch::nn::Cloneable<DownImpl>, public SkipDeclaring {
- public:
-  DownImpl(int64_t in, int64_t out, bool pool, std::string stash, double dropout = 0.0, uint64_t stream = 0)
-      : in_(in), out_(out), pool_(pool), stash_(std::move(stash)), dropout_p_(dropout), stream_(stream) {
-    reset();
-  }
-  void reset() override {
-    conv_ = register_module("conv", ConvBlock(in_, out_, /*pool=*/false));
-    dropout_ = register_module("dropout", Dropout(dropout_p_, stream_));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = dropout_(conv_(pool_ ? max_pool2x2(x) : x));
-    if (!stash_.empty()) models::stash(stash_, h);
-    return h;
-  }
-  std::vector<std::string> stashes() const override { return stash_.empty() ? std::vector<std::string>{} : std::vector<std::string>{stash_}; }
+using nlohmann::json;
 
- private:
-  int64_t in_, out_;
-  bool pool_;
-  std::string stash_;
-  double dropout_p_;
-  uint64_t stream_;
-  ConvBlock conv_{nullptr};
-  Dropout dropout_{nullptr};
-};
-TORCH_MODULE(Down);
+// Conv 3x3 (same padding) + ReLU, its parameters under `module` ("<layer>.<module>.conv.weight").
+json conv_relu(const std::string& module, int64_t in, int64_t out) {
+  return {{"type", "sequential"},
+          {"module", module},
+          {"layers", {{{"type", "conv2d"}, {"in_channels", in}, {"out_channels", out}, {"kernel_size", 3}, {"padding", 1}}, {{"type", "relu"}}}}};
+}
 
-// 2x nearest upsampling, conv 3x3 + ReLU to `out` channels, concatenation with the skip popped
-// from `pop` (`out` channels), conv 3x3 + ReLU back to `out`.
-class UpImpl : public torch::nn::Cloneable<UpImpl>, public SkipDeclaring {
- public:
-  UpImpl(int64_t in, int64_t out, std::string pop) : in_(in), out_(out), pop_(std::move(pop)) { reset(); }
-  void reset() override {
-    up_ = register_module("up", ConvBlock(in_, out_, /*pool=*/false));
-    merge_ = register_module("merge", ConvBlock(2 * out_, out_, /*pool=*/false));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = up_(torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}));
-    return merge_(torch::cat({h, models::pop(pop_)}, 1));
-  }
-  std::vector<std::string> pops() const override { return {pop_}; }
+// Optional 2x2 max-pool, conv + ReLU, dropout; stashes its output under `stash` (if not empty).
+json down(const std::string& name, int64_t in, int64_t out, bool pool, const std::string& stash, double dropout) {
+  json ops = json::array();
+  if (pool) ops.push_back({{"type", "maxpool2d"}, {"kernel_size", 2}});
+  ops.push_back(conv_relu("conv", in, out));
+  if (dropout > 0) ops.push_back({{"type", "dropout"}, {"p", dropout}});
+  json layer = {{"name", name}, {"type", "sequential"}, {"layers", ops}};
+  if (!stash.empty()) layer["stash"] = stash;
+  return layer;
+}
 
- private:
-  int64_t in_, out_;
-  std::string pop_;
-  ConvBlock up_{nullptr}, merge_{nullptr};
-};
-TORCH_MODULE(Up);
-
-// 1x1 conv to the classes, channels moved last so that the loss sees [..., classes].
-class PixelHeadImpl : public torch::nn::Cloneable<PixelHeadImpl> {
- public:
-  PixelHeadImpl(int64_t in, int64_t classes) : in_(in), classes_(classes) { reset(); }
-  void reset() override { conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_, classes_, 1))); }
-  at::Tensor forward(const at::Tensor& x) { return conv_(x).permute({0, 2, 3, 1}); }
-
- private:
-  int64_t in_, classes_;
-  torch::nn::Conv2d conv_{nullptr};
-};
-TORCH_MODULE(PixelHead);
+// 2x nearest upsampling, conv + ReLU to `out` channels, concatenation with the skip `from`
+// (`out` channels), conv + ReLU back to `out`.
+json up(const std::string& name, int64_t in, int64_t out, const std::string& from) {
+  return {{"name", name},
+          {"type", "sequential"},
+          {"layers", {{{"type", "upsample"}, {"scale_factor", 2}}, conv_relu("up", in, out), {{"type", "concat"}, {"from", from}, {"dim", 1}},
+                      conv_relu("merge", 2 * out, out)}}};
+}
 
 }  // namespace
 
@@ -93,16 +56,15 @@ Model build_unet(JsonReader& r) {
   const int64_t classes = r.get_int("classes", 11, 2, 1 << 16);
   const double dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
   if (image % 4 != 0) r.fail("image_size", "must be divisible by 4 (two 2x2 pools)");
-  Model m;
-  m.layers = torch::nn::Sequential();
-  m.layers->push_back("enc1", Down(in_channels, c, /*pool=*/false, "enc1"));
-  m.layers->push_back("enc2", Down(c, 2 * c, /*pool=*/true, "enc2"));
-  m.layers->push_back("mid", Down(2 * c, 4 * c, /*pool=*/true, "", dropout, 0));
-  m.layers->push_back("dec2", Up(4 * c, 2 * c, "enc2"));
-  m.layers->push_back("dec1", Up(2 * c, c, "enc1"));
-  m.layers->push_back("head", PixelHead(c, classes));
-  m.sample_shape = {in_channels, image, image};
-  m.classes = classes;
+  // The 1x1 conv to the classes, channels moved last so that the loss sees [..., classes].
+  const json head = {{"name", "head"},
+                     {"type", "sequential"},
+                     {"layers", {{{"type", "conv2d"}, {"in_channels", c}, {"out_channels", classes}, {"kernel_size", 1}},
+                                 {{"type", "permute"}, {"dims", {0, 2, 3, 1}}}}}};
+  const json list = {down("enc1", in_channels, c, false, "enc1", 0.0), down("enc2", c, 2 * c, true, "enc2", 0.0),
+                     down("mid", 2 * c, 4 * c, true, "", dropout),   up("dec2", 4 * c, 2 * c, "enc2"),
+                     up("dec1", 2 * c, c, "enc1"),                   head};
+  Model m = build_spelled_list({{"input_shape", {in_channels, image, image}}, {"layers", list}}, "the unet preset");
   m.pixel_targets = true;
   return m;
 }

@@ -1,0 +1,185 @@
+// The layer table's rows, the argument check read from them and the docs' table written from them.
+#include "models/layer_table.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "models/layer_rows.h"
+
+namespace pipetrain::models {
+
+namespace {
+
+using K = ArgKind;
+
+std::vector<LayerType> make_table() {
+  const std::string spatial = "[C, L] or [C, H, W] → [out, ...]";
+  const std::vector<LayerArg> conv{{"in_channels", K::Int, ""}, {"out_channels", K::Int, ""}, {"kernel_size", K::Int, ""},
+                                   {"stride", K::Int, "1"},     {"padding", K::Int, "0"},      {"groups", K::Int, "1"},
+                                   {"bias", K::Bool, "true"}};
+  const std::vector<LayerArg> pool{{"kernel_size", K::Int, ""}, {"stride", K::Int, "= kernel_size"}, {"padding", K::Int, "0"}};
+  const std::vector<LayerArg> bn{{"num_features", K::Int, ""}, {"momentum", K::Number, "0.1"}, {"eps", K::Number, "1e-5"}};
+  const std::string bn_help = "the deferred BatchNorm of the built-in families (statistics committed once per step)";
+  const std::string same = "unchanged";
+  std::vector<LayerType> t{
+      {"linear", {{"in_features", K::Int, ""}, {"out_features", K::Int, ""}, {"bias", K::Bool, "true"}},
+       "[..., in] → [..., out]", "x·weightᵀ + bias over the last dimension", rows::linear},
+      {"conv1d", conv, "[C, L] → [out, L']", "a 1-d convolution", rows::conv},
+      {"conv2d", conv, "[C, H, W] → [out, H', W']", "a 2-d convolution", rows::conv},
+      {"maxpool1d", pool, "[C, L] → [C, L']", "max over windows", rows::pool},
+      {"maxpool2d", pool, "[C, H, W] → [C, H', W']", "max over windows", rows::pool},
+      {"avgpool1d", pool, "[C, L] → [C, L']", "mean over windows", rows::pool},
+      {"avgpool2d", pool, "[C, H, W] → [C, H', W']", "mean over windows", rows::pool},
+      {"adaptiveavgpool1d", {{"output_size", K::Int, ""}}, "[C, L] → [C, output_size]", "mean over `output_size` even windows",
+       rows::adaptive_pool},
+      {"adaptiveavgpool2d", {{"output_size", K::Int, ""}}, "[C, H, W] → [C, output_size, output_size]",
+       "mean over `output_size`² even windows", rows::adaptive_pool},
+      {"upsample", {{"scale_factor", K::Int, "2"}}, "[C, H, W] → [C, H·s, W·s]", "nearest-neighbour upsampling", rows::upsample},
+      {"batchnorm1d", bn, "[F] or [C, L] → unchanged", bn_help, rows::batchnorm},
+      {"batchnorm2d", bn, "[C, H, W] → unchanged", bn_help, rows::batchnorm},
+      {"layernorm", {{"normalized_shape", K::IntOrList, ""}, {"eps", K::Number, "1e-5"}}, same,
+       "layer normalization over the trailing dimensions `normalized_shape`", rows::norm},
+      {"rmsnorm", {{"normalized_shape", K::IntOrList, ""}, {"eps", K::Number, "1e-6"}}, same,
+       "RMS normalization with a learned scale (torch.nn.RMSNorm)", rows::norm},
+      {"dropout", {{"p", K::Number, "0.5"}}, same,
+       "keyed masks: the same whatever the stage count or micro-batching, and in a recomputation", rows::dropout},
+      {"embedding",
+       {{"num_embeddings", K::Int, ""}, {"embedding_dim", K::Int, ""}, {"max_positions", K::Int, "0: no positions"},
+        {"dropout", K::Number, "0, with positions"}},
+       "[T] token ids → [T, embedding_dim]",
+       "token embedding (`input_dtype` `\"long\"`); with `max_positions`, a learned position embedding is added", rows::embedding},
+      {"transformer_block",
+       {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"dropout", K::Number, "0"},
+        {"causal", K::Bool, "true"}},
+       "[T, d] → [T, d]", "pre-norm self-attention and GELU MLP", rows::transformer_block},
+      {"llama_block",
+       {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"n_kv_heads", K::Int, "n_heads"}, {"head_dim", K::Int, "d_model / n_heads"},
+        {"d_ff", K::Int, ""}, {"eps", K::Number, "1e-6"}, {"rope_theta", K::Number, "10000"},
+        {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\" or \"llama3\", \"factor\", …}`"}, {"qkv_bias", K::Bool, "false"},
+        {"o_bias", K::Bool, "false"}, {"mlp_bias", K::Bool, "false"}, {"sliding_window", K::Int, "0: none"}},
+       "[T, d] → [T, d]",
+       "a Llama-family decoder layer as transformers computes it (RMSNorm, rotary positions, grouped-query causal attention, "
+       "SwiGLU); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
+       rows::llama_block},
+      {"gpt2_block",
+       {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"eps", K::Number, "1e-5"},
+        {"dropout", K::Number, "0"}, {"attn_dropout", K::Number, "= dropout"}},
+       "[T, d] → [T, d]",
+       "GPT-2's block in transformers' layout (`ln_1`, `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`; tanh GELU)",
+       rows::gpt2_block},
+      {"mlp_block", {{"d_model", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"dropout", K::Number, "0"}}, same,
+       "x + dropout(fc2(gelu(fc1(layernorm(x)))))", rows::mlp_block},
+  };
+  for (const char* f : {"relu", "gelu", "silu", "tanh", "sigmoid", "identity"})
+    t.push_back({f, {}, same, std::string("the element-wise ") + f, rows::activation});
+  const std::vector<LayerType> rest{
+      {"softmax", {{"dim", K::Int, "−1"}}, same, "softmax along `dim` (counting the batch as 0)", rows::softmax},
+      {"flatten", {{"start_dim", K::Int, "1"}}, "[C, H, W] → [C·H·W]", "the dimensions from `start_dim` (counting the batch as 0) as one",
+       rows::flatten},
+      {"reshape", {{"shape", K::List, ""}}, "e.g. [784] → [1, 28, 28]", "one sample's new shape (one −1 allowed)", rows::reshape},
+      {"permute", {{"dims", K::List, ""}}, "e.g. `[0, 2, 1]`: [C, T] → [T, C]", "PyTorch's dims, the batch's 0 first", rows::permute},
+      {"transpose", {{"dim0", K::Int, "1"}, {"dim1", K::Int, "2"}}, "the two dimensions swapped",
+       "dims counting the batch as 0", rows::transpose},
+      {"mean", {{"dim", K::Int, "−1"}, {"keepdim", K::Bool, "false"}}, "the dimension removed (or 1)",
+       "the mean over one dimension (a ViT's or Mixer's pooling)", rows::mean},
+      {"add", {{"from", K::String, ""}}, same, "merges a skip: adds what a layer before stashed under `from`", nullptr},
+      {"concat", {{"from", K::String, ""}, {"dim", K::Int, "1"}}, "`dim` grows by the skip's",
+       "merges a skip: concatenates what a layer before stashed under `from` along `dim`", nullptr},
+      {"repeat", {{"count", K::Int, ""}, {"layers", K::Layers, ""}}, "as its layers",
+       "the block `count` times, names numbered: `block` → `block_0`, `block_1`, …", nullptr},
+      {"sequential", {{"layers", K::Layers, ""}}, "as its layers",
+       "its layers as one layer of the list (one partition unit); each one's parameters under its `module`", nullptr},
+  };
+  t.insert(t.end(), rest.begin(), rest.end());
+  return t;
+}
+
+const char* kind_text(ArgKind k) {
+  switch (k) {
+    case K::Int: return "an integer";
+    case K::Number: return "a number";
+    case K::Bool: return "true or false";
+    case K::String: return "a string";
+    case K::IntOrList: return "an integer or a list of integers";
+    case K::List: return "a list of numbers";
+    case K::Layers: return "a list of layers";
+    case K::Object: return "an object";
+  }
+  return "";
+}
+
+bool kind_holds(ArgKind k, const nlohmann::json& v) {
+  switch (k) {
+    case K::Int:
+    case K::Number: return v.is_number();
+    case K::Bool: return v.is_boolean();
+    case K::String: return v.is_string();
+    case K::IntOrList: return v.is_number() || v.is_array();
+    case K::List:
+    case K::Layers: return v.is_array();
+    case K::Object: return v.is_object();
+  }
+  return false;
+}
+
+std::string args_text(const std::vector<LayerArg>& args) {
+  if (args.empty()) return "—";
+  std::vector<std::string> parts;
+  for (const LayerArg& a : args) parts.push_back("`" + a.name + "`" + (a.def.empty() ? "" : " (" + a.def + ")"));
+  return join(parts, ", ");
+}
+
+}  // namespace
+
+const std::vector<LayerType>& layer_table() {
+  static const std::vector<LayerType> table = make_table();
+  return table;
+}
+
+const LayerType* find_layer_type(const std::string& type) {
+  for (const LayerType& t : layer_table())
+    if (t.name == type) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> layer_type_names() {
+  std::vector<std::string> names;
+  for (const LayerType& t : layer_table()) names.push_back(t.name);
+  return names;
+}
+
+const std::vector<LayerArg>& common_layer_args() {
+  static const std::vector<LayerArg> common{{"name", K::String, ""},
+                                            {"type", K::String, ""},
+                                            {"stash", K::String, "none"},
+                                            {"module", K::String, "the type's short name"}};
+  return common;
+}
+
+void check_layer_args(JsonReader& r, const nlohmann::json& layer, const LayerType& type) {
+  if (!layer.is_object()) return;
+  for (const auto& [key, value] : layer.items()) {
+    const LayerArg* arg = nullptr;
+    for (const auto* list : {&common_layer_args(), &type.args})
+      for (const LayerArg& a : *list)
+        if (a.name == key) arg = &a;
+    if (!arg) {
+      std::vector<std::string> names;
+      for (const LayerArg& a : type.args) names.push_back(a.name);
+      r.fail(key, "is not an argument of " + type.name + " (" +
+                      (names.empty() ? std::string("it takes none") : "it takes " + join(names, ", ")) +
+                      "; every layer: name, type, stash, module)");
+    }
+    if (!value.is_null() && !kind_holds(arg->kind, value))
+      r.fail(key, std::string("expected ") + kind_text(arg->kind) + " (an argument of " + type.name + "), got " + describe(value));
+  }
+}
+
+std::string layer_table_markdown() {
+  std::string md = "| type | arguments (default) | sample shape in → out | what it is |\n|---|---|---|---|\n";
+  for (const LayerType& t : layer_table()) md += "| `" + t.name + "` | " + args_text(t.args) + " | " + t.shape + " | " + t.help + " |\n";
+  return md;
+}
+
+}  // namespace pipetrain::models
