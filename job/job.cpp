@@ -7,11 +7,29 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "comm/launcher_env.h"
 #include "pipeline/optimizer_state.h"
 #include "models/layers.h"
 #include "stages/device.h"
 
 namespace pipetrain::job {
+
+namespace {
+
+// The place among its host's ranks of a rank that a launcher started for runtime.kind processes
+// (which GPU "auto" gives it); -1 in-process or without a launcher (make_pipeline then says
+// what is missing).
+int local_rank_of_rank(bool processes) {
+  if (!processes) return -1;
+  try {
+    const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
+    return info.launcher == "none" ? -1 : info.local_rank;
+  } catch (const ConfigError&) {
+    return -1;
+  }
+}
+
+}  // namespace
 
 models::Model build_model(const Config& c) {
   JsonReader model_reader(c.model, "model", c.source, c.origins);
@@ -42,11 +60,12 @@ Job prepare(const Config& c) {
   o.recompute = c.pipeline.recompute;
   o.defer_weight_grads = c.pipeline.defer_weight_grads;
   o.precision = c.train.precision;
+  const bool processes = c.runtime.kind == "processes";
+  job.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"),
+                                        local_rank_of_rank(processes));
+  o.devices = job.devices.per_stage;
   // In-process every copy's stages are threads of this process.
-  std::string note;
-  o.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"), &note);
-  job.device_note = note;
-  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == "processes" ? 1 : c.pipeline.data_parallel));
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (processes ? 1 : c.pipeline.data_parallel));
   o.data_parallel = c.pipeline.data_parallel;
   o.shard_optimizer = c.train.shard_optimizer;
   o.bucket_bytes = c.pipeline.bucket_bytes;
