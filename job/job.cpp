@@ -2,6 +2,7 @@
 #include "job/job.h"
 #include "job/cross_entropy.h"
 #include "job/fused_optimizers.h"
+#include "job/tensors_data.h"
 
 #include <torch/torch.h>
 
@@ -15,6 +16,35 @@
 namespace pipetrain::job {
 
 namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
+
+// A TorchScript model's input is the data's when the data is tensors: model.input_shape may be
+// left out, and taken from the samples (whose origin errors then name); given, it must be theirs.
+void input_from_data(const Config& c, nlohmann::json& model, std::shared_ptr<const Origins>& origins) {
+  const auto family = model.find("family");
+  if (c.data.kind != "tensors" || family == model.end() || *family != "torchscript") return;
+  const std::vector<int64_t> data = tensors_sample_shape(c);
+  const std::string samples = "the samples of data.path " + printable(c.data.path, 200);
+  const auto given = model.find("input_shape");
+  if (given == model.end()) {
+    model["input_shape"] = data;
+    auto from = std::make_shared<Origins>(origins ? *origins : Origins{});
+    (*from)["model.input_shape"] = samples + " (shape " + shape_text(data) + ")";
+    origins = std::move(from);
+    return;
+  }
+  // As read_input reads it; what it refuses (not a list of positive integers) it reports itself.
+  std::vector<int64_t> declared;
+  if (!given->is_array()) return;
+  for (const auto& d : *given) {
+    if (!d.is_number()) return;
+    declared.push_back(static_cast<int64_t>(d.get<double>()));
+  }
+  if (declared != data)
+    throw ConfigError(c.where("model.input_shape") + ": " + shape_text(declared) + ", but " + samples + " have shape " +
+                      shape_text(data) + "; leave model.input_shape out to take the data's");
+}
 
 // The place among its host's ranks of a rank that a launcher started for runtime.kind processes
 // (which GPU "auto" gives it); -1 in-process or without a launcher (make_pipeline then says
@@ -32,7 +62,10 @@ int local_rank_of_rank(bool processes) {
 }  // namespace
 
 models::Model build_model(const Config& c) {
-  JsonReader model_reader(c.model, "model", c.source, c.origins);
+  nlohmann::json model = c.model;
+  std::shared_ptr<const Origins> origins = c.origins;
+  input_from_data(c, model, origins);
+  JsonReader model_reader(model, "model", c.source, origins);
   models::Model m = models::build(model_reader, c.train.seed);
   m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
   return m;
