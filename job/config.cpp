@@ -189,7 +189,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     }
   }
   // The names, their count, and that each device exists here and this build can run it.
-  const std::vector<c10::Device> devices =
+  const stages::StageDevices devices =
       stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"));
   if (const json* m = pipe.get_raw("memory_limit")) {
     auto bytes = [&](const json& v) {
@@ -268,8 +268,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
     train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
                                   "over whole tensors, which sharding splits");
   c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
-  bool gpu_stages = false;
-  for (const auto& d : devices) gpu_stages = gpu_stages || d.is_cuda();
+  const bool gpu_stages = devices.any_cuda();
   if (c.train.precision == Precision::FP16 && !gpu_stages)
     train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
                             "(float32's range, no loss scaling needed)");

@@ -2,19 +2,70 @@
 #include "job/job.h"
 #include "job/cross_entropy.h"
 #include "job/fused_optimizers.h"
+#include "job/tensors_data.h"
 
 #include <torch/torch.h>
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "comm/launcher_env.h"
 #include "pipeline/optimizer_state.h"
 #include "models/layers.h"
 #include "stages/device.h"
 
 namespace pipetrain::job {
 
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
+
+// A TorchScript model's input is the data's when the data is tensors: model.input_shape may be
+// left out, and taken from the samples (whose origin errors then name); given, it must be theirs.
+void input_from_data(const Config& c, nlohmann::json& model, std::shared_ptr<const Origins>& origins) {
+  const auto family = model.find("family");
+  if (c.data.kind != "tensors" || family == model.end() || *family != "torchscript") return;
+  const std::vector<int64_t> data = tensors_sample_shape(c);
+  const std::string samples = "the samples of data.path " + printable(c.data.path, 200);
+  const auto given = model.find("input_shape");
+  if (given == model.end()) {
+    model["input_shape"] = data;
+    auto from = std::make_shared<Origins>(origins ? *origins : Origins{});
+    (*from)["model.input_shape"] = samples + " (shape " + shape_text(data) + ")";
+    origins = std::move(from);
+    return;
+  }
+  // As read_input reads it; what it refuses (not a list of positive integers) it reports itself.
+  std::vector<int64_t> declared;
+  if (!given->is_array()) return;
+  for (const auto& d : *given) {
+    if (!d.is_number()) return;
+    declared.push_back(static_cast<int64_t>(d.get<double>()));
+  }
+  if (declared != data)
+    throw ConfigError(c.where("model.input_shape") + ": " + shape_text(declared) + ", but " + samples + " have shape " +
+                      shape_text(data) + "; leave model.input_shape out to take the data's");
+}
+
+// The place among its host's ranks of a rank that a launcher started for runtime.kind processes
+// (which GPU "auto" gives it); -1 in-process or without a launcher (make_pipeline then says
+// what is missing).
+int local_rank_of_rank(bool processes) {
+  if (!processes) return -1;
+  try {
+    const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
+    return info.launcher == "none" ? -1 : info.local_rank;
+  } catch (const ConfigError&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
 models::Model build_model(const Config& c) {
-  JsonReader model_reader(c.model, "model", c.source, c.origins);
+  nlohmann::json model = c.model;
+  std::shared_ptr<const Origins> origins = c.origins;
+  input_from_data(c, model, origins);
+  JsonReader model_reader(model, "model", c.source, origins);
   models::Model m = models::build(model_reader, c.train.seed);
   m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
   return m;
@@ -42,11 +93,12 @@ Job prepare(const Config& c) {
   o.recompute = c.pipeline.recompute;
   o.defer_weight_grads = c.pipeline.defer_weight_grads;
   o.precision = c.train.precision;
+  const bool processes = c.runtime.kind == "processes";
+  job.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"),
+                                        local_rank_of_rank(processes));
+  o.devices = job.devices.per_stage;
   // In-process every copy's stages are threads of this process.
-  std::string note;
-  o.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"), &note);
-  job.device_note = note;
-  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == "processes" ? 1 : c.pipeline.data_parallel));
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (processes ? 1 : c.pipeline.data_parallel));
   o.data_parallel = c.pipeline.data_parallel;
   o.shard_optimizer = c.train.shard_optimizer;
   o.bucket_bytes = c.pipeline.bucket_bytes;

@@ -6,6 +6,7 @@
 
 #include "models/model.h"
 #include "pipeline/pipeline.h"
+#include "stages/device.h"
 #include "job/config.h"
 #include "job/data.h"
 
@@ -24,7 +25,9 @@ struct Job {
   Dataset data;
   PipelineOptions options;  // options.balance: the config's list; a method is resolved by job/balance.h
   at::ScalarType dtype;
-  std::string device_note;  // what pipeline.devices "auto" chose, in one line (job/runtime.cpp says it)
+  // pipeline.devices, decided once (stages::resolve_devices; a rank of runtime.kind processes by its
+  // place among its host's ranks); options.devices is its per_stage list.
+  stages::StageDevices devices;
 };
 
 // The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.

@@ -50,9 +50,7 @@ void warn_if_oversubscribed(const Job& job, int stages_here, const NoteSink& not
 // products fast (stages::slow_bf16_warning): one line, with a short measurement of the cost.
 void warn_if_slow_bf16(const Job& job, const NoteSink& note) {
   if (job.options.precision != Precision::BF16) return;
-  bool cpu_stage = job.options.devices.empty();
-  for (const auto& d : job.options.devices) cpu_stage = cpu_stage || d.is_cpu();
-  if (!cpu_stage) return;
+  if (!job.devices.any_cpu()) return;
   const stages::CpuInfo cpu = stages::cpu_info();
   if (!cpu.flags_known || cpu.fast_bf16()) return;
   const std::string line = stages::slow_bf16_warning(cpu, profiler::bf16_speed(3));
@@ -77,11 +75,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   apply_kernel_switches(c.runtime);
   if (job.options.balance.empty()) job.options.balance = resolve_balance(job);
   // pipeline.devices "auto" says what it chose: whenever that is a GPU, and always when asked for.
-  bool gpus = false;
-  for (const auto& d : job.options.devices) gpus = gpus || d.is_cuda();
-  const bool asked_auto = c.pipeline.devices.size() == 1 && c.pipeline.devices[0] == "auto";
-  if (note && !job.device_note.empty() && (asked_auto || (gpus && c.pipeline.devices.empty())))
-    note("note: " + job.device_note);
+  if (note && job.devices.worth_noting()) note("note: " + job.devices.note);
   warn_if_slow_bf16(job, note);
   if (c.runtime.kind != "processes") {
     match_stage_threads(job);
@@ -114,11 +108,6 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   if (c.runtime.intra_op_threads == 0 && info.local_world_size > 0)
     job.options.intra_op_threads = intra_op_threads(c.runtime, info.local_world_size);
   match_stage_threads(job);
-  // "auto" on GPUs: each rank takes its host's GPU by its place among the host's ranks.
-  if ((c.pipeline.devices.empty() || asked_auto) && gpus) {
-    const int n = stages::accelerator_info().gpus;
-    if (n > 0) job.options.devices.assign(c.pipeline.stages, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank % n)));
-  }
   if (info.rank == 0) warn_if_oversubscribed(job, info.local_world_size > 0 ? info.local_world_size : 1, note);
   // UCX listens only on the interface by which this host reaches rank 0's, not on every one.
   job.options.transport.net_devices = comm::ucx_devices_towards(info.master_addr);

@@ -60,7 +60,32 @@ std::map<std::string, at::Tensor> read_saved(const std::string& file) {
   return out;
 }
 
+// A file or folder without the tensor `key`: which names it does hold.
+[[noreturn]] void missing(const std::string& path, bool folder, const std::map<std::string, at::Tensor>& t,
+                          const std::string& key) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : t) keys.push_back(k);
+  throw DataError(printable(path, 300) + ": no '" + key + "' " +
+                  (folder ? std::string("array (inputs.npy and targets.npy are read)")
+                          : "tensor (keys: " + (keys.empty() ? std::string("none") : join(keys, ", ")) + ")"));
+}
+
 }  // namespace
+
+std::vector<int64_t> tensors_sample_shape(const Config& c) {
+  const std::string& path = c.data.path;
+  if (std::filesystem::is_directory(path)) {
+    const std::string f = path + "/inputs.npy";
+    if (!std::filesystem::exists(f)) missing(path, true, {}, "inputs");
+    const NpyHeader h = read_npy_header(f);
+    return std::vector<int64_t>(h.shape.begin() + 1, h.shape.end());
+  }
+  const std::map<std::string, at::Tensor> t = read_saved(path);
+  const auto inputs = t.find("inputs");
+  if (inputs == t.end()) missing(path, false, t, "inputs");
+  if (inputs->second.dim() < 1) throw DataError(printable(path, 300) + ": 'inputs': a scalar, not one row per sample");
+  return inputs->second.sizes().slice(1).vec();
+}
 
 Dataset load_tensors(const Config& c, const models::Model& model) {
   const std::string& path = c.data.path;
@@ -76,13 +101,7 @@ Dataset load_tensors(const Config& c, const models::Model& model) {
   }
   auto name_of = [&](const std::string& key) { return folder ? path + "/" + key + ".npy" : path + ": '" + key + "'"; };
   for (const char* key : {"inputs", "targets"})
-    if (!t.count(key)) {
-      std::vector<std::string> keys;
-      for (const auto& [k, v] : t) keys.push_back(k);
-      throw DataError(printable(path, 300) + ": no '" + key + "' " +
-                      (folder ? std::string("array (inputs.npy and targets.npy are read)")
-                              : "tensor (keys: " + (keys.empty() ? std::string("none") : join(keys, ", ")) + ")"));
-    }
+    if (!t.count(key)) missing(path, folder, t, key);
   if (t.count("test_inputs") != t.count("test_targets"))
     throw DataError(printable(path, 300) + ": test_inputs and test_targets come together (one is missing)");
   auto check = [&](const std::string& in, const std::string& out) {

@@ -14,4 +14,9 @@ namespace pipetrain::job {
 
 Dataset load_tensors(const Config& c, const models::Model& model);
 
+/// One input sample's shape in data.path (its inputs without their first dimension): from the
+/// header of inputs.npy alone in a folder, from the tensor in a torch.save file (which is read
+/// for it). The same DataErrors as load_tensors for a missing or unreadable inputs.
+std::vector<int64_t> tensors_sample_shape(const Config& c);
+
 }  // namespace pipetrain::job

@@ -25,16 +25,34 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "stages/accelerator.h"
+
 namespace pipetrain::stages {
 
-/// pipeline.devices resolved for `stages` stages. `names`: empty or {"auto"} (the GPUs when this
-/// process sees any, stage s on cuda:(s mod gpus), else the CPU), {"cpu"}, one device name for
-/// every stage, or one per stage ("cuda:0", "cuda:1"; several stages may share a device). A
-/// device that does not exist or a kind this build cannot run is a ConfigError naming `where`
-/// and the entry. `note`, when given, receives one line saying what "auto" chose
-/// ("pipeline.devices auto: the CPU (why)").
-std::vector<c10::Device> resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
-                                         std::string* note = nullptr);
+/// pipeline.devices decided: a device for every stage, and how it was decided.
+struct StageDevices {
+  std::vector<c10::Device> per_stage;  ///< one entry per stage, in stage order
+  bool chosen = false;      ///< "auto" chose them (the names were empty or {"auto"})
+  bool asked_auto = false;  ///< the names were {"auto"} itself, not left out
+  std::string note;         ///< what "auto" chose, in one line ("pipeline.devices auto: the CPU (why)"); else ""
+  bool any_cuda() const;    ///< whether some stage runs on a GPU
+  bool any_cpu() const;     ///< whether some stage runs on the CPU
+  /// Whether `note` is worth saying: always when "auto" was asked for, else when it chose GPUs.
+  bool worth_noting() const { return chosen && (asked_auto || any_cuda()); }
+};
+
+/// pipeline.devices resolved for `stages` stages: the one place that decides where a job's
+/// stages run. `names`: empty or {"auto"} (the GPUs when this process sees any, else the CPU),
+/// {"cpu"}, one device name for every stage, or one per stage ("cuda:0", "cuda:1"; several stages
+/// may share a device). On GPUs "auto" puts stage s on cuda:(s mod gpus), or, for a rank of a
+/// multi-process job (`local_rank` >= 0, its place among its host's ranks), every stage on
+/// cuda:(local_rank mod gpus). A device that does not exist or a kind this build cannot run is a
+/// ConfigError naming `where` and the entry.
+StageDevices resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
+                             int local_rank = -1);
+/// The same against a given accelerator report instead of this process's (tests).
+StageDevices resolve_devices(const std::vector<std::string>& names, int stages, const std::string& where,
+                             int local_rank, const AcceleratorInfo& accelerator);
 
 /// One device name ("cpu", "cuda", "cuda:1") checked as resolve_devices checks a list's entries.
 c10::Device parse_device(const std::string& name, const std::string& where);

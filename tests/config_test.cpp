@@ -11,6 +11,7 @@
 #include "job/runtime.h"
 #include "train/trainer.h"
 #include "stages/accelerator.h"
+#include "stages/device.h"
 #include "tests/helpers.h"
 
 using namespace pipetrain;
@@ -106,8 +107,49 @@ TEST(Config, PipelineDevices) {
     const Job job = prepare_balanced(parse_config(c, "cfg.json"));
     ASSERT_EQ(job.options.devices.size(), 2u);
     for (const auto& d : job.options.devices) EXPECT_TRUE(d.is_cpu());
-    EXPECT_NE(job.device_note.find("pipeline.devices auto: the CPU"), std::string::npos) << job.device_note;
+    EXPECT_NE(job.devices.note.find("pipeline.devices auto: the CPU"), std::string::npos) << job.devices.note;
   }
+}
+
+// pipeline.devices is decided in one place (stages::resolve_devices), checked here against a
+// report of four GPUs and one of none: "auto" puts stage s on cuda:(s mod 4), and a rank of a
+// multi-process job (its place among its host's ranks given) every stage on that place's GPU;
+// names are taken as written; the note is worth saying when "auto" was asked for or chose GPUs.
+TEST(Config, DevicesAreDecidedInOnePlace) {
+  using c10::Device;
+  const auto cuda = [](int i) { return Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); };
+  const Device cpu(c10::kCPU);
+  stages::AcceleratorInfo four, none;
+  four.cuda = none.cuda = true;
+  four.gpus = 4;
+  none.no_gpu_reason = "no CUDA-capable device is detected";
+  stages::StageDevices d = stages::resolve_devices({}, 6, "p", -1, four);
+  EXPECT_EQ(d.per_stage, (std::vector<Device>{cuda(0), cuda(1), cuda(2), cuda(3), cuda(0), cuda(1)}));
+  EXPECT_TRUE(d.chosen && !d.asked_auto && d.worth_noting() && d.any_cuda() && !d.any_cpu());
+  EXPECT_EQ(d.note, "pipeline.devices auto: 6 stages on 4 of 4 GPUs");
+  d = stages::resolve_devices({"auto"}, 2, "p", 5, four);
+  EXPECT_EQ(d.per_stage, (std::vector<Device>{cuda(1), cuda(1)}));
+  EXPECT_EQ(d.note, "pipeline.devices auto: this rank's stages on cuda:1 of 4 GPUs (its place among its host's ranks)");
+  d = stages::resolve_devices({}, 2, "p", 5, none);
+  EXPECT_EQ(d.per_stage, (std::vector<Device>{cpu, cpu}));
+  EXPECT_FALSE(d.worth_noting());  // left out, and the CPU: nothing to say
+  EXPECT_EQ(d.note, "pipeline.devices auto: the CPU (no CUDA-capable device is detected)");
+  EXPECT_TRUE(stages::resolve_devices({"auto"}, 2, "p", -1, none).worth_noting());
+  d = stages::resolve_devices({"cuda:3", "cpu"}, 2, "p", 0, four);
+  EXPECT_EQ(d.per_stage, (std::vector<Device>{cuda(3), cpu}));
+  EXPECT_TRUE(!d.chosen && d.note.empty() && !d.worth_noting() && d.any_cuda() && d.any_cpu());
+  EXPECT_EQ(stages::resolve_devices({"cuda"}, 3, "p", 2, four).per_stage, (std::vector<Device>(3, cuda(0))));
+  std::string refused;
+  try {
+    stages::resolve_devices({"cpu", "cuda:4"}, 2, "p", -1, four);
+  } catch (const ConfigError& e) {
+    refused = e.what();
+  }
+  EXPECT_ERROR(refused, "p[1]: \"cuda:4\" does not exist: this process sees 4 CUDA devices (cuda:0 to cuda:3)");
+  // A job's pipeline options are that decision.
+  const Job job = prepare_balanced(parse_config(base(), "cfg.json"));
+  EXPECT_EQ(job.options.devices, job.devices.per_stage);
+  EXPECT_EQ(job.devices.per_stage.size(), 2u);
 }
 
 // pipeline.defer_weight_grads: a boolean, off by default, handed to the pipeline's options.

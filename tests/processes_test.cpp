@@ -439,6 +439,25 @@ TEST(Processes, CheckpointResumeSigtermAndEval) {
   EXPECT_EQ(json::parse(read_text(dir2 + name)).at("shards").size(), 3u);
 }
 
+#if PIPETRAIN_HAVE_UCX
+// UCX's own messages reach the terminal as our lines at their level (a real one: UCX's warning
+// about a UCX_ variable it does not know, from each rank), never in UCX's format (" UCX  WARN ").
+TEST(Processes, UcxMessagesAreOurLines) {
+  const std::string cfg = write_file("ucx_log.json", kMlp);
+  const Result r = shell("UCX_PIPETRAIN_NO_SUCH_VARIABLE=1 timeout -s KILL 150 " + std::string(PIPETRAIN_BINARY) +
+                         " launch --nproc 2 -- train " + cfg +
+                         " --quiet --set runtime.kind=processes --set runtime.transport=ucx 2>&1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  for (const std::string rank : {"[rank 0] ", "[rank 1] "}) {
+    const size_t at = r.out.find(rank + "pipetrain: warning: ucx: unused environment variable");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    if (at != std::string::npos)
+      EXPECT_NE(r.out.substr(at, r.out.find('\n', at) - at).find("UCX_PIPETRAIN_NO_SUCH_VARIABLE"), std::string::npos);
+  }
+  EXPECT_EQ(r.out.find(" UCX "), std::string::npos) << r.out;
+}
+#endif
+
 TEST(Processes, ConfigurationErrors) {
   const std::string cfg = write_file("errors.json", kMlp);
   // No launcher: one rank for two stages.

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <functional>
+#include <iterator>
 #include <thread>
 
 #include <torch/torch.h>
@@ -27,9 +29,14 @@
 #include "comm/rendezvous.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "tests/process_helpers.h"
 #if PIPETRAIN_HAVE_UCX
+#include <fcntl.h>
+#include <ucs/config/types.h>
+
 #include "comm/ucx/process_watch.h"
+#include "comm/ucx/testing.h"
 #include "comm/ucx/transport.h"
 #endif
 
@@ -375,6 +382,53 @@ TEST(Rendezvous, StalledStoreClientsDoNotHoldTheRanksPastTheirDeadline) {
 }
 
 #if PIPETRAIN_HAVE_UCX
+// What this process and the children it starts (which share its stdout and stderr) write on
+// either while `fn` runs.
+std::string output_of(const std::function<void()>& fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const std::string path = ::testing::TempDir() + "/pipetrain_output_" + std::to_string(::getpid());
+  const int file = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  const int out = ::dup(STDOUT_FILENO), err = ::dup(STDERR_FILENO);
+  if (file < 0 || out < 0 || err < 0) ADD_FAILURE() << "cannot capture stdout and stderr";
+  ::dup2(file, STDOUT_FILENO);
+  ::dup2(file, STDERR_FILENO);
+  std::exception_ptr failure;
+  try {
+    fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(out, STDOUT_FILENO);
+  ::dup2(err, STDERR_FILENO);
+  for (int fd : {file, out, err}) ::close(fd);
+  if (failure) std::rethrow_exception(failure);
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// UCX's messages are lines of ours at the matching level: a warning as a warning; an error,
+// which UCX also returns as a status that we report ourselves, only at --log-level debug. None
+// is printed in UCX's own format (" UCX  WARN ").
+TEST(Rendezvous, UcxMessagesAreOurLinesAtTheirLevel) {
+  const auto group = make_ucx_group(1);  // the first UCX context routes UCX's log through ours
+  const log::Level before = log::level();
+  log::set_level(log::Level::Info);
+  const std::string info = output_of([] {
+    ucx_log_for_test(UCS_LOG_LEVEL_WARN, "a warning from UCX");
+    ucx_log_for_test(UCS_LOG_LEVEL_ERROR, "an error UCX returns as a status");
+  });
+  log::set_level(log::Level::Debug);
+  const std::string debug = output_of([] { ucx_log_for_test(UCS_LOG_LEVEL_ERROR, "an error UCX returns as a status"); });
+  log::set_level(before);
+  EXPECT_EQ(info.rfind("pipetrain: warning: ucx: a warning from UCX (log.cpp:", 0), 0u) << info;
+  EXPECT_EQ(std::count(info.begin(), info.end(), '\n'), 1) << info;
+  EXPECT_EQ(debug.rfind("pipetrain: debug: ucx: an error UCX returns as a status (log.cpp:", 0), 0u) << debug;
+  EXPECT_EQ(std::count(debug.begin(), debug.end(), '\n'), 1) << debug;
+}
+
 // A well-formed record around a forged worker address (any client of the store can write one;
 // the process identity before it is this process's, comm/ucx/process_watch.h):
 // UCX would abort this process unpacking it; a child process unpacks it first, and the rank is
@@ -388,17 +442,22 @@ TEST(Rendezvous, AForgedUcxAddressIsRefusedNamingItsRank) {
   for (const std::string& bad : forged) {
     int peer = -1;
     std::string msg;
-    try {
-      make_ucx_transport(
-          0, 2,
-          [&](const std::string& mine) {  // this process's identity record, then the forged address
-            return std::vector<std::string>{mine, mine.substr(0, ucx::kIdentityBytes) + bad};
-          },
-          o);
-    } catch (const TransportError& e) {
-      peer = e.peer();
-      msg = e.what();
-    }
+    // UCX's own line about the endpoint it could not make ("select.c:721 UCX ERROR no active
+    // messages transport to <no debug data>") is not printed beside ours.
+    const std::string printed = output_of([&] {
+      try {
+        make_ucx_transport(
+            0, 2,
+            [&](const std::string& mine) {  // this process's identity record, then the forged address
+              return std::vector<std::string>{mine, mine.substr(0, ucx::kIdentityBytes) + bad};
+            },
+            o);
+      } catch (const TransportError& e) {
+        peer = e.peer();
+        msg = e.what();
+      }
+    });
+    EXPECT_EQ(printed.find(" UCX "), std::string::npos) << printed;
     EXPECT_EQ(peer, 1) << msg;
     EXPECT_NE(msg.find("the UCX worker address that rank 1 published is not one UCX can use"), std::string::npos)
         << msg;

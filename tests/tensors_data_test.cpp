@@ -34,11 +34,15 @@ void python(const std::string& code) {
   ASSERT_EQ(r.status, 0) << r.out;
 }
 
+job::Config config_for(const std::string& model, const std::string& path) {
+  return job::parse_config(nlohmann::json::parse(R"({"model": )" + model +
+                                                 R"(, "data": {"kind": "tensors", "batch_size": 4, "path": ")" + path +
+                                                 R"("}})"),
+                           "cfg.json", {});
+}
+
 job::Dataset load(const std::string& model, const std::string& path) {
-  const job::Config c = job::parse_config(nlohmann::json::parse(R"({"model": )" + model +
-                                                                    R"(, "data": {"kind": "tensors", "batch_size": 4, "path": ")" +
-                                                                    path + R"("}})"),
-                                              "cfg.json", {});
+  const job::Config c = config_for(model, path);
   return job::load_dataset(c, job::build_model(c));
 }
 
@@ -134,4 +138,42 @@ TEST(TensorsData, NpyShapeOverflowIsRefused) {
   std::ofstream(folder + "/inputs.npy", std::ios::binary) << header << dict << "ab";
   std::ofstream(folder + "/targets.npy", std::ios::binary) << header << dict << "ab";
   EXPECT_EQ(error_of(kMlp, folder), folder + "/inputs.npy: a shape of more than 2^50 values");
+}
+
+// A TorchScript model's input is the data's: model.input_shape may be left out (read from the
+// torch.save file, or from the header of inputs.npy), and one that differs from the samples'
+// shape is one line naming both. A shape the network cannot take names the data it came from.
+TEST(TensorsData, ATorchScriptModelTakesItsInputShapeFromTheData) {
+  python(R"(
+import numpy, torch
+net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(2 * 4 * 4, 3))
+torch.jit.script(net).save(")" + dir() + R"(/net.pt")
+torch.save({"inputs": torch.randn(12, 1, 4, 4), "targets": torch.arange(12) % 3}, ")" + dir() + R"(/images.pt")
+torch.save({"inputs": torch.randn(12, 1, 5, 5), "targets": torch.arange(12) % 3}, ")" + dir() + R"(/larger.pt")
+import os
+os.makedirs(")" + dir() + R"(/images", exist_ok=True)
+numpy.save(")" + dir() + R"(/images/inputs.npy", numpy.zeros((12, 1, 4, 4), numpy.float32))
+numpy.save(")" + dir() + R"(/images/targets.npy", numpy.arange(12) % 3)
+)");
+  const std::string net = dir() + "/net.pt";
+  const std::string taken = R"({"family": "torchscript", "path": ")" + net + R"("})";
+  for (const std::string& data : {dir() + "/images.pt", dir() + "/images"}) {
+    const models::Model m = job::build_model(config_for(taken, data));
+    EXPECT_EQ(m.sample_shape, (std::vector<int64_t>{1, 4, 4})) << data;
+    EXPECT_EQ(m.classes, 3);
+    EXPECT_EQ(load(taken, data).train.inputs.sizes().slice(1).vec(), m.sample_shape);
+  }
+  const std::string same = R"({"family": "torchscript", "input_shape": [1, 4, 4], "path": ")" + net + R"("})";
+  EXPECT_EQ(load(same, dir() + "/images.pt").classes, 3);
+  const std::string flat = R"({"family": "torchscript", "input_shape": [16], "path": ")" + net + R"("})";
+  EXPECT_EQ(error_of(flat, dir() + "/images.pt"),
+            "cfg.json: model.input_shape: [16], but the samples of data.path " + dir() +
+                "/images.pt have shape [1, 4, 4]; leave model.input_shape out to take the data's");
+  const std::string larger = error_of(taken, dir() + "/larger.pt");
+  EXPECT_EQ(larger.rfind("the samples of data.path " + dir() + "/larger.pt (shape [1, 5, 5]): model.input_shape: a sample "
+                         "of this shape does not go through",
+                         0),
+            0u)
+      << larger;
+  EXPECT_EQ(larger.find('\n'), std::string::npos) << larger;
 }

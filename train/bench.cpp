@@ -126,7 +126,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // The plain loop runs on the first stage's device (a GPU's baseline is that GPU), its batch
   // brought there inside the timed step as the pipeline's is.
-  const c10::Device device = job.options.devices.empty() ? c10::Device(c10::kCPU) : job.options.devices[0];
+  const c10::Device device = job.devices.per_stage.at(0);
   auto baseline = [&](const std::string& name, int threads) {
     at::set_num_threads(threads);
     torch::nn::Sequential model = fresh_model();

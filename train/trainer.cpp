@@ -336,8 +336,7 @@ TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) 
   tell([&](TrainObserver& o) { o.started(describe_run(job, pipe), ckpt.resumed_from, first, steps); });
 
   // GPU stages report their allocator's peak every step (cheap); CPU stages only with a counter.
-  bool gpu_stages = false;
-  for (const auto& d : job.options.devices) gpu_stages = gpu_stages || d.is_cuda();
+  const bool gpu_stages = job.devices.any_cuda();
   const auto start = Clock::now();
   int64_t trained = 0;  // samples
   bool told_fewer = false;

@@ -79,9 +79,15 @@ bool write_all(int fd, const void* data, size_t n) {
     if (n && !read_all(in, a.data(), n)) ::_exit(0);
   }
   ::alarm(static_cast<unsigned>(kCheckSeconds));
-  // UCX's own report of a crash (a backtrace) is not for the user: the parent says what failed.
+  // UCX's messages (an endpoint it could not create: "select.c:721 UCX ERROR no active messages
+  // transport ...", on the stdout it shares with its parent) and its report of a crash (a
+  // backtrace, on stderr) are not for the user: the parent says what failed, in one line.
+  silence_ucx_log();
   const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (null >= 0) ::dup2(null, STDERR_FILENO);
+  if (null >= 0) {
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+  }
   ucp_config_t* config = nullptr;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;

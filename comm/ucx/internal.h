@@ -51,6 +51,12 @@ constexpr size_t kHeaderBufferBytes = kWireHeaderBytes + kInlineBytes;
 constexpr size_t kAbortReasonBytes = 1024;
 constexpr int kProgressBatch = 1024;
 
+// UCX's log messages as lines of common/log.h at the matching level, not UCX's own lines on
+// stdout (log.cpp); once per process, before the first context. silence_ucx_log drops them all
+// (the address check's child, whose parent reports what failed).
+void route_ucx_log();
+void silence_ucx_log();
+
 // A child process that unpacks every peer's address (all but `self`'s) as this rank's worker
 // would, so that a forged one is refused naming the rank that published it instead of aborting
 // this process inside UCX (address_check.cpp: this program run again). check() once, which

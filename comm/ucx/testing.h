@@ -1,5 +1,5 @@
 // ucx: hooks for tests only; production code never includes this header. Defined in
-// transport.cpp.
+// transport.cpp, and ucx_log_for_test in log.cpp.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +20,9 @@ void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id
 // Bytes of GPU tensors this process's UCX transports copied to the host to send them: 0 where UCX
 // carries device memory itself (PIPETRAIN_UCX_CUDA), every large payload's bytes otherwise.
 uint64_t ucx_host_staged_bytes_for_test();
+
+// Hands `message` to UCX's log dispatcher at UCX's level `ucs_level` (a ucs_log_level_t), as UCX's
+// own ucs_warn() and ucs_error() do, after the first UCX transport of this process was made.
+void ucx_log_for_test(int ucs_level, const std::string& message);
 
 }  // namespace pipetrain::comm

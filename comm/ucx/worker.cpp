@@ -60,6 +60,7 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
   if (rank < 0 || rank >= world)
     throw Error(detail::concat("ucx: rank ", rank, " outside world of size ", world));
   ignore_broken_pipe();  // a peer that went while UCX writes to its socket is an error, not a death
+  route_ucx_log();  // from here on UCX's messages are our lines (log.cpp)
   try {
     ucp_config_t* config = nullptr;
     ucx_check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
