@@ -41,6 +41,7 @@ Job prepare(const Config& c) {
   o.chunks = c.pipeline.chunks;
   o.recompute = c.pipeline.recompute;
   o.defer_weight_grads = c.pipeline.defer_weight_grads;
+  o.cuda_graphs = c.pipeline.cuda_graphs;
   o.precision = c.train.precision;
   // In-process every copy's stages are threads of this process.
   std::string note;
