@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (scripts/gpu.sh runs this after the gpu tests):
 #   bash bench/gpu.sh BUILD_DIR RESULTS_DIR [PART ...]
-# PARTs: transfers, gpt24, pipeline, fashion (default: $GPU_BENCH_PARTS, else transfers and gpt24,
-# which fit one 10-minute call; pipeline and fashion were measured before and take another).
+# PARTs: speed, transfers, gpt24, pipeline, fashion (default: $GPU_BENCH_PARTS, else speed, transfers
+# and gpt24, which fit one 10-minute call; pipeline and fashion were measured before and take another).
+# speed writes RESULTS_DIR/speed.jsonl (bench/gpu_pipeline.cpp --speed: the small GPT as the plain
+# loop and as 2 stages with and without CUDA graphs; the 24-layer GPT as the plain loop and as 4
+# stages 1F1B with and without graphs, each one's peak memory; its largest batch with and without
+# recomputation).
 # Writes RESULTS_DIR/machine.jsonl (the device, driver and clocks, read before and after) and
 # RESULTS_DIR/transfers.jsonl (bench/transfer_gpu.cpp: two processes on the GPU, GB/s per transport,
 # direction and size beside cudaMemcpy's), RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
@@ -13,7 +17,7 @@ set -uo pipefail
 build=$1
 out=$2
 shift 2
-parts=" ${*:-${GPU_BENCH_PARTS:-transfers gpt24}} "
+parts=" ${*:-${GPU_BENCH_PARTS:-speed transfers gpt24}} "
 part() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 machine() {
@@ -27,6 +31,9 @@ machine() {
 }
 machine before
 status=0
+if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
+  timeout 270 "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
+fi
 # Two processes on the one GPU: CUDA tensors over nccl, ucx and gloo, both directions, against a
 # device-to-device copy (bench/transfer_gpu.cpp).
 if part transfers && [ -x "$build/bench/transfer_gpu" ]; then

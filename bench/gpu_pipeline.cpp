@@ -4,6 +4,8 @@
 // that fits with and without recomputation. Writes one JSON line per measurement.
 //
 //   gpu_pipeline OUT.jsonl [--layers 24] [--d-model 1024] [--seq 1024] [--batch 16] [--steps 10]
+//   gpu_pipeline OUT.jsonl --speed 1   (speed.jsonl: the small GPT with and without CUDA graphs,
+//                                       the 24-layer GPT in 4 stages, peaks, largest batches)
 //
 // bf16 autocast over float32 master weights, SGD, no dropout. Rounds alternate the variants; each
 // reports the median and the range of its steps' samples/s. Needs a CUDA device.
@@ -40,6 +42,7 @@ struct Args {
   std::string out;
   int64_t layers = 24, d_model = 1024, seq = 1024, batch = 16, vocab = 32000;
   int steps = 10, rounds = 2;
+  bool speed = false;
 };
 
 at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
@@ -66,6 +69,7 @@ struct Variant {
   int stages = 1, micro_batches = 8;
   schedule::Kind schedule = schedule::Kind::OneFOneB;
   Recompute recompute = Recompute::Never;
+  bool graphs = false;  // pipeline.cuda_graphs
 };
 
 // Runs `steps` steps of one variant and returns each step's seconds (the device finished).
@@ -108,6 +112,7 @@ std::vector<double> run(const Variant& v, torch::nn::Sequential model, const at:
   o.precision = Precision::BF16;
   o.devices = {gpu};
   o.timeout_s = 600;
+  o.cuda_graphs = v.graphs;
   pipeline::Pipeline pipe(model, o, mean_ce);
   pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-4); });
   for (int i = 0; i < warmup + steps; ++i) {
@@ -122,7 +127,76 @@ std::string describe(const Variant& v) {
   if (v.name == "plain") return "plain";
   if (v.name == "accumulate") return pipetrain::detail::concat("plain, ", v.micro_batches, " accumulated micro-batches");
   return pipetrain::detail::concat("pipeline ", v.stages, " stage", v.stages == 1 ? "" : "s", " ", schedule::name(v.schedule), " M=",
-                        v.micro_batches, " recompute=", recompute_name(v.recompute));
+                        v.micro_batches, " recompute=", recompute_name(v.recompute), v.graphs ? " cuda_graphs" : "");
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Alternating rounds of `variants` on one model and batch; one JSON line per variant, with its
+// speed against the first variant (the plain loop) of the same rounds.
+void compare(const std::vector<Variant>& variants, torch::nn::Sequential model, const at::Tensor& x, const at::Tensor& y,
+             const Args& a, const json& common, const std::string& measure, std::ostream& out) {
+  std::map<std::string, std::vector<double>> times;
+  std::map<std::string, int64_t> peaks;
+  for (int round = 0; round < a.rounds; ++round)
+    for (const Variant& v : variants) {
+      reset_peak();
+      auto t = run(v, model, x, y, a.steps, round == 0 ? 3 : 1);
+      peaks[describe(v)] = std::max(peaks[describe(v)], peak());
+      auto& all = times[describe(v)];
+      all.insert(all.end(), t.begin(), t.end());
+      std::cerr << measure << " round " << round << " " << describe(v) << ": " << x.size(0) / median_of(t) << " samples/s\n";
+    }
+  const double first = x.size(0) / median_of(times[describe(variants.front())]);
+  for (const Variant& v : variants) {
+    auto t = times[describe(v)];
+    std::sort(t.begin(), t.end());
+    json j = common;
+    j["measure"] = measure;
+    j["variant"] = describe(v);
+    j["samples_per_s"] = x.size(0) / median_of(t);
+    j["samples_per_s_min"] = x.size(0) / t.back();
+    j["samples_per_s_max"] = x.size(0) / t.front();
+    j["steps"] = t.size();
+    j["vs_plain"] = x.size(0) / median_of(t) / first;
+    j["peak_bytes"] = peaks[describe(v)];
+    out << j.dump() << "\n";
+    out.flush();
+    std::cout << j.dump() << "\n";
+  }
+}
+
+// The largest batch that fits (doubling, one step each, 2 samples per micro-batch, GPipe on
+// one stage): without recomputation and with it for every micro-batch.
+void largest_batches(torch::nn::Sequential model, const Args& a, const json& common, std::ostream& out) {
+  for (Recompute mode : {Recompute::Never, Recompute::Always}) {
+    int64_t fits = 0;
+    for (int64_t b = a.batch; b <= 512; b *= 2) {
+      const at::Tensor xb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
+      const at::Tensor yb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
+      Variant v{"pipeline", 1, static_cast<int>(b / 2), schedule::Kind::GPipe, mode};
+      try {
+        run(v, model, xb, yb, 1, 0);
+        fits = b;
+      } catch (const std::exception& e) {
+        std::cerr << "batch " << b << " " << recompute_name(mode) << ": " << std::string(e.what()).substr(0, 200) << "\n";
+        break;
+      }
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    json j = common;
+    j["measure"] = "largest_batch";
+    j["searched_up_to"] = 512;
+    j["recompute"] = recompute_name(mode);
+    j["largest_batch"] = fits;
+    out << j.dump() << "\n";
+    out.flush();
+    std::cout << j.dump() << "\n";
+}
 }
 
 }  // namespace
@@ -143,6 +217,7 @@ int main(int argc, char** argv) {
     else if (k == "--batch") a.batch = v;
     else if (k == "--steps") a.steps = static_cast<int>(v);
     else if (k == "--rounds") a.rounds = static_cast<int>(v);
+    else if (k == "--speed") a.speed = v != 0;
     else {
       std::cerr << "gpu_pipeline: unknown option " << k << "\n";
       return 2;
@@ -154,6 +229,40 @@ int main(int argc, char** argv) {
   }
   at::globalContext().setAllowTF32CuBLAS(true);
   std::ofstream out(a.out, std::ios::app);
+  const std::string card = c10::cuda::device_count() ? std::string(at::cuda::getDeviceProperties(0)->name) : "";
+  if (a.speed) {
+    // 1. The small GPT (configs/gpt_small.json's shape, no dropout): launch-bound, where graphs
+    // pay. The plain loop, the pipeline of 2 stages on the one GPU, and the same with graphs.
+    Args small = a;
+    small.layers = 4, small.d_model = 64, small.seq = 32, small.batch = 32, small.vocab = 64, small.steps = 30;
+    small.rounds = 3;
+    models::Model sm = build(small);
+    torch::manual_seed(0);
+    const at::Tensor xs = torch::randint(0, small.vocab, {small.batch, small.seq}, torch::kLong);
+    const at::Tensor ys = torch::randint(0, small.vocab, {small.batch, small.seq}, torch::kLong);
+    const json small_common{{"bench", "gpu_speed"}, {"device", card}, {"model", "gpt_small"}, {"layers", small.layers},
+                            {"d_model", small.d_model}, {"seq", small.seq}, {"batch", small.batch}, {"precision", "bf16"}};
+    compare({{"plain"},
+             {"pipeline", 2, 4, schedule::Kind::OneFOneB, Recompute::Never, false},
+             {"pipeline", 2, 4, schedule::Kind::OneFOneB, Recompute::Never, true}},
+            sm.layers, xs, ys, small, small_common, "small_gpt", out);
+    // 2. The 24-layer GPT in 4 stages, 1F1B, against the plain loop, with fused attention; with
+    // and without graphs; each one's peak memory.
+    Args big = a;
+    big.steps = std::min(a.steps, 6);
+    models::Model bm = build(big);
+    const at::Tensor xb = torch::randint(0, big.vocab, {big.batch, big.seq}, torch::kLong);
+    const at::Tensor yb = torch::randint(0, big.vocab, {big.batch, big.seq}, torch::kLong);
+    const json big_common{{"bench", "gpu_speed"}, {"device", card}, {"model", "gpt24"}, {"layers", big.layers},
+                          {"d_model", big.d_model}, {"seq", big.seq}, {"batch", big.batch}, {"precision", "bf16"}};
+    compare({{"plain"},
+             {"pipeline", 4, 8, schedule::Kind::OneFOneB, Recompute::Never, false},
+             {"pipeline", 4, 8, schedule::Kind::OneFOneB, Recompute::Never, true}},
+            bm.layers, xb, yb, big, big_common, "gpt24", out);
+    // 3. The largest batch of the 24-layer GPT with and without recomputation.
+    largest_batches(bm.layers, big, big_common, out);
+    return 0;
+  }
   models::Model m = build(a);
   torch::manual_seed(0);
   const at::Tensor x = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
@@ -217,32 +326,6 @@ int main(int argc, char** argv) {
     std::cout << j.dump() << "\n";
   }
 
-  // 3. The largest batch that fits (doubling, one step each, 2 samples per micro-batch, GPipe on
-  // one stage): without recomputation and with it for every micro-batch.
-  for (Recompute mode : {Recompute::Never, Recompute::Always}) {
-    int64_t fits = 0;
-    for (int64_t b = a.batch; b <= 512; b *= 2) {
-      const at::Tensor xb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
-      const at::Tensor yb = torch::randint(0, a.vocab, {b, a.seq}, torch::kLong);
-      Variant v{"pipeline", 1, static_cast<int>(b / 2), schedule::Kind::GPipe, mode};
-      try {
-        run(v, m.layers, xb, yb, 1, 0);
-        fits = b;
-      } catch (const std::exception& e) {
-        std::cerr << "batch " << b << " " << recompute_name(mode) << ": " << std::string(e.what()).substr(0, 200) << "\n";
-        break;
-      }
-      c10::cuda::CUDACachingAllocator::emptyCache();
-    }
-    c10::cuda::CUDACachingAllocator::emptyCache();
-    json j = common;
-    j["measure"] = "largest_batch";
-    j["searched_up_to"] = 512;
-    j["recompute"] = recompute_name(mode);
-    j["largest_batch"] = fits;
-    out << j.dump() << "\n";
-    out.flush();
-    std::cout << j.dump() << "\n";
-  }
+  largest_batches(m.layers, a, common, out);
   return 0;
 }

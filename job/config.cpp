@@ -148,6 +148,7 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   c.pipeline.recompute =
       parse_recompute(pipe.get_choice("recompute", recompute_name(c.pipeline.recompute), recompute_modes()));
   c.pipeline.defer_weight_grads = pipe.get_bool("defer_weight_grads", c.pipeline.defer_weight_grads);
+  c.pipeline.cuda_graphs = pipe.get_bool("cuda_graphs", c.pipeline.cuda_graphs);
   if (const json* b = pipe.get_raw("balance")) {
     const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
     if (b->is_string()) {

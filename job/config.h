@@ -41,6 +41,7 @@ struct PipelineConfig {
   int chunks = 1;  // virtual stages per device; the kind's default when not given
   Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
   bool defer_weight_grads = false;              // pipeline.defer_weight_grads (PipelineOptions)
+  bool cuda_graphs = false;                     // pipeline.cuda_graphs (PipelineOptions)
   // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
   // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
   // predicted peak memory), or "list" with `balance` given.

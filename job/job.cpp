@@ -92,6 +92,7 @@ Job prepare(const Config& c) {
   o.chunks = c.pipeline.chunks;
   o.recompute = c.pipeline.recompute;
   o.defer_weight_grads = c.pipeline.defer_weight_grads;
+  o.cuda_graphs = c.pipeline.cuda_graphs;
   o.precision = c.train.precision;
   const bool processes = c.runtime.kind == "processes";
   job.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"),

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/replayable.h"
 #include "common/recompute.h"
 #include "common/rng.h"
 #include "models/decoder.h"
@@ -57,6 +58,7 @@ at::Tensor keyed_keep_mask(const std::vector<uint64_t>& keys, at::IntArrayRef sa
   for (int64_t d : sample_shape) n *= d;
   if (n > static_cast<int64_t>(kLow32))
     throw Error(detail::concat("dropout: a sample of ", n, " elements; the keyed mask covers at most 2^32 - 1"));
+  note_not_replayable("a random layer (dropout) draws its keyed masks from keys made on the host each step");
   const int64_t threshold = std::llround(std::min(1.0, std::max(0.0, keep)) * (1 << 24));
   const int64_t B = static_cast<int64_t>(keys.size());
   std::vector<int64_t> shape{B};

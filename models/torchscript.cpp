@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/replayable.h"
 #include "common/strings.h"
 #include "models/families.h"
 
@@ -36,6 +37,7 @@ class ScriptLayerImpl : public torch::nn::Module {
     for (const auto& c : module_.named_children()) register_module(c.name, std::make_shared<MirrorImpl>(c.value));
   }
   at::Tensor forward(const at::Tensor& x) {
+    note_not_replayable("a TorchScript layer runs in the interpreter, which a graph cannot replay");
     c10::IValue out = module_.forward({x});
     if (!out.isTensor()) throw Error("torchscript layer: its forward() returns " + out.tagKind() + ", not a tensor");
     return out.toTensor();

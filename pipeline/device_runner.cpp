@@ -104,7 +104,9 @@ void DeviceRunner::run(const schedule::Schedule& lists, Pass pass, int64_t tag_s
   if (!training_) no_grad.emplace();
   ClearAutocastCache clear_cache;  // the stage thread's autocast copies of the weights die with the step
   origin_ = context_->stamp(seconds_since(t0_));
-  for (const schedule::Action& a : lists.actions[r_]) {
+  reads_before_ = context_->host_reads();
+  for (at_ = 0; at_ < lists.actions[r_].size(); ++at_) {
+    const schedule::Action& a = lists.actions[r_][at_];
     const Key key{a.micro_batch, a.chunk};
     const int vs = lists.virtual_stage(r_, a.chunk);
     if (a.op == Op::Reduce) {
@@ -144,6 +146,8 @@ void DeviceRunner::clear_list() {
   received_ready_.clear();
   grad_ready_.clear();
   local_.held.clear();
+  inputs_ahead_.clear();
+  targets_ahead_.clear();
   deferring_.reset();
   reducing_.clear();
   stamped_.clear();
@@ -195,6 +199,30 @@ at::Tensor DeviceRunner::bring(const at::Tensor& t) {
   return got.tensor;
 }
 
+at::Tensor DeviceRunner::batch_tensor(std::map<int, stages::Received>& ahead, const std::vector<at::Tensor>& all,
+                                      int m) {
+  auto it = ahead.find(m);
+  if (it == ahead.end()) return bring(all.at(m));
+  stages::Received got = std::move(it->second);
+  ahead.erase(it);
+  context_->wait(got.ready);
+  return got.tensor;
+}
+
+void DeviceRunner::prefetch_next() {
+  const auto& list = lists_->actions[r_];
+  for (size_t i = at_ + 1; i < list.size(); ++i) {
+    const schedule::Action& next = list[i];
+    if (next.op != Op::Forward) continue;
+    const stages::Stage& stage = *mine_[next.chunk];
+    const int m = next.micro_batch;
+    if (stage.is_first() && !inputs_ahead_.count(m)) inputs_ahead_.emplace(m, context_->receive(io_.inputs.at(m), {}));
+    if (training_ && stage.is_last() && !targets_ahead_.count(m))
+      targets_ahead_.emplace(m, context_->receive(io_.targets.at(m), {}));
+    return;
+  }
+}
+
 void DeviceRunner::flush_weight_grads() {
   if (stash_.empty()) return;
   const double start = seconds_since(t0_);
@@ -210,11 +238,13 @@ void DeviceRunner::recv_activation(const schedule::Action& a, int vs, const Key&
 void DeviceRunner::forward(const schedule::Action& a, int, const Key& key) {
   stages::Stage& stage = *mine_[a.chunk];
   const int m = a.micro_batch;
-  at::Tensor in = stage.is_first() ? bring(io_.inputs[m]) : received_.at(key);
+  at::Tensor in = stage.is_first() ? batch_tensor(inputs_ahead_, io_.inputs, m) : received_.at(key);
   received_.erase(key);
+  const at::Tensor target =
+      training_ && stage.is_last() ? batch_tensor(targets_ahead_, io_.targets, m) : at::Tensor();
+  prefetch_next();  // the next forward's batch tensors come in while this one computes
   stages::Skips passed_on;
-  at::Tensor out = training_ ? stage.forward(m, in, io_.offsets[m], stage.is_last() ? bring(io_.targets[m]) : at::Tensor(),
-                                             io_.weights[m], received_skips_[key], &passed_on)
+  at::Tensor out = training_ ? stage.forward(m, in, io_.offsets[m], target, io_.weights[m], received_skips_[key], &passed_on)
                              : stage.forward_only(in, received_skips_[key], &passed_on);
   received_skips_.erase(key);
   if (stage.is_last()) {
@@ -276,16 +306,21 @@ void DeviceRunner::reduce(const schedule::Action& a, int vs, const Key&) {
 
 void DeviceRunner::finish() {
   flush_weight_grads();
+  if (training_) {
+    trace_->host_reads[r_] = context_->host_reads() - reads_before_;
+    trace_->graphed[r_] = 0;
+    for (const stages::Stage* st : mine_) trace_->graphed[r_] += st->graphed_forwards();
+  }
   // The step's losses, read from the device once (one host synchronization per step).
   const int M = lists_->micro_batches;
   const bool has_losses =
       training_ && std::any_of(mine_.begin(), mine_.end(), [](const stages::Stage* st) { return st->is_last(); });
   if (has_losses && M == 1) {
-    io_.losses[0] = io_.loss_values.at(0).item<double>();  // one micro-batch: one read, no stack
+    io_.losses[0] = context_->to_host(io_.loss_values.at(0).to(at::kDouble)).item<double>();  // one read, no stack
   } else if (has_losses && M > 1) {
     std::vector<at::Tensor> values;
     for (int m = 0; m < M; ++m) values.push_back(io_.loss_values.at(m).reshape({}));
-    const at::Tensor all = torch::stack(values).to(at::kDouble).cpu();
+    const at::Tensor all = context_->to_host(torch::stack(values).to(at::kDouble));
     for (int m = 0; m < M; ++m) io_.losses[m] = all.data_ptr<double>()[m];
   }
   if (!stamped_.empty()) {

@@ -146,6 +146,12 @@ class DeviceRunner {
 
   void wait_all(std::map<Key, std::vector<stages::Marker>>& ready, const Key& key);
   at::Tensor bring(const at::Tensor& t);  // a batch's tensor from the host (or the caller's device)
+  // Micro-batch m's input (a first stage's) or target (a last stage's), brought ahead by
+  // prefetch_next() or now.
+  at::Tensor batch_tensor(std::map<int, stages::Received>& ahead, const std::vector<at::Tensor>& all, int m);
+  // Starts bringing the batch's tensors of the device's next forward after action `at_` onto the
+  // device (the context's copy stream on a GPU), so that the copy overlaps the forward at hand.
+  void prefetch_next();
   void flush_weight_grads();
   void trace_action(const schedule::Action& a, int vs, double start, const stages::Stamp& began);
 
@@ -176,6 +182,8 @@ class DeviceRunner {
   std::map<Key, at::Tensor> received_, outbox_, grads_;
   std::map<Key, stages::Skips> received_skips_, outbox_skips_, grad_skips_;  // the skips crossing with each
   std::map<Key, std::vector<stages::Marker>> received_ready_, grad_ready_;  // waited for before use
+  std::map<int, stages::Received> inputs_ahead_, targets_ahead_;  // by micro-batch: prefetch_next()
+  size_t at_ = 0;  // the action being run, its index in the device's list
   LocalHandoff local_;  // between this device's own virtual stages
   // An evaluation leaves the training step's trace as it was.
   std::vector<Span> evaluation_spans_;
@@ -195,6 +203,7 @@ class DeviceRunner {
   std::vector<Stamped> stamped_;
   stages::Stamp origin_;
   int64_t faults_before_ = 0;
+  int64_t reads_before_ = 0;  // the context's host reads when the list began
   bool first_action_ = true;
 };
 

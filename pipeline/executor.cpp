@@ -71,6 +71,8 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   trace_.optimizer.assign(options_.stages, {0.0, 0.0});
   trace_.peak_awaiting_weight.assign(options_.stages, 0);
   trace_.page_faults.assign(options_.stages, -1);
+  trace_.host_reads.assign(options_.stages, -1);
+  trace_.graphed.assign(options_.stages, -1);
   if (dp_.mesh.data_parallel > 1) make_reducers();
 }
 
@@ -97,6 +99,16 @@ void Executor::check_options(const torch::nn::Sequential& model) const {
     throw ConfigError(detail::concat("pipeline: ", o.stages, " stages",
                                      o.chunks > 1 ? detail::concat(" x ", o.chunks, " chunks") : "",
                                      " need at least ", V, " layers but the model has only ", layers));
+}
+
+std::string cuda_graphs_refused(const PipelineOptions& o, const c10::Device& device) {
+  if (!device.is_cuda()) return detail::concat("a stage on ", device.str(), " (graphs replay a GPU's kernels)");
+  if (o.recompute != Recompute::Never)
+    return detail::concat("recompute ", recompute_name(o.recompute), " (a graph keeps every micro-batch's activations; use never)");
+  if (schedule::splits_backward(o.schedule))
+    return detail::concat("schedule ", schedule::name(o.schedule), " splits the backward (graphs capture it whole)");
+  if (o.defer_weight_grads) return "deferred weight gradients";
+  return "";
 }
 
 // Multi-process: this rank's place in the mesh, its endpoint, and the layout every rank runs.
@@ -161,6 +173,9 @@ std::vector<std::unique_ptr<stages::DeviceContext>> Executor::make_contexts() {
   torch::NoGradGuard no_grad;
   for (int vs = 0; vs < static_cast<int>(stages_.size()); ++vs)
     if (runs(vs)) stages_[vs]->layers()->to(devices[sched_.device_of(vs)]);  // tensors already there stay
+  if (options_.cuda_graphs)
+    for (int vs = 0; vs < static_cast<int>(stages_.size()); ++vs)
+      if (runs(vs)) stages_[vs]->use_cuda_graphs(cuda_graphs_refused(options_, devices[sched_.device_of(vs)]));
   return contexts;
 }
 

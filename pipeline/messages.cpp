@@ -44,7 +44,7 @@ void DeviceRunner::send_across(comm::Kind kind, int to_vs, int boundary, int m, 
         wiring_.runners.at(device)->post_mark({static_cast<int>(kind), m, channel(chunk, part), tag_step_}, produced);
       endpoint_->send(device, id, x);
     } else {
-      endpoint_->send(wiring_.ranks[device], id, endpoint_->takes(x.device()) ? x : x.cpu());
+      endpoint_->send(wiring_.ranks[device], id, endpoint_->takes(x.device()) ? x : context_->to_host(x));
     }
   };
   const auto& names = wiring_.crossing.at(boundary);

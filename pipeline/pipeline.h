@@ -54,6 +54,11 @@ struct PipelineOptions {
   /// `defer_min_bytes` (which stay in cache between micro-batches) are not deferred.
   bool defer_weight_grads = false;
   int64_t defer_min_bytes = 1 << 20;  ///< see defer_weight_grads
+  /// GPU stages: each stage's forward and backward of each micro-batch captured in CUDA graphs in
+  /// its second step and replayed after (stages/graphs.h), which saves the kernel launches of
+  /// small layers. A stage where they cannot apply runs eagerly and says why in one line
+  /// (cuda_graphs_refused, and in its first step a random or TorchScript layer or skips crossing).
+  bool cuda_graphs = false;
   int intra_op_threads = 1;  ///< libtorch intra-op threads in each stage thread
   /// Where each device's stages run (stages/device.h: resolve_devices makes this from names):
   /// empty, every stage on the CPU; one device, every stage there; else one per device (several
@@ -98,6 +103,10 @@ struct PipelineOptions {
   ShardReduction shard_reduction = ShardReduction::Auto;  ///< see ShardReduction
   int64_t bucket_bytes = 25 << 20;  ///< gradients reduced per operation
 };
+
+/// Why PipelineOptions::cuda_graphs cannot apply to a stage on `device` under `o` ("a CPU stage",
+/// "recomputation ...", "a split backward ..."), or "" where it may.
+std::string cuda_graphs_refused(const PipelineOptions& o, const c10::Device& device);
 
 /// A gradient with a NaN or an infinity, found by StageOptimizers::step() before any parameter changed.
 class NonFiniteGradient : public Error {

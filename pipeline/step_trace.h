@@ -35,6 +35,14 @@ struct StepTrace {
   /// Per stage: the minor page faults its worker thread took running its list (first touches of
   /// freshly mapped memory: new tensors the allocator had to map); -1 for another process's stage.
   std::vector<int64_t> page_faults;
+  /// Per stage: the times its device context read results back to the host or waited for its
+  /// device (stages::DeviceContext::host_reads) while the list's actions ran, the step's one
+  /// read of the losses after them not counted; -1 for another process's stage. 0 wherever the
+  /// device's work is queued without the host waiting for it.
+  std::vector<int64_t> host_reads;
+  /// Per stage: the forwards (with their backwards) that ran from CUDA graphs
+  /// (PipelineOptions::cuda_graphs); -1 for another process's stage.
+  std::vector<int> graphed;
 };
 
 /// One stage's step in parts, in seconds. The parts tile the stage's timeline from the step's

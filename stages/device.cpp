@@ -23,7 +23,9 @@ class CpuContext : public DeviceContext {
   std::unique_ptr<Scope> enter() override { return std::make_unique<Scope>(); }
   Marker mark() override { return {}; }
   void wait(const Marker& m) override {
-    if (m) m.impl->host_wait();  // a GPU's work: the CPU has no stream to queue the wait on
+    if (!m) return;
+    host_reads_.fetch_add(1);
+    m.impl->host_wait();  // a GPU's work: the CPU has no stream to queue the wait on
   }
   Received receive(const at::Tensor& t, const Marker& produced) override {
     wait(produced);
@@ -87,6 +89,7 @@ class CheckingContext : public DeviceContext {
     return {dst, Marker{copy}};
   }
   void synchronize() override {
+    host_reads_.fetch_add(1);
     std::vector<std::shared_ptr<PendingCopy>> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -17,6 +17,7 @@
 //             its time stamps keep a clock of their own, read back as CUDA's events are.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -119,6 +120,16 @@ class DeviceContext {
   /// Blocks the host until the work issued in this context so far is done (once per step: never
   /// a device-wide synchronization).
   virtual void synchronize() = 0;
+  /// The host's copy of `t` (a GPU's tensor read back, which waits for the work that produces
+  /// it): the one door for reading a step's results on the host, counted by host_reads().
+  virtual at::Tensor to_host(const at::Tensor& t) {
+    host_reads_.fetch_add(1);
+    return t.device().is_cpu() ? t : t.cpu();
+  }
+  /// How many times the host read or waited for work through this context so far: to_host();
+  /// synchronize() on the contexts that keep work apart from the host (CUDA, checking); on the
+  /// CPU context, whose own work is done when its calls return, a wait() for a GPU's marker.
+  int64_t host_reads() const { return host_reads_.load(); }
   /// Bytes held at most by the device's allocator since the last reset (0 on the CPU, where
   /// common/memory_account.h counts them).
   virtual int64_t peak_bytes() const { return 0; }
@@ -140,6 +151,9 @@ class DeviceContext {
   static double resolve(const Stamp& origin, const Stamp& p) {
     return origin.impl && p.impl ? origin.host_s + p.impl->seconds_after(*origin.impl) : p.host_s;
   }
+
+ protected:
+  std::atomic<int64_t> host_reads_{0};  ///< host_reads()
 };
 
 /// The context for `device`: "cpu" (or a CPU device) -> the no-op one, a CUDA device -> the CUDA

@@ -2,6 +2,7 @@
 // events for marks, the caching allocator told which streams use a received tensor, its peak for the stage's memory,
 // timing events for the stamps.
 // Compiled in every build whose libtorch has CUDA.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -92,9 +93,29 @@ class CudaContext : public DeviceContext {
     return {out, mark_on(comm_)};
   }
 
+  // The host waits for an event after each stream's work, not for the stream itself: the same
+  // wait, which CUDA's sync-debug mode leaves alone, so that it flags only the synchronizations
+  // that do not go through here (tests/gpu_test.cpp, Gpu.AStepIssuesNoHostSynchronization).
   void synchronize() override {
-    comm_.synchronize();
-    stream_.synchronize();
+    host_reads_.fetch_add(1);
+    at::cuda::CUDAEvent copies, compute;
+    copies.record(comm_);
+    compute.record(stream_);
+    copies.synchronize();
+    compute.synchronize();
+  }
+
+  // Into pinned memory without holding the stream, then the host waits for that copy's event.
+  at::Tensor to_host(const at::Tensor& t) override {
+    host_reads_.fetch_add(1);
+    if (!t.is_cuda()) return t;
+    at::Tensor out = at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true));
+    const auto current = c10::cuda::getCurrentCUDAStream(t.device().index());
+    out.copy_(t, /*non_blocking=*/true);
+    at::cuda::CUDAEvent copied;
+    copied.record(current);
+    copied.synchronize();
+    return out;
   }
 
   int64_t peak_bytes() const override {

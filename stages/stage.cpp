@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "common/recompute.h"
+#include "common/log.h"
+#include "common/replayable.h"
 #include "stages/autocast.h"
 
 namespace pipetrain::stages {
@@ -25,6 +27,8 @@ void Stage::begin_step(uint64_t seed, int64_t step, int micro_batches) {
   micro_batches_ = micro_batches;
   saved_.clear();
   weight_work_.clear();  // a failed step may have left Bs without their W
+  ++steps_begun_;
+  graphed_forwards_ = 0;
   clear_autocast_cache();
 }
 
@@ -72,6 +76,7 @@ at::Tensor Stage::run(const Saved& s, Skips* left) {
   if (c10::isReducedFloatingType(loss.scalar_type())) loss = loss.to(at::kFloat);
   // A weight of exactly 1 (one micro-batch, no loss scale) changes nothing: no multiply, and no
   // node for it in the graph, as the plain loop's unsplit loss.
+  if (s.weight_on_device.defined()) return loss * s.weight_on_device;  // a graph's: filled before each replay
   return s.weight == 1.0 ? loss : loss * s.weight;
 }
 
@@ -101,13 +106,76 @@ at::Tensor Stage::forward(int m, const at::Tensor& input, int64_t sample_offset,
   } else {
     s.input = as_leaf(input);
     s.skips_in = as_leaves(skips_in);
-    s.output = run(s, &s.skips_out);
+    s.output = graphed_forward(m, s);
+    if (!s.output.defined()) {
+      const bool probing = graphs_wanted_ && graphs_refused_.empty() && steps_begun_ == 1;
+      if (probing) take_not_replayable();  // a note left by an earlier forward is not this one's
+      s.output = run(s, &s.skips_out);
+      if (probing) probe_graphs(s);
+    }
     result = s.output.detach();
     for (const auto& [name, t] : s.skips_out) left[name] = t.detach();
   }
   if (skips_out) *skips_out = std::move(left);
   saved_.emplace(m, std::move(s));
   return result;
+}
+
+void Stage::use_cuda_graphs(const std::string& refused) {
+  graphs_wanted_ = true;
+  graphs_refused_ = refused;
+  if (!refused.empty()) log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: runs eagerly: ", refused));
+}
+
+int Stage::graphs_captured() const { return graphs_ ? graphs_->captured() : 0; }
+
+void Stage::probe_graphs(const Saved& s) {
+  std::string why = take_not_replayable();
+  if (why.empty() && (!s.skips_in.empty() || !s.skips_out.empty()))
+    why = "skip connections cross the stage (graphs take one input and give one output)";
+  if (why.empty()) return;
+  graphs_refused_ = why;
+  log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: runs eagerly: ", why));
+}
+
+at::Tensor Stage::graphed_forward(int m, Saved& s) {
+  if (!graphs_wanted_ || !graphs_refused_.empty() || steps_begun_ < 2 || !s.skips_in.empty()) return {};
+  if (!graphs_) {
+    graphs_ = make_stage_graphs(s.input.device());
+    if (!graphs_) {
+      use_cuda_graphs(detail::concat("no CUDA graphs for a stage on ", s.input.device().str()));
+      return {};
+    }
+  }
+  // The loss's dtype: float32 under a reduced precision (run() takes it so), else the output's,
+  // which is the parameters'.
+  at::ScalarType weight_dtype = at::kFloat;
+  const auto params = layers_->parameters();
+  if (precision_ == Precision::FP32)
+    for (const at::Tensor& p : params)
+      if (p.is_floating_point()) {
+        weight_dtype = p.scalar_type();
+        break;
+      }
+  const RngContext rng = s.rng;
+  at::Tensor out = graphs_->forward(
+      m, s.input, s.target, s.weight, weight_dtype, params,
+      [this, rng](const at::Tensor& in, const at::Tensor& target, const at::Tensor& weight) {
+        Saved t;
+        t.input = in;
+        t.target = target;
+        t.weight_on_device = weight;
+        t.rng = rng;
+        Skips left;
+        return run(t, &left);
+      });
+  if (out.defined()) ++graphed_forwards_;
+  if (!out.defined() && shape_note_.empty()) {
+    shape_note_ = detail::concat("micro-batch ", m, " of shape ", s.input.sizes(), " differs from its capture");
+    log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: ", shape_note_,
+                                "; micro-batches of another shape than their first run eagerly"));
+  }
+  return out;
 }
 
 Stage::Saved Stage::take(int m) {

@@ -25,6 +25,7 @@
 #include "common/recompute.h"
 #include "common/rng.h"
 #include "common/skip.h"
+#include "stages/graphs.h"
 
 namespace pipetrain::stages {
 
@@ -82,6 +83,19 @@ class Stage {
                             Skips* skip_grads_in = nullptr);
   void backward_weight(int m);
 
+  // PipelineOptions::cuda_graphs (stages/graphs.h): from its second step on, this stage's
+  // forward and backward of each micro-batch index run from CUDA graphs. `refused`: why they
+  // cannot ("a CPU stage", "recomputation ..."), "" when they may; the stage may still find a
+  // reason in its first step (a random or TorchScript layer, skips crossing), then it runs
+  // eagerly and graphs_refused() says why.
+  void use_cuda_graphs(const std::string& refused);
+  // Why this stage runs eagerly though graphs were asked for ("" while they apply or were not).
+  const std::string& graphs_refused() const { return graphs_refused_; }
+  // Micro-batch indices whose graphs were captured.
+  int graphs_captured() const;
+  // Forwards of the current step that ran from a graph.
+  int graphed_forwards() const { return graphed_forwards_; }
+
   // Micro-batches whose activations or inputs are still held (forward done, backward not).
   size_t held() const { return saved_.size(); }
   // Seconds the last backward or backward_input spent re-running the forward (0 if it kept
@@ -99,6 +113,7 @@ class Stage {
     at::Tensor output;  // graph output, or the weighted loss on the last stage; undefined if recomputed
     at::Tensor target;
     double weight = 1.0;
+    at::Tensor weight_on_device;  // a graphed forward's (0-dimensional float32, stages/graphs.h): used instead of `weight`
     RngContext rng;
     Skips skips_in;   // as `input`: leaves, or raw
     Skips skips_out;  // as `output`: what the layers passed on (a skip only passing through is its leaf)
@@ -126,6 +141,15 @@ class Stage {
   int micro_batches_ = 0;
   std::map<int, Saved> saved_;
   std::map<int, std::unique_ptr<WeightWork>> weight_work_;
+  // CUDA graphs (use_cuda_graphs): asked for, why not, and the graphs once the first step has run.
+  bool graphs_wanted_ = false;
+  std::string graphs_refused_;
+  int64_t steps_begun_ = 0;
+  int graphed_forwards_ = 0;
+  std::unique_ptr<StageGraphs> graphs_;
+  std::string shape_note_;  // said once: a micro-batch of another shape than captured ran eagerly
+  at::Tensor graphed_forward(int m, Saved& s);  // undefined where it ran no graph
+  void probe_graphs(const Saved& s);  // after a warm-up forward: anything a graph cannot replay
   double last_recompute_s_ = 0;
 };
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
+#include <iostream>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -19,10 +21,13 @@
 #include "job/cross_entropy.h"
 #include "job/fused_optimizers.h"
 #include "job/job.h"
+#include "models/layers.h"
 #include "pipeline/optimizer_state.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/step_trace.h"
 #include "pipeline/worker.h"
+#include "schedule/kinds.h"
+#include "stages/device.h"
 
 using namespace pipetrain;
 
@@ -252,6 +257,128 @@ TEST(StepBreakdown, ARealStepAddsUpToItsWallTime) {
     EXPECT_GT(b[1].wait_input, 0) << kind;  // the last stage waits for its first input
     if (std::string(kind) == "zb-h1") EXPECT_GT(b[1].backward_weight, 0);
   }
+}
+
+// The door every host read of a step goes through (stages::DeviceContext::to_host) and the
+// waits for a device's work are counted by the contexts that keep work apart from the host.
+TEST(HostReads, TheCheckingContextCountsThem) {
+  auto c = stages::make_device_context(c10::Device(c10::kCPU), /*checking=*/true);
+  EXPECT_EQ(c->host_reads(), 0);
+  const at::Tensor t = torch::arange(4.0);
+  stages::Received got = c->receive(t, {});
+  c->wait(got.ready);  // a stream's wait, not the host's
+  EXPECT_EQ(c->host_reads(), 0);
+  EXPECT_TRUE(torch::equal(c->to_host(got.tensor), t));
+  c->synchronize();
+  EXPECT_EQ(c->host_reads(), 2);
+}
+
+// No host read inside a step: on the checking context (which counts them as a GPU's would cost a
+// synchronization), every schedule's list on 3 stages runs with none between its first and last
+// action, with and without recomputation; the losses are read once after the list.
+TEST(HostReads, NoneInsideAStepOnTheCheckingContext) {
+  int runs = 0;
+  for (const schedule::Kind kind : schedule::all_kinds())
+    for (const Recompute recompute : {Recompute::Never, Recompute::Always}) {
+      torch::manual_seed(0);
+      torch::nn::Sequential model;
+      for (int i = 0; i < 6; ++i) {
+        model->push_back(torch::nn::Linear(8, 8));
+        model->push_back(torch::nn::Tanh());
+      }
+      pipeline::PipelineOptions o;
+      o.stages = 3;
+      o.micro_batches = 6;
+      o.schedule = kind;
+      o.chunks = schedule::info(kind).min_chunks;
+      o.recompute = recompute;
+      o.checking_contexts = true;
+      pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+        return torch::nn::functional::cross_entropy(out, y);
+      });
+      pipe.optimizers().set(
+          [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1)); });
+      const double loss = pipe.train_step(torch::randn({12, 8}), torch::randint(0, 8, {12}, torch::kLong));
+      EXPECT_TRUE(std::isfinite(loss)) << schedule::name(kind);
+      const pipeline::StepTrace& t = pipe.last_trace();
+      ASSERT_EQ(t.host_reads.size(), 3u);
+      for (size_t s = 0; s < 3; ++s)
+        EXPECT_EQ(t.host_reads[s], 0) << schedule::name(kind) << " recompute " << static_cast<int>(recompute) << " stage " << s;
+      ++runs;
+    }
+  std::cout << "host reads: " << runs << " steps, none inside a list\n";
+}
+
+// pipeline.cuda_graphs where it cannot apply: the reason a stage gives before its first step.
+TEST(CudaGraphs, RefusedWhereTheyCannotApply) {
+  pipeline::PipelineOptions o;
+  o.recompute = Recompute::Never;
+  o.schedule = schedule::Kind::OneFOneB;
+  const c10::Device gpu("cuda:0"), cpu(c10::kCPU);
+  EXPECT_EQ(pipeline::cuda_graphs_refused(o, gpu), "");
+  EXPECT_EQ(pipeline::cuda_graphs_refused(o, cpu), "a stage on cpu (graphs replay a GPU's kernels)");
+  o.recompute = Recompute::ExceptLast;
+  EXPECT_NE(pipeline::cuda_graphs_refused(o, gpu).find("recompute except_last"), std::string::npos);
+  o.recompute = Recompute::Never;
+  o.schedule = schedule::Kind::ZbH1;
+  EXPECT_NE(pipeline::cuda_graphs_refused(o, gpu).find("zb-h1 splits the backward"), std::string::npos);
+  o.schedule = schedule::Kind::GPipe;
+  o.defer_weight_grads = true;
+  EXPECT_EQ(pipeline::cuda_graphs_refused(o, gpu), "deferred weight gradients");
+}
+
+// The probe of a stage's first step: a layer a graph cannot replay (dropout's keyed masks) makes
+// the stage say why and stay eager; without one, the second step would capture, and where no
+// graphs exist for the device (the CPU) the stage says that instead and stays eager.
+TEST(CudaGraphs, TheFirstStepFindsWhatAGraphCannotReplay) {
+  for (const double p : {0.5, 0.0}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential layers(torch::nn::Linear(4, 8), models::Dropout(p, 7), torch::nn::Linear(8, 3));
+    stages::Stage st(0, 1, layers, Recompute::Never);
+    st.set_loss([](const at::Tensor& out, const at::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); });
+    st.use_cuda_graphs("");
+    testing::internal::CaptureStderr();
+    for (int step = 0; step < 2; ++step) {
+      st.begin_step(1, step, 1);
+      st.forward(0, torch::randn({6, 4}), 0, torch::randint(0, 3, {6}, torch::kLong));
+      st.backward(0, {});
+      EXPECT_EQ(st.graphed_forwards(), 0);
+      if (step == 0) EXPECT_EQ(st.graphs_refused().empty(), p == 0.0) << st.graphs_refused();
+    }
+    const std::string err = testing::internal::GetCapturedStderr();
+    const std::string want = p > 0 ? "stage 0: pipeline.cuda_graphs: runs eagerly: a random layer (dropout)"
+                                   : "stage 0: pipeline.cuda_graphs: runs eagerly: no CUDA graphs for a stage on cpu";
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+    EXPECT_EQ(err.find("pipeline.cuda_graphs", err.find("pipeline.cuda_graphs") + 1), std::string::npos) << "said twice: " << err;
+  }
+}
+
+// A CPU pipeline asked for graphs trains as without them, each stage saying once why it is eager.
+TEST(CudaGraphs, ACpuPipelineRunsEagerlyAndSaysSo) {
+  std::vector<double> losses[2];
+  std::string err;
+  for (const bool graphs : {false, true}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+    pipeline::PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 2;
+    o.cuda_graphs = graphs;
+    if (graphs) testing::internal::CaptureStderr();
+    pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(out, y);
+    });
+    pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1)); });
+    torch::manual_seed(1);
+    for (int step = 0; step < 3; ++step) {
+      losses[graphs].push_back(pipe.train_step(torch::randn({8, 8}), torch::randint(0, 4, {8}, torch::kLong)));
+      EXPECT_EQ(pipe.last_trace().graphed, std::vector<int>({0, 0}));
+    }
+    if (graphs) err = testing::internal::GetCapturedStderr();
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (const char* stage : {"stage 0", "stage 1"})
+    EXPECT_NE(err.find(std::string(stage) + ": pipeline.cuda_graphs: runs eagerly: a stage on cpu"), std::string::npos) << err;
 }
 
 // The fused optimizers (job/fused_optimizers.h) against libtorch's loop: the same parameters and

@@ -2,6 +2,7 @@
 // scripts/gpu.sh builds and runs them on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
 #include <torch/torch.h>
@@ -15,6 +16,9 @@
 #include "comm/ucx/testing.h"
 #endif
 #include "common/error.h"
+#if PIPETRAIN_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "common/rng.h"
 #include "models/layers.h"
 #include "pipeline/pipeline.h"
@@ -197,3 +201,113 @@ TEST(Gpu, DeviceClockMasksAndProfile) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two pipelines from the same weights, one with CUDA graphs: `steps` SGD steps on the same
+// batches. Returns each run's losses and final parameters.
+struct GraphRun {
+  std::vector<double> losses;
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<int>> graphed;       // per step, per stage
+  std::vector<std::vector<int64_t>> host_reads;  // per step, per stage
+};
+
+GraphRun run_graphs(bool graphs, pipetrain::Precision precision, int64_t last_rows) {
+  using namespace pipetrain;
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::Tanh(), torch::nn::Linear(64, 64),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 10));
+  pipeline::PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = schedule::Kind::OneFOneB;
+  o.devices = {c10::Device("cuda:0")};
+  o.precision = precision;
+  o.cuda_graphs = graphs;
+  pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+    return torch::nn::functional::cross_entropy(out, y);
+  });
+  pipe.optimizers().set([](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+  });
+  GraphRun r;
+  torch::manual_seed(1);
+  for (int step = 0; step < 5; ++step) {
+    const int64_t rows = step == 4 ? last_rows : 32;  // the last batch may be short: another shape
+    r.losses.push_back(pipe.train_step(torch::randn({rows, 32}), torch::randint(0, 10, {rows}, torch::kLong)));
+    r.graphed.push_back(pipe.last_trace().graphed);
+    r.host_reads.push_back(pipe.last_trace().host_reads);
+  }
+  for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu());
+  return r;
+}
+
+}  // namespace
+
+// CUDA graphs per stage (pipeline.cuda_graphs) give the eager run's losses and weights bit for
+// bit, in float32 and bf16: the first step eager, every micro-batch from a graph after it, a
+// short last batch (another shape) eagerly; and no host read inside any step's list.
+TEST(Gpu, CudaGraphsEqualEagerBitForBit) {
+  REQUIRE_GPU();
+  using pipetrain::Precision;
+  for (const Precision precision : {Precision::FP32, Precision::BF16})
+    for (const int64_t last_rows : {int64_t{32}, int64_t{20}}) {
+      const GraphRun eager = run_graphs(false, precision, last_rows), graphed = run_graphs(true, precision, last_rows);
+      const std::string what = std::string(pipetrain::precision_name(precision)) + " last batch " + std::to_string(last_rows);
+      for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], graphed.losses[i]) << what << " step " << i;
+      ASSERT_EQ(eager.params.size(), graphed.params.size());
+      for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(torch::equal(eager.params[i], graphed.params[i])) << what << " parameter " << i;
+      for (size_t step = 0; step < graphed.graphed.size(); ++step)
+        for (size_t s = 0; s < 2; ++s) {
+          const int want = step == 0 ? 0 : step == 4 && last_rows != 32 ? 0 : 4;
+          EXPECT_EQ(graphed.graphed[step][s], want) << what << " step " << step << " stage " << s;
+          EXPECT_EQ(eager.graphed[step][s], 0) << what;
+          EXPECT_EQ(graphed.host_reads[step][s], 0) << what << " step " << step << " stage " << s;
+          EXPECT_EQ(eager.host_reads[step][s], 0) << what << " step " << step << " stage " << s;
+        }
+    }
+}
+
+// A step on the GPU issues no host synchronization but its own: with CUDA's sync-debug mode set
+// to error, any synchronizing call inside a forward_backward (an item(), a pageable copy, a
+// stream's synchronize, in a layer, the loss or the runner) throws and fails the step, naming the
+// stage and action. The step's own waits (the losses read once, the stamps resolved once) go
+// through stages::DeviceContext::to_host and synchronize(), which wait for an event, which the
+// mode does not flag, and which host_reads counts: none inside the lists.
+#if PIPETRAIN_HAVE_CUDA
+TEST(Gpu, AStepIssuesNoHostSynchronization) {
+  REQUIRE_GPU();
+  using namespace pipetrain;
+  for (const bool graphs : {false, true}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
+                                torch::nn::ReLU(), torch::nn::Linear(32, 4));
+    pipeline::PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.schedule = schedule::Kind::OneFOneB;
+    o.devices = {c10::Device("cuda:0")};
+    o.cuda_graphs = graphs;
+    pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(out, y);
+    });
+    const at::Tensor x = torch::randn({16, 16}), y = torch::randint(0, 4, {16}, torch::kLong);
+    for (int warm = 0; warm < 2; ++warm) pipe.forward_backward(x, y);  // lazy set-up; graphs captured
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    std::string error;
+    double loss = 0;
+    try {
+      loss = pipe.forward_backward(x, y);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    EXPECT_EQ(error, "") << (graphs ? "graphs" : "eager");
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_EQ(pipe.last_trace().host_reads, std::vector<int64_t>({0, 0}));
+    if (graphs) EXPECT_EQ(pipe.last_trace().graphed, std::vector<int>({4, 4}));
+  }
+}
+#endif
