@@ -77,7 +77,7 @@ TEST(LayerTable, TheManualsTableIsTheCodes) {
   s << in.rdbuf();
   const std::string table = models::layer_table_markdown();
   EXPECT_NE(s.str().find(table), std::string::npos)
-      << "docs/models.md's layer table differs from the code's; `pipetrain layers --markdown` prints it:\n" << table;
+      << "docs/models.md's layer table differs from the code's (models::layer_table_markdown), which is:\n" << table;
 }
 
 TEST(LayerTable, ASequentialIsOneLayerItsModulesNamedByTheirModule) {
