@@ -157,15 +157,15 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
 partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
                                     const profiler::Profile* profile) {
   const int layers = static_cast<int>(model->size()), V = virtual_stages(c);
-  const std::string& method = c.pipeline.balance_method;
+  const BalanceMethod method = c.pipeline.balance_method;
   const std::string where = c.where("pipeline.balance");
   try {
-    if (method == "list") {
+    if (method == BalanceMethod::List) {
       partitioner::check(c.pipeline.balance, layers, V, where);
       return c.pipeline.balance;
     }
-    if (method == "uniform") return partitioner::uniform(layers, V);
-    if (method == "parameters") {
+    if (method == BalanceMethod::Uniform) return partitioner::uniform(layers, V);
+    if (method == BalanceMethod::Parameters) {
       std::vector<double> w;
       for (const auto& m : *model) {
         double bytes = 0;
@@ -174,8 +174,8 @@ partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential
       }
       return partitioner::by_weights(w, V);
     }
-    PIPETRAIN_CHECK(profile, "balance method '", method, "' needs a profile");
-    if (method == "time") return partitioner::min_max(profile->layers, V, constraints(c, profile)).balance;
+    PIPETRAIN_CHECK(profile, "balance method '", choice_name(method), "' needs a profile");
+    if (method == BalanceMethod::Time) return partitioner::min_max(profile->layers, V, constraints(c, profile)).balance;
     // memory: the same exact min-max, on each layer's share of a stage's peak bytes instead of time.
     std::vector<partitioner::LayerCost> mem = profile->layers;
     const auto model_mem = memory_model(c, *profile);
@@ -198,8 +198,8 @@ partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential
 
 partitioner::Balance resolve_balance(const Job& job) {
   const Config& c = job.config;
-  const std::string& method = c.pipeline.balance_method;
-  const bool needs_profile = method == "time" || method == "memory";
+  const bool needs_profile =
+      c.pipeline.balance_method == BalanceMethod::Time || c.pipeline.balance_method == BalanceMethod::Memory;
   profiler::Profile profile;
   if (needs_profile) profile = profile_job(job);
   return choose_balance(c, job.model.layers, needs_profile ? &profile : nullptr);

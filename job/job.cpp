@@ -16,12 +16,12 @@ namespace pipetrain::job {
 models::Model build_model(const Config& c) {
   JsonReader model_reader(c.model, "model", c.source, c.origins);
   models::Model m = models::build(model_reader, c.train.seed);
-  m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
+  m.layers->to(c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat);
   return m;
 }
 
 Job prepare(const Config& c) {
-  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat, {}};
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat, {}};
   const int layers = static_cast<int>(job.model.layers->size());
   const int V = c.pipeline.stages * c.pipeline.chunks;
   if (V > layers)
@@ -46,7 +46,7 @@ Job prepare(const Config& c) {
   std::string note;
   o.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"), &note);
   job.device_note = note;
-  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == "processes" ? 1 : c.pipeline.data_parallel));
+  o.intra_op_threads = intra_op_threads(c.runtime, c.pipeline.stages * (c.runtime.kind == RuntimeKind::Processes ? 1 : c.pipeline.data_parallel));
   o.data_parallel = c.pipeline.data_parallel;
   o.shard_optimizer = c.train.shard_optimizer;
   o.bucket_bytes = c.pipeline.bucket_bytes;

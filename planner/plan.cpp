@@ -297,7 +297,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
         if (virtual_stages(cc) > static_cast<int>(names.size()))
           throw ScheduleError(detail::concat("schedule: ", virtual_stages(cc), " virtual stages but the model has only ",
                                              names.size(), " layers"));
-        if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
+        if (cc.pipeline.balance_method == BalanceMethod::List && virtual_stages(cc) != virtual_stages(c))
           throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
                                              " stages; this schedule needs ", virtual_stages(cc)));
         r.compared.push_back(simulate_config(cc, choose_balance(cc, job.model.layers, &r.profile), r.profile, deferred).first);
@@ -310,7 +310,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
       }
     }
   }
-  if (o.compare && o.costs_path.empty() && c.runtime.dtype == "float32") {
+  if (o.compare && o.costs_path.empty() && c.runtime.dtype == DType::Float32) {
     // The configured schedule in each precision, on that precision's own profile and balance
     // (deferred weight gradients: float32 only, as the stages run them).
     for (Precision p : {Precision::FP32, Precision::BF16}) {
@@ -338,7 +338,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
                              D > 1 ? detail::concat(" x ", D, " data-parallel copies", r.data_parallel.sharded ? " (sharded optimizer)" : "") : "",
                              ", ", c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
                              ", recompute ", recompute_name(c.pipeline.recompute),
-                             deferred ? ", deferred weight gradients" : "", ", balance ", c.pipeline.balance_method,
+                             deferred ? ", deferred weight gradients" : "", ", balance ", choice_name(c.pipeline.balance_method),
                              ", precision ", precision_name(c.train.precision));
   return r;
 }
