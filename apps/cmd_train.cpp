@@ -56,7 +56,7 @@ class Train final : public Command {
   train::Config shrunk(const train::Config& config) {
     const char* first = std::getenv("PIPETRAIN_SHRUNK");
     const char* world_env = std::getenv("WORLD_SIZE");
-    if (!first || !*first || !world_env || config.runtime.kind != "processes") return config;
+    if (!first || !*first || !world_env || config.runtime.kind != job::RuntimeKind::Processes) return config;
     const int world = std::atoi(world_env), D = config.pipeline.data_parallel;
     if (world < 1 || world % D != 0)
       throw ConfigError(detail::concat("pipetrain launch shrank the job to ", world, " ranks, which cannot hold ", D,
@@ -105,7 +105,7 @@ class Train final : public Command {
  private:
   // --auto: the plan the auto-planner chooses for `config`, printed before the run.
   static train::Config planned(const train::Config& config) {
-    if (config.runtime.kind == "processes")
+    if (config.runtime.kind == job::RuntimeKind::Processes)
       throw ConfigError(
           "train --auto: plan with `plan --auto --write-config FILE` and launch the ranks on FILE "
           "(each rank would profile on its own and could choose another plan)");

@@ -48,12 +48,18 @@ std::string version_text() {
     o << "CUDA: not compiled in; GPUs seen: 0\n";
   }
   o << "NCCL: " << (acc.nccl ? "compiled in, " + acc.nccl_version : std::string("not compiled in")) << "\n";
-  const bool ucx = comm::has_transport_backend("ucx");
+  const bool ucx = comm::info(comm::Backend::Ucx).compiled;
   o << "UCX: "
-    << (ucx ? "compiled in, " + comm::transport_backend_version("ucx") : std::string("not compiled in"))
+    << (ucx ? "compiled in, " + comm::transport_backend_version(comm::Backend::Ucx) : std::string("not compiled in"))
     << (ucx ? (PIPETRAIN_UCX_CUDA ? "; UCX_CUDA=1 (device memory between processes)"
                                   : "; UCX_CUDA=0 (a GPU's tensors through the host)")
             : "");
+  // The transports, from their table (comm/backend.h): those compiled in, then what the others need.
+  std::vector<std::string> have, lack;
+  for (const comm::BackendInfo& t : comm::backend_table())
+    (t.compiled ? have : lack).push_back(t.compiled ? t.name : std::string(t.name) + " (needs " + t.needs + ")");
+  o << "\ntransports: " << pipetrain::join(have, ", ")
+    << (lack.empty() ? "" : "; not compiled in: " + pipetrain::join(lack, ", "));
   const auto cpu = pipetrain::stages::cpu_info();
   o << "\nCPU: " << (cpu.model.empty() ? std::string("?") : cpu.model) << "; bf16 products: "
     << (!cpu.flags_known ? "unknown (no CPU flags listed)"

@@ -78,7 +78,7 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
   so.timeout = std::chrono::seconds(static_cast<int>(kWait));
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   TransportOptions o;
-  o.backend = transport;
+  o.backend = pipetrain::comm::parse_backend(transport);
   o.device = on_gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   o.timeout_s = kWait;
   o.detect_peer_failure = false;  // UCX: shared memory and cuda_ipc between the two

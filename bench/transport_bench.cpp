@@ -172,7 +172,7 @@ std::unique_ptr<Transport> gloo_transport(int rank, int fd, const TransportOptio
 int run_rank(const std::string& backend, int rank, int fd, int iters, const std::vector<int64_t>& sizes,
              bool detect_peer_failure) {
   TransportOptions options;
-  options.backend = backend;
+  options.backend = pipetrain::comm::parse_backend(backend);
   options.detect_peer_failure = detect_peer_failure;
   options.timeout_s = kWait;
   std::unique_ptr<Transport> t;

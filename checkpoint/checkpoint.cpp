@@ -301,7 +301,7 @@ json training_identity(const Config& c) {
               {"optimizer", section("optimizer")},
               {"seed", c.train.seed},
               {"accumulate", c.train.accumulate},
-              {"dtype", c.runtime.dtype}};
+              {"dtype", choice_name(c.runtime.dtype)}};
 }
 
 

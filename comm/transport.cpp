@@ -7,6 +7,7 @@
 #include "comm/local/transport.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/strings.h"
 #if PIPETRAIN_HAVE_UCX
 #include "comm/ucx/transport.h"
 #endif
@@ -82,67 +83,90 @@ at::Tensor empty_for(const WireHeader& h) {
   return at::empty(h.dims, at::TensorOptions().dtype(from_wire_dtype(h.dtype)));
 }
 
-std::vector<std::string> transport_backends() {
-  std::vector<std::string> names{"local"};
+namespace {
+
+// How each backend's endpoints are made, a row per backend in Backend's order (backend.h holds
+// the rest of its row): an in-process group, and a process's endpoint where it takes its
+// addresses from an exchange (the c10d backends meet in the store instead: process_group.h).
+struct Maker {
+  Backend backend;
+  std::vector<std::unique_ptr<Transport>> (*group)(const TransportOptions&, int world_size);
+  std::unique_ptr<Transport> (*process)(const TransportOptions&, int rank, int world_size, const AddressExchange&);
+  std::string (*version)();
+};
+
+const std::vector<Maker>& makers() {
+  static const std::vector<Maker> table = {
+    {Backend::Local, [](const TransportOptions& o, int n) { return make_local_group(n, o); }, nullptr, nullptr},
 #if PIPETRAIN_HAVE_UCX
-  names.push_back("ucx");
+    {Backend::Ucx, [](const TransportOptions& o, int n) { return make_ucx_group(n, o); },
+     [](const TransportOptions& o, int rank, int n, const AddressExchange& x) { return make_ucx_transport(rank, n, x, o); },
+     ucx_version},
+#else
+    {Backend::Ucx, nullptr, nullptr, nullptr},
 #endif
-  names.push_back("gloo");  // libtorch's own Gloo, in every PyTorch build
-  names.push_back("nccl-order");  // NCCL's ordering rules on the CPU (tests)
-#if PIPETRAIN_HAVE_NCCL
-  names.push_back("nccl");
-#endif
+    {Backend::Gloo, make_local_c10d_group, nullptr, nullptr},
+    {Backend::NcclOrder, make_local_c10d_group, nullptr, nullptr},
+    {Backend::Nccl, nullptr, nullptr, nullptr},  // one process per GPU, joined in the store
+  };
+  return table;
+}
+
+const Maker& maker(Backend backend) {
+  const BackendInfo& b = info(backend);  // the row exists
+  const Maker& m = makers().at(static_cast<size_t>(backend));
+  PIPETRAIN_CHECK(m.backend == backend, "comm: the makers' row of ", b.name, " is out of place");
+  return m;
+}
+
+// The compiled backends whose ranks may be processes, for messages.
+std::string process_backends() {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : backend_table())
+    if (b.compiled && b.processes) names.emplace_back(b.name);
+  return join(names, ", ");
+}
+
+}  // namespace
+
+std::vector<std::string> transport_backends() {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : backend_table())
+    if (b.compiled) names.emplace_back(b.name);
   return names;
 }
 
-std::string transport_backend_version(const std::string& name) {
-#if PIPETRAIN_HAVE_UCX
-  if (name == "ucx") return ucx_version();
-#endif
-  return "";
+std::string transport_backend_version(Backend backend) {
+  const Maker& m = maker(backend);
+  return info(backend).compiled && m.version ? m.version() : "";
 }
-
-namespace {
-std::string backend_list() {
-  std::string known;
-  for (const auto& n : transport_backends()) known += (known.empty() ? "" : ", ") + n;
-  return known;
-}
-}  // namespace
 
 bool has_transport_backend(const std::string& name) {
-  for (const auto& n : transport_backends())
-    if (n == name) return true;
-  return false;
+  const auto b = find_backend(name);
+  return b && info(*b).compiled;
 }
 
 std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size) {
-  if (options.backend == "local") return make_local_group(world_size, options);
-  if (options.backend == "gloo" || options.backend == "nccl-order" ||
-      (options.backend == "nccl" && has_transport_backend("nccl")))
-    return make_local_c10d_group(options, world_size);
-#if PIPETRAIN_HAVE_UCX
-  if (options.backend == "ucx") return make_ucx_group(world_size, options);
-#else
-  if (options.backend == "ucx")
-    throw ConfigError("comm: transport \"ucx\" is not compiled into this build "
-                      "(configure with UCX installed, or -DPIPETRAIN_WITH_UCX=ON to require it)");
-#endif
-  throw ConfigError("comm: unknown transport \"" + options.backend + "\" (this build has: " + backend_list() + ")");
+  const BackendInfo& b = info(options.backend);
+  check_compiled(options.backend, "comm");
+  if (!b.threads)
+    throw ConfigError(std::string("comm: transport \"") + b.name +
+                      "\" joins one process per GPU, not the threads of one process (runtime.kind processes)");
+  return maker(options.backend).group(options, world_size);
 }
 
 std::unique_ptr<Transport> make_process_transport(const TransportOptions& options, int rank, int world_size,
                                                   const AddressExchange& exchange) {
-#if PIPETRAIN_HAVE_UCX
-  if (options.backend == "ucx") return make_ucx_transport(rank, world_size, exchange, options);
-#endif
-  if (options.backend == "local")
-    throw ConfigError("comm: transport \"local\" connects the threads of one process, not processes; use \"ucx\"");
-  if (options.backend == "gloo" || options.backend == "nccl" || options.backend == "nccl-order")
-    throw ConfigError("comm: transport \"" + options.backend +
+  const BackendInfo& b = info(options.backend);
+  check_compiled(options.backend, "comm");
+  if (b.c10d)
+    throw ConfigError(std::string("comm: transport \"") + b.name +
                       "\" meets in the rendezvous store: make it with make_group_transport (process_group.h)");
-  throw ConfigError("comm: transport \"" + options.backend + "\" cannot connect processes in this build (it has: " +
-                    backend_list() + ")");
+  const Maker& m = maker(options.backend);
+  if (!b.processes || !m.process)
+    throw ConfigError(std::string("comm: transport \"") + b.name + "\" connects the threads of one process, not processes; this build connects them over " +
+                      process_backends());
+  return m.process(options, rank, world_size, exchange);
 }
 
 }  // namespace pipetrain::comm

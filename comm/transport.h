@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/backend.h"
 #include "comm/wire.h"
 #include "common/deadline.h"
 
@@ -48,11 +49,8 @@ struct MessageId {
 /// How a transport is made (make_transport_group, make_process_transport).
 struct TransportOptions {
   uint64_t max_message_bytes = uint64_t(1) << 32;  ///< 4 GiB
-  /// "local" (threads sharing mailboxes), "ucx" (when compiled in), "gloo" (c10d's Gloo group)
-  /// or "nccl" (c10d's NCCL group between GPUs, one per process; when compiled in); for tests,
-  /// "nccl-order": the c10d transport with NCCL's ordering rules for its data, on the CPU, ranks
-  /// as threads (comm/c10d/nccl_order.h).
-  std::string backend = "local";
+  /// Which backend carries the messages (comm/backend.h has a row for each).
+  Backend backend = Backend::Local;
   /// Operations on a peer that failed fail at once instead of at their deadline. UCX: endpoints
   /// in UCP_ERR_HANDLING_MODE_PEER, which UCX 1.13's shared-memory transports do not support,
   /// so ranks on one host then talk over tcp (and cma); turn it off for shared memory.
@@ -116,20 +114,22 @@ at::Tensor empty_for(const WireHeader& h);
 /// The libtorch dtype a wire dtype code stands for.
 c10::ScalarType scalar_type_of(WireDType dtype);
 
-/// The backends compiled into this build, "local" first.
+/// The names of the backends compiled into this build, in the table's order (comm/backend.h).
 std::vector<std::string> transport_backends();
-/// The version of the library behind a compiled backend ("1.13.1" for ucx), "" for local.
-std::string transport_backend_version(const std::string& name);
-/// Whether this build has the backend `name` ("local", "ucx").
+/// The version of the library behind a compiled backend ("1.13.1" for ucx), "" where it has none.
+std::string transport_backend_version(Backend backend);
+/// Whether this build has the backend named `name` ("local", "ucx").
 bool has_transport_backend(const std::string& name);
 
 /// The endpoints of an in-process group (one per rank, ranks as threads of this process) of
-/// `options.backend`. Throws ConfigError for a backend that is unknown or not compiled in.
+/// `options.backend`. Throws ConfigError for a backend that is not compiled in or whose ranks
+/// cannot be threads (backend.h: BackendInfo::threads).
 std::vector<std::unique_ptr<Transport>> make_transport_group(const TransportOptions& options, int world_size);
 
 /// This process's endpoint of a world whose ranks are processes (possibly on other hosts);
 /// `exchange` publishes and collects the transport addresses (rendezvous.h: store_exchange).
-/// Throws ConfigError for a backend that cannot connect processes ("local") or is not compiled in.
+/// Throws ConfigError for a backend that cannot connect processes ("local"), meets in the store
+/// (the c10d ones: process_group.h) or is not compiled in.
 std::unique_ptr<Transport> make_process_transport(const TransportOptions& options, int rank, int world_size,
                                                   const AddressExchange& exchange);
 

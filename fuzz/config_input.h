@@ -1,6 +1,6 @@
 // What the config fuzz targets (config_fuzz, layers_fuzz) share: their input, a config's text
-// then NUL-separated --set texts, read into a Config; and the transports a build has, without
-// linking the transports (the harnesses' one stand-in). Included by one file of each program.
+// then NUL-separated --set texts, read into a Config. The transports a build has come from their
+// table (comm/backend.cpp, linked without the transports). Included by one file of each program.
 #pragma once
 
 #include <cstddef>
@@ -8,13 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/transport.h"
 #include "common/json_reader.h"
 #include "job/config.h"
-
-namespace pipetrain::comm {
-bool has_transport_backend(const std::string& name) { return name == "local" || name == "ucx"; }
-}  // namespace pipetrain::comm
 
 namespace pipetrain::fuzz {
 

@@ -154,18 +154,18 @@ partitioner::MemoryModel memory_model(const Config& c, const profiler::Profile& 
   return m;
 }
 
-partitioner::Balance balance_by(const std::string& method, const std::vector<partitioner::LayerCost>& layers, int V,
+partitioner::Balance balance_by(BalanceMethod method, const std::vector<partitioner::LayerCost>& layers, int V,
                                 partitioner::Constraints k, const partitioner::Balance& list) {
   const int n = static_cast<int>(layers.size());
-  if (method == "list") return list;
-  if (method == "uniform") return partitioner::uniform(n, V);
-  if (method == "parameters") {
+  if (method == BalanceMethod::List) return list;
+  if (method == BalanceMethod::Uniform) return partitioner::uniform(n, V);
+  if (method == BalanceMethod::Parameters) {
     std::vector<double> w;
     for (const auto& l : layers) w.push_back(static_cast<double>(l.param_bytes));
     return partitioner::by_weights(w, V);
   }
-  if (method == "time") return partitioner::min_max(layers, V, k).balance;
-  PIPETRAIN_CHECK(method == "memory", "balance method '", method, "' is not one of list, uniform, parameters, time, memory");
+  if (method == BalanceMethod::Time) return partitioner::min_max(layers, V, k).balance;
+  PIPETRAIN_CHECK(method == BalanceMethod::Memory, "balance method '", choice_name(method), "' has no rule");
   // The same exact min-max, on each layer's share of a stage's peak bytes instead of time.
   std::vector<partitioner::LayerCost> mem = layers;
   const auto& m = k.memory;
@@ -183,16 +183,16 @@ partitioner::Balance balance_by(const std::string& method, const std::vector<par
 partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential& model,
                                     const profiler::Profile* profile) {
   const int layers = static_cast<int>(model->size()), V = virtual_stages(c);
-  const std::string& method = c.pipeline.balance_method;
+  const BalanceMethod method = c.pipeline.balance_method;
   const std::string where = c.where("pipeline.balance");
   try {
-    if (method == "list") partitioner::check(c.pipeline.balance, layers, V, where);
+    if (method == BalanceMethod::List) partitioner::check(c.pipeline.balance, layers, V, where);
     std::vector<partitioner::LayerCost> costs;
     if (profile) {
       costs = profile->layers;
     } else {  // the parameter bytes are all that a method without a profile reads
-      PIPETRAIN_CHECK(method == "list" || method == "uniform" || method == "parameters", "balance method '", method,
-                      "' needs a profile");
+      PIPETRAIN_CHECK(method == BalanceMethod::List || method == BalanceMethod::Uniform || method == BalanceMethod::Parameters,
+                      "balance method '", choice_name(method), "' needs a profile");
       for (const auto& m : *model) {
         partitioner::LayerCost l;
         for (const auto& p : m.ptr()->parameters()) l.param_bytes += static_cast<int64_t>(p.nbytes());
@@ -210,8 +210,8 @@ partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential
 
 partitioner::Balance resolve_balance(const Job& job) {
   const Config& c = job.config;
-  const std::string& method = c.pipeline.balance_method;
-  const bool needs_profile = method == "time" || method == "memory";
+  const bool needs_profile =
+      c.pipeline.balance_method == BalanceMethod::Time || c.pipeline.balance_method == BalanceMethod::Memory;
   profiler::Profile profile;
   if (needs_profile) profile = profile_job(job);
   return choose_balance(c, job.model.layers, needs_profile ? &profile : nullptr);

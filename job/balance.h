@@ -37,7 +37,7 @@ partitioner::Constraints constraints(const Config& c, const profiler::Profile* p
 // limits; `memory` also reads k.memory): `list` gives `list` back (checked by the caller),
 // `uniform` the most even counts, `parameters` balanced parameter bytes, `time` the exact
 // min-max of forward + backward, `memory` the exact min-max of each layer's bytes at the peak.
-partitioner::Balance balance_by(const std::string& method, const std::vector<partitioner::LayerCost>& layers,
+partitioner::Balance balance_by(BalanceMethod method, const std::vector<partitioner::LayerCost>& layers,
                                 int virtual_stages, partitioner::Constraints k, const partitioner::Balance& list = {});
 
 // Layers per virtual stage for the config's balance method. `profile` is needed by `time` and

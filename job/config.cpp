@@ -1,7 +1,5 @@
 #include "job/config.h"
 
-#include "stages/device.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -9,7 +7,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/transport.h"
+#include "comm/backend.h"
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "common/option.h"
@@ -82,6 +80,253 @@ int intra_op_threads(const RuntimeConfig& runtime, int stages) {
   return std::max(1, cores / std::max(1, stages));
 }
 
+namespace {
+
+// A closed set's value under `key`, by its name in the set's table (job/choices.h); an unknown
+// name is an error naming the key and listing the table's names.
+template <class E>
+E read_choice(JsonReader& r, const std::string& key, E def) {
+  return *find_choice<E>(r.get_choice(key, choice_name(def), choice_names<E>(true)));
+}
+
+void read_data(JsonReader& top, DataConfig& d) {
+  JsonReader data = top.child("data");
+  d.kind = read_choice(data, "kind", d.kind);
+  d.batch_size = data.get_int("batch_size", d.batch_size, 1, 1 << 24);
+  const bool tokens = d.kind == DataKind::Tokens;
+  const bool path_required = d.kind == DataKind::Text || d.kind == DataKind::Tensors || tokens;
+  d.path = data.get_string("path", path_required ? "" : d.path);
+  if (path_required && d.path.empty())
+    data.fail("path", std::string("is required for data.kind ") + choice_name(d.kind) + " (it needs " + choice(d.kind).needs + ")");
+  d.samples = data.get_int("samples", d.samples, 1, int64_t(1) << 32);
+  d.test_samples = data.get_int("test_samples", d.test_samples, 0, int64_t(1) << 32);
+  d.test_fraction = data.get_number("test_fraction", d.test_fraction, 0.0, 1.0);
+  if (d.test_fraction <= 0.0 || d.test_fraction >= 1.0)
+    data.fail("test_fraction", detail::concat("must be between 0 and 1 (exclusive), got ", d.test_fraction));
+  d.stride = data.get_int("stride", d.stride, 0, int64_t(1) << 40);
+  // Keys of data.kind tokens alone: elsewhere they would be silently unused.
+  for (const char* key : {"test_path", "dtype"})
+    if (!tokens && data.has(key)) data.fail(key, "is read by data.kind tokens only");
+  d.test_path = data.get_string("test_path", "");
+  if (tokens && data.has("test_path") && d.test_path.empty()) data.fail("test_path", "is empty (leave it out to test on data.test_fraction of data.path)");
+  if (!d.test_path.empty() && data.has("test_fraction"))
+    data.fail("test_fraction", "is not used with data.test_path (that file is the test split)");
+  d.dtype = data.get_choice("dtype", "uint16", {"uint16", "uint32"});  // token_file.cpp's table reads it
+  if (!data.has("dtype")) d.dtype.clear();  // a .npy says its own; a .bin defaults to uint16
+  d.drop_last = data.get_bool("drop_last", d.drop_last);
+  data.finish();
+}
+
+// pipeline.balance: a method's name or a list of layer counts per virtual stage.
+void read_balance(JsonReader& pipe, PipelineConfig& p) {
+  const json* b = pipe.get_raw("balance");
+  if (!b) return;
+  const std::vector<std::string> methods = choice_names<BalanceMethod>(true);
+  if (b->is_string()) {
+    const std::string name = b->get<std::string>();
+    if (auto m = find_choice<BalanceMethod>(name)) {
+      p.balance_method = *m;
+      return;
+    }
+    std::string hint = nearest(name, methods);
+    pipe.fail("balance", "unknown method \"" + printable(name, 60) + "\"" +
+                             (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)") + "; use one of " +
+                             join(methods, ", ") + " or a list of layer counts");
+  }
+  if (!b->is_array())
+    pipe.fail("balance", "expected a method (" + join(methods, ", ") + ") or a list of layer counts, got " + describe(*b));
+  p.balance_method = BalanceMethod::List;
+  for (const auto& e : *b) {
+    // Read as the wider type first: 4294967297 must not become 1.
+    const bool integer = e.is_number_integer() && !(e.is_number_unsigned() && e.get<uint64_t>() > INT64_MAX);
+    if (!integer) pipe.fail("balance", "expected a list of integers, found " + describe(e));
+    const int64_t layers = e.get<int64_t>();
+    if (layers < 0 || layers > (1 << 30))
+      pipe.fail("balance", detail::concat("a stage's layer count must be between 0 and ", 1 << 30, ", found ", describe(e)));
+    p.balance.push_back(static_cast<int>(layers));
+  }
+}
+
+void read_devices(JsonReader& pipe, PipelineConfig& p) {
+  const json* d = pipe.get_raw("devices");
+  if (!d) return;
+  // "auto", "cpu", one device for every stage, or a list of one per stage (stages/device.h).
+  if (d->is_string()) {
+    p.devices = {d->get<std::string>()};
+  } else if (d->is_array() && !d->empty()) {
+    for (const auto& e : *d) {
+      if (!e.is_string()) pipe.fail("devices", "expected device names (\"cpu\", \"cuda:0\"), found " + describe(e));
+      p.devices.push_back(e.get<std::string>());
+    }
+  } else {
+    pipe.fail("devices", "expected \"auto\", \"cpu\", a device name or a list of them (one per stage), found " + describe(*d));
+  }
+}
+
+// pipeline.memory_limit and pipeline.speeds: one per stage (or one limit for all).
+void read_limits(JsonReader& pipe, PipelineConfig& p) {
+  if (const json* m = pipe.get_raw("memory_limit")) {
+    auto bytes = [&](const json& v) {
+      constexpr double kMax = 1152921504606846976.0;  // 2^60 bytes
+      if (!v.is_number() || v.get<double>() < 0 || !(v.get<double>() <= kMax))
+        pipe.fail("memory_limit", "expected bytes (a number from 0 to 2^60, 0 = no limit) or a list of them, found " +
+                                      describe(v));
+      return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
+    };
+    if (m->is_array()) {
+      for (const auto& e : *m) p.memory_limit.push_back(bytes(e));
+      if (static_cast<int>(p.memory_limit.size()) != p.stages)
+        pipe.fail("memory_limit", detail::concat("has ", p.memory_limit.size(), " entries but pipeline.stages is ", p.stages));
+    } else {
+      p.memory_limit.assign(p.stages, bytes(*m));
+    }
+  }
+  p.speeds = pipe.get_numbers("speeds", {});
+  if (p.speeds.empty()) return;
+  if (static_cast<int>(p.speeds.size()) != p.stages)
+    pipe.fail("speeds", detail::concat("has ", p.speeds.size(), " entries but pipeline.stages is ", p.stages));
+  for (double v : p.speeds)
+    if (!(v > 0) || !std::isfinite(v)) pipe.fail("speeds", detail::concat("every speed must be > 0, got ", v));
+}
+
+// The pipeline section; returns the stages' devices (resolved: they exist and this build runs them).
+stages::StageDevices read_pipeline(JsonReader& top, const Config& c, PipelineConfig& p) {
+  JsonReader pipe = top.child("pipeline");
+  p.stages = static_cast<int>(pipe.get_int("stages", 1, 1, 4096));
+  p.micro_batches = static_cast<int>(pipe.get_int("micro_batches", 1, 1, 1 << 20));
+  p.schedule = schedule::parse_kind(pipe.get_choice("schedule", schedule::name(p.schedule), schedule::kind_names()));
+  p.chunks = static_cast<int>(pipe.get_int("chunks", schedule::info(p.schedule).default_chunks, 1, 64));
+  try {
+    schedule::check_supported(p.schedule, p.stages, p.micro_batches, p.chunks);
+  } catch (const ScheduleError& e) {
+    pipe.fail("schedule", std::string(e.what()).substr(std::string("schedule: ").size()));
+  }
+  if (pipe.has("checkpoint"))
+    pipe.fail("checkpoint", "renamed pipeline.recompute (the recomputation mode: always, except_last or never); "
+                            "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
+  p.recompute = parse_recompute(pipe.get_choice("recompute", recompute_name(p.recompute), recompute_modes()));
+  p.defer_weight_grads = pipe.get_bool("defer_weight_grads", p.defer_weight_grads);
+  p.cuda_graphs = pipe.get_bool("cuda_graphs", p.cuda_graphs);
+  read_balance(pipe, p);
+  read_devices(pipe, p);
+  stages::StageDevices devices = stages::resolve_devices(p.devices, p.stages, c.where("pipeline.devices"));
+  read_limits(pipe, p);
+  p.data_parallel = static_cast<int>(pipe.get_int("data_parallel", 1, 1, 4096));
+  p.bucket_bytes = pipe.get_int("bucket_bytes", p.bucket_bytes, 1, int64_t(1) << 40);
+  pipe.finish();
+  const int64_t batch = c.data.batch_size;
+  if (p.micro_batches > batch)
+    pipe.fail("micro_batches", detail::concat(p.micro_batches, " micro-batches exceed data.batch_size ", batch,
+                                              " (each micro-batch needs at least one sample)"));
+  // Each copy's shard of a batch is cut into the micro-batches: the smallest shard needs one
+  // sample per micro-batch.
+  if (p.data_parallel > 1 && batch / p.data_parallel < p.micro_batches)
+    pipe.fail("data_parallel", detail::concat(p.data_parallel, " copies split data.batch_size ", batch, " into shards of ",
+                                              batch / p.data_parallel, " samples or more, fewer than the ",
+                                              p.micro_batches, " micro-batches each is cut into"));
+  return devices;
+}
+
+void read_optimizer(JsonReader& top, OptimizerConfig& o) {
+  JsonReader opt = top.child("optimizer");
+  o.kind = parse_optimizer(opt.get_choice("kind", optimizer_name(o.kind), optimizer_names()));
+  o.lr = opt.get_number("lr", o.lr, 0.0, 1e6);
+  o.momentum = opt.get_number("momentum", o.momentum, 0.0, 1.0);
+  o.nesterov = opt.get_bool("nesterov", o.nesterov);
+  o.weight_decay = opt.get_number("weight_decay", o.weight_decay, 0.0, 1e6);
+  auto betas = opt.get_numbers("betas", {o.beta1, o.beta2});
+  if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
+    opt.fail("betas", "expected two numbers in [0, 1)");
+  o.beta1 = betas[0];
+  o.beta2 = betas[1];
+  o.eps = opt.get_number("eps", o.eps, 0.0, 1.0);
+  o.lr_schedule = read_choice(opt, "lr_schedule", o.lr_schedule);
+  o.warmup_steps = opt.get_int("warmup_steps", o.warmup_steps, 0, int64_t(1) << 40);
+  o.min_lr = opt.get_number("min_lr", o.min_lr, 0.0, 1e6);
+  o.grad_clip = opt.get_number("grad_clip", o.grad_clip, 0.0, 1e12);
+  opt.finish();
+}
+
+void read_train(JsonReader& top, const Config& c, bool gpu_stages, TrainConfig& t) {
+  JsonReader train = top.child("train");
+  t.steps = train.get_int("steps", t.steps, 0, int64_t(1) << 40);
+  t.seed = static_cast<uint64_t>(train.get_int("seed", 0, 0, INT64_MAX));
+  t.log_every = train.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
+  t.eval_batches = train.get_int("eval_batches", t.eval_batches, 0, int64_t(1) << 40);
+  t.accumulate = train.get_int("accumulate", t.accumulate, 1, 1 << 20);
+  t.on_nonfinite = read_choice(train, "on_nonfinite", t.on_nonfinite);
+  t.eval_every = train.get_int("eval_every", t.eval_every, 0, int64_t(1) << 40);
+  t.checkpoint_every = train.get_int("checkpoint_every", t.checkpoint_every, 0, int64_t(1) << 40);
+  t.checkpoint_dir = train.get_string("checkpoint_dir", t.checkpoint_dir);
+  t.keep_checkpoints = train.get_int("keep_checkpoints", t.keep_checkpoints, 1, 1 << 20);
+  t.shard_optimizer = train.get_bool("shard_optimizer", t.shard_optimizer);
+  t.tensorboard = train.get_string("tensorboard", t.tensorboard);
+  if (t.shard_optimizer && c.pipeline.data_parallel > 1 && c.model.is_object() && c.model.contains("tie_embeddings") &&
+      c.model["tie_embeddings"].is_boolean() && c.model["tie_embeddings"].get<bool>())
+    train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
+                                  "over whole tensors, which sharding splits");
+  t.precision = parse_precision(train.get_choice("precision", precision_name(t.precision), precision_names()));
+  if (t.precision == Precision::FP16 && !gpu_stages)
+    train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
+                            "(float32's range, no loss scaling needed)");
+  train.finish();
+}
+
+// runtime.transport: a backend's name (comm/backend.h) or "auto", resolved here: nccl between
+// GPUs, else ucx, else gloo for processes; local for threads. Checked against runtime.kind.
+void read_transport(JsonReader& rt, bool gpu_stages, RuntimeConfig& r) {
+  const bool processes = r.kind == RuntimeKind::Processes;
+  const bool given = rt.has("transport");
+  std::vector<std::string> names = comm::backend_names();
+  names.emplace_back("auto");
+  const std::string name = rt.get_choice("transport", processes ? "auto" : comm::name(r.transport), names);
+  if (name != "auto") r.transport = comm::parse_backend(name);  // "auto" is the set's one word beyond the table
+  else if (!processes) r.transport = comm::Backend::Local;
+  else if (gpu_stages && comm::info(comm::Backend::Nccl).compiled) r.transport = comm::Backend::Nccl;
+  else r.transport = comm::info(comm::Backend::Ucx).compiled ? comm::Backend::Ucx : comm::Backend::Gloo;
+  const comm::BackendInfo& b = comm::info(r.transport);
+  const std::string quoted = std::string("\"") + b.name + "\"";
+  if (!b.compiled)
+    rt.fail(given ? "transport" : "kind", quoted + " is not compiled into this build (needs " + b.needs + ")" +
+                                              (given ? "" : "; runtime.kind processes talks over it"));
+  if (processes && !b.processes) {
+    std::vector<std::string> between;  // the compiled backends whose ranks may be processes
+    for (const comm::BackendInfo& t : comm::backend_table())
+      if (t.compiled && t.processes) between.push_back(std::string("\"") + t.name + "\"");
+    rt.fail("transport", quoted + " connects the stage threads of one process (" + b.help +
+                             "); runtime.kind processes needs one of " + join(between, ", "));
+  }
+  if (!processes && !b.threads)
+    rt.fail("transport", quoted + " joins one process per GPU: use it with runtime.kind processes (the stage threads "
+                                  "of one process talk over \"local\")");
+  if (b.gpu_only && !gpu_stages)
+    rt.fail("transport", quoted + " carries tensors between GPUs, and these stages run on the CPU (pipeline.devices); "
+                                  "use \"gloo\" or \"ucx\"");
+}
+
+void read_runtime(JsonReader& top, bool gpu_stages, Precision precision, RuntimeConfig& r) {
+  JsonReader rt = top.child("runtime");
+  r.kind = read_choice(rt, "kind", r.kind);
+  read_transport(rt, gpu_stages, r);
+  r.detect_peer_failure = rt.get_bool("detect_peer_failure", r.detect_peer_failure);
+  r.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
+  r.timeout_s = rt.get_number("timeout_s", r.timeout_s, 0.001, 1e7);
+  r.max_message_bytes = static_cast<uint64_t>(
+      rt.get_int("max_message_bytes", static_cast<int64_t>(r.max_message_bytes), 1, INT64_MAX));
+  r.dtype = read_choice(rt, "dtype", r.dtype);
+  r.cudnn_benchmark = rt.get_bool("cudnn_benchmark", r.cudnn_benchmark);
+  r.tf32 = rt.get_bool("tf32", r.tf32);
+  r.deterministic = rt.get_bool("deterministic", r.deterministic);
+  if (r.deterministic && r.cudnn_benchmark)
+    rt.fail("cudnn_benchmark", "picks convolution algorithms by timing, which runtime.deterministic rules out");
+  if (r.dtype != DType::Float32 && precision != Precision::FP32)
+    rt.fail("dtype", std::string("train.precision ") + precision_name(precision) +
+                         " computes in a reduced precision from float32 master weights; it needs runtime.dtype float32");
+  rt.finish();
+}
+
+}  // namespace
+
 Config parse_config(const json& input, const std::string& source, const std::vector<std::string>& overrides) {
   if (!input.is_object()) throw ConfigError(source + ": the config must be a JSON object");
   json root = input;
@@ -100,226 +345,11 @@ Config parse_config(const json& input, const std::string& source, const std::vec
   } else {
     top.fail("model", "is required (an object with at least \"family\")");
   }
-
-  JsonReader data = top.child("data");
-  c.data.kind = data.get_choice("kind", c.data.kind, {"synthetic", "fashion-mnist", "text", "tensors", "tokens"});
-  c.data.batch_size = data.get_int("batch_size", c.data.batch_size, 1, 1 << 24);
-  const bool text = c.data.kind == "text", tensors = c.data.kind == "tensors", tokens = c.data.kind == "tokens";
-  c.data.path = data.get_string("path", text || tensors || tokens ? "" : c.data.path);
-  if (text && c.data.path.empty()) data.fail("path", "is required for data.kind text (the text file to train on)");
-  if (tensors && c.data.path.empty())
-    data.fail("path", "is required for data.kind tensors (a torch.save file of a dict of tensors, or a folder of .npy files)");
-  if (tokens && c.data.path.empty())
-    data.fail("path", "is required for data.kind tokens (a .npy or raw .bin file of token ids)");
-  c.data.samples = data.get_int("samples", c.data.samples, 1, int64_t(1) << 32);
-  c.data.test_samples = data.get_int("test_samples", c.data.test_samples, 0, int64_t(1) << 32);
-  c.data.test_fraction = data.get_number("test_fraction", c.data.test_fraction, 0.0, 1.0);
-  if (c.data.test_fraction <= 0.0 || c.data.test_fraction >= 1.0)
-    data.fail("test_fraction", detail::concat("must be between 0 and 1 (exclusive), got ", c.data.test_fraction));
-  c.data.stride = data.get_int("stride", c.data.stride, 0, int64_t(1) << 40);
-  // Keys of data.kind tokens alone: elsewhere they would be silently unused.
-  for (const char* key : {"test_path", "dtype"})
-    if (!tokens && data.has(key)) data.fail(key, "is read by data.kind tokens only");
-  c.data.test_path = data.get_string("test_path", "");
-  if (tokens && data.has("test_path") && c.data.test_path.empty()) data.fail("test_path", "is empty (leave it out to test on data.test_fraction of data.path)");
-  if (!c.data.test_path.empty() && data.has("test_fraction"))
-    data.fail("test_fraction", "is not used with data.test_path (that file is the test split)");
-  c.data.dtype = data.get_choice("dtype", "uint16", {"uint16", "uint32"});
-  if (!data.has("dtype")) c.data.dtype.clear();  // a .npy says its own; a .bin defaults to uint16
-  c.data.drop_last = data.get_bool("drop_last", c.data.drop_last);
-  data.finish();
-
-  JsonReader pipe = top.child("pipeline");
-  c.pipeline.stages = static_cast<int>(pipe.get_int("stages", 1, 1, 4096));
-  c.pipeline.micro_batches = static_cast<int>(pipe.get_int("micro_batches", 1, 1, 1 << 20));
-  c.pipeline.schedule = schedule::parse_kind(
-      pipe.get_choice("schedule", schedule::name(c.pipeline.schedule), schedule::kind_names()));
-  c.pipeline.chunks = static_cast<int>(
-      pipe.get_int("chunks", schedule::info(c.pipeline.schedule).default_chunks, 1, 64));
-  try {
-    schedule::check_supported(c.pipeline.schedule, c.pipeline.stages, c.pipeline.micro_batches,
-                              c.pipeline.chunks);
-  } catch (const ScheduleError& e) {
-    pipe.fail("schedule", std::string(e.what()).substr(std::string("schedule: ").size()));
-  }
-  if (pipe.has("checkpoint"))
-    pipe.fail("checkpoint", "renamed pipeline.recompute (the recomputation mode: always, except_last or never); "
-                            "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
-  c.pipeline.recompute =
-      parse_recompute(pipe.get_choice("recompute", recompute_name(c.pipeline.recompute), recompute_modes()));
-  c.pipeline.defer_weight_grads = pipe.get_bool("defer_weight_grads", c.pipeline.defer_weight_grads);
-  c.pipeline.cuda_graphs = pipe.get_bool("cuda_graphs", c.pipeline.cuda_graphs);
-  if (const json* b = pipe.get_raw("balance")) {
-    const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
-    if (b->is_string()) {
-      c.pipeline.balance_method = b->get<std::string>();
-      if (std::find(methods.begin(), methods.end(), c.pipeline.balance_method) == methods.end()) {
-        std::string hint = nearest(c.pipeline.balance_method, methods);
-        pipe.fail("balance", "unknown method \"" + c.pipeline.balance_method + "\"" +
-                                 (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)") +
-                                 "; use one of " + join(methods, ", ") + " or a list of layer counts");
-      }
-    } else if (b->is_array()) {
-      c.pipeline.balance_method = "list";
-      for (const auto& e : *b) {
-        // Read as the wider type first: 4294967297 must not become 1.
-        const bool integer = e.is_number_integer() && !(e.is_number_unsigned() && e.get<uint64_t>() > INT64_MAX);
-        if (!integer) pipe.fail("balance", "expected a list of integers, found " + describe(e));
-        const int64_t layers = e.get<int64_t>();
-        if (layers < 0 || layers > (1 << 30))
-          pipe.fail("balance", detail::concat("a stage's layer count must be between 0 and ", 1 << 30, ", found ",
-                                              describe(e)));
-        c.pipeline.balance.push_back(static_cast<int>(layers));
-      }
-    } else {
-      pipe.fail("balance", "expected a method (uniform, parameters, time, memory) or a list of layer counts, got " +
-                               describe(*b));
-    }
-  }
-  if (const json* d = pipe.get_raw("devices")) {
-    // "auto", "cpu", one device for every stage, or a list of one per stage (stages/device.h).
-    if (d->is_string()) {
-      c.pipeline.devices = {d->get<std::string>()};
-    } else if (d->is_array() && !d->empty()) {
-      for (const auto& e : *d) {
-        if (!e.is_string()) pipe.fail("devices", "expected device names (\"cpu\", \"cuda:0\"), found " + describe(e));
-        c.pipeline.devices.push_back(e.get<std::string>());
-      }
-    } else {
-      pipe.fail("devices", "expected \"auto\", \"cpu\", a device name or a list of them (one per stage), found " + describe(*d));
-    }
-  }
-  // The names, their count, and that each device exists here and this build can run it.
-  const stages::StageDevices devices =
-      stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"));
-  if (const json* m = pipe.get_raw("memory_limit")) {
-    auto bytes = [&](const json& v) {
-      constexpr double kMax = 1152921504606846976.0;  // 2^60 bytes
-      if (!v.is_number() || v.get<double>() < 0 || !(v.get<double>() <= kMax))
-        pipe.fail("memory_limit", "expected bytes (a number from 0 to 2^60, 0 = no limit) or a list of them, found " +
-                                      describe(v));
-      return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
-    };
-    if (m->is_array()) {
-      for (const auto& e : *m) c.pipeline.memory_limit.push_back(bytes(e));
-      if (static_cast<int>(c.pipeline.memory_limit.size()) != c.pipeline.stages)
-        pipe.fail("memory_limit", detail::concat("has ", c.pipeline.memory_limit.size(), " entries but pipeline.stages is ",
-                                                 c.pipeline.stages));
-    } else {
-      c.pipeline.memory_limit.assign(c.pipeline.stages, bytes(*m));
-    }
-  }
-  c.pipeline.speeds = pipe.get_numbers("speeds", {});
-  if (!c.pipeline.speeds.empty()) {
-    if (static_cast<int>(c.pipeline.speeds.size()) != c.pipeline.stages)
-      pipe.fail("speeds", detail::concat("has ", c.pipeline.speeds.size(), " entries but pipeline.stages is ",
-                                         c.pipeline.stages));
-    for (double v : c.pipeline.speeds)
-      if (!(v > 0) || !std::isfinite(v)) pipe.fail("speeds", detail::concat("every speed must be > 0, got ", v));
-  }
-  c.pipeline.data_parallel = static_cast<int>(pipe.get_int("data_parallel", 1, 1, 4096));
-  c.pipeline.bucket_bytes = pipe.get_int("bucket_bytes", c.pipeline.bucket_bytes, 1, int64_t(1) << 40);
-  pipe.finish();
-  if (c.pipeline.micro_batches > c.data.batch_size)
-    pipe.fail("micro_batches", detail::concat(c.pipeline.micro_batches,
-                                              " micro-batches exceed data.batch_size ", c.data.batch_size,
-                                              " (each micro-batch needs at least one sample)"));
-  // Each copy's shard of a batch is cut into the micro-batches: the smallest shard needs one
-  // sample per micro-batch.
-  if (c.pipeline.data_parallel > 1 && c.data.batch_size / c.pipeline.data_parallel < c.pipeline.micro_batches)
-    pipe.fail("data_parallel", detail::concat(c.pipeline.data_parallel, " copies split data.batch_size ", c.data.batch_size,
-                                              " into shards of ", c.data.batch_size / c.pipeline.data_parallel,
-                                              " samples or more, fewer than the ", c.pipeline.micro_batches,
-                                              " micro-batches each is cut into"));
-
-  JsonReader opt = top.child("optimizer");
-  c.optimizer.kind = parse_optimizer(
-      opt.get_choice("kind", optimizer_name(c.optimizer.kind), optimizer_names()));
-  c.optimizer.lr = opt.get_number("lr", c.optimizer.lr, 0.0, 1e6);
-  c.optimizer.momentum = opt.get_number("momentum", c.optimizer.momentum, 0.0, 1.0);
-  c.optimizer.nesterov = opt.get_bool("nesterov", c.optimizer.nesterov);
-  c.optimizer.weight_decay = opt.get_number("weight_decay", c.optimizer.weight_decay, 0.0, 1e6);
-  auto betas = opt.get_numbers("betas", {c.optimizer.beta1, c.optimizer.beta2});
-  if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
-    opt.fail("betas", "expected two numbers in [0, 1)");
-  c.optimizer.beta1 = betas[0];
-  c.optimizer.beta2 = betas[1];
-  c.optimizer.eps = opt.get_number("eps", c.optimizer.eps, 0.0, 1.0);
-  c.optimizer.lr_schedule = opt.get_choice("lr_schedule", c.optimizer.lr_schedule, {"constant", "cosine"});
-  c.optimizer.warmup_steps = opt.get_int("warmup_steps", c.optimizer.warmup_steps, 0, int64_t(1) << 40);
-  c.optimizer.min_lr = opt.get_number("min_lr", c.optimizer.min_lr, 0.0, 1e6);
-  c.optimizer.grad_clip = opt.get_number("grad_clip", c.optimizer.grad_clip, 0.0, 1e12);
-  opt.finish();
-
-  JsonReader train = top.child("train");
-  c.train.steps = train.get_int("steps", c.train.steps, 0, int64_t(1) << 40);
-  c.train.seed = static_cast<uint64_t>(train.get_int("seed", 0, 0, INT64_MAX));
-  c.train.log_every = train.get_int("log_every", c.train.log_every, 1, int64_t(1) << 40);
-  c.train.eval_batches = train.get_int("eval_batches", c.train.eval_batches, 0, int64_t(1) << 40);
-  c.train.accumulate = train.get_int("accumulate", c.train.accumulate, 1, 1 << 20);
-  c.train.on_nonfinite = train.get_choice("on_nonfinite", c.train.on_nonfinite, {"stop", "skip"});
-  c.train.eval_every = train.get_int("eval_every", c.train.eval_every, 0, int64_t(1) << 40);
-  c.train.checkpoint_every = train.get_int("checkpoint_every", c.train.checkpoint_every, 0, int64_t(1) << 40);
-  c.train.checkpoint_dir = train.get_string("checkpoint_dir", c.train.checkpoint_dir);
-  c.train.keep_checkpoints = train.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1 << 20);
-  c.train.shard_optimizer = train.get_bool("shard_optimizer", c.train.shard_optimizer);
-  c.train.tensorboard = train.get_string("tensorboard", c.train.tensorboard);
-  if (c.train.shard_optimizer && c.pipeline.data_parallel > 1 && c.model.is_object() &&
-      c.model.contains("tie_embeddings") && c.model["tie_embeddings"].is_boolean() && c.model["tie_embeddings"].get<bool>())
-    train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
-                                  "over whole tensors, which sharding splits");
-  c.train.precision = parse_precision(train.get_choice("precision", precision_name(c.train.precision), precision_names()));
-  const bool gpu_stages = devices.any_cuda();
-  if (c.train.precision == Precision::FP16 && !gpu_stages)
-    train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "
-                            "(float32's range, no loss scaling needed)");
-  train.finish();
-
-  JsonReader rt = top.child("runtime");
-  c.runtime.kind = rt.get_choice("kind", c.runtime.kind, {"threads", "processes"});
-  const bool processes = c.runtime.kind == "processes";
-  const bool transport_given = rt.has("transport");
-  c.runtime.transport = rt.get_choice("transport", processes ? "auto" : c.runtime.transport,
-                                      {"local", "ucx", "gloo", "nccl", "nccl-order", "auto"});
-  // auto: NCCL between GPUs, else UCX, else Gloo; the threads of one process share mailboxes.
-  if (c.runtime.transport == "auto")
-    c.runtime.transport = !processes                                                     ? "local"
-                          : gpu_stages && comm::has_transport_backend("nccl")            ? "nccl"
-                          : comm::has_transport_backend("ucx")                           ? "ucx"
-                                                                                         : "gloo";
-  if (!comm::has_transport_backend(c.runtime.transport))
-    rt.fail(transport_given ? "transport" : "kind",
-            "\"" + c.runtime.transport + "\" is not compiled into this build (needs " +
-                (c.runtime.transport == "nccl" ? "a libtorch with CUDA and NCCL" : "UCX") + " at configure time)" +
-                (transport_given ? "" : "; runtime.kind processes talks over it"));
-  if (processes && c.runtime.transport == "nccl-order")
-    rt.fail("transport", "\"nccl-order\" (NCCL's ordering on the CPU, for tests) connects the stage threads of one "
-                         "process; runtime.kind processes needs \"ucx\", \"gloo\" or \"nccl\"");
-  if (processes && c.runtime.transport == "local")
-    rt.fail("transport", "\"local\" connects the stage threads of one process; runtime.kind processes needs \"ucx\", "
-                         "\"gloo\" or \"nccl\"");
-  if (c.runtime.transport == "nccl" && !processes)
-    rt.fail("transport", "\"nccl\" joins one process per GPU: use it with runtime.kind processes (the stage threads "
-                         "of one process talk over \"local\")");
-  if (c.runtime.transport == "nccl" && !gpu_stages)
-    rt.fail("transport", "\"nccl\" carries tensors between GPUs, and these stages run on the CPU (pipeline.devices); "
-                         "use \"gloo\" or \"ucx\"");
-  c.runtime.detect_peer_failure = rt.get_bool("detect_peer_failure", c.runtime.detect_peer_failure);
-  c.runtime.intra_op_threads = static_cast<int>(rt.get_int("intra_op_threads", 0, 0, 1024));
-  c.runtime.timeout_s = rt.get_number("timeout_s", c.runtime.timeout_s, 0.001, 1e7);
-  c.runtime.max_message_bytes = static_cast<uint64_t>(
-      rt.get_int("max_message_bytes", static_cast<int64_t>(c.runtime.max_message_bytes), 1, INT64_MAX));
-  c.runtime.dtype = rt.get_choice("dtype", c.runtime.dtype, {"float32", "float64"});
-  c.runtime.cudnn_benchmark = rt.get_bool("cudnn_benchmark", c.runtime.cudnn_benchmark);
-  c.runtime.tf32 = rt.get_bool("tf32", c.runtime.tf32);
-  c.runtime.deterministic = rt.get_bool("deterministic", c.runtime.deterministic);
-  if (c.runtime.deterministic && c.runtime.cudnn_benchmark)
-    rt.fail("cudnn_benchmark", "picks convolution algorithms by timing, which runtime.deterministic rules out");
-  if (c.runtime.dtype != "float32" && c.train.precision != Precision::FP32)
-    rt.fail("dtype", std::string("train.precision ") + precision_name(c.train.precision) +
-                         " computes in a reduced precision from float32 master weights; it needs runtime.dtype float32");
-  rt.finish();
-
+  read_data(top, c.data);
+  const bool gpu_stages = read_pipeline(top, c, c.pipeline).any_cuda();
+  read_optimizer(top, c.optimizer);
+  read_train(top, c, gpu_stages, c.train);
+  read_runtime(top, gpu_stages, c.train.precision, c.runtime);
   top.finish();
   return c;
 }
@@ -344,7 +374,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total) {
   if (c.warmup_steps > 0 && step < c.warmup_steps)
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
-  if (c.lr_schedule != "cosine") return c.lr;
+  if (c.lr_schedule != LrSchedule::Cosine) return c.lr;
   const double span = static_cast<double>(std::max<int64_t>(1, total - c.warmup_steps));
   const double t = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * t));

@@ -1,6 +1,7 @@
 // job: the run layer's base, from a config to a Pipeline. config.h reads and validates a JSON
-// config (plus overrides) into typed sections; every mistake is a one-line ConfigError naming
-// the file or the override and the key path.
+// config (plus overrides) into typed sections, every closed set parsed once into its enum
+// (job/choices.h, comm/backend.h, schedule/kinds.h, common/); every mistake is a one-line
+// ConfigError naming the file or the override and the key path.
 #pragma once
 
 #include <cstdint>
@@ -11,16 +12,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/backend.h"
 #include "common/json_reader.h"
 #include "common/optimizer_kind.h"
 #include "common/precision.h"
 #include "common/recompute.h"
+#include "job/choices.h"
 #include "schedule/kinds.h"
 
 namespace pipetrain::job {
 
 struct DataConfig {
-  std::string kind = "synthetic";  // "synthetic" | "fashion-mnist" | "text" | "tensors" | "tokens"
+  DataKind kind = DataKind::Synthetic;  // data.kind: job/choices.cpp has a row for each
   int64_t batch_size = 64;
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder; for text the file (required)
   int64_t samples = 8192;       // synthetic train split size
@@ -42,11 +45,9 @@ struct PipelineConfig {
   Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
   bool defer_weight_grads = false;              // pipeline.defer_weight_grads (PipelineOptions)
   bool cuda_graphs = false;                     // pipeline.cuda_graphs (PipelineOptions)
-  // How layers are split: "uniform", "parameters" (equal parameter bytes), "time" (profiled
-  // forward + backward time, exact min-max under memory limits and speeds), "memory" (equal
-  // predicted peak memory), or "list" with `balance` given.
-  std::string balance_method = "uniform";
-  std::vector<int> balance;            // layers per virtual stage when balance_method is "list"
+  // How layers are split (pipeline.balance: a method's name, job/choices.cpp, or a list).
+  BalanceMethod balance_method = BalanceMethod::Uniform;
+  std::vector<int> balance;            // layers per virtual stage when balance_method is List
   std::vector<int64_t> memory_limit;   // bytes per device (stage); empty or 0: no limit
   std::vector<double> speeds;          // relative device speeds; empty: all equal
   // Data parallelism: copies of the whole pipeline, each on its own shard of every batch, the
@@ -66,7 +67,7 @@ struct OptimizerConfig {
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  std::string lr_schedule = "constant";  // "constant" | "cosine": from lr towards min_lr, progress (s - warmup) / (steps - warmup)
+  LrSchedule lr_schedule = LrSchedule::Constant;  // cosine: from lr towards min_lr, progress (s - warmup) / (steps - warmup)
   int64_t warmup_steps = 0;              // linear warm-up from lr/warmup_steps to lr
   double min_lr = 0.0;                   // the end of the cosine decay
   double grad_clip = 0.0;                // largest global gradient norm (all stages together); 0: off
@@ -82,7 +83,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t accumulate = 1;    // pipeline steps (batches) whose gradients make one optimizer step
-  std::string on_nonfinite = "stop";  // a NaN/inf loss or gradient: "stop" the run or "skip" the update
+  OnNonfinite on_nonfinite = OnNonfinite::Stop;  // a NaN/inf loss or gradient: stop the run or skip the update
   int64_t eval_every = 0;             // evaluate on the test split every this many steps; 0: at the end only
   int64_t checkpoint_every = 0;       // save a checkpoint every this many steps (and at the end); 0: at the end only
   std::string checkpoint_dir;         // where checkpoints go (--checkpoint-dir overrides); empty: none
@@ -98,12 +99,12 @@ struct TrainConfig {
 };
 
 struct RuntimeConfig {
-  // "threads": one process, a thread per stage; "processes": one process (rank) per stage,
-  // started by a launcher (pipetrain launch, torchrun-style, mpirun, srun), over `transport`.
-  std::string kind = "threads";
-  // "local" | "ucx" | "gloo" | "nccl"; "auto" (the default for processes) is resolved when the
-  // config is read: nccl between GPUs, else ucx, else gloo (local for threads).
-  std::string transport = "local";
+  // threads: one process, a thread per stage; processes: one process (rank) per stage, started
+  // by a launcher (pipetrain launch, torchrun-style, mpirun, srun), over `transport`.
+  RuntimeKind kind = RuntimeKind::Threads;
+  // A backend of comm/backend.h; "auto" (the default for processes) is resolved when the config
+  // is read: nccl between GPUs, else ucx, else gloo (local for threads).
+  comm::Backend transport = comm::Backend::Local;
   // UCX: a peer that dies fails waits at once (UCX 1.13 then cannot use shared memory between
   // processes, so ranks on one host talk over tcp); off: shared memory, and a dead peer is
   // noticed at the timeout.
@@ -111,7 +112,7 @@ struct RuntimeConfig {
   int intra_op_threads = 0;  // 0: cores / stages
   double timeout_s = 300;
   uint64_t max_message_bytes = uint64_t(1) << 32;
-  std::string dtype = "float32";
+  DType dtype = DType::Float32;
   // GPU stages (docs/gpu.md): cuDNN picks the fastest convolution algorithm per shape (at the
   // cost of run-to-run equality); float32 products and convolutions may use TF32 (10 bits of
   // mantissa); deterministic kernels only (an error names an operation that has none).

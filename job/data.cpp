@@ -278,21 +278,28 @@ int64_t numel(const std::vector<int64_t>& s) {
   return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<int64_t>());
 }
 
+Dataset load_kind(const Config& c, const models::Model& model) {
+  switch (c.data.kind) {
+    case DataKind::Synthetic: return make_synthetic(c, model);
+    case DataKind::FashionMnist: return load_fashion(c);
+    case DataKind::Text: return load_text(c, model);
+    case DataKind::Tensors: return load_tensors(c, model);
+    case DataKind::Tokens: return load_tokens(c, model);
+  }
+  throw InternalError(detail::concat("data: no loader for data.kind ", static_cast<int>(c.data.kind)));
+}
+
 }  // namespace
 
 Dataset load_dataset(const Config& c, const models::Model& model) {
-  Dataset d = c.data.kind == "fashion-mnist" ? load_fashion(c)
-              : c.data.kind == "text"        ? load_text(c, model)
-              : c.data.kind == "tensors"     ? load_tensors(c, model)
-              : c.data.kind == "tokens"      ? load_tokens(c, model)
-                                             : make_synthetic(c, model);
-  if (model.pixel_targets && c.data.kind == "fashion-mnist") {
+  Dataset d = load_kind(c, model);
+  if (model.pixel_targets && c.data.kind == DataKind::FashionMnist) {
     // A segmentation of the images: each pixel brighter than a fifth of full scale is the
     // item's class + 1, the rest background (0).
     for (Split* s : {&d.train, &d.test}) s->targets = pixel_targets(s->inputs.select(1, 0) > 51, s->targets);
     d.classes = 11;
     d.name = "fashion-mnist (pixels)";
-  } else if (model.pixel_targets && c.data.kind == "text") {
+  } else if (model.pixel_targets && c.data.kind == DataKind::Text) {
     throw ConfigError(c.where("data.kind") + ": a per-pixel model needs images (fashion-mnist or synthetic)");
   }
   if (d.tokens != model.token_input || numel(d.sample_shape) != numel(model.sample_shape))

@@ -23,7 +23,7 @@ std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10:
 // left out, and taken from the samples (whose origin errors then name); given, it must be theirs.
 void input_from_data(const Config& c, nlohmann::json& model, std::shared_ptr<const Origins>& origins) {
   const auto family = model.find("family");
-  if (c.data.kind != "tensors" || family == model.end() || *family != "torchscript") return;
+  if (c.data.kind != DataKind::Tensors || family == model.end() || *family != "torchscript") return;
   const std::vector<int64_t> data = tensors_sample_shape(c);
   const std::string samples = "the samples of data.path " + printable(c.data.path, 200);
   const auto given = model.find("input_shape");
@@ -67,12 +67,12 @@ models::Model build_model(const Config& c) {
   input_from_data(c, model, origins);
   JsonReader model_reader(model, "model", c.source, origins);
   models::Model m = models::build(model_reader, c.train.seed);
-  m.layers->to(c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat);
+  m.layers->to(c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat);
   return m;
 }
 
 Job prepare(const Config& c) {
-  Job job{c, build_model(c), {}, {}, c.runtime.dtype == "float64" ? torch::kDouble : torch::kFloat, {}};
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat, {}};
   const int layers = static_cast<int>(job.model.layers->size());
   const int V = c.pipeline.stages * c.pipeline.chunks;
   if (V > layers)
@@ -94,7 +94,7 @@ Job prepare(const Config& c) {
   o.defer_weight_grads = c.pipeline.defer_weight_grads;
   o.cuda_graphs = c.pipeline.cuda_graphs;
   o.precision = c.train.precision;
-  const bool processes = c.runtime.kind == "processes";
+  const bool processes = c.runtime.kind == RuntimeKind::Processes;
   job.devices = stages::resolve_devices(c.pipeline.devices, c.pipeline.stages, c.where("pipeline.devices"),
                                         local_rank_of_rank(processes));
   o.devices = job.devices.per_stage;

@@ -77,7 +77,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   // pipeline.devices "auto" says what it chose: whenever that is a GPU, and always when asked for.
   if (note && job.devices.worth_noting()) note("note: " + job.devices.note);
   warn_if_slow_bf16(job, note);
-  if (c.runtime.kind != "processes") {
+  if (c.runtime.kind != RuntimeKind::Processes) {
     match_stage_threads(job);
     warn_if_oversubscribed(job, c.pipeline.stages * c.pipeline.data_parallel, note);
     // Started by a launcher but in-process: each rank runs the whole pipeline on its own.
@@ -91,7 +91,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
                           ") with runtime.kind threads: every rank runs all ", c.pipeline.stages,
                           " stages on its own; runtime.kind=processes runs one stage per rank"));
     log::debug(detail::concat(c.pipeline.stages, " stages as threads of this process, transport ",
-                              job.options.transport.backend));
+                              comm::name(job.options.transport.backend)));
     return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy);
   }
   const comm::RankInfo info = comm::rank_from_env(comm::process_environment());
@@ -117,7 +117,7 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
   // c10d transports (gloo, nccl) join their groups there too; UCX exchanges addresses instead.
   const comm::Mesh mesh{c.pipeline.stages, D};
   const std::string interface = comm::interface_towards(info.master_addr);
-  const bool c10d_transport = job.options.transport.backend == "gloo" || job.options.transport.backend == "nccl";
+  const bool c10d_transport = comm::info(job.options.transport.backend).c10d;
   if (!job.options.devices.empty()) job.options.transport.device = job.options.devices[mesh.stage_of(info.rank)];
   comm::ProcessGroup copies;
   std::unique_ptr<comm::Transport> endpoint;
@@ -127,18 +127,18 @@ std::unique_ptr<Pipeline> make_pipeline(Job& job, const std::string& run_options
                                             info.world_size, interface);
     // The copies' gradient reduction: over NCCL between GPUs (one per rank), over Gloo otherwise.
     const std::string copies_prefix = detail::concat("pipetrain/stage", mesh.stage_of(info.rank), "/copies/");
-    if (D > 1 && job.options.transport.device.is_cuda() && comm::has_transport_backend("nccl"))
+    if (D > 1 && job.options.transport.device.is_cuda() && comm::info(comm::Backend::Nccl).compiled)
       copies = comm::make_nccl_group(store, copies_prefix, mesh.copy_of(info.rank), D, c.runtime.timeout_s);
     else if (D > 1)
       copies = comm::make_gloo_group(store, copies_prefix, mesh.copy_of(info.rank), D, interface, c.runtime.timeout_s);
   };
   log::debug(detail::concat("rank ", info.rank, " of ", info.world_size, " (", info.launcher, "): stage ",
                             mesh.stage_of(info.rank), ", meeting at ", info.master_addr, ":", info.master_port,
-                            ", transport ", job.options.transport.backend));
+                            ", transport ", comm::name(job.options.transport.backend)));
   const comm::AddressExchange exchange =
       comm::store_exchange(info, run_fingerprint(c, run_options), deadline, "pipetrain", join_groups);
   if (c10d_transport)
-    exchange("c10d " + job.options.transport.backend);  // the rendezvous; the hook makes the endpoint
+    exchange(std::string("c10d ") + comm::name(job.options.transport.backend));  // the rendezvous; the hook makes the endpoint
   else
     endpoint = comm::make_process_transport(job.options.transport, info.rank, info.world_size, exchange);
   return std::make_unique<Pipeline>(job.model.layers, job.options, mean_cross_entropy, std::move(endpoint), copies);

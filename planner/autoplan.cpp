@@ -99,7 +99,7 @@ struct Axes {
   int D = 1, M = 1, K = 1, T = 1, chunks = 1;
   schedule::Kind kind = schedule::Kind::GPipe;
   bool sharded = false, defer = false;
-  std::string method;
+  BalanceMethod method = BalanceMethod::Uniform;
   Recompute recompute = Recompute::Never;
 };
 
@@ -310,7 +310,7 @@ std::string describe(const Candidate& c) {
                                             : "",
                         ", ", c.micro_batches,
                         " micro-batches, ", c.schedule, ", recompute ", recompute_name(c.recompute),
-                        c.defer ? ", deferred weight gradients" : "", ", ", precision_name(c.precision), ", balance ", c.balance_method, " ", partitioner::to_string(c.balance));
+                        c.defer ? ", deferred weight gradients" : "", ", ", precision_name(c.precision), ", balance ", choice_name(c.balance_method), " ", partitioner::to_string(c.balance));
 }
 
 
@@ -353,8 +353,8 @@ SearchSpace search_space(const Config& c, const AutoPlanOptions& o, const partit
   if (sp.cores > 0 && all_cpu) sp.defer = {false, true};  // where a layer defers: the search checks
   // A cost file holds the costs of one precision: the config's.
   sp.precisions = {filed ? c.train.precision : Precision::FP32};
-  if (!filed && c.runtime.dtype == "float32") sp.precisions.push_back(Precision::BF16);
-  sp.balances = {"uniform", "parameters", "time"};
+  if (!filed && c.runtime.dtype == DType::Float32) sp.precisions.push_back(Precision::BF16);
+  sp.balances = {BalanceMethod::Uniform, BalanceMethod::Parameters, BalanceMethod::Time};
   sp.memory_headroom = o.memory_headroom;
   if (!o.memory_limit.empty()) sp.memory_limit = o.memory_limit;
   else if (!c.pipeline.memory_limit.empty() && c.pipeline.stages == sp.devices)  // the config's, per stage
@@ -454,7 +454,7 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
     cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
     cc.train.precision = p;
     cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = schedule::Kind::GPipe;
-    cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
+    cc.pipeline.balance_method = BalanceMethod::Uniform, cc.pipeline.balance.clear();
     cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
     if (sp.cores > 0) cc.runtime.intra_op_threads = threads;
     prof = profile_job(prepare(cc), o.repeat, rows);
@@ -492,7 +492,7 @@ void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top) {
     std::snprintf(line, sizeof line, "%-4d %3d %4s %3d %3d %-20s %-12s %-3s %-5s %-10s %10.1f %9.2f %6.1f%% %12s  %s\n", i + 1,
                   c.stages, copies.c_str(), c.threads, c.micro_batches, kind.c_str(), recompute_name(c.recompute),
                   c.defer ? "yes" : "-", precision_name(c.precision),
-                  c.balance_method.c_str(), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
+                  choice_name(c.balance_method), c.samples_per_s, c.step_ms, 100 * c.bubble, mib(c.max_peak_bytes()).c_str(),
                   why.c_str());
     out << line;
   }
@@ -526,7 +526,7 @@ void print_auto_plan_json(std::ostream& out, const AutoPlanReport& r) {
                           {"micro_batches", c.micro_batches}, {"chunks", c.chunks},
                           {"schedule", schedule::name(c.schedule)}, {"recompute", recompute_name(c.recompute)},
                           {"defer_weight_grads", c.defer},
-                          {"precision", precision_name(c.precision)}, {"balance_method", c.balance_method},
+                          {"precision", precision_name(c.precision)}, {"balance_method", choice_name(c.balance_method)},
                           {"balance", c.balance}, {"step_ms", c.step_ms}, {"bubble", c.bubble},
                           {"exposed_reduce_ms", c.exposed_reduce_ms},
                           {"samples_per_s", c.samples_per_s}, {"peak_bytes", c.peak_bytes}}

@@ -48,7 +48,7 @@ struct SearchSpace {
   // measured a layer that defers, on: costed on the profile of a copy's whole batch for the flush.
   std::vector<bool> defer{false};
   std::vector<Precision> precisions;
-  std::vector<std::string> balances;       // uniform, parameters, time
+  std::vector<job::BalanceMethod> balances;  // uniform, parameters, time
   std::vector<double> memory_limit;        // bytes per device (one entry: all alike); empty or 0: none
   // Share of each limit kept free for what the memory model does not count (allocator rounding,
   // small tensors of the executor): a plan fits when its predicted peak <= limit * (1 - headroom).
@@ -71,7 +71,7 @@ struct Candidate {
   bool sharded = false;  // the copies' optimizer state
   int threads = 1;       // intra-op threads per stage (CPU plans)
   schedule::Kind schedule = schedule::Kind::GPipe;
-  std::string balance_method;
+  job::BalanceMethod balance_method = job::BalanceMethod::Uniform;
   Recompute recompute = Recompute::Never;
   bool defer = false;  // weight gradients deferred to one GEMM per step
   Precision precision = Precision::FP32;

@@ -59,7 +59,7 @@ Concurrency measure_concurrency(const job::Config& config, Precision precision, 
   job::Config cc = config;
   cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
   cc.pipeline.schedule = schedule::Kind::GPipe;
-  cc.pipeline.balance_method = "uniform", cc.pipeline.balance.clear();
+  cc.pipeline.balance_method = job::BalanceMethod::Uniform, cc.pipeline.balance.clear();
   cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
   cc.runtime.intra_op_threads = 1;
   cc.train.precision = precision;

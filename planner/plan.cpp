@@ -150,7 +150,7 @@ std::vector<ScheduleRow> compare_schedules(const Config& c, const Job& job, cons
       if (virtual_stages(cc) > layers)
         throw ScheduleError(detail::concat("schedule: ", virtual_stages(cc), " virtual stages but the model has only ",
                                            layers, " layers"));
-      if (cc.pipeline.balance_method == "list" && virtual_stages(cc) != virtual_stages(c))
+      if (cc.pipeline.balance_method == BalanceMethod::List && virtual_stages(cc) != virtual_stages(c))
         throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
                                            " stages; this schedule needs ", virtual_stages(cc)));
       const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty());
@@ -210,13 +210,13 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   r.simulation = r.prediction.simulation;
   r.stages = stage_rows(c, r, models::layer_names(job.model.layers));
   if (o.compare) r.compared = compare_schedules(c, job, r, links);
-  if (o.compare && o.costs_path.empty() && c.runtime.dtype == "float32") r.precisions = compare_precisions(c, o, r, links);
+  if (o.compare && o.costs_path.empty() && c.runtime.dtype == DType::Float32) r.precisions = compare_precisions(c, o, r, links);
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
                              D > 1 ? detail::concat(" x ", D, " data-parallel copies", r.data_parallel.sharded ? " (sharded optimizer)" : "") : "",
                              ", ", c.pipeline.micro_batches, " micro-batches, schedule ", c.pipeline.schedule,
                              ", recompute ", recompute_name(c.pipeline.recompute),
-                             deferred ? ", deferred weight gradients" : "", ", balance ", c.pipeline.balance_method,
+                             deferred ? ", deferred weight gradients" : "", ", balance ", choice_name(c.pipeline.balance_method),
                              ", precision ", precision_name(c.train.precision));
   return r;
 }

@@ -48,7 +48,7 @@ SearchSpace space() {
   s.schedules = {schedule::Kind::GPipe, schedule::Kind::OneFOneB};
   s.recompute = {Recompute::Never};
   s.precisions = {Precision::FP32};
-  s.balances = {"uniform"};
+  s.balances = {job::BalanceMethod::Uniform};
   return s;
 }
 
@@ -142,13 +142,13 @@ TEST(AutoPlan, InfeasibleLimitNamesTheSmallestThatFits) {
 TEST(AutoPlan, DeviceSpeedsMoveLayers) {
   Table t;
   SearchSpace s = space();
-  s.balances = {"uniform", "time"};
+  s.balances = {job::BalanceMethod::Uniform, job::BalanceMethod::Time};
   s.speeds = {1.0, 1.0 / 3};
   const SearchResult r =
       search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return t(rows, p); });
   const Candidate& best = r.fitting.front();
   ASSERT_EQ(best.stages, 2);
-  EXPECT_EQ(best.balance_method, "time");
+  EXPECT_EQ(best.balance_method, job::BalanceMethod::Time);
   EXPECT_EQ(best.balance, (partitioner::Balance{3, 1}));
 }
 

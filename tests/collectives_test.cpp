@@ -22,7 +22,7 @@ namespace {
 std::vector<std::string> on_ranks(const std::string& backend, int world, double timeout_s,
                                   const std::function<void(int, Collectives&)>& body) {
   TransportOptions o;
-  o.backend = backend;
+  o.backend = pipetrain::comm::parse_backend(backend);
   auto endpoints = make_transport_group(o, world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;

@@ -204,7 +204,7 @@ int broken_pipe_child(const std::string& backend, Before before) {
   if (before == Before::OwnHandler) ::signal(SIGPIPE, count_sigpipe);
   else ::signal(SIGPIPE, SIG_DFL);
   TransportOptions o;
-  o.backend = backend;
+  o.backend = pipetrain::comm::parse_backend(backend);
   auto group = make_transport_group(o, 2);
   struct sigaction now {};
   ::sigaction(SIGPIPE, nullptr, &now);

@@ -2,13 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 #include "comm/transport.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/option.h"
+#include "common/strings.h"
 #include "job/config.h"
 #include "job/balance.h"
 #include "job/runtime.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 #include "stages/accelerator.h"
 #include "stages/device.h"
@@ -371,7 +375,7 @@ TEST(Config, LearningRateSchedules) {
   EXPECT_DOUBLE_EQ(learning_rate(o, 0, 100), 0.25);
   EXPECT_DOUBLE_EQ(learning_rate(o, 3, 100), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate(o, 50, 100), 1.0);
-  o.lr_schedule = "cosine";
+  o.lr_schedule = LrSchedule::Cosine;
   o.min_lr = 0.1;
   EXPECT_DOUBLE_EQ(learning_rate(o, 4, 104), 1.0);                     // the decay starts at lr
   EXPECT_NEAR(learning_rate(o, 54, 104), 0.1 + 0.45, 1e-12);          // halfway: the mean of lr and min_lr
@@ -397,14 +401,14 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
   for (const std::string& backend : comm::transport_backends()) {
     if (backend == "nccl") continue;  // GPUs, one process each: below
     const train::Config c = train::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
-    EXPECT_EQ(train::prepare(c).options.transport.backend, backend);
+    EXPECT_EQ(comm::name(train::prepare(c).options.transport.backend), backend);
   }
   // auto: local for threads; for processes nccl between GPUs, else ucx, else gloo.
-  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.transport=auto"}).runtime.transport, "local");
+  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.transport=auto"}).runtime.transport, comm::Backend::Local);
   EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes"}).runtime.transport,
-            PIPETRAIN_HAVE_UCX ? "ucx" : "gloo");
+            PIPETRAIN_HAVE_UCX ? comm::Backend::Ucx : comm::Backend::Gloo);
   EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes", "runtime.transport=gloo"}).runtime.transport,
-            "gloo");
+            comm::Backend::Gloo);
   // nccl: between GPUs, one process each: refused for threads and for CPU stages, naming why.
   for (const auto& [sets, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"runtime.transport=nccl"}, "joins one process per GPU"},
@@ -429,3 +433,109 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
   }
 }
 
+
+namespace {
+// The config `key=name` over base(), or the message of its ConfigError.
+Config parsed(const std::string& key, const std::string& name, std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), key + "=" + name);
+  return parse_config(base(), "cfg.json", extra);
+}
+
+// A set's table: rows in the enum's order, names unique, each with a help text.
+template <class E>
+void expect_table(const char* set) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < choices<E>().size(); ++i) {
+    const Choice<E>& row = choices<E>()[i];
+    EXPECT_EQ(static_cast<size_t>(row.value), i) << set << ": " << row.name;
+    EXPECT_TRUE(names.insert(row.name).second) << set << ": " << row.name << " twice";
+    EXPECT_GT(std::string(row.help).size(), 0u) << set << ": " << row.name;
+    EXPECT_EQ(&choice(row.value), &row) << set;
+  }
+}
+
+// What a config's unknown value under `key` says: the key, the value, and every accepted name.
+void expect_unknown_lists(const std::string& key, const std::vector<std::string>& accepted,
+                          std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), key + "=carrier-pigeon");
+  const std::string message = error_of(base(), extra);
+  EXPECT_ERROR(message, key + "=carrier-pigeon: " + key + ": unknown");  // the override, then the key
+  EXPECT_NE(message.find("carrier-pigeon"), std::string::npos) << message;
+  EXPECT_NE(message.find(join(accepted, ", ")), std::string::npos) << key << ": " << message;
+}
+}  // namespace
+
+TEST(ConfigChoices, EveryTableHasARowPerValueInOrder) {
+  expect_table<RuntimeKind>("runtime.kind");
+  expect_table<DataKind>("data.kind");
+  expect_table<BalanceMethod>("pipeline.balance");
+  expect_table<DType>("runtime.dtype");
+  expect_table<LrSchedule>("optimizer.lr_schedule");
+  expect_table<OnNonfinite>("train.on_nonfinite");
+  for (size_t i = 0; i < comm::backend_table().size(); ++i)
+    EXPECT_EQ(static_cast<size_t>(comm::backend_table()[i].backend), i) << comm::backend_table()[i].name;
+  // A list is given as one, never by name.
+  EXPECT_EQ(choice_names<BalanceMethod>(true), (std::vector<std::string>{"uniform", "parameters", "time", "memory"}));
+  EXPECT_FALSE(find_choice<BalanceMethod>("list"));
+}
+
+// An unknown value of every closed set is one line naming the key and listing the table's names.
+TEST(ConfigChoices, UnknownValuesNameTheKeyAndListTheAcceptedOnes) {
+  expect_unknown_lists("runtime.kind", {"threads", "processes"});
+  expect_unknown_lists("data.kind", {"synthetic", "fashion-mnist", "text", "tensors", "tokens"});
+  expect_unknown_lists("pipeline.balance", {"uniform", "parameters", "time", "memory"});
+  expect_unknown_lists("runtime.dtype", {"float32", "float64"});
+  expect_unknown_lists("optimizer.lr_schedule", {"constant", "cosine"});
+  expect_unknown_lists("train.on_nonfinite", {"stop", "skip"});
+  std::vector<std::string> transports = comm::backend_names();
+  transports.emplace_back("auto");
+  expect_unknown_lists("runtime.transport", transports);
+  EXPECT_ERROR(error_of(base(), {"pipeline.balance=list"}), "pipeline.balance: unknown method \"list\"");
+}
+
+// Every value of every set: parsed from its name into the row's value, and written back out
+// (messages, checkpoints, plans) as the same name; the config's JSON is kept as written.
+TEST(ConfigChoices, EveryValueRoundTripsThroughParseAndWriteBack) {
+  auto round_trip = [](const std::string& key, const std::string& name, auto value, auto got,
+                       const Config& c) {
+    EXPECT_EQ(got, value) << key << "=" << name;
+    EXPECT_EQ(choice_name(got), name) << key;
+    const std::string section = key.substr(0, key.find('.')), leaf = key.substr(key.find('.') + 1);
+    EXPECT_EQ(c.root.at(section).at(leaf).dump(), json(name).dump()) << key;
+  };
+  for (const auto& row : choices<RuntimeKind>()) {
+    const Config c = parsed("runtime.kind", row.name, {"runtime.transport=gloo"});
+    round_trip("runtime.kind", row.name, row.value, c.runtime.kind, c);
+  }
+  for (const auto& row : choices<DataKind>()) {
+    const Config c = parsed("data.kind", row.name, {"data.path=/nonexistent"});
+    round_trip("data.kind", row.name, row.value, c.data.kind, c);
+  }
+  for (const auto& row : choices<BalanceMethod>()) {
+    if (!row.spelled) continue;
+    const Config c = parsed("pipeline.balance", row.name);
+    EXPECT_EQ(c.pipeline.balance_method, row.value) << row.name;
+    EXPECT_EQ(choice_name(c.pipeline.balance_method), std::string(row.name));
+  }
+  EXPECT_EQ(parsed("pipeline.balance", "[2,1]").pipeline.balance_method, BalanceMethod::List);
+  for (const auto& row : choices<DType>()) {
+    const Config c = parsed("runtime.dtype", row.name);
+    round_trip("runtime.dtype", row.name, row.value, c.runtime.dtype, c);
+    EXPECT_EQ(checkpoint::training_identity(c).at("dtype"), json(row.name));  // a checkpoint's identity
+  }
+  for (const auto& row : choices<LrSchedule>()) {
+    const Config c = parsed("optimizer.lr_schedule", row.name);
+    round_trip("optimizer.lr_schedule", row.name, row.value, c.optimizer.lr_schedule, c);
+  }
+  for (const auto& row : choices<OnNonfinite>()) {
+    const Config c = parsed("train.on_nonfinite", row.name);
+    round_trip("train.on_nonfinite", row.name, row.value, c.train.on_nonfinite, c);
+  }
+  for (const auto& row : comm::backend_table()) {
+    if (!row.compiled || !row.threads) continue;  // refused for threads: TransportConfig above
+    const Config c = parsed("runtime.transport", row.name);
+    EXPECT_EQ(c.runtime.transport, row.backend) << row.name;
+    EXPECT_STREQ(comm::name(c.runtime.transport), row.name);
+    EXPECT_EQ(comm::parse_backend(row.name), row.backend);
+  }
+}

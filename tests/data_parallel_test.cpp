@@ -112,7 +112,7 @@ pipeline::PipelineOptions options(const Case& c) {
   o.shard_optimizer = c.shard;
   if (c.scatter) o.shard_reduction = pipeline::PipelineOptions::ShardReduction::ReduceScatter;
   o.bucket_bytes = 512;  // several buckets per stage
-  o.transport.backend = c.transport;
+  o.transport.backend = pipetrain::comm::parse_backend(c.transport);
   o.timeout_s = 60;
   return o;
 }

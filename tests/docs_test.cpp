@@ -1,7 +1,7 @@
 // The manual against the code: every config key the config reader and the model families ask
 // for is in docs/config.md (recorded while configs are read, so a new key without a row fails
-// here), and every subcommand of `pipetrain` and every option of each is in docs/cli.md (read
-// from the command's own --help).
+// here), as is every name of each closed set a key takes, and every subcommand of `pipetrain`
+// and every option of each is in docs/cli.md (read from the command's own --help).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -121,6 +121,38 @@ TEST(Manual, EveryConfigKeyIsInTheConfigReference) {
     }
     EXPECT_TRUE(found) << key << " is not in docs/config.md";
   }
+}
+
+namespace {
+// The row of docs/config.md whose first cell names `key`.
+std::string row_of(const std::vector<std::string>& rows, const std::string& key) {
+  for (const auto& row : rows)
+    if (first_cell(row).find("`" + key + "`") != std::string::npos) return row;
+  return "";
+}
+
+template <class E>
+void expect_documented(const std::vector<std::string>& rows, const std::string& key) {
+  const std::string row = row_of(rows, key);
+  ASSERT_FALSE(row.empty()) << key << " has no row in docs/config.md";
+  for (const std::string& name : pipetrain::job::choice_names<E>(true))
+    EXPECT_NE(row.find("`" + name + "`"), std::string::npos) << key << " " << name << " is not in docs/config.md";
+}
+}  // namespace
+
+// Every name of every closed set's table (job/choices.h, comm/backend.h) is in its key's row of
+// docs/config.md.
+TEST(Manual, EveryValueOfAClosedSetIsInTheConfigReference) {
+  const auto rows = table_rows(read_doc("config.md"));
+  expect_documented<pipetrain::job::RuntimeKind>(rows, "runtime.kind");
+  expect_documented<pipetrain::job::DataKind>(rows, "data.kind");
+  expect_documented<pipetrain::job::BalanceMethod>(rows, "pipeline.balance");
+  expect_documented<pipetrain::job::DType>(rows, "runtime.dtype");
+  expect_documented<pipetrain::job::LrSchedule>(rows, "optimizer.lr_schedule");
+  expect_documented<pipetrain::job::OnNonfinite>(rows, "train.on_nonfinite");
+  const std::string transport = row_of(rows, "runtime.transport");
+  for (const std::string& name : pipetrain::comm::backend_names())
+    EXPECT_NE(transport.find("`" + name + "`"), std::string::npos) << "runtime.transport " << name;
 }
 
 // Every subcommand the command lists in its --help, and every option each lists in its own, is

@@ -125,7 +125,7 @@ TEST_P(Equivalence, PipelineStepEqualsSingleDeviceStep) {
   o.seed = 42;
   o.precision = c.precision;
   o.timeout_s = 60;
-  o.transport.backend = c.transport;
+  o.transport.backend = pipetrain::comm::parse_backend(c.transport);
   o.ties = ref.ties;
   if (c.device == "cuda") o.devices = {c10::Device(c10::kCUDA, 0)};
   o.checking_contexts = c.device == "checking";

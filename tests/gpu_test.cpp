@@ -93,7 +93,7 @@ TEST(Gpu, NcclGroupOfOneReducesAndTheTransportSendsToItself) {
   EXPECT_EQ(t[0].sum().item<double>(), 12.0);
 
   comm::TransportOptions o;
-  o.backend = "nccl";
+  o.backend = pipetrain::comm::Backend::Nccl;
   o.device = c10::Device(c10::kCUDA, 0);
   auto endpoint = comm::make_group_transport(o, store, "transport/", 0, 1, "lo");
   const comm::MessageId id{comm::Kind::Activation, 2, 0, 0};
@@ -114,7 +114,7 @@ TEST(Gpu, UcxCarriesDeviceMemoryWithoutAHostCopy) {
   using namespace pipetrain;
   if (!PIPETRAIN_UCX_CUDA) GTEST_SKIP() << "this build's UCX has no CUDA support (UCX_CUDA=0)";
   comm::TransportOptions o;
-  o.backend = "ucx";
+  o.backend = pipetrain::comm::Backend::Ucx;
   o.device = c10::Device(c10::kCUDA, 0);
   o.detect_peer_failure = false;  // cuda_ipc and shared memory between the two
   auto group = comm::make_transport_group(o, 2);

@@ -39,7 +39,7 @@ bool hostile_rank1(std::vector<Rank>& ranks, int port, const std::string& hash, 
   info.world_size = 2;
   info.master_port = port;
   comm::TransportOptions options;
-  options.backend = "ucx";
+  options.backend = pipetrain::comm::Backend::Ucx;
   auto peer = comm::make_process_transport(options, 1, 2, comm::store_exchange(info, hash, pipetrain::Deadline::after(30)));
   comm::send_raw_header_for_test(*peer, 0, id, std::string(header.begin(), header.end()));
   return wait_ranks(ranks, {}, t0, 30);

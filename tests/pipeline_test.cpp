@@ -168,7 +168,7 @@ TEST(Pipeline, ARankThatCannotBeConstructedFailsItsPeersAtOnce) {
     o.stages = 2;
     o.micro_batches = 2;
     o.timeout_s = 60;
-    o.transport.backend = backend;
+    o.transport.backend = pipetrain::comm::parse_backend(backend);
     auto endpoints = comm::make_transport_group(o.transport, 2);
     std::string errors[2];
     const auto t0 = std::chrono::steady_clock::now();

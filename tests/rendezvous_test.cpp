@@ -204,7 +204,7 @@ TEST(Rendezvous, ConnectsUcxTransports) {
   std::vector<std::unique_ptr<Transport>> g(W);
   auto errors = run({0, 1, 2}, [&](int r) {
     TransportOptions o;
-    o.backend = "ucx";
+    o.backend = pipetrain::comm::Backend::Ucx;
     g[r] = make_ucx_transport(r, W, store_exchange(rank_info(r, W, port), "h", Deadline::after(30)), o);
     const MessageId id{Kind::Activation, 0};
     g[r]->send((r + 1) % W, id, torch::full({3}, r));
@@ -221,7 +221,7 @@ TEST(Rendezvous, PoisonedAddressIsRefusedNamingTheKey) {
   std::thread rank0([&] {
     try {
       TransportOptions o;
-      o.backend = "ucx";
+      o.backend = pipetrain::comm::Backend::Ucx;
       make_ucx_transport(0, 2, store_exchange(rank_info(0, 2, port), "h", Deadline::after(20)), o);
     } catch (...) {
       error = std::current_exception();
@@ -305,7 +305,7 @@ TEST(Rendezvous, UcxListensOnTheInterfaceTowardsTheMasterOnly) {
   if (std::getenv("UCX_NET_DEVICES")) GTEST_SKIP() << "UCX_NET_DEVICES is set and wins";
   auto listened = [](const std::string& devices) {
     TransportOptions o;
-    o.backend = "ucx";
+    o.backend = pipetrain::comm::Backend::Ucx;
     o.net_devices = devices;
     auto group = make_ucx_group(2, o);
     return listening_addresses();
@@ -435,7 +435,7 @@ TEST(Rendezvous, UcxMessagesAreOurLinesAtTheirLevel) {
 // refused with an error naming the rank that published it.
 TEST(Rendezvous, AForgedUcxAddressIsRefusedNamingItsRank) {
   TransportOptions o;
-  o.backend = "ucx";
+  o.backend = pipetrain::comm::Backend::Ucx;
   std::string random(200, '\0');
   for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>((i * 2654435761u) >> 13);
   const std::vector<std::string> forged{std::string(64, '\x7f'), std::string(300, '\xff'), random};

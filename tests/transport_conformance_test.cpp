@@ -94,7 +94,7 @@ class TransportConformance : public ::testing::TestWithParam<std::tuple<std::str
   int world() const { return std::get<1>(GetParam()); }
   Group make(uint64_t max_message_bytes = uint64_t(1) << 32) const {
     TransportOptions o;
-    o.backend = backend();
+    o.backend = pipetrain::comm::parse_backend(backend());
     o.detect_peer_failure = variant().find("no_failure_detection") == std::string::npos;
     o.max_message_bytes = max_message_bytes;
     return make_transport_group(o, world());
@@ -306,19 +306,34 @@ INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::Values(2, 3, 4)),
                          param_name);
 
-TEST(TransportFactory, UnknownBackendIsAConfigError) {
-  TransportOptions o;
-  o.backend = "carrier-pigeon";
+// A backend is named once (parse_backend); an unknown name is a ConfigError that lists the
+// table's names, and the factory refuses a backend this build lacks or whose ranks cannot be
+// threads, saying which from the backend's row.
+TEST(TransportFactory, UnknownOrMissingBackendIsAConfigError) {
   try {
-    make_transport_group(o, 2);
+    parse_backend("carrier-pigeon", "runtime.transport");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("carrier-pigeon"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("runtime.transport: unknown transport \"carrier-pigeon\""), std::string::npos) << what;
+    EXPECT_NE(what.find("local, ucx, gloo, nccl-order, nccl"), std::string::npos) << what;
   }
-#if !PIPETRAIN_HAVE_UCX
-  o.backend = "ucx";
-  EXPECT_THROW(make_transport_group(o, 2), ConfigError);
-#endif
+  for (const BackendInfo& b : backend_table()) {
+    EXPECT_EQ(parse_backend(b.name), b.backend);
+    EXPECT_STREQ(name(b.backend), b.name);
+    EXPECT_EQ(has_transport_backend(b.name), b.compiled);
+    if (b.compiled && b.threads) continue;
+    TransportOptions o;
+    o.backend = b.backend;
+    try {
+      make_transport_group(o, 2);
+      ADD_FAILURE() << b.name << " made an in-process group";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(b.compiled ? "not the threads of one process" : "is not compiled into this build (needs "),
+                std::string::npos) << what;
+    }
+  }
 }
 
 #if PIPETRAIN_HAVE_UCX
@@ -424,7 +439,7 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     o.micro_batches = 6;
     o.schedule = schedule::parse_kind(schedule);
     o.timeout_s = 30;
-    o.transport.backend = backend;
+    o.transport.backend = pipetrain::comm::parse_backend(backend);
     pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
     pipe.optimizers().set(
         [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
@@ -461,7 +476,7 @@ TEST(TransportPipeline, FailingStageStopsEveryRankOnEveryBackend) {
     o.stages = 4;
     o.micro_batches = 4;
     o.timeout_s = 60;
-    o.transport.backend = backend;
+    o.transport.backend = pipetrain::comm::parse_backend(backend);
     pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
     const at::Tensor x = torch::randn({8, 4});
     const at::Tensor y = torch::randint(0, 4, {8}, torch::kLong);

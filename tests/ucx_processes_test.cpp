@@ -43,7 +43,7 @@ double seconds_since(Clock::time_point t0) {
 
 TransportOptions ucx(bool detect) {
   TransportOptions o;
-  o.backend = "ucx";
+  o.backend = pipetrain::comm::Backend::Ucx;
   o.detect_peer_failure = detect;
   return o;
 }

@@ -110,7 +110,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   if (o.repeat < 1) throw ConfigError("bench: repeat must be >= 1");
   if (!(o.min_time_s >= 0) || o.min_time_s > 3600)
     throw ConfigError(detail::concat("bench: min-time must be between 0 and 3600 seconds, got ", o.min_time_s));
-  if (c.runtime.kind == "processes")
+  if (c.runtime.kind == job::RuntimeKind::Processes)
     throw ConfigError(c.where("runtime.kind") + ": pipetrain bench measures stages as threads of one process; "
                       "bench/processes.sh compares runtime.kind processes with threads");
   BenchResult r;
@@ -323,7 +323,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
       << (c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "")
       << ", precision " << precision_name(c.train.precision)
-      << ", balance " << c.pipeline.balance_method << " " << partitioner::to_string(r.balance) << "\n";
+      << ", balance " << job::choice_name(c.pipeline.balance_method) << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
       << "median step" << std::setw(14) << "samples/s" << std::setw(11) << "vs plain" << std::setw(14)
       << "peak RSS" << std::setw(8) << "steps" << "\n";
@@ -445,7 +445,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
             sets.push_back("pipeline.schedule=" + sched);
             const int chunks = schedule::chunks_for(schedule::parse_kind(sched), base.pipeline.chunks);
             sets.push_back("pipeline.chunks=" + std::to_string(chunks));
-            if (base.pipeline.balance_method == "list" && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
+            if (base.pipeline.balance_method == job::BalanceMethod::List && static_cast<int>(base.pipeline.balance.size()) != k * chunks)
               sets.push_back("pipeline.balance=uniform");
             nlohmann::json line{{"config_file", path}, {"stages", k}, {"data_parallel", d}, {"micro_batches", m}, {"schedule", sched},
                                 {"chunks", chunks}, {"recompute", mode}, {"precision", precision}};

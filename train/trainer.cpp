@@ -252,7 +252,7 @@ double run_step(Job& job, Pipeline& pipe, int64_t s, double lr, std::string& ski
       return loss;
     }
   }
-  if (!skipped.empty() && c.train.on_nonfinite == "stop")
+  if (!skipped.empty() && c.train.on_nonfinite == job::OnNonfinite::Stop)
     throw Error(detail::concat("step ", s + 1, ": ", skipped,
                                "; stopping (lower optimizer.lr, set optimizer.grad_clip, or train.on_nonfinite=skip)"));
   return loss;
@@ -266,7 +266,7 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
                         c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "", ", ",
                         job.options.intra_op_threads, " intra-op threads per stage",
                         c.train.precision != Precision::FP32 ? detail::concat(", ", precision_name(c.train.precision)) : "",
-                        pipe.rank() >= 0 ? ", one process per stage over " + c.runtime.transport : "");
+                        pipe.rank() >= 0 ? std::string(", one process per stage over ") + comm::name(c.runtime.transport) : "");
 }
 
 TrainResult run_training(Job& job, Pipeline& pipe, const TrainOptions& options) {

@@ -128,7 +128,7 @@ class C10dTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::string backend() const override { return options_.backend; }
+  std::string backend() const override { return name(options_.backend); }
   // NCCL sends device memory; Gloo stages a GPU's tensor through pinned host memory (on_wire).
   bool takes(const c10::Device&) const override { return true; }
 
@@ -457,7 +457,7 @@ class C10dTransport final : public Transport {
   const TransportOptions options_;
   const int rank_, world_;
   const ProcessGroup control_, data_, data_down_;  // data_: up (or both directions, shared_p2p_stream)
-  const bool stream_waits_ = options_.backend == "nccl";  // a data receive completes by a stream wait
+  const bool stream_waits_ = options_.backend == Backend::Nccl;  // a data receive completes by a stream wait
   std::mutex send_mu_;  // a header and its payload leave back to back, in one order per peer
   std::mutex mu_;
   std::condition_variable cv_;  // mailboxes, failures, the abort, drained sends
@@ -481,12 +481,12 @@ std::unique_ptr<Transport> make_c10d_transport(const TransportOptions& options, 
 }
 
 std::vector<std::unique_ptr<Transport>> make_local_c10d_group(const TransportOptions& options, int world_size) {
-  if (options.backend != "gloo" && options.backend != "nccl-order")
-    throw ConfigError("comm: transport \"" + options.backend +
-                      "\" joins one process per GPU, not the threads of one process (runtime.kind processes)");
+  if (options.backend != Backend::Gloo && options.backend != Backend::NcclOrder)
+    throw ConfigError(std::string("comm: transport \"") + name(options.backend) +
+                      "\" is not a c10d group of threads (gloo, nccl-order)");
   auto groups = make_local_gloo_groups(1, world_size, options.timeout_s);
   std::vector<ProcessGroup> up, down;
-  if (options.backend == "nccl-order") {
+  if (options.backend == Backend::NcclOrder) {
     up = make_nccl_order_group(world_size);
     if (!options.shared_p2p_stream) down = make_nccl_order_group(world_size);
   }
@@ -503,18 +503,16 @@ std::vector<std::unique_ptr<Transport>> make_local_c10d_group(const TransportOpt
 std::unique_ptr<Transport> make_group_transport(const TransportOptions& options,
                                                 const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                                                 int rank, int world_size, const std::string& interface) {
-  if (options.backend == "nccl-order")
-    throw ConfigError("comm: transport \"nccl-order\" (NCCL's ordering rules on the CPU, for tests) joins the threads "
-                      "of one process, not processes");
+  if (!info(options.backend).c10d)
+    throw ConfigError(std::string("comm: transport \"") + name(options.backend) + "\" (" + info(options.backend).help +
+                      ") is not a c10d group of processes (gloo, nccl)");
   ProcessGroup control = make_gloo_group(store, prefix + "gloo/", rank, world_size, interface, options.timeout_s);
   DataGroups data;
-  if (options.backend == "nccl") {
+  if (options.backend == Backend::Nccl) {
     // One group per direction (the note at the top of this file).
     data.up = make_nccl_group(store, prefix + "nccl-up/", rank, world_size, options.timeout_s);
     if (!options.shared_p2p_stream)
       data.down = make_nccl_group(store, prefix + "nccl-down/", rank, world_size, options.timeout_s);
-  } else if (options.backend != "gloo") {
-    throw ConfigError("comm: transport \"" + options.backend + "\" is not a c10d group (gloo, nccl)");
   }
   return make_c10d_transport(options, rank, world_size, std::move(control), std::move(data));
 }
