@@ -58,7 +58,7 @@ class Bench final : public Command {
   int run() override {
     if (!old_recompute_flag_.empty())
       throw ConfigError("bench --checkpoint: renamed --recompute (the recomputation modes to sweep)");
-    const train::Config config = config_.load();
+    const job::Config config = config_.load();
     const bool sweeping = !sweep_.stages.empty() || !sweep_.micro_batches.empty() ||
                           !sweep_.data_parallel.empty() || !sweep_.recompute.empty() ||
                           !sweep_.schedules.empty() || !sweep_.precisions.empty() || !json_path_.empty();

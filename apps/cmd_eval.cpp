@@ -30,12 +30,12 @@ class Eval final : public Command {
   }
 
   int run() override {
-    train::Config config = config_.load();
+    job::Config config = config_.load();
     ProgressLine progress = config_.progress(config);
     if (batches_ >= 0) config.train.eval_batches = batches_;
-    train::Job job = train::prepare(config);
-    const train::CheckpointState st =
-        train::load_weights(train::find_checkpoint(checkpoint_), config, job.model.layers, job.model.ties);
+    job::Job job = job::prepare(config);
+    const checkpoint::CheckpointState st =
+        checkpoint::load_weights(checkpoint::find_checkpoint(checkpoint_), config, job.model.layers, job.model.ties);
     const train::TrainResult r =
         train::evaluate_model(job, [&](const std::string& text) { progress.note(text); });
     if (r.rank > 0) return 0;  // runtime.kind processes: rank 0 reports

@@ -41,7 +41,7 @@ class Export final : public Command {
     if (format_ == "hf") return export_hf();
     if (initial_) {
       config_.path = checkpoint_;
-      const train::Config c = config_.load();
+      const job::Config c = config_.load();
       const models::Model m = job::build_model(c);
       c10::Dict<std::string, at::Tensor> d;
       for (const auto& p : m.layers->named_parameters()) d.insert(p.key(), p.value().detach());
@@ -65,7 +65,7 @@ class Export final : public Command {
     std::string from;
     if (initial_) {
       config_.path = checkpoint_;
-      const train::Config c = config_.load();
+      const job::Config c = config_.load();
       model = c.model;
       if (model.value("family", "") == "hf")
         for (const auto& p : job::build_model(c).layers->named_parameters()) weights[p.key()] = p.value().detach();

@@ -70,11 +70,11 @@ class Generate final : public Command {
   }
 
   int run() override {
-    const train::Config config = config_.load();
-    models::Model model = train::build_model(config);
+    const job::Config config = config_.load();
+    models::Model model = job::build_model(config);
     const std::string family = config.model.value("family", "");
     if (!checkpoint_.empty())
-      train::load_weights(train::find_checkpoint(checkpoint_), config, model.layers, model.ties);
+      checkpoint::load_weights(checkpoint::find_checkpoint(checkpoint_), config, model.layers, model.ties);
     else if (family != "hf")
       throw ConfigError("generate: --checkpoint is required for a model of family '" + family +
                         "' (only an hf model brings its weights)");

@@ -58,7 +58,7 @@ class Plan final : public Command {
   }
 
   int run() override {
-    const train::Config config = config_.load();
+    const job::Config config = config_.load();
     if (auto_)
       search(config);
     else
@@ -67,37 +67,37 @@ class Plan final : public Command {
   }
 
  private:
-  void search(const train::Config& config) {
+  void search(const job::Config& config) {
     auto_options_.costs_path = options_.costs_path;
     // --repeat left at plan's default keeps the search's own default.
     auto_options_.repeat = options_.repeat == 5 ? 3 : options_.repeat;
-    const train::AutoPlanReport r = train::auto_plan(config, auto_options_);
+    const planner::AutoPlanReport r = planner::auto_plan(config, auto_options_);
     if (json_) {
-      train::print_auto_plan_json(std::cout, r);
+      planner::print_auto_plan_json(std::cout, r);
     } else {
-      train::print_auto_plan(std::cout, r, auto_options_.top);
+      planner::print_auto_plan(std::cout, r, auto_options_.top);
       if (!auto_options_.write_config.empty()) std::printf("wrote %s\n", auto_options_.write_config.c_str());
     }
   }
 
-  void predict(const train::Config& config) const {
-    const train::PlanReport r = train::make_plan(config, options_);
+  void predict(const job::Config& config) const {
+    const planner::PlanReport r = planner::make_plan(config, options_);
     if (!save_costs_.empty()) profiler::save_costs(save_costs_, r.profile);
     if (!trace_path_.empty()) {
       std::ofstream f(trace_path_, std::ios::out | std::ios::trunc);
       if (!f) throw ConfigError("--trace " + trace_path_ + ": cannot open for writing");
-      schedule::write_chrome_trace(f, {train::simulated_timeline(config, r)});
+      schedule::write_chrome_trace(f, {planner::simulated_timeline(config, r)});
       if (!f) throw Error("--trace " + trace_path_ + ": write failed");
     }
     if (json_)
-      train::print_plan_json(std::cout, r);
+      planner::print_plan_json(std::cout, r);
     else
-      train::print_plan(std::cout, r);
+      planner::print_plan(std::cout, r);
   }
 
   ConfigOptions config_;
-  train::PlanOptions options_;
-  train::AutoPlanOptions auto_options_;
+  planner::PlanOptions options_;
+  planner::AutoPlanOptions auto_options_;
   std::string trace_path_, save_costs_;
   bool json_ = false, auto_ = false;
 };

@@ -53,7 +53,7 @@ class Train final : public Command {
   // Started by pipetrain launch on fewer ranks than at first (--min-nproc: a rank's slot is gone):
   // as many stages as the ranks hold copies, the stage count set as a --set would set it; the
   // checkpoint is resumed re-partitioned.
-  train::Config shrunk(const train::Config& config) {
+  job::Config shrunk(const job::Config& config) {
     const char* first = std::getenv("PIPETRAIN_SHRUNK");
     const char* world_env = std::getenv("WORLD_SIZE");
     if (!first || !*first || !world_env || config.runtime.kind != job::RuntimeKind::Processes) return config;
@@ -63,7 +63,7 @@ class Train final : public Command {
                                        " data-parallel copies (pipeline.data_parallel) of equal stages"));
     if (world / D == config.pipeline.stages) return config;
     config_.overrides.push_back(detail::concat("pipeline.stages=", world / D));
-    train::Config out = config_.load();
+    job::Config out = config_.load();
     const char* rank = std::getenv("RANK");
     if (rank && std::string(rank) == "0")
       log::warning(detail::concat("continuing on ", world / D, " stages instead of ", config.pipeline.stages, " (", world,
@@ -72,11 +72,11 @@ class Train final : public Command {
   }
 
   int run() override {
-    train::Config config = config_.load();
+    job::Config config = config_.load();
     config = shrunk(config);
     ProgressLine progress = config_.progress(config);
     if (auto_) config = planned(config);
-    train::Job job = train::prepare(config);
+    job::Job job = job::prepare(config);
     options_.observers = {&progress};
     // SIGINT/SIGTERM finish the step and save, when the run saves checkpoints.
     std::optional<StopSignals> signals;
@@ -104,13 +104,13 @@ class Train final : public Command {
 
  private:
   // --auto: the plan the auto-planner chooses for `config`, printed before the run.
-  static train::Config planned(const train::Config& config) {
+  static job::Config planned(const job::Config& config) {
     if (config.runtime.kind == job::RuntimeKind::Processes)
       throw ConfigError(
           "train --auto: plan with `plan --auto --write-config FILE` and launch the ranks on FILE "
           "(each rank would profile on its own and could choose another plan)");
-    const train::AutoPlanReport r = train::auto_plan(config, train::AutoPlanOptions{});
-    train::print_auto_plan(std::cout, r, 3);
+    const planner::AutoPlanReport r = planner::auto_plan(config, planner::AutoPlanOptions{});
+    planner::print_auto_plan(std::cout, r, 3);
     std::cout << "\n" << std::flush;
     return r.chosen;
   }

@@ -43,13 +43,13 @@ void ConfigOptions::add_quiet(CLI::App* subcommand) {
   subcommand->add_flag("--quiet", quiet, "No progress line");
 }
 
-train::Config ConfigOptions::load() const {
-  train::Config config = train::load_config(path, overrides);
+job::Config ConfigOptions::load() const {
+  job::Config config = job::load_config(path, overrides);
   if (!steps.empty()) config.train.steps = parse_steps_flag(steps);
   return config;
 }
 
-ProgressLine ConfigOptions::progress(const train::Config& config) const {
+ProgressLine ConfigOptions::progress(const job::Config& config) const {
   return ProgressLine(quiet, config.train.log_every);
 }
 

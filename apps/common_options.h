@@ -26,8 +26,8 @@ struct ConfigOptions {
   void add_quiet(CLI::App* subcommand);
 
   // The file is read and checked as written; --steps then replaces its train.steps.
-  train::Config load() const;
-  ProgressLine progress(const train::Config& config) const;
+  job::Config load() const;
+  ProgressLine progress(const job::Config& config) const;
 };
 
 // Checks of numeric options whose message says the rule ("--bytes: must be positive, got 0")

@@ -29,7 +29,6 @@
 
 namespace pipetrain::checkpoint {
 
-using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 using pipeline::Pipeline;
 
@@ -44,11 +43,11 @@ struct CheckpointState {
 
 // What must not change for a checkpoint to continue a run: model, data, optimizer, train.seed,
 // train.accumulate and runtime.dtype. Stage count, schedule, balance and steps may change.
-nlohmann::json training_identity(const Config& config);
+nlohmann::json training_identity(const job::Config& config);
 
 // Writes the checkpoint of optimizer step `step` under `root` and returns its directory; keeps
 // the newest `keep` checkpoints (older ones are removed once the new one is complete).
-std::string save_checkpoint(const std::string& root, const Config& config, Pipeline& pipe, int64_t step,
+std::string save_checkpoint(const std::string& root, const job::Config& config, Pipeline& pipe, int64_t step,
                             int64_t batches, int keep);
 
 // Makes `root` if needed and checks that a file can be written and removed there; ConfigError
@@ -63,10 +62,10 @@ std::string find_checkpoint(const std::string& path);
 // Reads and checks `dir` (manifest, shard sizes and checksums, the run's identity against
 // `config`, every tensor's name, shape and dtype), then loads parameters, buffers, optimizer state
 // (for every stage with an optimizer set) and torch's generator state into `pipe`.
-CheckpointState load_checkpoint(const std::string& dir, const Config& config, Pipeline& pipe);
+CheckpointState load_checkpoint(const std::string& dir, const job::Config& config, Pipeline& pipe);
 
 // Parameters and buffers only, into a whole model; only the model section must match.
-CheckpointState load_weights(const std::string& dir, const Config& config, torch::nn::Sequential& model,
+CheckpointState load_weights(const std::string& dir, const job::Config& config, torch::nn::Sequential& model,
                              const std::vector<models::Tie>& ties = {});
 
 // The model section of the config the checkpoint `dir` was saved under (its manifest's identity).

@@ -23,7 +23,6 @@
 
 namespace pipetrain::planner {
 
-using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 struct SearchSpace {
   int devices = 1;        // stages x copies <= devices
@@ -55,9 +54,9 @@ struct SearchSpace {
   double memory_headroom = 0;
   std::vector<double> speeds;              // relative device speeds; empty: all 1
   // Bytes per parameter byte besides the parameter for a precision, copies and sharding (as
-  // train::state_factor: e.g. Adam 3, + 0.5 for bf16, + 1 for the reduction's buffer).
+  // job::state_factor: e.g. Adam 3, + 0.5 for bf16, + 1 for the reduction's buffer).
   std::function<double(Precision, int, bool)> state_factor = [](Precision, int, bool) { return 3.0; };
-  // The reduction's link among D copies (train::reduce_link); default free.
+  // The reduction's link among D copies (planner::reduce_link); default free.
   std::function<profiler::ReduceLink(int)> link = [](int) { return profiler::ReduceLink{}; };
   // Transfers between stages: latency and bandwidth (0: free), and per device its own bandwidth
   // (empty: all bytes_per_ms), which also scales its reductions relative to `link`.
@@ -129,11 +128,11 @@ struct AutoPlanReport {
   int cores = 0;                       // the cores planned for (0: not a CPU plan)
   std::vector<std::pair<int, double>> contention;  // (busy workers, slowdown) measured
   std::vector<std::pair<int, double>> straggler;   // (copies, straggler share) measured
-  Config chosen;                       // the winner as a config
+  job::Config chosen;                       // the winner as a config
   double profile_seconds = 0;
 };
 
-AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& options);
+AutoPlanReport auto_plan(const job::Config& c, const AutoPlanOptions& options);
 void print_auto_plan(std::ostream& out, const AutoPlanReport& r, int top);
 // Every plan that fits, fastest first, one JSON object per line: stages, data_parallel,
 // shard_optimizer, threads, micro_batches, chunks, schedule, recompute, precision, balance_method,

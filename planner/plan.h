@@ -20,7 +20,6 @@
 
 namespace pipetrain::planner {
 
-using namespace ::pipetrain::job;  // the run layer below: configs and jobs
 
 // The reduction's link for D copies: the cost file's link when it gives a bandwidth (as ring
 // collectives), else measured here (profiler::measure_reductions); free for one copy.
@@ -79,14 +78,14 @@ struct PlanOptions {
   std::string costs_path;     // load these costs instead of profiling
 };
 
-PlanReport make_plan(const Config& c, const PlanOptions& options);
+PlanReport make_plan(const job::Config& c, const PlanOptions& options);
 
 // A copy's whole batch profiled (its shard of the batch as one micro-batch), for the flush of
 // deferred weight gradients (schedule_costs' `deferred`).
-profiler::Profile whole_batch_profile(const Job& job, int repeat);
+profiler::Profile whole_batch_profile(const job::Job& job, int repeat);
 
 // The configured schedule's simulated step as a timeline (schedule/trace.h).
-schedule::TraceTimeline simulated_timeline(const Config& c, const PlanReport& r);
+schedule::TraceTimeline simulated_timeline(const job::Config& c, const PlanReport& r);
 void print_plan(std::ostream& out, const PlanReport& r);
 void print_plan_json(std::ostream& out, const PlanReport& r);
 

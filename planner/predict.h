@@ -103,7 +103,7 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
 void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share);
 
 // Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
-// (train::state_factor), the activations `sim` held at their peak, when recomputing one
+// (job::state_factor), the activations `sim` held at their peak, when recomputing one
 // rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace;
 // deferring weight gradients, every micro-batch's stash of its layers as well (held to the end).
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,

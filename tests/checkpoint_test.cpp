@@ -27,6 +27,7 @@ using namespace pipetrain;
 using namespace pipetrain::pipeline;
 using namespace pipetrain::checkpoint;
 using namespace pipetrain::train;
+using namespace pipetrain::job;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -214,13 +215,13 @@ TEST(Checkpoint, AStopDuringTheLoadEndsTheRunBeforeItsFirstStep) {
   json j = make_config(R"({"kind": "sgd", "lr": 0.05})");
   j["train"]["checkpoint_dir"] = dir;
   {
-    train::Job job = train::prepare(parse_config(j, "cfg.json"));
+    job::Job job = job::prepare(parse_config(j, "cfg.json"));
     train::TrainOptions o;
     o.until_step = 2;
     train::train(job, o);
   }
   const std::string saved = latest_checkpoint(dir);
-  train::Job job = train::prepare(parse_config(j, "cfg.json"));
+  job::Job job = job::prepare(parse_config(j, "cfg.json"));
   train::TrainOptions o;
   o.resume = true;
   o.stop_requested = [] { return SIGTERM; };  // already asked when the load ends

@@ -400,14 +400,14 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
       {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}};
   for (const std::string& backend : comm::transport_backends()) {
     if (backend == "nccl") continue;  // GPUs, one process each: below
-    const train::Config c = train::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
-    EXPECT_EQ(comm::name(train::prepare(c).options.transport.backend), backend);
+    const job::Config c = job::parse_config(cfg, "cfg.json", {"runtime.transport=" + backend});
+    EXPECT_EQ(comm::name(job::prepare(c).options.transport.backend), backend);
   }
   // auto: local for threads; for processes nccl between GPUs, else ucx, else gloo.
-  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.transport=auto"}).runtime.transport, comm::Backend::Local);
-  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes"}).runtime.transport,
+  EXPECT_EQ(job::parse_config(cfg, "cfg.json", {"runtime.transport=auto"}).runtime.transport, comm::Backend::Local);
+  EXPECT_EQ(job::parse_config(cfg, "cfg.json", {"runtime.kind=processes"}).runtime.transport,
             PIPETRAIN_HAVE_UCX ? comm::Backend::Ucx : comm::Backend::Gloo);
-  EXPECT_EQ(train::parse_config(cfg, "cfg.json", {"runtime.kind=processes", "runtime.transport=gloo"}).runtime.transport,
+  EXPECT_EQ(job::parse_config(cfg, "cfg.json", {"runtime.kind=processes", "runtime.transport=gloo"}).runtime.transport,
             comm::Backend::Gloo);
   // nccl: between GPUs, one process each: refused for threads and for CPU stages, naming why.
   for (const auto& [sets, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
@@ -415,7 +415,7 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
            {{"runtime.transport=nccl", "runtime.kind=processes"}, "these stages run on the CPU"}}) {
     if (!comm::has_transport_backend("nccl")) break;
     try {
-      train::parse_config(cfg, "cfg.json", sets);
+      job::parse_config(cfg, "cfg.json", sets);
       ADD_FAILURE() << "nccl was accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
@@ -425,7 +425,7 @@ TEST(TransportConfig, RuntimeTransportSelectsTheBackend) {
   for (const std::string& other : {std::string("nccl"), std::string(PIPETRAIN_HAVE_UCX ? "" : "ucx")}) {
     if (other.empty()) continue;
     try {
-      train::parse_config(cfg, "cfg.json", {"runtime.transport=" + other});
+      job::parse_config(cfg, "cfg.json", {"runtime.transport=" + other});
       ADD_FAILURE() << other << " was accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("runtime.transport"), std::string::npos) << e.what();

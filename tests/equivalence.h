@@ -34,7 +34,6 @@
 
 namespace equivalence {
 
-using namespace pipetrain;
 using nlohmann::json;
 
 // Five layers each, or eight for the mlp and gpt when an interleaved schedule needs more
@@ -92,9 +91,9 @@ inline bool has_dropout(const json& j) {
   return false;
 }
 
-inline models::Model build(const std::string& family, at::ScalarType dtype, bool deep) {
-  JsonReader r(family_config(family, deep), "model", "test");
-  models::Model m = models::build(r, /*seed=*/42);
+inline pipetrain::models::Model build(const std::string& family, at::ScalarType dtype, bool deep) {
+  pipetrain::JsonReader r(family_config(family, deep), "model", "test");
+  pipetrain::models::Model m = pipetrain::models::build(r, /*seed=*/42);
   m.layers->to(dtype);
   return m;
 }
@@ -103,7 +102,7 @@ struct Batch {
   at::Tensor input, target;
 };
 
-inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype) {
+inline Batch make_batch(const pipetrain::models::Model& m, int64_t n, at::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   std::vector<int64_t> shape{n};
   shape.insert(shape.end(), m.sample_shape.begin(), m.sample_shape.end());
@@ -121,9 +120,9 @@ inline Batch make_batch(const models::Model& m, int64_t n, at::ScalarType dtype)
 // stage's worker (libtorch splits some reductions by thread, a LayerNorm's weight gradient from a
 // bfloat16 input, and bfloat16 partial sums round differently). Returns the loss; the gradients
 // (a tie's members each holding their sum) go to .grad.
-inline double reference(models::Model& m, const Batch& b, Precision precision, int micro_batches = 1, double scale = 1.0) {
-  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, {}, /*seed=*/42, precision, m.ties);
-  if (precision != Precision::FP32 || micro_batches > 1) one.accumulate({micro_batches, scale, /*intra_op_threads=*/1});
+inline double reference(pipetrain::models::Model& m, const Batch& b, pipetrain::Precision precision, int micro_batches = 1, double scale = 1.0) {
+  pipetrain::job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, {}, /*seed=*/42, precision, m.ties);
+  if (precision != pipetrain::Precision::FP32 || micro_batches > 1) one.accumulate({micro_batches, scale, /*intra_op_threads=*/1});
   return one.forward_backward(b.input, b.target);
 }
 
@@ -134,11 +133,11 @@ inline double reference(models::Model& m, const Batch& b, Precision precision, i
 struct Case {
   std::string schedule, family;
   int stages, micro_batches;
-  Recompute recompute;
+  pipetrain::Recompute recompute;
   at::ScalarType dtype;
   bool ranks = false;  // one Pipeline per rank, each with its own endpoint and model copy
   std::string transport = "local";
-  Precision precision = Precision::FP32;
+  pipetrain::Precision precision = pipetrain::Precision::FP32;
   int64_t batch = 10;  // samples; fewer than micro_batches: an epoch's short last batch
   // Where the stages run (stages/device.h): "cpu"; "checking", the checking CPU context, which
   // copies every tensor crossing between stages late, so that a missing wait corrupts the step;
@@ -155,7 +154,7 @@ struct Case {
   // Linear layers' weight gradients deferred to one GEMM per step (PipelineOptions::defer_weight_grads).
   bool defer = false;
 
-  bool stepped() const { return copies > 1 || shard || precision == Precision::FP16; }
+  bool stepped() const { return copies > 1 || shard || precision == pipetrain::Precision::FP16; }
 
   std::string runtime() const {
     return std::string(ranks ? "ranks_" : "threads_") + transport + (in_order ? "_inorder" : "") +
@@ -172,7 +171,7 @@ inline void PrintTo(const Case& c, std::ostream* os) {
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
-inline const Recompute kModes[] = {Recompute::Always, Recompute::ExceptLast, Recompute::Never};
+inline const pipetrain::Recompute kModes[] = {pipetrain::Recompute::Always, pipetrain::Recompute::ExceptLast, pipetrain::Recompute::Never};
 
 // The sampled runtime shapes (equivalence_test.cpp), reused by the other axes.
 std::vector<Case> runtime_cases();

@@ -6,6 +6,8 @@
 
 namespace equivalence {
 
+using namespace pipetrain;
+
 namespace {
 
 

@@ -27,6 +27,8 @@
 
 namespace equivalence {
 
+using namespace pipetrain;
+
 namespace {
 
 

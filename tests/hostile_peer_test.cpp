@@ -54,9 +54,9 @@ TEST(HostilePeer, RandomHeadersAreRefused) {
   const char* count_env = std::getenv("PIPETRAIN_HOSTILE_HEADERS");
   const int count = count_env ? std::atoi(count_env) : 4;
   const std::string cfg = write_file("random_headers.json", kMlp);
-  const pipetrain::train::Config config =
-      pipetrain::train::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
-  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
+  const pipetrain::job::Config config =
+      pipetrain::job::load_config(cfg, {"runtime.kind=processes", "runtime.timeout_s=10"});
+  const std::string hash = pipetrain::job::run_fingerprint(config, pipetrain::train::train_run_options({}));
   const comm::MessageId id = comm::collective_message(comm::Collective::AllGather, 0);
   const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));
   std::mt19937_64 rng(20261123);
@@ -89,8 +89,8 @@ TEST(HostilePeer, RandomHeadersAreRefused) {
 TEST(HostilePeer, MalformedHeadersAreRefused) {
   namespace comm = pipetrain::comm;
   const std::string cfg = write_file("hostile.json", kMlp);
-  const pipetrain::train::Config config = pipetrain::train::load_config(cfg, {"runtime.kind=processes"});
-  const std::string hash = pipetrain::train::run_fingerprint(config, pipetrain::train::train_run_options({}));
+  const pipetrain::job::Config config = pipetrain::job::load_config(cfg, {"runtime.kind=processes"});
+  const std::string hash = pipetrain::job::run_fingerprint(config, pipetrain::train::train_run_options({}));
   // The header of the first message rank 0 waits for: rank 1's part of the layout exchange.
   const comm::MessageId id = comm::collective_message(comm::Collective::AllGather, 0);
   const auto good = comm::encode(comm::make_header(at::zeros({2}, at::kLong), id));

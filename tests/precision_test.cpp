@@ -377,7 +377,7 @@ json small_config() {
 
 std::string config_error(json j) {
   try {
-    train::parse_config(j, "test.json");
+    job::parse_config(j, "test.json");
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -385,10 +385,10 @@ std::string config_error(json j) {
 }
 
 TEST(PrecisionConfig, DefaultsToFp32AndRefusesFp16OnTheCpuAndFloat64) {
-  EXPECT_EQ(train::parse_config(small_config(), "test.json").train.precision, Precision::FP32);
+  EXPECT_EQ(job::parse_config(small_config(), "test.json").train.precision, Precision::FP32);
   json j = small_config();
   j["train"]["precision"] = "bf16";
-  EXPECT_EQ(train::parse_config(j, "test.json").train.precision, Precision::BF16);
+  EXPECT_EQ(job::parse_config(j, "test.json").train.precision, Precision::BF16);
   j["train"]["precision"] = "fp16";
   const std::string fp16 = config_error(j);
   EXPECT_NE(fp16.find("test.json: train.precision: fp16 is for GPU stages only"), std::string::npos) << fp16;
@@ -415,18 +415,18 @@ TEST(PrecisionConfig, ACheckpointRecordsItsPrecisionAndAResumeInAnotherSaysSo) {
   json j = small_config();
   j["train"]["checkpoint_dir"] = dir.string();
   {
-    train::Job job = train::prepare(train::parse_config(j, "test.json"));
+    job::Job job = job::prepare(job::parse_config(j, "test.json"));
     train::TrainOptions o;
     o.until_step = 2;
     train::train(job, o);
   }
-  const std::string ckpt = train::latest_checkpoint(dir.string());
+  const std::string ckpt = checkpoint::latest_checkpoint(dir.string());
   ASSERT_FALSE(ckpt.empty());
   json manifest = json::parse(std::ifstream(fs::path(ckpt) / "manifest.json"));
   EXPECT_EQ(manifest.at("precision"), "fp32");
 
   j["train"]["precision"] = "bf16";
-  train::Job job = train::prepare(train::parse_config(j, "test.json"));
+  job::Job job = job::prepare(job::parse_config(j, "test.json"));
   Notes notes;
   train::TrainOptions o;
   o.resume = true;
@@ -437,7 +437,7 @@ TEST(PrecisionConfig, ACheckpointRecordsItsPrecisionAndAResumeInAnotherSaysSo) {
   bool said = false;
   for (const auto& n : notes.notes) said |= n.find("trained in fp32, in bf16") != std::string::npos;
   EXPECT_TRUE(said) << ::testing::PrintToString(notes.notes);
-  manifest = json::parse(std::ifstream(fs::path(train::latest_checkpoint(dir.string())) / "manifest.json"));
+  manifest = json::parse(std::ifstream(fs::path(checkpoint::latest_checkpoint(dir.string())) / "manifest.json"));
   EXPECT_EQ(manifest.at("precision"), "bf16");
   fs::remove_all(dir);
 }

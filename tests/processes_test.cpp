@@ -183,7 +183,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
   o.stages = 2;
   o.micro_batches = 4;
   o.balance = {2, 3};
-  pl::Pipeline reference(make_model(), o, pipetrain::train::mean_cross_entropy);
+  pl::Pipeline reference(make_model(), o, pipetrain::job::mean_cross_entropy);
   reference.optimizers().set(sgd);
   std::vector<double> want;
   for (int s = 0; s < 3; ++s) want.push_back(reference.train_step(x, y));
@@ -199,7 +199,7 @@ TEST(Processes, EndpointsRunRankZerosLayoutAndMatchThreads) {
       try {
         pl::PipelineOptions mine = o;
         mine.balance = r == 0 ? pipetrain::partitioner::Balance{2, 3} : pipetrain::partitioner::Balance{4, 1};
-        pl::Pipeline pipe(models[r], mine, pipetrain::train::mean_cross_entropy, std::move(endpoints[r]));
+        pl::Pipeline pipe(models[r], mine, pipetrain::job::mean_cross_entropy, std::move(endpoints[r]));
         pipe.optimizers().set(sgd);
         balances[r] = pipe.balance();
         // The other rank's layers are released here; this rank's keep their weights.

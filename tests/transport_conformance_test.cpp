@@ -440,7 +440,7 @@ TEST(TransportPipeline, TrainingIsBitIdenticalAcrossBackends) {
     o.schedule = schedule::parse_kind(schedule);
     o.timeout_s = 30;
     o.transport.backend = pipetrain::comm::parse_backend(backend);
-    pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
+    pipeline::Pipeline pipe(model, o, job::mean_cross_entropy);
     pipe.optimizers().set(
         [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); });
     std::vector<double> losses;
@@ -477,7 +477,7 @@ TEST(TransportPipeline, FailingStageStopsEveryRankOnEveryBackend) {
     o.micro_batches = 4;
     o.timeout_s = 60;
     o.transport.backend = pipetrain::comm::parse_backend(backend);
-    pipeline::Pipeline pipe(model, o, train::mean_cross_entropy);
+    pipeline::Pipeline pipe(model, o, job::mean_cross_entropy);
     const at::Tensor x = torch::randn({8, 4});
     const at::Tensor y = torch::randint(0, 4, {8}, torch::kLong);
     const auto t0 = Clock::now();

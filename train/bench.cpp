@@ -30,7 +30,15 @@
 #include "stages/device.h"
 #include "pipeline/step_trace.h"
 
+namespace pipetrain::job {}
+namespace pipetrain::checkpoint {}
+namespace pipetrain::planner {}
+
 namespace pipetrain::train {
+
+using namespace ::pipetrain::job;         // configs and jobs
+using namespace ::pipetrain::checkpoint;  // checkpoints
+using namespace ::pipetrain::planner;     // plans and predictions
 
 int64_t peak_rss_bytes() {
   std::ifstream in("/proc/self/status");

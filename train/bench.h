@@ -9,17 +9,7 @@
 #include "pipeline/step_trace.h"
 #include "train/trainer.h"
 
-namespace pipetrain::job {}
-namespace pipetrain::checkpoint {}
-namespace pipetrain::planner {}
-
 namespace pipetrain::train {
-
-// The train namespace also offers the run layer below it (configs and jobs, checkpoints,
-// plans), so that train:: names the whole run layer to its callers.
-using namespace ::pipetrain::job;
-using namespace ::pipetrain::checkpoint;
-using namespace ::pipetrain::planner;
 
 struct BenchOptions {
   int warmup = 3;
@@ -83,8 +73,8 @@ struct BenchResult {
 
 inline constexpr int kMaxTimedSteps = 100000;
 
-BenchResult run_bench(const Config& config, const BenchOptions& options);
-void print_bench(std::ostream& out, const Config& config, const BenchResult& r);
+BenchResult run_bench(const job::Config& config, const BenchOptions& options);
+void print_bench(std::ostream& out, const job::Config& config, const BenchResult& r);
 
 // A sweep: run_bench for every combination of stage count, data-parallel copies, micro-batch
 // count, recomputation mode, schedule and precision (the precisions of one combination back to back, each compared

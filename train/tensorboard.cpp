@@ -13,7 +13,15 @@
 #include "common/strings.h"
 #include "pipeline/step_trace.h"
 
+namespace pipetrain::job {}
+namespace pipetrain::checkpoint {}
+namespace pipetrain::planner {}
+
 namespace pipetrain::train {
+
+using namespace ::pipetrain::job;         // configs and jobs
+using namespace ::pipetrain::checkpoint;  // checkpoints
+using namespace ::pipetrain::planner;     // plans and predictions
 
 namespace {
 

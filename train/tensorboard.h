@@ -12,17 +12,7 @@
 
 #include "train/trainer.h"
 
-namespace pipetrain::job {}
-namespace pipetrain::checkpoint {}
-namespace pipetrain::planner {}
-
 namespace pipetrain::train {
-
-// The train namespace also offers the run layer below it (configs and jobs, checkpoints,
-// plans), so that train:: names the whole run layer to its callers.
-using namespace ::pipetrain::job;
-using namespace ::pipetrain::checkpoint;
-using namespace ::pipetrain::planner;
 
 // CRC-32C (Castagnoli), as TFRecord frames use it.
 uint32_t crc32c(const void* data, size_t n);

@@ -14,7 +14,15 @@
 #include "train/tensorboard.h"
 #include "profiler/profile.h"
 
+namespace pipetrain::job {}
+namespace pipetrain::checkpoint {}
+namespace pipetrain::planner {}
+
 namespace pipetrain::train {
+
+using namespace ::pipetrain::job;         // configs and jobs
+using namespace ::pipetrain::checkpoint;  // checkpoints
+using namespace ::pipetrain::planner;     // plans and predictions
 
 using json = nlohmann::json;
 

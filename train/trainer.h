@@ -10,17 +10,7 @@
 #include "job/job.h"
 #include "job/runtime.h"
 
-namespace pipetrain::job {}
-namespace pipetrain::checkpoint {}
-namespace pipetrain::planner {}
-
 namespace pipetrain::train {
-
-// The train namespace also offers the run layer below it (configs and jobs, checkpoints,
-// plans), so that train:: names the whole run layer to its callers.
-using namespace ::pipetrain::job;
-using namespace ::pipetrain::checkpoint;
-using namespace ::pipetrain::planner;
 
 struct TrainResult {
   std::vector<double> losses;
@@ -55,7 +45,7 @@ struct StepReport {
   // its parameters and optimizer state (every rank's, gathered); empty otherwise.
   std::vector<int64_t> device_peak_bytes;
   std::string skipped;                  // why the update was skipped (a non-finite value); empty: applied
-  const StepTrace* trace = nullptr;     // the step's measured spans
+  const pipeline::StepTrace* trace = nullptr;     // the step's measured spans
 };
 
 // What a training run reports as it goes. The terminal (apps/) draws the progress line from it,
@@ -98,16 +88,16 @@ struct TrainOptions {
   std::string restart_cause;
 };
 
-TrainResult train(Job& job, const TrainOptions& options);
+TrainResult train(job::Job& job, const TrainOptions& options);
 // What the ranks of a multi-process train() must agree on beyond the config (train() passes it
 // to make_pipeline).
 std::string train_run_options(const TrainOptions& options);
 
 // Mean loss and accuracy of `predict` over the test split (up to train.eval_batches batches).
-void evaluate(Job& job, Pipeline& pipe, TrainResult& result);
+void evaluate(job::Job& job, pipeline::Pipeline& pipe, TrainResult& result);
 // evaluate() of the job's model as it is (e.g. loaded from a checkpoint) through the job's
 // pipeline (make_pipeline: with runtime.kind processes every rank calls it; `rank` says which).
-TrainResult evaluate_model(Job& job, const NoteSink& note = {});
+TrainResult evaluate_model(job::Job& job, const job::NoteSink& note = {});
 
 // One line of test results: "test accuracy A, test loss L[, perplexity P] on N samples".
 std::string describe_test(const TrainResult& result);
