@@ -147,7 +147,12 @@ Config parse_config(const json& input, const std::string& source, const std::vec
                             "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
   c.pipeline.recompute =
       parse_recompute(pipe.get_choice("recompute", recompute_name(c.pipeline.recompute), recompute_modes()));
-  c.pipeline.defer_weight_grads = pipe.get_bool("defer_weight_grads", c.pipeline.defer_weight_grads);
+  if (const json* d = pipe.get_raw("defer_weight_grads")) {
+    if (!d->is_boolean() && *d != "auto")
+      pipe.fail("defer_weight_grads", "expected true, false or \"auto\", got " + describe(*d));
+    c.pipeline.defer_weight_grads = d->is_boolean() ? (d->get<bool>() ? DeferWeightGrads::On : DeferWeightGrads::Off)
+                                                    : DeferWeightGrads::Auto;
+  }
   c.pipeline.cuda_graphs = pipe.get_bool("cuda_graphs", c.pipeline.cuda_graphs);
   if (const json* b = pipe.get_raw("balance")) {
     const std::vector<std::string> methods{"uniform", "parameters", "time", "memory"};
