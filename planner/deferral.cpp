@@ -99,7 +99,9 @@ void resolve_deferral(Job& job) {
   if (d.why.empty()) {
     const profiler::Profile micro = profile_job(job);
     if (job.options.balance.empty()) job.options.balance = choose_balance(job.config, job.model.layers, &micro);
-    d = decide_deferral(job, job.options.balance, micro, 5);
+    // The whole batch's profile is the price of deciding: its median of 2 runs (after the
+    // profiler's warm-up) is enough for the flush and takes a third of the 5 a plan takes.
+    d = decide_deferral(job, job.options.balance, micro, 2);
   }
   job.options.defer_weight_grads = d.defer;
   job.deferral = d.text();

@@ -29,7 +29,7 @@ std::string deferral_words(bool deferred, const std::string& decision);
 
 // The gain a deferred step must be predicted to reach: below it the choice is within what the
 // prediction can tell apart, and deferring keeps every micro-batch's stash for nothing.
-inline constexpr double kMinDeferralGain = 0.02;
+inline constexpr double kMinDeferralGain = 0.01;
 
 // Why deferral is off for `job` before any profile: GPU stages (where it is refused), a
 // precision other than float32 (libtorch's own linear runs), one micro-batch (nothing to merge),

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "job/balance.h"
 #include "planner/deferral.h"
+#include "planner/plan.h"
 #include "planner/predict.h"
 
 using namespace pipetrain;
