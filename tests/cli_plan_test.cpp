@@ -267,11 +267,11 @@ TEST(Cli, PlanAndPartition) {
 }
 
 // pipeline.defer_weight_grads "auto": `plan` says what a run would decide and why, and a run's
-// first line says what it decided; the MLP bench config at 64-row micro-batches defers, the small
+// first line says what it decided; the MLP bench config as shipped defers, the small
 // GPT config does not (no weight large enough to defer), and `false` shows no decision.
 TEST(Cli, PlanShowsTheAutoDeferralAndWhy) {
   const std::string mlp = std::string(PIPETRAIN_SOURCE_DIR) + "/configs/mlp_bench.json";
-  Result r = run("plan " + mlp + " --repeat 3 --set data.batch_size=512");
+  Result r = run("plan " + mlp + " --repeat 3");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("weight gradients: auto: deferred, predicted "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", deferred weight gradients, balance"), std::string::npos) << r.out;  // the summary
@@ -283,7 +283,7 @@ TEST(Cli, PlanShowsTheAutoDeferralAndWhy) {
   r = run("plan " + std::string(PIPETRAIN_SOURCE_DIR) + "/configs/gpt_small.json --repeat 1");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("weight gradients: auto: not deferred, no weight of 1 MiB or more"), std::string::npos) << r.out;
-  r = run("train " + mlp + " --steps 1 --set data.batch_size=512");
+  r = run("train " + mlp + " --steps 1");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(", deferred weight gradients (auto: predicted "), std::string::npos) << r.out;
 }

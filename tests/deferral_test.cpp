@@ -86,10 +86,12 @@ TEST(Deferral, AStashOverTheMemoryLimitKeepsItOff) {
   EXPECT_TRUE(planner::decide_deferral(c, {2, 2}, micro, whole).defer);
 }
 
-// The MLP bench config's 1024 x 1024 layers at 64-row micro-batches (batch 512 in 8): the
-// profile predicts deferral faster, and the job defers (measured 18-20% faster: docs/benchmarks.md).
-TEST(Deferral, PaysForTheMlpBenchConfigAt64RowMicroBatches) {
-  Job job = prepare(mlp_bench({"data.batch_size=512"}));
+// The MLP bench config's 1024 x 1024 layers as shipped (8-row micro-batches): every micro-batch's
+// weight gradient reads and writes 4 MiB per layer for little compute, and the profile predicts
+// deferral faster (19% on a 2-core AMD EPYC VM; at 64 rows 3-4%, too close to kMinDeferralGain
+// to assert on every machine): the job defers, on the config's own balance.
+TEST(Deferral, PaysForTheMlpBenchConfig) {
+  Job job = prepare(mlp_bench({}));
   ASSERT_FALSE(job.options.defer_weight_grads);  // undecided
   planner::resolve_deferral(job);
   EXPECT_TRUE(job.options.defer_weight_grads) << job.deferral;
