@@ -205,7 +205,12 @@ stages::StageDevices read_pipeline(JsonReader& top, const Config& c, PipelineCon
     pipe.fail("checkpoint", "renamed pipeline.recompute (the recomputation mode: always, except_last or never); "
                             "checkpoints of saved state are train.checkpoint_dir and train.checkpoint_every");
   p.recompute = parse_recompute(pipe.get_choice("recompute", recompute_name(p.recompute), recompute_modes()));
-  p.defer_weight_grads = pipe.get_bool("defer_weight_grads", p.defer_weight_grads);
+  if (const json* d = pipe.get_raw("defer_weight_grads")) {
+    if (!d->is_boolean() && *d != "auto")
+      pipe.fail("defer_weight_grads", "expected true, false or \"auto\", got " + describe(*d));
+    p.defer_weight_grads = d->is_boolean() ? (d->get<bool>() ? DeferWeightGrads::On : DeferWeightGrads::Off)
+                                           : DeferWeightGrads::Auto;
+  }
   p.cuda_graphs = pipe.get_bool("cuda_graphs", p.cuda_graphs);
   read_balance(pipe, p);
   read_devices(pipe, p);

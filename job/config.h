@@ -37,13 +37,17 @@ struct DataConfig {
   bool drop_last = false;
 };
 
+// pipeline.defer_weight_grads: forced off (false), forced on (true), or decided for the job from
+// its profile (planner/deferral.h) where the prediction says it pays ("auto", the default).
+enum class DeferWeightGrads { Off, On, Auto };
+
 struct PipelineConfig {
   int stages = 1;
   int micro_batches = 1;
   schedule::Kind schedule = schedule::Kind::GPipe;  // parsed once here (schedule/kinds.h)
   int chunks = 1;  // virtual stages per device; the kind's default when not given
   Recompute recompute = Recompute::ExceptLast;  // pipeline.recompute
-  bool defer_weight_grads = false;              // pipeline.defer_weight_grads (PipelineOptions)
+  DeferWeightGrads defer_weight_grads = DeferWeightGrads::Auto;  // pipeline.defer_weight_grads
   bool cuda_graphs = false;                     // pipeline.cuda_graphs (PipelineOptions)
   // How layers are split (pipeline.balance: a method's name, job/choices.cpp, or a list).
   BalanceMethod balance_method = BalanceMethod::Uniform;

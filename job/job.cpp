@@ -72,7 +72,7 @@ models::Model build_model(const Config& c) {
 }
 
 Job prepare(const Config& c) {
-  Job job{c, build_model(c), {}, {}, c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat, {}};
+  Job job{c, build_model(c), {}, {}, c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat, {}, {}};
   const int layers = static_cast<int>(job.model.layers->size());
   const int V = c.pipeline.stages * c.pipeline.chunks;
   if (V > layers)
@@ -91,7 +91,8 @@ Job prepare(const Config& c) {
   o.schedule = c.pipeline.schedule;
   o.chunks = c.pipeline.chunks;
   o.recompute = c.pipeline.recompute;
-  o.defer_weight_grads = c.pipeline.defer_weight_grads;
+  // "auto" stays off until the run decides it (planner::resolve_deferral).
+  o.defer_weight_grads = c.pipeline.defer_weight_grads == DeferWeightGrads::On;
   o.cuda_graphs = c.pipeline.cuda_graphs;
   o.precision = c.train.precision;
   const bool processes = c.runtime.kind == RuntimeKind::Processes;

@@ -28,6 +28,10 @@ struct Job {
   // pipeline.devices, decided once (stages::resolve_devices; a rank of runtime.kind processes by its
   // place among its host's ranks); options.devices is its per_stage list.
   stages::StageDevices devices;
+  // pipeline.defer_weight_grads "auto" as decided for this job, with the reason
+  // ("auto: deferred, predicted 12% faster"; planner::resolve_deferral); empty until decided, and
+  // when the config forces it.
+  std::string deferral;
 };
 
 // The config's model, built with torch's generator seeded by train.seed, in runtime.dtype.

@@ -219,15 +219,17 @@ int64_t Executor::take_device_peak(int device) {
   return peak;
 }
 
-// Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks.
-// The precision follows it: ranks that disagree on it would send each other other dtypes.
+// Every rank runs rank 0's layout: a balance chosen by profiling may differ between ranks, and
+// so may deferred weight gradients where profiling decided them (job's "auto"). The precision
+// follows it: ranks that disagree on it would send each other other dtypes.
 void Executor::agree_layout(int layers) {
   const int V = static_cast<int>(balance_.size());
   std::vector<int64_t> layout(balance_.begin(), balance_.end());
   layout.push_back(static_cast<int64_t>(options_.precision));
+  layout.push_back(options_.defer_weight_grads ? 1 : 0);
   const auto all = group_.all_gather(torch::tensor(layout), "the stage layout");
   const at::Tensor& first = all[0];
-  if (first.numel() != V + 1)
+  if (first.numel() != V + 2)
     throw Error(detail::concat("pipeline: rank 0 sent a layout of ", first.numel() - 1, " stages, not ", V));
   const int64_t precision0 = first.data_ptr<int64_t>()[V];
   if (precision0 != static_cast<int64_t>(options_.precision))
@@ -238,6 +240,7 @@ void Executor::agree_layout(int layers) {
   partitioner::Balance chosen(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + V);
   partitioner::check(chosen, layers, V, "pipeline: rank 0's balance");
   balance_ = chosen;
+  options_.defer_weight_grads = first.data_ptr<int64_t>()[V + 1] != 0;
 }
 
 void Executor::check_delivery(const schedule::Schedule& s) const {

@@ -51,7 +51,8 @@ struct PipelineOptions {
   /// micro-batch's rows, instead of added micro-batch by micro-batch (models/weight_grads.h): less
   /// memory traffic on a CPU, at the price of keeping each linear layer's input and output gradient
   /// of every micro-batch until the end of the stage's list. CPU stages only. Weights under
-  /// `defer_min_bytes` (which stay in cache between micro-batches) are not deferred.
+  /// `defer_min_bytes` (which stay in cache between micro-batches) are not deferred. One process
+  /// per stage: every rank runs rank 0's choice (a run that decided it by profiling may differ).
   bool defer_weight_grads = false;
   int64_t defer_min_bytes = 1 << 20;  ///< see defer_weight_grads
   /// GPU stages: each stage's forward and backward of each micro-batch captured in CUDA graphs in

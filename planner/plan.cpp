@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/strings.h"
+#include "planner/deferral.h"
 
 namespace pipetrain::planner {
 
@@ -37,6 +38,19 @@ profiler::Profile whole_batch_profile(const Job& job, int repeat) {
   return profile_job(job, repeat, (job.config.data.batch_size + D - 1) / D);
 }
 
+PlanPoint config_point(const Config& cc, const partitioner::Balance& balance, const DataParallelPlan& dp, bool defer) {
+  PlanPoint pt;
+  pt.schedule = cc.pipeline.schedule;
+  pt.stages = cc.pipeline.stages, pt.micro_batches = cc.pipeline.micro_batches, pt.chunks = cc.pipeline.chunks;
+  pt.recompute = cc.pipeline.recompute;
+  pt.defer = defer;
+  pt.balance = balance;
+  pt.data_parallel = dp;
+  pt.speeds = cc.pipeline.speeds;
+  pt.state_factor = state_factor(cc.optimizer, cc.train.precision, dp.copies, dp.sharded);
+  return pt;
+}
+
 profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) {
   if (copies < 2) return {};
   if (file && file->bandwidth_gb_s > 0) return profiler::ring_link(copies, file->latency_ms, file->bandwidth_gb_s * 1e6);
@@ -52,20 +66,12 @@ struct Links {
   std::vector<double> device_bytes_per_ms;
 };
 
-// Config `cc` on `balance` as a candidate: its schedule, sizes, recomputation, copies and speeds.
+// config_point with the links between stages.
 PlanPoint point_of(const Config& cc, const partitioner::Balance& balance, const DataParallelPlan& dp, const Links& links,
                    bool defer) {
-  PlanPoint pt;
-  pt.schedule = cc.pipeline.schedule;
-  pt.stages = cc.pipeline.stages, pt.micro_batches = cc.pipeline.micro_batches, pt.chunks = cc.pipeline.chunks;
-  pt.recompute = cc.pipeline.recompute;
-  pt.defer = defer;
-  pt.balance = balance;
-  pt.data_parallel = dp;
-  pt.speeds = cc.pipeline.speeds;
+  PlanPoint pt = config_point(cc, balance, dp, defer);
   pt.latency_ms = links.latency_ms, pt.bytes_per_ms = links.bytes_per_ms;
   pt.device_bytes_per_ms = links.device_bytes_per_ms;
-  pt.state_factor = state_factor(cc.optimizer, cc.train.precision, dp.copies, dp.sharded);
   return pt;
 }
 
@@ -90,7 +96,8 @@ Links load_costs(const Job& job, const PlanOptions& o, PlanReport& r) {
   if (o.costs_path.empty()) {
     r.profile = profile_job(job, o.repeat);
     r.data_parallel.link = reduce_link(D, nullptr);
-    if (c.pipeline.defer_weight_grads && any_deferred(r.profile)) r.whole = whole_batch_profile(job, o.repeat);
+    if (c.pipeline.defer_weight_grads == DeferWeightGrads::On && any_deferred(r.profile))
+      r.whole = whole_batch_profile(job, o.repeat);
     return links;
   }
   const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
@@ -200,10 +207,13 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   PlanReport r;
   const int D = c.pipeline.data_parallel;
   const Links links = load_costs(job, o, r);
-  const bool deferred = !r.whole.layers.empty();
   r.data_parallel.copies = D;
   r.data_parallel.sharded = c.train.shard_optimizer && D > 1;
   r.balance = choose_balance(c, job.model.layers, &r.profile);
+  // "auto": decided as a run decides it (planner/deferral.h), on this plan's profile and balance.
+  if (c.pipeline.defer_weight_grads == DeferWeightGrads::Auto)
+    r.deferral = decide_deferral(job, r.balance, r.profile, o.repeat, &r.whole).text();
+  const bool deferred = !r.whole.layers.empty();
   r.point = point_of(c, r.balance, r.data_parallel, links, deferred);
   r.prediction = predict(r.point, r.profile, &r.whole);
   r.configured = row_of(r.point, r.prediction);
@@ -244,6 +254,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
   std::snprintf(line, sizeof line, "\npredicted step %.2f ms, bubble %.1f%% (%s)\n", r.configured.step_ms,
                 100 * r.configured.bubble, schedule::name(r.configured.kind));
   out << line;
+  if (!r.deferral.empty()) out << "weight gradients: " << r.deferral << "\n";
   if (r.data_parallel.copies > 1) {
     const auto& dp = r.data_parallel;
     std::vector<std::string> per_stage;
@@ -336,7 +347,8 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
                       {"activation_bytes", s.activation_bytes}, {"peak_memory_bytes", s.peak_bytes},
                       {"share_of_bottleneck", s.share}, {"reduce_ms", s.reduce_ms}});
   json j{{"summary", r.summary}, {"balance", r.balance}, {"stages", stages},
-         {"predicted", schedule_json(r.configured)}};
+         {"predicted", schedule_json(r.configured)}, {"deferred_weight_grads", !r.whole.layers.empty()}};
+  if (!r.deferral.empty()) j["deferral"] = r.deferral;
   if (r.data_parallel.copies > 1)
     j["data_parallel"] = {{"copies", r.data_parallel.copies}, {"sharded_optimizer", r.data_parallel.sharded},
                           {"all_reduce", fit_json(r.data_parallel.link.all_reduce)},

@@ -25,6 +25,10 @@ namespace pipetrain::planner {
 // collectives), else measured here (profiler::measure_reductions); free for one copy.
 profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file);
 
+// Config `c` on `balance` as a candidate: its schedule, sizes, recomputation, deferral, copies
+// and speeds; transfers between stages free (plan adds a cost file's links).
+PlanPoint config_point(const Config& c, const partitioner::Balance& balance, const DataParallelPlan& dp, bool defer);
+
 struct StageRow {
   int stage = 0, chunk = 0;
   std::string first_layer, last_layer;
@@ -70,6 +74,8 @@ struct PlanReport {
   // With pipeline.defer_weight_grads (and a layer that defers): the profile of a copy's whole
   // batch, whose flush each device runs at its end; else empty.
   profiler::Profile whole;
+  // pipeline.defer_weight_grads "auto": the decision and its reason (Deferral::text); empty when forced.
+  std::string deferral;
 };
 
 struct PlanOptions {

@@ -266,6 +266,33 @@ TEST(Cli, PlanAndPartition) {
   expect_clean_error(run("partition --costs /nonexistent.json --stages 1"), "/nonexistent.json: cannot open the cost file");
 }
 
+// pipeline.defer_weight_grads "auto": `plan` says what a run would decide and why, and a run's
+// first line says what it decided and why: the MLP bench config as shipped on its prediction,
+// the small GPT config not (no weight large enough to defer), and `false` shows no decision.
+TEST(Cli, PlanShowsTheAutoDeferralAndWhy) {
+  const std::string mlp = std::string(PIPETRAIN_SOURCE_DIR) + "/configs/mlp_bench.json";
+  Result r = run("plan " + mlp + " --repeat 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Which way depends on this machine's profile (Deferral.PaysForTheMlpBenchConfig asserts it):
+  // the line and the summary agree, and the reason is the prediction.
+  const bool deferred = r.out.find("weight gradients: auto: deferred, predicted ") != std::string::npos;
+  EXPECT_TRUE(deferred || r.out.find("weight gradients: auto: not deferred, predicted ") != std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(", deferred weight gradients, balance") != std::string::npos, deferred) << r.out;
+  r = run("plan " + mlp + " --repeat 1 --json --set data.batch_size=512 --set pipeline.defer_weight_grads=false");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["deferred_weight_grads"].get<bool>());
+  EXPECT_FALSE(j.contains("deferral")) << r.out;
+  r = run("plan " + std::string(PIPETRAIN_SOURCE_DIR) + "/configs/gpt_small.json --repeat 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("weight gradients: auto: not deferred, no weight of 1 MiB or more"), std::string::npos) << r.out;
+  r = run("train " + mlp + " --steps 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(r.out.find(", deferred weight gradients (auto: predicted ") != std::string::npos ||
+              r.out.find(", weight gradients not deferred (auto: predicted ") != std::string::npos)
+      << r.out;
+}
+
 // `bench` with lists sweeps every combination and writes one JSON object per combination with
 // the fields the plots and tables need; a combination the config cannot run is reported as
 // skipped with the reason, not dropped.

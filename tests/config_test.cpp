@@ -156,14 +156,29 @@ TEST(Config, DevicesAreDecidedInOnePlace) {
   EXPECT_EQ(job.devices.per_stage.size(), 2u);
 }
 
-// pipeline.defer_weight_grads: a boolean, off by default, handed to the pipeline's options.
+// pipeline.defer_weight_grads: "auto" by default (decided for the job: planner/deferral.h),
+// true or false forcing it, each handed to the pipeline's options as prepare() knows it ("auto"
+// off until decided); anything else a one-line error naming the key and the accepted values.
 TEST(Config, DeferWeightGrads) {
   json c = base();
-  EXPECT_FALSE(parse_config(c, "cfg.json").pipeline.defer_weight_grads);
+  EXPECT_EQ(parse_config(c, "cfg.json").pipeline.defer_weight_grads, DeferWeightGrads::Auto);
+  EXPECT_FALSE(prepare(parse_config(c, "cfg.json")).options.defer_weight_grads);
   c["pipeline"]["defer_weight_grads"] = true;
-  EXPECT_TRUE(parse_config(c, "cfg.json").pipeline.defer_weight_grads);
+  EXPECT_EQ(parse_config(c, "cfg.json").pipeline.defer_weight_grads, DeferWeightGrads::On);
+  EXPECT_TRUE(prepare(parse_config(c, "cfg.json")).options.defer_weight_grads);
+  c["pipeline"]["defer_weight_grads"] = false;
+  EXPECT_EQ(parse_config(c, "cfg.json").pipeline.defer_weight_grads, DeferWeightGrads::Off);
+  c["pipeline"]["defer_weight_grads"] = "auto";
+  EXPECT_EQ(parse_config(c, "cfg.json").pipeline.defer_weight_grads, DeferWeightGrads::Auto);
   c["pipeline"]["defer_weight_grads"] = "yes";
-  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.defer_weight_grads");
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.defer_weight_grads: expected true, false or \"auto\", got string \"yes\"");
+  c["pipeline"]["defer_weight_grads"] = 1;
+  EXPECT_ERROR(error_of(c), "cfg.json: pipeline.defer_weight_grads: expected true, false or \"auto\", got number 1");
+  // An override says where it came from, as every key's error does.
+  EXPECT_ERROR(error_of(base(), {"pipeline.defer_weight_grads=sometimes"}),
+               "override pipeline.defer_weight_grads=sometimes: pipeline.defer_weight_grads: expected true, false or \"auto\"");
+  EXPECT_EQ(parse_config(base(), "cfg.json", {"pipeline.defer_weight_grads=auto"}).pipeline.defer_weight_grads,
+            DeferWeightGrads::Auto);
 }
 
 // runtime.cudnn_benchmark, runtime.tf32 and runtime.deterministic: booleans, and benchmark-picked

@@ -25,6 +25,7 @@
 #include "common/strings.h"
 #include "pipeline/optimizer_state.h"
 #include "job/balance.h"
+#include "planner/deferral.h"
 #include "planner/plan.h"
 #include "job/single_device.h"
 #include "stages/device.h"
@@ -123,6 +124,9 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
                       "bench/processes.sh compares runtime.kind processes with threads");
   BenchResult r;
   Job job = prepare_balanced(c);
+  planner::resolve_deferral(job);  // "auto" as a run decides it
+  r.deferred = job.options.defer_weight_grads;
+  r.deferral = job.deferral;
   const int64_t B = c.data.batch_size;
   std::vector<Batch> batches;
   // Steps past these (bench's min-time) take them again, in turn.
@@ -219,7 +223,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   // What `pipetrain plan` predicts for this balance from per-layer profiles.
   at::set_num_threads(per_stage);
   const profiler::Profile profile = profile_job(job);
-  const bool deferring = c.pipeline.defer_weight_grads && any_deferred(profile);
+  const bool deferring = job.options.defer_weight_grads && any_deferred(profile);
   const profiler::Profile whole = deferring ? whole_batch_profile(job, 5) : profiler::Profile{};
   PlanPoint pt;
   pt.schedule = pipe.schedule().kind;
@@ -329,7 +333,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
       << (D > 1 ? detail::concat(D, " data-parallel copies", c.train.shard_optimizer ? " (sharded optimizer)" : "", ", ") : "")
       << c.pipeline.micro_batches
       << " micro-batches, schedule " << c.pipeline.schedule << ", recompute " << recompute_name(c.pipeline.recompute)
-      << (c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "")
+      << planner::deferral_words(r.deferred, r.deferral)
       << ", precision " << precision_name(c.train.precision)
       << ", balance " << job::choice_name(c.pipeline.balance_method) << " " << partitioner::to_string(r.balance) << "\n";
   out << std::left << std::setw(28) << "run" << std::right << std::setw(9) << "threads" << std::setw(14)
@@ -466,6 +470,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
               BenchResult r = run_bench(c, o.bench);
               const double K = k, M = m, v = chunks;
               line["balance"] = r.balance;
+              line["deferred_weight_grads"] = r.deferred;
               line["batch_size"] = c.data.batch_size;
               line["threads_per_stage"] = r.pipeline.threads;
               line["baseline_threads"] = r.baseline.threads;

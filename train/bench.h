@@ -69,6 +69,8 @@ struct BenchResult {
   BenchMeasure pipeline;
   BenchPrediction prediction;
   partitioner::Balance balance;  // layers per virtual stage, as chosen by pipeline.balance
+  bool deferred = false;         // weight gradients deferred (pipeline.defer_weight_grads)
+  std::string deferral;          // "auto"'s decision and reason (planner::Deferral::text); empty when forced
 };
 
 inline constexpr int kMaxTimedSteps = 100000;

@@ -11,6 +11,7 @@
 #include "common/option.h"
 #include "common/strings.h"
 #include "checkpoint/checkpoint.h"
+#include "planner/deferral.h"
 #include "train/tensorboard.h"
 #include "profiler/profile.h"
 
@@ -271,7 +272,7 @@ std::string describe_run(const Job& job, const Pipeline& pipe) {
   return detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", pipe.stages(), " stages ",
                         partitioner::to_string(pipe.balance()), ", ", job.options.micro_batches,
                         " micro-batches, recompute ", recompute_name(c.pipeline.recompute),
-                        c.pipeline.defer_weight_grads ? ", deferred weight gradients" : "", ", ",
+                        planner::deferral_words(job.options.defer_weight_grads, job.deferral), ", ",
                         job.options.intra_op_threads, " intra-op threads per stage",
                         c.train.precision != Precision::FP32 ? detail::concat(", ", precision_name(c.train.precision)) : "",
                         pipe.rank() >= 0 ? std::string(", one process per stage over ") + comm::name(c.runtime.transport) : "");
@@ -445,6 +446,7 @@ std::string train_run_options(const TrainOptions& o) {
 }
 
 TrainResult train(Job& job, const TrainOptions& options) {
+  planner::resolve_deferral(job);  // pipeline.defer_weight_grads "auto", once, before the pipeline
   // Ranks of a multi-process run must also agree on the options that are not in the config.
   std::unique_ptr<Pipeline> pipe = make_pipeline(job, train_run_options(options), notes_to(options.observers));
   return collectively(*pipe, [&] { return run_training(job, *pipe, options); });
