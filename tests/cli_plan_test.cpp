@@ -273,7 +273,7 @@ TEST(Cli, PlanShowsTheAutoDeferralAndWhy) {
   const std::string mlp = std::string(PIPETRAIN_SOURCE_DIR) + "/configs/mlp_bench.json";
   Result r = run("plan " + mlp + " --repeat 3");
   ASSERT_EQ(r.status, 0) << r.out;
-  // Which way depends on this machine's profile (Deferral.PaysForTheMlpBenchConfig asserts it):
+  // Which way depends on this machine's profile (Deferral.TheMlpBenchConfigIsDecidedOnItsProfile):
   // the line and the summary agree, and the reason is the prediction.
   const bool deferred = r.out.find("weight gradients: auto: deferred, predicted ") != std::string::npos;
   EXPECT_TRUE(deferred || r.out.find("weight gradients: auto: not deferred, predicted ") != std::string::npos) << r.out;

@@ -87,15 +87,18 @@ TEST(Deferral, AStashOverTheMemoryLimitKeepsItOff) {
 }
 
 // The MLP bench config's 1024 x 1024 layers as shipped (8-row micro-batches): every micro-batch's
-// weight gradient reads and writes 4 MiB per layer for little compute, and the profile predicts
-// deferral faster (19% on a 2-core AMD EPYC VM; at 64 rows 3-4%, too close to kMinDeferralGain
-// to assert on every machine): the job defers, on the config's own balance.
-TEST(Deferral, PaysForTheMlpBenchConfig) {
+// weight gradient reads and writes 4 MiB per layer for little compute, and an idle 2-core AMD
+// EPYC VM's profile predicts deferral 19% faster. A profile is a measurement, which a loaded
+// machine changes (the same VM, busy, once read 3% slower): the test asserts that the job is
+// decided on its real profile, both ways said with the prediction, and that the run follows the
+// decision on the config's own balance; the decision's direction is DecidedOnThePredictionBothWays'.
+TEST(Deferral, TheMlpBenchConfigIsDecidedOnItsProfile) {
   Job job = prepare(mlp_bench({}));
   ASSERT_FALSE(job.options.defer_weight_grads);  // undecided
   planner::resolve_deferral(job);
-  EXPECT_TRUE(job.options.defer_weight_grads) << job.deferral;
-  EXPECT_TRUE(starts_with(job.deferral, "auto: deferred, predicted ")) << job.deferral;
+  const bool deferred = starts_with(job.deferral, "auto: deferred, predicted ");
+  EXPECT_TRUE(deferred || starts_with(job.deferral, "auto: not deferred, predicted ")) << job.deferral;
+  EXPECT_EQ(job.options.defer_weight_grads, deferred) << job.deferral;
   EXPECT_EQ(job.options.balance, (partitioner::Balance{4, 5}));  // the config's list, kept
 }
 
