@@ -169,6 +169,28 @@ void compare(const std::vector<Variant>& variants, torch::nn::Sequential model, 
   }
 }
 
+// The fields every line of the speed run carries.
+json speed_common(const Args& a, const std::string& card, const std::string& name) {
+  return {{"bench", "gpu_speed"}, {"device", card}, {"model", name}, {"layers", a.layers},
+          {"d_model", a.d_model}, {"seq", a.seq}, {"batch", a.batch}, {"precision", "bf16"}};
+}
+
+// One model of the speed run: the plain loop, and `stages` stages of 1F1B over `micro_batches`
+// eager and with CUDA graphs, alternating (compare); returns the model for what follows.
+models::Model speed_case(const Args& a, int stages, int micro_batches, const std::string& card, const std::string& name,
+                         std::ostream& out) {
+  models::Model m = build(a);
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
+  const at::Tensor y = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
+  const json common = speed_common(a, card, name);
+  compare({{"plain"},
+           {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, false},
+           {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, true}},
+          m.layers, x, y, a, common, name, out);
+  return m;
+}
+
 // The largest batch that fits (doubling, one step each, 2 samples per micro-batch, GPipe on
 // one stage): without recomputation and with it for every micro-batch.
 void largest_batches(torch::nn::Sequential model, const Args& a, const json& common, std::ostream& out) {
@@ -232,35 +254,17 @@ int main(int argc, char** argv) {
   const std::string card = c10::cuda::device_count() ? std::string(at::cuda::getDeviceProperties(0)->name) : "";
   if (a.speed) {
     // 1. The small GPT (configs/gpt_small.json's shape, no dropout): launch-bound, where graphs
-    // pay. The plain loop, the pipeline of 2 stages on the one GPU, and the same with graphs.
+    // pay; 2 stages. 2. The 24-layer GPT in 4 stages, with fused attention. Each as the plain
+    // loop, the pipeline (1F1B) eager and the same with graphs, each with its peak memory.
     Args small = a;
     small.layers = 4, small.d_model = 64, small.seq = 32, small.batch = 32, small.vocab = 64, small.steps = 30;
     small.rounds = 3;
-    models::Model sm = build(small);
-    torch::manual_seed(0);
-    const at::Tensor xs = torch::randint(0, small.vocab, {small.batch, small.seq}, torch::kLong);
-    const at::Tensor ys = torch::randint(0, small.vocab, {small.batch, small.seq}, torch::kLong);
-    const json small_common{{"bench", "gpu_speed"}, {"device", card}, {"model", "gpt_small"}, {"layers", small.layers},
-                            {"d_model", small.d_model}, {"seq", small.seq}, {"batch", small.batch}, {"precision", "bf16"}};
-    compare({{"plain"},
-             {"pipeline", 2, 4, schedule::Kind::OneFOneB, Recompute::Never, false},
-             {"pipeline", 2, 4, schedule::Kind::OneFOneB, Recompute::Never, true}},
-            sm.layers, xs, ys, small, small_common, "small_gpt", out);
-    // 2. The 24-layer GPT in 4 stages, 1F1B, against the plain loop, with fused attention; with
-    // and without graphs; each one's peak memory.
+    speed_case(small, 2, 4, card, "gpt_small", out);
     Args big = a;
     big.steps = std::min(a.steps, 6);
-    models::Model bm = build(big);
-    const at::Tensor xb = torch::randint(0, big.vocab, {big.batch, big.seq}, torch::kLong);
-    const at::Tensor yb = torch::randint(0, big.vocab, {big.batch, big.seq}, torch::kLong);
-    const json big_common{{"bench", "gpu_speed"}, {"device", card}, {"model", "gpt24"}, {"layers", big.layers},
-                          {"d_model", big.d_model}, {"seq", big.seq}, {"batch", big.batch}, {"precision", "bf16"}};
-    compare({{"plain"},
-             {"pipeline", 4, 8, schedule::Kind::OneFOneB, Recompute::Never, false},
-             {"pipeline", 4, 8, schedule::Kind::OneFOneB, Recompute::Never, true}},
-            bm.layers, xb, yb, big, big_common, "gpt24", out);
+    const models::Model bm = speed_case(big, 4, 8, card, "gpt24", out);
     // 3. The largest batch of the 24-layer GPT with and without recomputation.
-    largest_batches(bm.layers, big, big_common, out);
+    largest_batches(bm.layers, big, speed_common(big, card, "gpt24"), out);
     return 0;
   }
   models::Model m = build(a);

@@ -213,12 +213,10 @@ struct GraphRun {
   std::vector<std::vector<int64_t>> host_reads;  // per step, per stage
 };
 
-GraphRun run_graphs(bool graphs, pipetrain::Precision precision, int64_t last_rows) {
+// Two stages of `model` on the one GPU, 1F1B over 4 micro-batches, cross-entropy.
+std::unique_ptr<pipetrain::pipeline::Pipeline> two_stages_on_the_gpu(torch::nn::Sequential model, bool graphs,
+                                                                      pipetrain::Precision precision) {
   using namespace pipetrain;
-  torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::Tanh(), torch::nn::Linear(64, 64),
-                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})), torch::nn::Linear(64, 64),
-                              torch::nn::ReLU(), torch::nn::Linear(64, 10));
   pipeline::PipelineOptions o;
   o.stages = 2;
   o.micro_batches = 4;
@@ -226,9 +224,18 @@ GraphRun run_graphs(bool graphs, pipetrain::Precision precision, int64_t last_ro
   o.devices = {c10::Device("cuda:0")};
   o.precision = precision;
   o.cuda_graphs = graphs;
-  pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
+  return std::make_unique<pipeline::Pipeline>(model, o, [](const at::Tensor& out, const at::Tensor& y) {
     return torch::nn::functional::cross_entropy(out, y);
   });
+}
+
+GraphRun run_graphs(bool graphs, pipetrain::Precision precision, int64_t last_rows) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::Tanh(), torch::nn::Linear(64, 64),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 10));
+  const auto piped = two_stages_on_the_gpu(model, graphs, precision);
+  auto& pipe = *piped;
   pipe.optimizers().set([](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
   });
@@ -284,15 +291,8 @@ TEST(Gpu, AStepIssuesNoHostSynchronization) {
     torch::manual_seed(0);
     torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
                                 torch::nn::ReLU(), torch::nn::Linear(32, 4));
-    pipeline::PipelineOptions o;
-    o.stages = 2;
-    o.micro_batches = 4;
-    o.schedule = schedule::Kind::OneFOneB;
-    o.devices = {c10::Device("cuda:0")};
-    o.cuda_graphs = graphs;
-    pipeline::Pipeline pipe(model, o, [](const at::Tensor& out, const at::Tensor& y) {
-      return torch::nn::functional::cross_entropy(out, y);
-    });
+    const auto piped = two_stages_on_the_gpu(model, graphs, Precision::FP32);
+    auto& pipe = *piped;
     const at::Tensor x = torch::randn({16, 16}), y = torch::randint(0, 4, {16}, torch::kLong);
     for (int warm = 0; warm < 2; ++warm) pipe.forward_backward(x, y);  // lazy set-up; graphs captured
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);

@@ -10,6 +10,7 @@
 #include "models/families.h"
 #include "models/model.h"
 #include "models/skip.h"
+#include "tests/layer_list_helpers.h"
 #include "pipeline/pipeline.h"
 #include "tests/cli_helpers.h"
 #include "tests/helpers.h"
@@ -19,19 +20,8 @@ using nlohmann::json;
 
 namespace {
 
-models::Model build(json cfg, uint64_t seed = 3) {
-  JsonReader r(cfg, "model", "test.json");
-  return models::build(r, seed);
-}
-
-std::string build_error(const json& cfg) {
-  try {
-    build(cfg);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(built)";
-}
+models::Model build(json cfg, uint64_t seed = 3) { return test::build_model_section(cfg, seed); }
+using test::build_error;
 
 // Same parameters in the same order (values and shapes), and the same training-mode output for
 // the same random context: the spelling is the preset.

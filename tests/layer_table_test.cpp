@@ -12,6 +12,7 @@
 #include "models/layer_table.h"
 #include "models/model.h"
 #include "models/skip.h"
+#include "tests/layer_list_helpers.h"
 
 using namespace pipetrain;
 using nlohmann::json;
@@ -23,19 +24,8 @@ json linear(const std::string& name, int64_t in, int64_t out) {
   return {{"name", name}, {"type", "linear"}, {"in_features", in}, {"out_features", out}};
 }
 
-models::Model build(const json& cfg) {
-  JsonReader r(cfg, "model", "test.json");
-  return models::build(r, 3);
-}
-
-std::string build_error(const json& cfg) {
-  try {
-    build(cfg);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(built)";
-}
+models::Model build(const json& cfg) { return test::build_model_section(cfg); }
+using test::build_error;
 
 TEST(LayerTable, UnknownArgumentsNameTheLayerTheTypeAndTheArgument) {
   json typo = linear("b", 4, 2);
