@@ -35,8 +35,6 @@ class StageGraphs {
   virtual at::Tensor forward(int m, const at::Tensor& input, const at::Tensor& target, double weight,
                              at::ScalarType weight_dtype, const std::vector<at::Tensor>& params,
                              const GraphBody& body) = 0;
-  /// Micro-batch indices captured so far.
-  virtual int captured() const = 0;
 };
 
 /// Graphs for a stage on `device`; nullptr where this build has no CUDA (stages/graphs_none.cpp).

@@ -79,8 +79,6 @@ class CudaStageGraphs : public StageGraphs {
     return Replay::apply(reinterpret_cast<int64_t>(&slot), at::TensorList(inputs));
   }
 
-  int captured() const override { return static_cast<int>(slots_.size()); }
-
  private:
   void capture(int m, const at::Tensor& input, const at::Tensor& target, at::ScalarType weight_dtype,
                const std::vector<at::Tensor>& params, const GraphBody& body) {

@@ -74,9 +74,9 @@ at::Tensor Stage::run(const Saved& s, Skips* left) {
   // The loss is taken in float32 whatever the precision (autocast runs cross-entropy in float32).
   at::Tensor loss = loss_(out, s.target);
   if (c10::isReducedFloatingType(loss.scalar_type())) loss = loss.to(at::kFloat);
+  if (s.weight_on_device.defined()) return loss * s.weight_on_device;  // a graph's: filled before each replay
   // A weight of exactly 1 (one micro-batch, no loss scale) changes nothing: no multiply, and no
   // node for it in the graph, as the plain loop's unsplit loss.
-  if (s.weight_on_device.defined()) return loss * s.weight_on_device;  // a graph's: filled before each replay
   return s.weight == 1.0 ? loss : loss * s.weight;
 }
 
@@ -127,8 +127,6 @@ void Stage::use_cuda_graphs(const std::string& refused) {
   if (!refused.empty()) log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: runs eagerly: ", refused));
 }
 
-int Stage::graphs_captured() const { return graphs_ ? graphs_->captured() : 0; }
-
 void Stage::probe_graphs(const Saved& s) {
   std::string why = take_not_replayable();
   if (why.empty() && (!s.skips_in.empty() || !s.skips_out.empty()))
@@ -146,20 +144,20 @@ at::Tensor Stage::graphed_forward(int m, Saved& s) {
       use_cuda_graphs(detail::concat("no CUDA graphs for a stage on ", s.input.device().str()));
       return {};
     }
+    // The graphs read the parameters where they are (optimizers update them in place). The
+    // loss's dtype: float32 under a reduced precision (run() takes it so), else the output's,
+    // which is the parameters'.
+    graph_params_ = layers_->parameters();
+    if (precision_ == Precision::FP32)
+      for (const at::Tensor& p : graph_params_)
+        if (p.is_floating_point()) {
+          graph_weight_dtype_ = p.scalar_type();
+          break;
+        }
   }
-  // The loss's dtype: float32 under a reduced precision (run() takes it so), else the output's,
-  // which is the parameters'.
-  at::ScalarType weight_dtype = at::kFloat;
-  const auto params = layers_->parameters();
-  if (precision_ == Precision::FP32)
-    for (const at::Tensor& p : params)
-      if (p.is_floating_point()) {
-        weight_dtype = p.scalar_type();
-        break;
-      }
   const RngContext rng = s.rng;
   at::Tensor out = graphs_->forward(
-      m, s.input, s.target, s.weight, weight_dtype, params,
+      m, s.input, s.target, s.weight, graph_weight_dtype_, graph_params_,
       [this, rng](const at::Tensor& in, const at::Tensor& target, const at::Tensor& weight) {
         Saved t;
         t.input = in;
@@ -169,11 +167,13 @@ at::Tensor Stage::graphed_forward(int m, Saved& s) {
         Skips left;
         return run(t, &left);
       });
-  if (out.defined()) ++graphed_forwards_;
-  if (!out.defined() && shape_note_.empty()) {
-    shape_note_ = detail::concat("micro-batch ", m, " of shape ", s.input.sizes(), " differs from its capture");
-    log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: ", shape_note_,
-                                "; micro-batches of another shape than their first run eagerly"));
+  if (out.defined()) {
+    ++graphed_forwards_;
+  } else if (!shape_said_) {
+    shape_said_ = true;
+    log::warning(detail::concat("stage ", index_, ": pipeline.cuda_graphs: micro-batch ", m, " of shape ",
+                                s.input.sizes(), " differs from its capture; micro-batches of another shape than "
+                                "their first run eagerly"));
   }
   return out;
 }

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -91,8 +92,6 @@ class Stage {
   void use_cuda_graphs(const std::string& refused);
   // Why this stage runs eagerly though graphs were asked for ("" while they apply or were not).
   const std::string& graphs_refused() const { return graphs_refused_; }
-  // Micro-batch indices whose graphs were captured.
-  int graphs_captured() const;
   // Forwards of the current step that ran from a graph.
   int graphed_forwards() const { return graphed_forwards_; }
 
@@ -147,7 +146,9 @@ class Stage {
   int64_t steps_begun_ = 0;
   int graphed_forwards_ = 0;
   std::unique_ptr<StageGraphs> graphs_;
-  std::string shape_note_;  // said once: a micro-batch of another shape than captured ran eagerly
+  std::vector<at::Tensor> graph_params_;          // the layers' parameters, taken when graphs_ is made
+  at::ScalarType graph_weight_dtype_ = at::kFloat;  // the loss's dtype (the weight multiplies it)
+  bool shape_said_ = false;  // a micro-batch of another shape than captured ran eagerly: said once
   at::Tensor graphed_forward(int m, Saved& s);  // undefined where it ran no graph
   void probe_graphs(const Saved& s);  // after a warm-up forward: anything a graph cannot replay
   double last_recompute_s_ = 0;
