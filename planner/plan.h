@@ -27,7 +27,7 @@ profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file);
 
 // Config `c` on `balance` as a candidate: its schedule, sizes, recomputation, deferral, copies
 // and speeds; transfers between stages free (plan adds a cost file's links).
-PlanPoint config_point(const Config& c, const partitioner::Balance& balance, const DataParallelPlan& dp, bool defer);
+PlanPoint config_point(const job::Config& c, const partitioner::Balance& balance, const DataParallelPlan& dp, bool defer);
 
 struct StageRow {
   int stage = 0, chunk = 0;
