@@ -1,6 +1,6 @@
 // Token files (job/token_file.h: a raw .bin, or an .npy whose header job/npy.h reads) as a damaged
 // or forged file would reach the data set: mapped ids or a DataError, nothing else. The first byte
-// picks the kind and data.dtype (.npy with none, uint16 or uint32; .bin of uint16 or uint32); the
+// picks the kind and data.dtype (none, or one of the five types, for a .npy or a .bin); the
 // rest is the file. Every id the reader maps is then read here, instrumented, and must lie within
 // the file's bytes after its header.
 #include <unistd.h>
@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -33,9 +34,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  static const char* const kDtypes[] = {"", "uint16", "uint32"};
+  using pipetrain::job::TokenDType;
+  static const std::optional<TokenDType> kDtypes[] = {std::nullopt, TokenDType::Uint16, TokenDType::Uint32,
+                                                      TokenDType::Uint8, TokenDType::Int32, TokenDType::Int64};
   const bool npy = data[0] % 2 == 0;
-  const std::string dtype = kDtypes[(data[0] / 2) % 3];
+  const std::optional<TokenDType> dtype = kDtypes[(data[0] / 2) % 6];
   const std::string file = folder + (npy ? "/ids.npy" : "/ids.bin");
   {
     std::ofstream out(file, std::ios::binary | std::ios::trunc);

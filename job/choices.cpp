@@ -71,6 +71,17 @@ const std::vector<Choice<OnNonfinite>>& choices<OnNonfinite>() {
   };
   return table;
 }
+template <>
+const std::vector<Choice<TokenDType>>& choices<TokenDType>() {
+  static const std::vector<Choice<TokenDType>> table = {
+    {TokenDType::Uint16, "uint16", "2-byte unsigned ids, vocabularies up to 65536", ""},
+    {TokenDType::Uint32, "uint32", "4-byte unsigned ids", ""},
+    {TokenDType::Uint8, "uint8", "1-byte unsigned ids, vocabularies up to 256", ""},
+    {TokenDType::Int32, "int32", "4-byte signed ids", ""},
+    {TokenDType::Int64, "int64", "8-byte signed ids", ""},
+  };
+  return table;
+}
 // clang-format on
 
 }  // namespace pipetrain::job

@@ -53,6 +53,15 @@ enum class OnNonfinite {
   Skip,  ///< skip: the update is skipped and the run goes on
 };
 
+/// data.dtype: how a token file stores its ids (little-endian).
+enum class TokenDType {
+  Uint16,  ///< uint16: the default of a raw .bin, vocabularies up to 65536
+  Uint32,  ///< uint32
+  Uint8,   ///< uint8
+  Int32,   ///< int32
+  Int64,   ///< int64
+};
+
 /// One value of a closed set: its name as configs spell it, what it is, and what it needs
 /// ("" for nothing).
 template <class E>
@@ -74,6 +83,7 @@ template <> const std::vector<Choice<BalanceMethod>>& choices<BalanceMethod>(); 
 template <> const std::vector<Choice<DType>>& choices<DType>();                  ///< runtime.dtype
 template <> const std::vector<Choice<LrSchedule>>& choices<LrSchedule>();        ///< optimizer.lr_schedule
 template <> const std::vector<Choice<OnNonfinite>>& choices<OnNonfinite>();      ///< train.on_nonfinite
+template <> const std::vector<Choice<TokenDType>>& choices<TokenDType>();        ///< data.dtype
 
 /// The row of `value`.
 template <class E>

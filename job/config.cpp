@@ -111,8 +111,7 @@ void read_data(JsonReader& top, DataConfig& d) {
   if (tokens && data.has("test_path") && d.test_path.empty()) data.fail("test_path", "is empty (leave it out to test on data.test_fraction of data.path)");
   if (!d.test_path.empty() && data.has("test_fraction"))
     data.fail("test_fraction", "is not used with data.test_path (that file is the test split)");
-  d.dtype = data.get_choice("dtype", "uint16", {"uint16", "uint32"});  // token_file.cpp's table reads it
-  if (!data.has("dtype")) d.dtype.clear();  // a .npy says its own; a .bin defaults to uint16
+  if (data.has("dtype")) d.dtype = read_choice(data, "dtype", TokenDType::Uint16);  // a .npy says its own
   d.drop_last = data.get_bool("drop_last", d.drop_last);
   data.finish();
 }

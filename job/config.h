@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,7 @@ struct DataConfig {
   double test_fraction = 0.1;   // text: the last share of the file's bytes held out for testing
   int64_t stride = 0;           // text, tokens: bytes (tokens) between training windows; 0: model.seq_len
   std::string test_path;        // tokens: a second file of token ids, the test split (empty: test_fraction)
-  std::string dtype;            // tokens: "uint16" | "uint32" for a raw .bin (empty: uint16); a .npy says its own
+  std::optional<TokenDType> dtype;  // tokens: the ids' type (unset: a .npy's header says, a raw .bin is uint16)
   // Whether an epoch's last, smaller batch is skipped; trained by default (its step equals one
   // device's step on those samples).
   bool drop_last = false;

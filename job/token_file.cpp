@@ -15,13 +15,16 @@ namespace {
 // those are held signed and masked when widened.
 struct TokenType {
   const char* descr;  // the .npy header's spelling
-  const char* name;   // data.dtype's and the messages'
+  TokenDType type;    // data.dtype's (its name: job/choices.cpp)
   at::ScalarType stored;
   int64_t mask;
 };
-const TokenType kTypes[] = {{"'<u2'", "uint16", at::kShort, 0xFFFF},      {"'<u4'", "uint32", at::kInt, 0xFFFFFFFFLL},
-                            {"'|u1'", "uint8", at::kByte, 0},              {"'<u1'", "uint8", at::kByte, 0},
-                            {"'<i4'", "int32", at::kInt, 0},               {"'<i8'", "int64", at::kLong, 0}};
+const TokenType kTypes[] = {{"'<u2'", TokenDType::Uint16, at::kShort, 0xFFFF},
+                            {"'<u4'", TokenDType::Uint32, at::kInt, 0xFFFFFFFFLL},
+                            {"'|u1'", TokenDType::Uint8, at::kByte, 0},
+                            {"'<u1'", TokenDType::Uint8, at::kByte, 0},
+                            {"'<i4'", TokenDType::Int32, at::kInt, 0},
+                            {"'<i8'", TokenDType::Int64, at::kLong, 0}};
 
 [[noreturn]] void bad(const std::string& file, const std::string& what) { throw DataError(printable(file, 300) + ": " + what); }
 
@@ -31,7 +34,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-TokenFile read_token_file(const std::string& file, const std::string& dtype) {
+TokenFile read_token_file(const std::string& file, std::optional<TokenDType> dtype) {
   TokenFile t;
   t.file = file;
   const TokenType* type = nullptr;
@@ -41,8 +44,9 @@ TokenFile read_token_file(const std::string& file, const std::string& dtype) {
     for (const auto& row : kTypes)
       if (h.descr == row.descr) type = &row;
     if (!type) bad(file, "holds dtype " + h.descr + "; token ids are read as uint8, uint16, uint32, int32 or int64 (little-endian)");
-    if (!dtype.empty() && dtype != type->name)
-      bad(file, std::string("holds ") + type->name + " ids (its header), but data.dtype says " + dtype);
+    if (dtype && *dtype != type->type)
+      bad(file, std::string("holds ") + choice_name(type->type) + " ids (its header), but data.dtype says " +
+                    choice_name(*dtype));
     if (h.shape.size() != 1)
       bad(file, "an array of " + std::to_string(h.shape.size()) + " dimensions; token ids are one flat array (numpy's ravel)");
     count = h.count;
@@ -51,10 +55,11 @@ TokenFile read_token_file(const std::string& file, const std::string& dtype) {
     if (h.file_size < t.offset + count * t.itemsize)
       bad(file, detail::concat("truncated: ", h.file_size, " bytes, its header describes ", t.offset + count * t.itemsize));
   } else {
-    const std::string name = dtype.empty() ? "uint16" : dtype;
+    const TokenDType want = dtype.value_or(TokenDType::Uint16);
     for (const auto& row : kTypes)
-      if (!type && name == row.name) type = &row;
-    PIPETRAIN_CHECK(type, "data.dtype ", name);
+      if (!type && want == row.type) type = &row;
+    PIPETRAIN_CHECK(type, "data.dtype ", choice_name(want));
+    const char* name = choice_name(want);
     t.itemsize = static_cast<int64_t>(c10::elementSize(type->stored));
     const int64_t size = regular_file_size(file);
     if (size % t.itemsize != 0)

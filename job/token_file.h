@@ -1,13 +1,16 @@
 // A flat file of token ids (data.kind tokens, job/tokens_data.h) mapped as stored: a raw `.bin`
-// of little-endian uint16 or uint32 ids, or a 1-D `.npy` of uint8, uint16, uint32, int32 or
+// of little-endian ids (data.dtype: uint16 by default, uint32, uint8, int32, int64), or a 1-D `.npy` of uint8, uint16, uint32, int32 or
 // int64 (job/npy.h reads its header). Apart from the data set so that the fuzz target
 // (fuzz/token_file_fuzz.cpp) reaches it alone. Tests: tests/tokens_data_test.cpp.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
+
+#include "job/choices.h"
 
 namespace pipetrain::job {
 
@@ -21,9 +24,9 @@ struct TokenFile {
   int64_t itemsize = 1;
 };
 
-// Maps `file`: a `.npy` by its header (`dtype`, if not empty, must agree), anything else as raw
-// ids of `dtype` (empty: uint16). DataError naming the file on any problem.
-TokenFile read_token_file(const std::string& file, const std::string& dtype);
+// Maps `file`: a `.npy` by its header (`dtype`, if set, must agree), anything else as raw
+// ids of `dtype` (unset: uint16). DataError naming the file on any problem.
+TokenFile read_token_file(const std::string& file, std::optional<TokenDType> dtype);
 
 // `ids` (of a TokenFile) as int64, the sign bits of uint16/uint32 ids cleared by `mask`.
 at::Tensor widen_ids(const at::Tensor& ids, int64_t mask);

@@ -1,5 +1,5 @@
 // data.kind "tokens": a flat file of token ids for a language model, as nanoGPT's prepare scripts
-// write them: a raw `.bin` of little-endian uint16 (data.dtype uint32 for a larger vocabulary),
+// write them: a raw `.bin` of little-endian uint16 (data.dtype uint32 for a larger vocabulary, or uint8, int32, int64),
 // or a 1-D `.npy` (uint8, uint16, uint32, int32 or int64, as its header says). The file is
 // memory-mapped; a sample is a window of model.seq_len + 1 ids (input: the first seq_len, target:
 // the same shifted by one), training windows every data.stride ids (default seq_len), shuffled

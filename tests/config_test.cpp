@@ -487,6 +487,7 @@ TEST(ConfigChoices, EveryTableHasARowPerValueInOrder) {
   expect_table<DType>("runtime.dtype");
   expect_table<LrSchedule>("optimizer.lr_schedule");
   expect_table<OnNonfinite>("train.on_nonfinite");
+  expect_table<TokenDType>("data.dtype");
   for (size_t i = 0; i < comm::backend_table().size(); ++i)
     EXPECT_EQ(static_cast<size_t>(comm::backend_table()[i].backend), i) << comm::backend_table()[i].name;
   // A list is given as one, never by name.
@@ -502,6 +503,8 @@ TEST(ConfigChoices, UnknownValuesNameTheKeyAndListTheAcceptedOnes) {
   expect_unknown_lists("runtime.dtype", {"float32", "float64"});
   expect_unknown_lists("optimizer.lr_schedule", {"constant", "cosine"});
   expect_unknown_lists("train.on_nonfinite", {"stop", "skip"});
+  expect_unknown_lists("data.dtype", {"uint16", "uint32", "uint8", "int32", "int64"},
+                       {"data.kind=tokens", "data.path=/nonexistent"});
   std::vector<std::string> transports = comm::backend_names();
   transports.emplace_back("auto");
   expect_unknown_lists("runtime.transport", transports);
@@ -546,6 +549,12 @@ TEST(ConfigChoices, EveryValueRoundTripsThroughParseAndWriteBack) {
     const Config c = parsed("train.on_nonfinite", row.name);
     round_trip("train.on_nonfinite", row.name, row.value, c.train.on_nonfinite, c);
   }
+  for (const auto& row : choices<TokenDType>()) {
+    const Config c = parsed("data.dtype", row.name, {"data.kind=tokens", "data.path=/nonexistent"});
+    ASSERT_TRUE(c.data.dtype) << row.name;
+    round_trip("data.dtype", row.name, row.value, *c.data.dtype, c);
+  }
+  EXPECT_FALSE(parsed("data.kind", "tokens", {"data.path=/nonexistent"}).data.dtype);  // unset: the file says
   for (const auto& row : comm::backend_table()) {
     if (!row.compiled || !row.threads) continue;  // refused for threads: TransportConfig above
     const Config c = parsed("runtime.transport", row.name);

@@ -142,6 +142,18 @@ TEST(TokensData, Uint32BinAndNpyFilesAndATestFile) {
   const std::string bin = write_bin("ids32.bin", ids);
   const job::Dataset d = load(gpt(70001, 5), R"("path": ")" + bin + R"(", "dtype": "uint32")");
   EXPECT_EQ(row(d.test_batch(0, 1).input[0]), ids_from(wide, 54, 5));
+  // Raw files of the other types data.dtype names: the same 60 positions, the same test window.
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> longs, wide8;
+  for (int64_t i = 0; i < 60; ++i) {
+    bytes.push_back(static_cast<uint8_t>(255 - i));
+    wide8.push_back(255 - i);
+    longs.push_back(5000000000LL % 90000 + i);
+  }
+  const job::Dataset d8 = load(gpt(256, 5), R"("path": ")" + write_bin("ids8.bin", bytes) + R"(", "dtype": "uint8")");
+  EXPECT_EQ(row(d8.test_batch(0, 1).input[0]), ids_from(wide8, 54, 5));
+  const job::Dataset d64 = load(gpt(90000, 5), R"("path": ")" + write_bin("ids64.bin", longs) + R"(", "dtype": "int64")");
+  EXPECT_EQ(row(d64.test_batch(0, 1).input[0]), ids_from(longs, 54, 5));
   // .npy files by numpy, their dtype from the header; the test split from a second file.
   python(R"(
 import numpy
