@@ -2,7 +2,10 @@
 # The GPU benchmarks (scripts/gpu.sh runs this after the gpu tests):
 #   bash bench/gpu.sh BUILD_DIR RESULTS_DIR [PART ...]
 # PARTs: speed, transfers, gpt24, pipeline, fashion (default: $GPU_BENCH_PARTS, else speed, transfers
-# and gpt24, which fit one 10-minute call; pipeline and fashion were measured before and take another).
+# and gpt24; pipeline and fashion were measured before and take another call). The parts share a
+# budget of $GPU_BENCH_BUDGET_S seconds (default 540, inside a 10-minute call): each part's timeout
+# is cut to what is left, and a part that would start with under 30 s left is skipped, said in
+# skipped.txt, so that the call ends with what was measured rather than being killed.
 # speed writes RESULTS_DIR/speed.jsonl (bench/gpu_pipeline.cpp --speed: the small GPT as the plain
 # loop and as 2 stages with and without CUDA graphs; the 24-layer GPT as the plain loop and as 4
 # stages 1F1B with and without graphs, each one's peak memory; its largest batch with and without
@@ -20,6 +23,14 @@ shift 2
 parts=" ${*:-${GPU_BENCH_PARTS:-speed transfers gpt24}} "
 part() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
+budget_end=$(( $(date +%s) + ${GPU_BENCH_BUDGET_S:-540} ))
+# The timeout for a part that would like $1 seconds: at most what the budget has left; 0 (skip)
+# under 30 s.
+within() {
+  local left=$(( budget_end - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+skip() { echo "$1: skipped, the budget of ${GPU_BENCH_BUDGET_S:-540} s was spent" | tee -a "$out/skipped.txt"; }
 machine() {
   local when=$1
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw \
@@ -32,15 +43,24 @@ machine() {
 machine before
 status=0
 if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
-  timeout 270 "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
+  t=$(within 270)
+  if [ "$t" -gt 0 ]; then
+    timeout "$t" "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
+  else skip speed; fi
 fi
 # Two processes on the one GPU: CUDA tensors over nccl, ucx and gloo, both directions, against a
 # device-to-device copy (bench/transfer_gpu.cpp).
 if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
-  timeout 180 "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
+  t=$(within 180)
+  if [ "$t" -gt 0 ]; then
+    timeout "$t" "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
+  else skip transfers; fi
 fi
 if part pipeline; then
-  timeout 300 "$build/bench/gpu_pipeline" "$out/gpu_pipeline.jsonl" ${GPU_PIPELINE_ARGS:-} || status=$?
+  t=$(within 300)
+  if [ "$t" -gt 0 ]; then
+    timeout "$t" "$build/bench/gpu_pipeline" "$out/gpu_pipeline.jsonl" ${GPU_PIPELINE_ARGS:-} || status=$?
+  else skip pipeline; fi
 fi
 # The 24-layer GPT (d_model 1024, sequence 1024, bf16) in 2 stages on the one GPU: as threads of
 # one process, and as 2 processes over ucx (device memory where UCX_CUDA=1) and nccl (two host ids,
@@ -56,16 +76,23 @@ if part gpt24 && [ -x "$build/apps/pipetrain" ]; then
  "train": {"steps": 8, "precision": "bf16"},
  "runtime": {"timeout_s": 120}}
 EOF
-  timeout 120 "$build/apps/pipetrain" train "$cfg" --quiet --metrics "$out/gpt24_threads.jsonl" >"$out/gpt24_threads.log" 2>&1 || status=$?
+  t=$(within 120)
+  if [ "$t" -gt 0 ]; then
+    timeout "$t" "$build/apps/pipetrain" train "$cfg" --quiet --metrics "$out/gpt24_threads.jsonl" >"$out/gpt24_threads.log" 2>&1 || status=$?
+  else skip gpt24_threads; fi
   for transport in ucx nccl; do
+    t=$(within 120)
+    if [ "$t" -eq 0 ]; then skip "gpt24_$transport"; continue; fi
     port=$(( 29500 + RANDOM % 1000 ))
+    pids=()
     for r in 0 1; do
       RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         NCCL_HOSTID=pipetrain-bench-host-$r NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-        timeout 120 "$build/apps/pipetrain" train "$cfg" --quiet --set runtime.kind=processes \
+        timeout -s KILL "$t" "$build/apps/pipetrain" train "$cfg" --quiet --set runtime.kind=processes \
         --set runtime.transport=$transport --metrics "$out/gpt24_$transport.r$r.jsonl" >"$out/gpt24_$transport.r$r.log" 2>&1 &
+      pids+=($!)
     done
-    wait || status=1
+    for p in "${pids[@]}"; do wait "$p" || status=1; done  # a bare wait would report 0 whatever they did
   done
   python3 - "$out" <<'EOF' >>"$out/gpt24_processes.jsonl"
 import json, os, statistics, sys
@@ -89,8 +116,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 data=$root/.gpu-deps/root/usr/share/datasets/fashion-mnist
 if part fashion && [ -x "$build/apps/pipetrain" ] && [ -d "$data" ]; then
   for devices in auto cpu; do
+    t=$(within 240)
+    if [ "$t" -eq 0 ]; then skip "fashion_$devices"; continue; fi
     start=$(date +%s%N)
-    timeout 240 "$build/apps/pipetrain" train "$root/configs/fashion_mnist_cnn.json" --set data.path="$data" \
+    timeout "$t" "$build/apps/pipetrain" train "$root/configs/fashion_mnist_cnn.json" --set data.path="$data" \
       --set pipeline.devices="$devices" --metrics "$out/fashion_$devices.jsonl" >"$out/fashion_$devices.log" 2>&1 || status=$?
     printf '{"bench":"fashion_mnist_cnn","devices":"%s","wall_ms":%d,"tail":"%s"}\n' "$devices" \
       $(( ($(date +%s%N) - start) / 1000000 )) "$(tail -1 "$out/fashion_$devices.log" | tr -d '"\\')" >>"$out/fashion.jsonl"

@@ -50,7 +50,11 @@ at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
                                               at::ScalarType type, const at::Device& device) {
-  const at::Tensor inv = rope_inv_freq(rope, head_dim, type).to(device);
+  return rope_tables(rope_inv_freq(rope, head_dim, type).to(device), offset, T, type);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type) {
+  const at::Device device = inv.device();
   const at::Tensor positions = torch::arange(offset, offset + T, torch::TensorOptions(torch::kLong).device(device)).to(inv.scalar_type());
   const at::Tensor freqs = positions.unsqueeze(1) * inv.unsqueeze(0);
   const at::Tensor emb = torch::cat({freqs, freqs}, -1);
@@ -115,7 +119,11 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   at::Tensor q = heads(run(self_attn_->q_proj, h), H, D), k = heads(run(self_attn_->k_proj, h), KV, D);
   const at::Tensor v = heads(run(self_attn_->v_proj, h), KV, D);
   const int64_t offset = cache ? cache->length() : 0;
-  const auto [cos, sin] = rope_tables(o_.rope, D, offset, T, q.scalar_type(), q.device());
+  if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
+    rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());
+    rope_type_ = q.scalar_type();
+  }
+  const auto [cos, sin] = rope_tables(rope_inv_, offset, T, q.scalar_type());
   q = apply_rope(q, cos, sin);
   k = apply_rope(k, cos, sin);
   const auto [keys, values] = extend(cache, k, v);

@@ -39,6 +39,8 @@ at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type
 /// rope_inv_freq says).
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
                                               at::ScalarType type, const at::Device& device);
+/// The same from `inv`, rope_inv_freq's result already on the tables' device.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type);
 /// x [B, H, T, D] rotated: x * cos + rotate_half(x) * sin (transformers' convention: the two
 /// halves of each head, not interleaved pairs).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
@@ -109,6 +111,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
   GatedMlp mlp_{nullptr};
+  // rope_inv_freq on the device the block last ran on, for the dtype it ran in: made once, so
+  // that a forward copies nothing from the host (no stream sync; capturable in a CUDA graph).
+  at::Tensor rope_inv_;
+  at::ScalarType rope_type_ = at::kFloat;
 };
 TORCH_MODULE(LlamaBlock);
 

@@ -143,6 +143,8 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
   // One value per channel normalises to the bias whatever the input, and its variance is undefined.
   TORCH_CHECK(x.numel() / features_ > 1, "BatchNorm: expected more than 1 value per channel when training, got input ",
               x.sizes(), " (a batch or micro-batch of one sample; use fewer micro-batches)");
+  // The batch statistics are merged on the host (count_): a replayed graph would not merge them.
+  note_not_replayable("BatchNorm merges its batch statistics on the host each micro-batch");
   if (!recomputing()) accumulate(x);
   return torch::batch_norm(x, weight, bias, /*running_mean=*/{}, /*running_var=*/{}, /*training=*/true, momentum_,
                            eps_, cudnn);

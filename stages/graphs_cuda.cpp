@@ -1,11 +1,14 @@
 // CUDA graphs per stage (graphs.h), in a build with CUDA.
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include <map>
+#include <mutex>
 
 #include "common/error.h"
 #include "common/strings.h"
@@ -26,6 +29,37 @@ struct Slot {
   at::Tensor grad_output;            // copied in before the backward's replay
   std::vector<bool> wants;           // per input of the function (the stage's input, then each parameter)
   variable_list grads;               // the backward's results, in the order of `wants` (undefined where not wanted)
+};
+
+// Captures are taken one at a time in the process: capture_begin and a graph's destruction
+// register and unregister it with the CUDA generators' shared state, which libtorch does not
+// lock. Nothing that runs on autograd's device threads takes it (a replay does not), so a
+// backward captured under it cannot wait on a holder.
+std::mutex& capture_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// .grad of each parameter set aside while the backward is captured: a layer that adds its weight
+// gradient into .grad itself (models/linear.cpp) would capture a write to this step's .grad,
+// which later steps free, instead of returning the gradient to the graph.
+class GradsAside {
+ public:
+  explicit GradsAside(const std::vector<at::Tensor>& params) : params_(params) {
+    for (const at::Tensor& p : params_) {
+      held_.push_back(p.grad());
+      const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+    }
+  }
+  ~GradsAside() {
+    for (size_t i = 0; i < params_.size(); ++i) const_cast<at::Tensor&>(params_[i]).mutable_grad() = held_[i];
+  }
+  GradsAside(const GradsAside&) = delete;
+  GradsAside& operator=(const GradsAside&) = delete;
+
+ private:
+  const std::vector<at::Tensor>& params_;
+  std::vector<at::Tensor> held_;
 };
 
 bool same_layout(const at::Tensor& a, const at::Tensor& b) {
@@ -58,6 +92,10 @@ struct Replay : public torch::autograd::Function<Replay> {
 class CudaStageGraphs : public StageGraphs {
  public:
   explicit CudaStageGraphs(const c10::Device& device) : device_(device) {}
+  ~CudaStageGraphs() override {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    slots_.clear();
+  }
 
   at::Tensor forward(int m, const at::Tensor& input, const at::Tensor& target, double weight,
                      at::ScalarType weight_dtype, const std::vector<at::Tensor>& params,
@@ -82,6 +120,7 @@ class CudaStageGraphs : public StageGraphs {
  private:
   void capture(int m, const at::Tensor& input, const at::Tensor& target, at::ScalarType weight_dtype,
                const std::vector<at::Tensor>& params, const GraphBody& body) {
+    std::lock_guard<std::mutex> lock(capture_mutex());
     auto slot = std::make_unique<Slot>();
     slot->input = input.detach().clone();
     if (input.requires_grad()) slot->input.requires_grad_(true);
@@ -104,7 +143,7 @@ class CudaStageGraphs : public StageGraphs {
       try {
         out = body(slot->input, slot->target, slot->weight);
       } catch (...) {
-        end_failed(slot->forward);
+        end_failed(slot->forward, pool);
         throw;
       }
       slot->forward.capture_end();
@@ -119,12 +158,13 @@ class CudaStageGraphs : public StageGraphs {
     }
     slot->grad_output = at::zeros_like(out);
     variable_list grads;
+    GradsAside aside(params);
     slot->backward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     try {
       grads = torch::autograd::grad({out}, wrt, {slot->grad_output}, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
     } catch (...) {
-      end_failed(slot->backward);
+      end_failed(slot->backward, pool);
       throw;
     }
     slot->backward.capture_end();
@@ -135,11 +175,16 @@ class CudaStageGraphs : public StageGraphs {
   }
 
   // A capture that threw: ended, so that the stream and the allocator leave capture mode; the
-  // first error is the one reported.
-  static void end_failed(at::cuda::CUDAGraph& graph) {
+  // first error is the one reported. Where the capture itself was invalidated, capture_end
+  // throws before it hands the allocator back: that is done here, and the pool's share released
+  // (the graph, never instantiated, releases nothing).
+  void end_failed(at::cuda::CUDAGraph& graph, at::cuda::MempoolId_t pool) {
     try {
       graph.capture_end();
     } catch (...) {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device_.index(), pool);
+      c10::cuda::CUDACachingAllocator::releasePool(device_.index(), pool);
+      (void)cudaGetLastError();  // the capture's error is not the next call's
     }
   }
 

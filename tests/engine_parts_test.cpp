@@ -353,6 +353,27 @@ TEST(CudaGraphs, TheFirstStepFindsWhatAGraphCannotReplay) {
   }
 }
 
+// BatchNorm merges its batch statistics on the host: the first step finds it, as it finds dropout
+// (a replay would leave the running statistics where the capture left them).
+TEST(CudaGraphs, TheFirstStepFindsBatchNorm) {
+  torch::manual_seed(0);
+  torch::nn::Sequential layers(torch::nn::Linear(4, 8), models::BatchNorm(8), torch::nn::Linear(8, 3));
+  stages::Stage st(0, 1, layers, Recompute::Never);
+  st.set_loss([](const at::Tensor& out, const at::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); });
+  st.use_cuda_graphs("");
+  testing::internal::CaptureStderr();
+  for (int step = 0; step < 2; ++step) {
+    st.begin_step(1, step, 1);
+    st.forward(0, torch::randn({6, 4}), 0, torch::randint(0, 3, {6}, torch::kLong));
+    st.backward(0, {});
+    EXPECT_EQ(st.graphed_forwards(), 0);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(st.graphs_refused().find("BatchNorm merges its batch statistics on the host"), std::string::npos)
+      << st.graphs_refused();
+  EXPECT_NE(err.find("stage 0: pipeline.cuda_graphs: runs eagerly: BatchNorm"), std::string::npos) << err;
+}
+
 // A CPU pipeline asked for graphs trains as without them, each stage saying once why it is eager.
 TEST(CudaGraphs, ACpuPipelineRunsEagerlyAndSaysSo) {
   std::vector<double> losses[2];

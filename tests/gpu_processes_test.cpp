@@ -58,7 +58,8 @@ std::string config(const std::string& schedule) {
 }
 
 // Two ranks of `cfg` on this GPU, started by hand as a launcher would (RANK, WORLD_SIZE, ...),
-// each with its own NCCL_HOSTID; each under a deadline. Returns the shell's result (both ranks'
+// each with its own NCCL_HOSTID; each killed after 100 s, before ctest ends the test (its
+// TIMEOUT 120) and would leave them running. Returns the shell's result (both ranks'
 // output); rank 0 writes `metrics`.
 Result two_ranks(const std::string& cfg, const std::string& transport, const std::string& metrics) {
   const int port = free_port();
@@ -67,7 +68,7 @@ Result two_ranks(const std::string& cfg, const std::string& transport, const std
     script += "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
               " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
               " NCCL_HOSTID=pipetrain-test-host-" + std::to_string(r) +
-              " NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 timeout -s KILL 240 " + PIPETRAIN_BINARY + " train " + cfg +
+              " NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 timeout -s KILL 100 " + PIPETRAIN_BINARY + " train " + cfg +
               " --quiet --set runtime.kind=processes --set runtime.transport=" + transport +
               (r == 0 ? " --metrics " + metrics : "") + " 2>&1 & pids=\"$pids $!\"; ";
   script += "st=0; for p in $pids; do wait $p || st=1; done; exit $st";
@@ -81,10 +82,14 @@ std::map<int, json> threads_run(const std::string& schedule) {
                            std::to_string(::getppid()) + ".jsonl";
   auto steps = read_steps(kept);
   if (steps.size() == 3) return steps;
-  const std::string cfg = write_config("gpu2_threads_" + schedule + ".json", config(schedule));
+  // Named after this process: tests of the same schedule may run at once (ctest -j). The kept
+  // file appears whole (a rename), never half written, to a test reading it meanwhile.
+  const std::string own = std::to_string(::getpid());
+  const std::string cfg = write_config("gpu2_threads_" + schedule + "_" + own + ".json", config(schedule));
   Result t = run("train " + cfg + " --quiet --metrics " + cfg + ".jsonl");
   EXPECT_EQ(t.status, 0) << t.out;
-  std::filesystem::copy_file(cfg + ".jsonl", kept, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(cfg + ".jsonl", kept + "." + own, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::rename(kept + "." + own, kept);
   return read_steps(kept);
 }
 

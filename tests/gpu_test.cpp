@@ -213,7 +213,7 @@ struct GraphRun {
   std::vector<std::vector<int64_t>> host_reads;  // per step, per stage
 };
 
-// Two stages of `model` on the one GPU, 1F1B over 4 micro-batches, cross-entropy.
+// Two stages of `model` on the one GPU, 1F1B over 4 micro-batches, no recomputation, cross-entropy.
 std::unique_ptr<pipetrain::pipeline::Pipeline> two_stages_on_the_gpu(torch::nn::Sequential model, bool graphs,
                                                                       pipetrain::Precision precision) {
   using namespace pipetrain;
@@ -223,6 +223,7 @@ std::unique_ptr<pipetrain::pipeline::Pipeline> two_stages_on_the_gpu(torch::nn::
   o.schedule = schedule::Kind::OneFOneB;
   o.devices = {c10::Device("cuda:0")};
   o.precision = precision;
+  o.recompute = Recompute::Never;  // graphs keep every micro-batch's activations (refused otherwise)
   o.cuda_graphs = graphs;
   return std::make_unique<pipeline::Pipeline>(model, o, [](const at::Tensor& out, const at::Tensor& y) {
     return torch::nn::functional::cross_entropy(out, y);

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "comm/ucx/internal.h"
 #include "comm/ucx/process_watch.h"
 #include "comm/ucx/tags.h"
@@ -198,6 +200,9 @@ void UcxTransport::note_exits(const std::vector<pollfd>& fds, size_t first) {
 }
 
 void UcxTransport::progress_loop() {
+  // UCX's CUDA transports may finish a device transfer on this thread: it works with the
+  // endpoint's GPU current, as the stage threads that drive the worker do.
+  if (options_.device.is_cuda()) c10::impl::VirtualGuardImpl(options_.device.type()).setDevice(options_.device);
   std::unique_lock<std::mutex> lock(mu_);
   const auto idle = [&] { return driver_ == Driver::None && waiters_ == 0; };
   for (;;) {  // until the destructor sets stopping_
