@@ -58,8 +58,8 @@ TokenFile read_token_file(const std::string& file, std::optional<TokenDType> dty
     const TokenDType want = dtype.value_or(TokenDType::Uint16);
     for (const auto& row : kTypes)
       if (!type && want == row.type) type = &row;
-    PIPETRAIN_CHECK(type, "data.dtype ", choice_name(want));
     const char* name = choice_name(want);
+    PIPETRAIN_CHECK(type, "data.dtype ", name);
     t.itemsize = static_cast<int64_t>(c10::elementSize(type->stored));
     const int64_t size = regular_file_size(file);
     if (size % t.itemsize != 0)

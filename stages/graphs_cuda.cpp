@@ -48,11 +48,11 @@ class GradsAside {
   explicit GradsAside(const std::vector<at::Tensor>& params) : params_(params) {
     for (const at::Tensor& p : params_) {
       held_.push_back(p.grad());
-      const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+      p.mutable_grad() = at::Tensor();
     }
   }
   ~GradsAside() {
-    for (size_t i = 0; i < params_.size(); ++i) const_cast<at::Tensor&>(params_[i]).mutable_grad() = held_[i];
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = held_[i];
   }
   GradsAside(const GradsAside&) = delete;
   GradsAside& operator=(const GradsAside&) = delete;

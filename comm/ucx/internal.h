@@ -31,11 +31,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 #include <ucp/api/ucp.h>
 
 #include "comm/transport.h"
@@ -186,6 +188,9 @@ class UcxTransport final : public Transport {
 
   const int rank_, world_;
   const TransportOptions options_;
+  // Where a GPU endpoint's device receives are allocated (transport.cpp's recv): a high-priority
+  // stream of libtorch's pool, which runs no kernel (the device contexts take low-priority ones).
+  std::optional<c10::Stream> receive_stream_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_fd_ = -1;

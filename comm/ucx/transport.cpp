@@ -10,8 +10,6 @@
 #include <cstring>
 
 #include <atomic>
-#include <map>
-#include <mutex>
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
@@ -53,27 +51,6 @@ std::atomic<uint64_t> host_staged_bytes{0};
 // A data payload that travels as device memory: UCX built with CUDA and a separate (not inline)
 // GPU payload.
 bool on_device(const at::Tensor& t, uint64_t nbytes) { return PIPETRAIN_UCX_CUDA && t.is_cuda() && nbytes > kInlineBytes; }
-
-// A device buffer for UCX to write into, allocated on a stream of its own that runs no kernel.
-// The caching allocator hands a block freed on a stream straight to that stream's next
-// allocation, trusting the stream's order to keep the old user's queued kernels ahead of the new
-// user's; UCX writes outside every stream, so a buffer taken from a compute stream could be
-// overwritten while kernels still queued there read its old contents. A block of this stream is
-// reused only once the streams it was recorded on (its consumer's: stages/device_cuda.cpp) are
-// done with it.
-at::Tensor device_buffer(const WireHeader& h, const c10::Device& device) {
-  static std::mutex mu;
-  static std::map<c10::DeviceIndex, c10::Stream> streams;
-  c10::Stream stream(c10::Stream::DEFAULT, device);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = streams.find(device.index());
-    if (it == streams.end()) it = streams.emplace(device.index(), c10::impl::VirtualGuardImpl(device.type()).getNewStream(device)).first;
-    stream = it->second;
-  }
-  c10::StreamGuard guard(stream);
-  return at::empty(h.dims, at::TensorOptions().dtype(scalar_type_of(h.dtype)).device(device));
-}
 }  // namespace
 
 void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) {
@@ -149,9 +126,19 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
   // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
   const bool device = PIPETRAIN_UCX_CUDA && !inline_data && options_.device.is_cuda() &&
                       (id.kind == Kind::Activation || id.kind == Kind::Grad);
-  at::Tensor out = device ? device_buffer(h, options_.device)
-                   : h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h)
-                                                       : empty_for(h);
+  // A device buffer is allocated on receive_stream_, which runs no kernel. The caching allocator
+  // hands a block freed on a stream straight to that stream's next allocation, trusting the
+  // stream's order to keep the old user's queued kernels ahead of the new user's; UCX writes
+  // outside every stream, so a block from a compute stream could be overwritten while kernels
+  // queued there still read it. A block of receive_stream_ is reused only once the streams it was
+  // recorded on (its consumer's: stages/device_cuda.cpp) are done with it.
+  at::Tensor out;
+  if (device) {
+    c10::StreamGuard on_receive_stream(*receive_stream_);
+    out = at::empty(h.dims, at::TensorOptions().dtype(scalar_type_of(h.dtype)).device(options_.device));
+  } else {
+    out = h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
+  }
   if (inline_data) {
     if (h.nbytes) std::memcpy(out.data_ptr(), head->bytes.get() + kWireHeaderBytes, h.nbytes);
     return out;

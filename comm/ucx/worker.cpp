@@ -27,6 +27,7 @@
 #include "comm/ucx/process_watch.h"
 #include "comm/ucx/tags.h"
 #include "common/broken_pipe.h"
+#include "common/config.h"
 #include "common/error.h"
 
 namespace pipetrain::comm::ucx {
@@ -61,6 +62,8 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
     throw Error(detail::concat("ucx: world size ", world, " outside [1, ", kMaxWorld, "]"));
   if (rank < 0 || rank >= world)
     throw Error(detail::concat("ucx: rank ", rank, " outside world of size ", world));
+  if (PIPETRAIN_UCX_CUDA && options_.device.is_cuda())
+    receive_stream_ = c10::impl::VirtualGuardImpl(options_.device.type()).getStreamFromGlobalPool(options_.device, true);
   ignore_broken_pipe();  // a peer that went while UCX writes to its socket is an error, not a death
   route_ucx_log();  // from here on UCX's messages are our lines (log.cpp)
   try {
