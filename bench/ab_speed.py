@@ -3,10 +3,10 @@
 the new, alternately, REPEAT times; the pipeline's and the plain loop's samples/s (each run's
 median over its timed steps), then the median and range over the runs, and new / old.
 
-  bench/ab_speed.py OLD_BINARY NEW_BINARY OUT.jsonl [CONFIG ...]
+  bench/ab_speed.py OLD_BINARY NEW_BINARY OUT.jsonl [CONFIG[:key=value,...] ...]
   REPEAT=5 REPS=12 bench/ab_speed.py /work/old/build/apps/pipetrain build/apps/pipetrain r.jsonl
 
-Default configs: configs/gpt_text.json, configs/gpt_small.json, configs/mlp_bench.json. The
+A config may carry overrides after a colon (`bench --set` each). Default configs: configs/gpt_text.json, configs/gpt_small.json, configs/mlp_bench.json. The
 machine's other load is the noise: run it on an idle machine.
 """
 import json
@@ -18,12 +18,14 @@ import sys
 import tempfile
 
 
-def bench(binary, config, reps):
+def bench(binary, spec, reps):
+    config, _, sets = spec.partition(":")
+    overrides = [x for kv in sets.split(",") if kv for x in ("--set", kv)]
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
         subprocess.run([binary, "bench", config, "--warmup", "3", "--repeat", str(reps), "--min-time", "0",
-                        "--json", out.name], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        "--json", out.name] + overrides, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         r = json.loads(open(out.name).readline())
-    return r["pipeline_samples_per_s"], r["baseline_samples_per_s"]
+    return r["pipeline_samples_per_s"], r["baseline_samples_per_s"], r["baseline_all_cores_samples_per_s"]
 
 
 def cpu():
@@ -43,11 +45,12 @@ def main():
             for name, binary in (("old", old), ("new", new)):
                 runs[(c, name)].append(bench(binary, c, reps))
                 print(f"run {i + 1}/{repeat} {c} {name}: pipeline {runs[(c, name)][-1][0]:.1f}, "
-                      f"plain loop {runs[(c, name)][-1][1]:.1f} samples/s", flush=True)
+                      f"plain loop {runs[(c, name)][-1][1]:.1f}, on all cores {runs[(c, name)][-1][2]:.1f} samples/s",
+                      flush=True)
     with open(out, "w") as f:
         for c in configs:
             row = {"config": c, "cpu": cpu(), "cores": os.cpu_count(), "repeat": repeat}
-            for what, k in (("pipeline", 0), ("plain_loop", 1)):
+            for what, k in (("pipeline", 0), ("plain_loop", 1), ("plain_loop_all_cores", 2)):
                 for name in ("old", "new"):
                     v = [r[k] for r in runs[(c, name)]]
                     row[f"{what}_{name}_samples_per_s"] = statistics.median(v)
@@ -56,7 +59,8 @@ def main():
             f.write(json.dumps(row) + "\n")
             print(f"{c}: pipeline {row['pipeline_old_samples_per_s']:.1f} -> {row['pipeline_new_samples_per_s']:.1f} "
                   f"({row['pipeline_new_over_old']:.2f}x), plain loop {row['plain_loop_old_samples_per_s']:.1f} -> "
-                  f"{row['plain_loop_new_samples_per_s']:.1f} ({row['plain_loop_new_over_old']:.2f}x)")
+                  f"{row['plain_loop_new_samples_per_s']:.1f} ({row['plain_loop_new_over_old']:.2f}x), on all cores "
+                  f"{row['plain_loop_all_cores_old_samples_per_s']:.1f} -> {row['plain_loop_all_cores_new_samples_per_s']:.1f}")
 
 
 if __name__ == "__main__":

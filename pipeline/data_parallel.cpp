@@ -69,46 +69,66 @@ void Executor::reduce_now() {
 
 // Chan, Golub and LeVeque's merge of (count, mean, squared deviations), copy by copy in order,
 // as BatchNormImpl merges micro-batches: the running statistics then follow the whole batch.
+// Every BatchNorm of a device (all its chunks) travels in one all-gather: [count, mean, m2] per
+// layer, one after another (a collective per layer cost a round trip each, which on a busy CPU
+// came to several milliseconds a step for ten layers).
 void Executor::merge_batch_norm() {
-  for (int r : local_)
-    for (int c = 0; c < sched_.chunks; ++c) {
-      const int vs = sched_.virtual_stage(r, c);
-      for (models::BatchNormImpl* bn : models::batch_norms(*stages_[vs]->layers())) {
-        auto [count, mean, m2] = bn->accumulated();
-        const int64_t F = bn->running_mean.numel();
-        at::Tensor mine = torch::zeros({1 + 2 * F}, torch::kDouble);
-        mine[0] = static_cast<double>(count);
-        if (count > 0) {
-          mine.narrow(0, 1, F).copy_(mean.reshape({-1}));
-          mine.narrow(0, 1 + F, F).copy_(m2.reshape({-1}));
-        }
-        at::Tensor all = torch::empty({dp_.mesh.data_parallel * (1 + 2 * F)}, torch::kDouble);
-        try {
-          comm::wait_work(comm::all_gather(*dp_.device_groups.at(r), all, mine), Deadline::after(options_.timeout_s));
-        } catch (const std::exception& e) {
-          throw TransportError(-1, detail::concat("stage ", r, ": merging BatchNorm statistics across the copies: ", e.what()));
-        }
-        int64_t n = 0;
-        at::Tensor mu, dev;
-        for (int d = 0; d < dp_.mesh.data_parallel; ++d) {
-          at::Tensor part = all.narrow(0, d * (1 + 2 * F), 1 + 2 * F);
-          const int64_t k = static_cast<int64_t>(part[0].item<double>());
-          if (k == 0) continue;
-          at::Tensor pm = part.narrow(0, 1, F), pd = part.narrow(0, 1 + F, F);
-          if (n == 0) {
-            mu = pm.clone();
-            dev = pd.clone();
-          } else {
-            const double a = static_cast<double>(n), b = static_cast<double>(k);
-            at::Tensor delta = pm - mu;
-            mu = mu + delta * (b / (a + b));
-            dev = dev + pd + delta * delta * (a * b / (a + b));
-          }
-          n += k;
-        }
-        if (n > 0) bn->set_accumulated(n, mu.view_as(mean.defined() ? mean : mu), dev.view_as(m2.defined() ? m2 : dev));
+  for (int r : local_) {
+    std::vector<models::BatchNormImpl*> bns;
+    for (int c = 0; c < sched_.chunks; ++c)
+      for (models::BatchNormImpl* bn : models::batch_norms(*stages_[sched_.virtual_stage(r, c)]->layers()))
+        bns.push_back(bn);
+    if (bns.empty()) continue;
+    int64_t size = 0;
+    for (const auto* bn : bns) size += 1 + 2 * bn->running_mean.numel();
+    at::Tensor mine = torch::zeros({size}, torch::kDouble);
+    int64_t at = 0;
+    for (const auto* bn : bns) {
+      const auto [count, mean, m2] = bn->accumulated();
+      const int64_t F = bn->running_mean.numel();
+      mine[at] = static_cast<double>(count);
+      if (count > 0) {
+        mine.narrow(0, at + 1, F).copy_(mean.reshape({-1}));
+        mine.narrow(0, at + 1 + F, F).copy_(m2.reshape({-1}));
       }
+      at += 1 + 2 * F;
     }
+    const auto& group = dp_.device_groups.at(r);
+    const bool on_device = group->getBackendName() == "nccl";  // NCCL gathers device memory only
+    at::Tensor send = on_device ? mine.to(bns.front()->running_mean.device()) : mine;
+    at::Tensor all = torch::empty({dp_.mesh.data_parallel * size}, send.options());
+    try {
+      comm::wait_work(comm::all_gather(*group, all, send), Deadline::after(options_.timeout_s));
+    } catch (const std::exception& e) {
+      throw TransportError(-1, detail::concat("stage ", r, ": merging BatchNorm statistics across the copies: ", e.what()));
+    }
+    if (on_device) all = all.cpu();
+    at = 0;
+    for (models::BatchNormImpl* bn : bns) {
+      const auto [count, mean, m2] = bn->accumulated();
+      const int64_t F = bn->running_mean.numel();
+      int64_t n = 0;
+      at::Tensor mu, dev;
+      for (int d = 0; d < dp_.mesh.data_parallel; ++d) {
+        at::Tensor part = all.narrow(0, d * size + at, 1 + 2 * F);
+        const int64_t k = static_cast<int64_t>(part[0].item<double>());
+        if (k == 0) continue;
+        at::Tensor pm = part.narrow(0, 1, F), pd = part.narrow(0, 1 + F, F);
+        if (n == 0) {
+          mu = pm.clone();
+          dev = pd.clone();
+        } else {
+          const double a = static_cast<double>(n), b = static_cast<double>(k);
+          at::Tensor delta = pm - mu;
+          mu = mu + delta * (b / (a + b));
+          dev = dev + pd + delta * delta * (a * b / (a + b));
+        }
+        n += k;
+      }
+      if (n > 0) bn->set_accumulated(n, mu.view_as(mean.defined() ? mean : mu), dev.view_as(m2.defined() ? m2 : dev));
+      at += 1 + 2 * F;
+    }
+  }
 }
 
 // A copy that failed a reduction may have been waiting for a rank stuck elsewhere, whose name
