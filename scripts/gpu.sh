@@ -9,8 +9,13 @@
 # RESULTS_DIR defaults to $OUT when set, else gpu-results/. The build uses the machine's own
 # torch (python3's) and the Debian packages from .gpu-deps/, unpacked into .gpu-deps/root.
 # Without --all it builds only what the GPU checks run (the binary, the gpu tests, the GPU
-# benchmark). Without --phase it runs every phase; each phase fits a 10-minute call, and a
-# later phase reuses the build folder an earlier call left.
+# benchmark). Each phase fits a 10-minute call, and a later phase reuses the build folder an
+# earlier call left (while the machine is still warm). Without --phase it runs every phase in
+# one call of at most $GPU_TOTAL_S seconds (default 560; a lent machine's device time is short
+# and each start costs minutes): the build, then the gpu tests until $GPU_TEST_S seconds
+# (default 240) or until only $GPU_BENCH_MIN_S (default 180) are left for the benchmarks, then
+# the benchmarks with what is left (bench/gpu.sh skips, naming them in skipped.txt, the parts
+# the time does not reach; `--phase bench` in a second call runs them).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all=0
@@ -61,6 +66,7 @@ generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 if [ "$all" = 0 ]; then export PIPETRAIN_BUILD_TARGETS=${PIPETRAIN_BUILD_TARGETS:-"pipetrain gpu_test gpu_processes_test equivalence_test gpu_pipeline transfer_gpu"}; fi
 start=$(date +%s)
+deadline=$(( start + ${GPU_TOTAL_S:-560} ))
 if want build && ! bash "$root/scripts/build.sh" "${generator[@]}" \
     -DGTest_DIR="$prefix/usr/lib/$arch/cmake/GTest" \
     -DCLI11_DIR="$(dirname "$(find "$prefix" -name 'CLI11Config.cmake' | head -1)")" \
@@ -78,8 +84,18 @@ bin=$PIPETRAIN_BUILD_DIR/apps/pipetrain
 status=0
 if want test; then
   # Four at a time: the two-process tests mostly wait on their processes' start, beside the CUDA grid.
-  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu -j 4 --output-on-failure --timeout 600 >"$out/gpu-tests.log" 2>&1 || status=1
-  log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1)"
+  # Every phase in one call: the tests stop (ctest --stop-time: those running then time out, the
+  # rest do not start) in time to leave the benchmarks theirs.
+  stop=()
+  if [ "$phase" = all ]; then
+    until=$(( $(date +%s) + ${GPU_TEST_S:-240} ))
+    [ "$until" -gt $(( deadline - ${GPU_BENCH_MIN_S:-180} )) ] && until=$(( deadline - ${GPU_BENCH_MIN_S:-180} ))
+    stop=(--stop-time "$(date -d "@$until" +%H:%M:%S)")
+  fi
+  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -N -L gpu | grep -E '^ +Test +#' >"$out/gpu-tests-listed.txt"
+  ctest --test-dir "$PIPETRAIN_BUILD_DIR" -L gpu -j 4 --output-on-failure --timeout 600 "${stop[@]}" \
+    >"$out/gpu-tests.log" 2>&1 || status=1
+  log "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -1) ($(wc -l <"$out/gpu-tests-listed.txt") listed, $(( $(date +%s) - start )) s into the call)"
   grep -E 'Skipped|\*\*\*' "$out/gpu-tests.log" | tee -a "$out/summary.txt"
 fi
 if want test && [ "$all" = 1 ]; then
@@ -88,6 +104,7 @@ if want test && [ "$all" = 1 ]; then
   log "whole suite: $(grep -E 'tests passed|tests failed' "$out/tests.log" | tail -1)"
 fi
 if want bench && [ -f "$root/bench/gpu.sh" ]; then
+  [ "$phase" = all ] && export GPU_BENCH_BUDGET_S=$(( deadline - $(date +%s) ))
   bash "$root/bench/gpu.sh" "$PIPETRAIN_BUILD_DIR" "$out" >"$out/bench.log" 2>&1 || status=1
   log "benchmarks: see bench.log and the results beside it"
 fi
