@@ -141,27 +141,50 @@ void compare(const std::vector<Variant>& variants, torch::nn::Sequential model, 
              const Args& a, const json& common, const std::string& measure, std::ostream& out) {
   std::map<std::string, std::vector<double>> times;
   std::map<std::string, int64_t> peaks;
+  // A variant that fails is reported with its error and left out of the later rounds; the others
+  // still run. Out of memory is the likely one: a stage's graphs hold every micro-batch's memory
+  // pool for the whole run (its activations, as GPipe keeps them, and its own gradients), which
+  // for the 24-layer GPT in 4 stages is GPipe's 60 GB and more.
+  std::map<std::string, std::string> failed;
   for (int round = 0; round < a.rounds; ++round)
     for (const Variant& v : variants) {
+      if (failed.count(describe(v))) continue;
       reset_peak();
-      auto t = run(v, model, x, y, a.steps, round == 0 ? 3 : v.graphs ? 2 : 1);  // a graphed run captures in its step 2
+      std::vector<double> t;
+      try {
+        t = run(v, model, x, y, a.steps, round == 0 ? 3 : v.graphs ? 2 : 1);  // a graphed run captures in its step 2
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        failed[describe(v)] = what.substr(0, std::min(what.find('\n'), size_t{300}));
+        std::cerr << measure << " round " << round << " " << describe(v) << ": failed: " << failed[describe(v)] << "\n";
+        c10::cuda::CUDACachingAllocator::emptyCache();
+        continue;
+      }
       peaks[describe(v)] = std::max(peaks[describe(v)], peak());
       auto& all = times[describe(v)];
       all.insert(all.end(), t.begin(), t.end());
       std::cerr << measure << " round " << round << " " << describe(v) << ": " << x.size(0) / median_of(t) << " samples/s\n";
     }
-  const double first = x.size(0) / median_of(times[describe(variants.front())]);
+  const auto& plain = times[describe(variants.front())];
+  const double first = plain.empty() ? 0 : x.size(0) / median_of(plain);
   for (const Variant& v : variants) {
     auto t = times[describe(v)];
     std::sort(t.begin(), t.end());
     json j = common;
     j["measure"] = measure;
     j["variant"] = describe(v);
+    if (t.empty()) {
+      j["error"] = failed[describe(v)];
+      out << j.dump() << "\n";
+      out.flush();
+      std::cout << j.dump() << "\n";
+      continue;
+    }
     j["samples_per_s"] = x.size(0) / median_of(t);
     j["samples_per_s_min"] = x.size(0) / t.back();
     j["samples_per_s_max"] = x.size(0) / t.front();
     j["steps"] = t.size();
-    j["vs_plain"] = x.size(0) / median_of(t) / first;
+    if (first > 0) j["vs_plain"] = x.size(0) / median_of(t) / first;
     j["peak_bytes"] = peaks[describe(v)];
     out << j.dump() << "\n";
     out.flush();
