@@ -110,8 +110,9 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
         for (int i = 0; i < iters; ++i) {
           const MessageId id{Kind::Activation, i, 0, round};
           if (rank == from) {
-            msg.fill_(static_cast<float>(round * iters + i));
-            t->send(to, id, msg);
+            // A tensor of its own per message, as the pipeline sends: a send in flight (NCCL's
+            // stream, UCX's progress) may still read the one before.
+            t->send(to, id, at::full_like(msg, static_cast<float>(round * iters + i)));
           } else {
             at::Tensor got = t->recv(from, id, Deadline::after(kWait));
             if (i == iters - 1) {

@@ -38,8 +38,9 @@ std::vector<Case> device_cases(const std::string& device) {
       }
     }
     // Ranks on the GPU: one Pipeline per rank (threads here), every stage on cuda:0, over Gloo
-    // (through pinned host memory) and over nccl-order (the c10d transport's device path, its data
-    // on the CPU-side group with NCCL's ordering), for the tied GPT: its tie's gradients cross ranks.
+    // (through pinned host memory) and over nccl-order (the c10d transport with NCCL's ordering;
+    // its group is a CPU one, so the tensors cross through the host: NCCL's device path between
+    // processes is gpu_processes_test's), for the tied GPT: its tie's gradients cross ranks.
     for (const std::string transport : {"gloo", "nccl-order"}) {
       if (c.family != "gpt_tied") break;  // the shape whose tie spans the first and the last rank
       Case r = c;

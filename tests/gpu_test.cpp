@@ -106,9 +106,11 @@ TEST(Gpu, NcclGroupOfOneReducesAndTheTransportSendsToItself) {
 }
 
 #if PIPETRAIN_HAVE_UCX
-// UCX built with CUDA (the libucx-cu13 wheel: UCX_CUDA=1 in --version) carries a GPU's tensor as
-// device memory: two ranks of one process on the GPU, a 4 MiB activation each way, received on
-// the GPU with the sent values, and not a byte staged through the host by the transport.
+// UCX built with CUDA (the libucx-cu13 wheel: UCX_CUDA=1 in --version) is handed a GPU's tensor
+// as device memory: two ranks of one process on the GPU, a 4 MiB activation each way, received on
+// the GPU with the sent values, and not a byte staged through the host by the transport. (Within
+// one process UCX does not use cuda_ipc and may bounce the bytes through buffers of its own;
+// between two processes, gpu_processes_test and bench/transfer_gpu, it can map the peer's memory.)
 TEST(Gpu, UcxCarriesDeviceMemoryWithoutAHostCopy) {
   REQUIRE_GPU();
   using namespace pipetrain;
@@ -116,7 +118,7 @@ TEST(Gpu, UcxCarriesDeviceMemoryWithoutAHostCopy) {
   comm::TransportOptions o;
   o.backend = pipetrain::comm::Backend::Ucx;
   o.device = c10::Device(c10::kCUDA, 0);
-  o.detect_peer_failure = false;  // cuda_ipc and shared memory between the two
+  o.detect_peer_failure = false;  // two ranks of one process: no peer to lose
   auto group = comm::make_transport_group(o, 2);
   const uint64_t staged = comm::ucx_host_staged_bytes_for_test();
   const at::Tensor up = torch::arange(1 << 20, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
