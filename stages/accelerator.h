@@ -24,8 +24,8 @@ struct AcceleratorInfo {
 AcceleratorInfo accelerator_info();
 
 /// A named range on the profiler's timeline (NVTX, which nsys shows) from construction to
-/// destruction, on the calling thread; nothing in a build without CUDA, and next to nothing when
-/// no profiler listens.
+/// destruction, on the calling thread; nothing in a build without CUDA (or whose CUDA toolkit
+/// has no NVTX headers), and next to nothing when no profiler listens.
 class ProfilerRange {
  public:
   explicit ProfilerRange(const std::string& name);  ///< opens the range `name`

@@ -2,7 +2,13 @@
 // count, which also says why there is none (no driver, no device), and libtorch's CUDA hooks
 // for the versions it was built with.
 #include <cuda_runtime_api.h>
+// NVTX ships with the CUDA toolkit (header-only); a toolkit without it builds with no ranges.
+#if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
+#define PIPETRAIN_HAVE_NVTX 1
+#else
+#define PIPETRAIN_HAVE_NVTX 0
+#endif
 
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -45,7 +51,12 @@ AcceleratorInfo accelerator_info() {
   return info;
 }
 
+#if PIPETRAIN_HAVE_NVTX
 ProfilerRange::ProfilerRange(const std::string& name) { nvtxRangePushA(name.c_str()); }
 ProfilerRange::~ProfilerRange() { nvtxRangePop(); }
+#else
+ProfilerRange::ProfilerRange(const std::string&) {}
+ProfilerRange::~ProfilerRange() {}
+#endif
 
 }  // namespace pipetrain::stages
