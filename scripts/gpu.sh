@@ -58,6 +58,9 @@ export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
 # UCX with CUDA from the libucx-cu13 wheel's files (scripts/gpu_deps.sh), where they came along.
 if [ -f "$deps/ucx-wheel/libucx/lib/cmake/ucx/ucx-config.cmake" ]; then
   export PIPETRAIN_UCX_PREFIX="$deps/ucx-wheel/libucx"
+  # Ahead of the Debian packages' folder, which holds Debian's UCX 1.13 (no CUDA): the library
+  # path comes before the binary's run path, and the first libucp found is the one loaded.
+  export LD_LIBRARY_PATH="$PIPETRAIN_UCX_PREFIX/lib:$LD_LIBRARY_PATH"
   for f in "$PIPETRAIN_UCX_PREFIX"/lib/*.so.0 "$PIPETRAIN_UCX_PREFIX"/lib/ucx/*.so.0; do
     [ -e "${f%.0}" ] || ln -s "$(basename "$f")" "${f%.0}"  # the link-time name; only .so.0 travels
   done

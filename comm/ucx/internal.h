@@ -191,6 +191,10 @@ class UcxTransport final : public Transport {
   // Where a GPU endpoint's device receives are allocated (transport.cpp's recv): a high-priority
   // stream of libtorch's pool, which runs no kernel (the device contexts take low-priority ones).
   std::optional<c10::Stream> receive_stream_;
+  // CUDA tensors leave and arrive as device memory: UCX built with CUDA, a GPU endpoint, and the
+  // UCX loaded at run time handling CUDA memory (a UCX without its CUDA module, or an older one
+  // found first on the library path, does not: they then cross through the host, said once).
+  bool device_memory_ = false;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_fd_ = -1;

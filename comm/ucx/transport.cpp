@@ -48,9 +48,6 @@ void UcxTransport::check_usable(int peer, const Doing& doing) const {
 namespace {
 std::atomic<uint64_t> host_staged_bytes{0};
 
-// A data payload that travels as device memory: UCX built with CUDA and a separate (not inline)
-// GPU payload.
-bool on_device(const at::Tensor& t, uint64_t nbytes) { return PIPETRAIN_UCX_CUDA && t.is_cuda() && nbytes > kInlineBytes; }
 }  // namespace
 
 void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) {
@@ -58,7 +55,9 @@ void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) 
   const WireHeader h = make_header(tensor, id);
   const auto header = encode(h);
   const uint64_t tag = header_tag(rank_, id);
-  const bool device = on_device(tensor, h.nbytes);
+  // A data payload that travels as device memory: a separate (not inline) GPU payload, where
+  // this endpoint's UCX handles CUDA memory (device_memory_).
+  const bool device = device_memory_ && tensor.is_cuda() && h.nbytes > kInlineBytes;
   at::Tensor data;
   if (device) {
     // UCX is not stream-aware: the work the current stream issued (the producer, and the copy
@@ -124,8 +123,7 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
                                              " bytes for a header announcing ", h.nbytes, " bytes of data (",
                                              expected, " expected)"));
   // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
-  const bool device = PIPETRAIN_UCX_CUDA && !inline_data && options_.device.is_cuda() &&
-                      (id.kind == Kind::Activation || id.kind == Kind::Grad);
+  const bool device = device_memory_ && !inline_data && (id.kind == Kind::Activation || id.kind == Kind::Grad);
   // A device buffer is allocated on receive_stream_, which runs no kernel. The caching allocator
   // hands a block freed on a stream straight to that stream's next allocation, trusting the
   // stream's order to keep the old user's queued kernels ahead of the new user's; UCX writes
@@ -307,7 +305,16 @@ void UcxTransport::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
 
 }  // namespace ucx
 
-std::string ucx_version() { return ucp_get_version_string(); }
+// The UCX loaded at run time, and the one built against where the two differ (an older UCX found
+// first on the library path lacks what this build relies on: CUDA memory, for one).
+std::string ucx_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  std::string v = ucp_get_version_string();
+  if (major != UCP_API_MAJOR || minor != UCP_API_MINOR)
+    v += detail::concat(" (built against ", UCP_API_MAJOR, ".", UCP_API_MINOR, ")");
+  return v;
+}
 
 std::unique_ptr<Transport> make_ucx_transport(int rank, int world_size, const AddressExchange& exchange,
                                               TransportOptions options) {

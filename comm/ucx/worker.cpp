@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -29,6 +30,7 @@
 #include "common/broken_pipe.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace pipetrain::comm::ucx {
 
@@ -85,6 +87,18 @@ UcxTransport::UcxTransport(int rank, int world, TransportOptions options)
     const ucs_status_t init = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     ucx_check(init, detail::concat("initialising a context for rank ", rank));
+    if (PIPETRAIN_UCX_CUDA && options_.device.is_cuda()) {
+      ucp_context_attr_t attr{};
+      attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+      device_memory_ = ucp_context_query(context_, &attr) == UCS_OK &&
+                       (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+      static std::once_flag said;
+      if (!device_memory_)
+        std::call_once(said, [] {
+          log::warning(detail::concat("ucx: the UCX loaded at run time (", ucp_get_version_string(),
+                                      ") does not handle CUDA memory: GPU tensors cross through the host"));
+        });
+    }
 
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
