@@ -5,7 +5,8 @@
 # and gpt24; pipeline and fashion were measured before and take another call). The parts share a
 # budget of $GPU_BENCH_BUDGET_S seconds (default 540, inside a 10-minute call): each part's timeout
 # is cut to what is left, and a part that would start with under 30 s left is skipped, said in
-# skipped.txt, so that the call ends with what was measured rather than being killed.
+# skipped.txt, so that the call ends with what was measured rather than being killed. They run
+# in the order transfers, speed, gpt24 (the shortest first), whatever order they are named in.
 # speed writes RESULTS_DIR/speed.jsonl (bench/gpu_pipeline.cpp --speed: the small GPT as the plain
 # loop and as 2 stages with and without CUDA graphs; the 24-layer GPT as the plain loop and as 4
 # stages 1F1B with and without graphs, each one's peak memory; its largest batch with and without
@@ -42,12 +43,6 @@ machine() {
 }
 machine before
 status=0
-if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
-  t=$(within 270)
-  if [ "$t" -gt 0 ]; then
-    timeout "$t" "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
-  else skip speed; fi
-fi
 # Two processes on the one GPU: CUDA tensors over nccl, ucx and gloo, both directions, against a
 # device-to-device copy (bench/transfer_gpu.cpp).
 if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
@@ -55,6 +50,12 @@ if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
   if [ "$t" -gt 0 ]; then
     timeout "$t" "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
   else skip transfers; fi
+fi
+if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
+  t=$(within 270)
+  if [ "$t" -gt 0 ]; then
+    timeout "$t" "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
+  else skip speed; fi
 fi
 if part pipeline; then
   t=$(within 300)

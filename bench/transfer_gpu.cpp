@@ -7,14 +7,17 @@
 // GB/s are 1e9 bytes per second of payload, from the first send to the receiver's stream having
 // finished the last receive (its ack over the store); every received tensor's content is checked.
 // NCCL runs its two ranks on one GPU with a host id each (NCCL_HOSTID; sockets on lo): a test-only
-// arrangement, slow by design (docs/gpu.md). UCX as linked today (no CUDA support) and Gloo stage
-// through the host.
+// arrangement, slow by design (docs/gpu.md). UCX carries device memory where it has CUDA
+// (UCX_CUDA=1 in `pipetrain --version`), through the host otherwise; Gloo stages through pinned
+// host memory. The copy first, then ucx, nccl and gloo, each in processes of its own killed after
+// kChildSeconds: a transport that hangs costs its own time, not the others' lines.
 //
-//   transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
+//   transfer_gpu OUT.jsonl [--transports ucx,nccl,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
 //                [--device cuda|cpu]
 // --device cpu runs the same exchange with host tensors (no nccl), which checks the harness
 // where there is no GPU.
 #include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,7 +60,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-constexpr double kWait = 120;
+constexpr double kWait = 60;
+constexpr unsigned kChildSeconds = 75;
 constexpr int kRepeats = 5;
 bool on_gpu = true;  // --device
 
@@ -163,6 +168,41 @@ void memcpy_baseline(const std::vector<int64_t>& sizes, int iters, const std::st
   }
 }
 
+// `f` in a process of its own, killed (SIGALRM) after kChildSeconds; an exception is its error line.
+pid_t in_child(const std::string& what, const std::function<void()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(kChildSeconds);
+    try {
+      f();
+      ::_exit(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "transfer_gpu: %s: %s\n", what.c_str(), e.what());
+      ::_exit(1);
+    }
+  }
+  if (pid < 0) std::fprintf(stderr, "transfer_gpu: %s: fork failed\n", what.c_str());
+  return pid;
+}
+
+// Waits for the children; false when one failed or ran out of time (said).
+bool finished(const std::vector<pid_t>& pids, const std::string& what) {
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int st = 0;
+    if (pid < 0 || ::waitpid(pid, &st, 0) < 0) {
+      ok = false;
+      continue;
+    }
+    if (WIFSIGNALED(st))
+      std::fprintf(stderr, "transfer_gpu: %s: %s\n", what.c_str(),
+                   WTERMSIG(st) == SIGALRM ? pipetrain::detail::concat("over ", kChildSeconds, " s, stopped").c_str()
+                                           : pipetrain::detail::concat("killed by signal ", WTERMSIG(st)).c_str());
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,7 +211,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string out = argv[1];
-  std::vector<std::string> transports{"nccl", "ucx", "gloo"};
+  std::vector<std::string> transports{"ucx", "nccl", "gloo"};
   std::vector<int64_t> sizes{1 << 20, 16 << 20, 64 << 20};
   int iters = 10;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -187,8 +227,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int status = 0;
   // Every CUDA and NCCL call happens in the children, forked before anything initialized CUDA.
+  bool ok = finished({in_child("cudaMemcpy", [&] { memcpy_baseline(sizes, iters, out); })}, "cudaMemcpy");
   for (const auto& transport : transports) {
     if (!has_transport_backend(transport) || (!on_gpu && transport == "nccl")) {
       std::fprintf(stderr, "transfer_gpu: %s %s; skipped\n", transport.c_str(),
@@ -197,35 +237,16 @@ int main(int argc, char** argv) {
     }
     const int port = free_loopback_port();
     std::vector<pid_t> pids;
-    for (int rank = 0; rank < 2; ++rank) {
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::alarm(600);
+    for (int rank = 0; rank < 2; ++rank)
+      pids.push_back(in_child(pipetrain::detail::concat(transport, " rank ", rank), [&, rank] {
         ::setenv("NCCL_HOSTID", pipetrain::detail::concat("pipetrain-bench-host-", rank).c_str(), 1);
         ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
         ::setenv("NCCL_IB_DISABLE", "1", 1);
         prepare_nccl_environment();
-        try {
-          rank_main(rank, port, transport, sizes, iters, out);
-          ::_exit(0);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "transfer_gpu: %s rank %d: %s\n", transport.c_str(), rank, e.what());
-          ::_exit(1);
-        }
-      }
-      pids.push_back(pid);
-    }
-    for (pid_t pid : pids) {
-      int st = 0;
-      ::waitpid(pid, &st, 0);
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) status = 1;
-    }
+        rank_main(rank, port, transport, sizes, iters, out);
+      }));
+    ok = finished(pids, transport) && ok;
   }
-  try {
-    memcpy_baseline(sizes, iters, out);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "transfer_gpu: cudaMemcpy: %s\n", e.what());
-    status = 1;
-  }
+  const int status = ok ? 0 : 1;
   return status;
 }

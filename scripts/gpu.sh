@@ -58,6 +58,11 @@ export PIPETRAIN_EXTRA_PREFIX="$prefix/usr"
 # UCX with CUDA from the libucx-cu13 wheel's files (scripts/gpu_deps.sh), where they came along.
 if [ -f "$deps/ucx-wheel/libucx/lib/cmake/ucx/ucx-config.cmake" ]; then
   export PIPETRAIN_UCX_PREFIX="$deps/ucx-wheel/libucx"
+  # One UCX in the picture: Debian's (1.13, no CUDA; there for a machine without the wheel's)
+  # leaves the prefix, whose include folder the other packages' headers put on the compiler's
+  # path ahead of the wheel's.
+  rm -rf "$prefix"/usr/include/{ucm,ucp,ucs,uct} "$prefix"/usr/lib/$arch/libuc[mpst]* "$prefix"/usr/lib/$arch/ucx \
+    "$prefix"/usr/lib/$arch/cmake/ucx "$prefix"/usr/lib/$arch/pkgconfig/ucx*
   # Ahead of the Debian packages' folder, which holds Debian's UCX 1.13 (no CUDA): the library
   # path comes before the binary's run path, and the first libucp found is the one loaded.
   export LD_LIBRARY_PATH="$PIPETRAIN_UCX_PREFIX/lib:$LD_LIBRARY_PATH"
