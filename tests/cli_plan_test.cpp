@@ -160,6 +160,9 @@ TEST(Cli, DataParallelInPlanBenchAndAutoPlan) {
   r = run("bench " + cfg + " --set pipeline.stages=1 --set pipeline.data_parallel=2 --warmup 0 --repeat 2 --min-time 0");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("data parallel: the longest stage's reduction "), std::string::npos) << r.out;
+  // The breakdown is the first copy's, its wait before the optimizers named for the copies too.
+  EXPECT_NE(r.out.find("tile its step; copy 0's stages):"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("waiting for stages, copies"), std::string::npos) << r.out;
 
   const std::string chosen = ::testing::TempDir() + "/pipetrain_cli_dp_" + std::to_string(::getpid()) + ".json";
   r = run("plan " + cfg + " --auto --devices 2 --json --write-config " + chosen);

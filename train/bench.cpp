@@ -273,19 +273,22 @@ double mean_of(const std::vector<pipeline::StageBreakdown>& b, double (*f)(const
   return b.empty() ? 0 : sum / static_cast<double>(b.size());
 }
 
-void print_breakdown(std::ostream& out, const BenchResult& r) {
+// `copies`: data-parallel copies; the parts are then the first copy's stages', and the wait before
+// the optimizers also holds the slowest copy and the merge of BatchNorm statistics over them.
+void print_breakdown(std::ostream& out, const BenchResult& r, int copies) {
   const BenchPrediction& p = r.prediction;
   if (p.breakdown.empty()) return;
   const auto& b = p.breakdown;
-  out << "the median step in parts (ms; each stage's parts tile its step):\n" << std::left << std::setw(30) << "part"
-      << std::right;
+  out << "the median step in parts (ms; each stage's parts tile its step"
+      << (copies > 1 ? "; copy 0's stages" : "") << "):\n" << std::left << std::setw(30) << "part" << std::right;
   for (size_t s = 0; s < b.size(); ++s) out << std::setw(10) << detail::concat("stage ", s);
   out << "\n" << std::fixed << std::setprecision(2);
   for (const Part& part : parts()) {
     bool any = false;
     for (const auto& s : b) any = any || s.*part.field > 0;
     if (!any) continue;
-    out << std::left << std::setw(30) << part.label << std::right;
+    const bool others = copies > 1 && part.field == &pipeline::StageBreakdown::end_wait;
+    out << std::left << std::setw(30) << (others ? "waiting for stages, copies" : part.label) << std::right;
     for (const auto& s : b) out << std::setw(10) << s.*part.field * 1e3;
     out << "\n";
   }
@@ -374,7 +377,7 @@ void print_bench(std::ostream& out, const Config& c, const BenchResult& r) {
   out << "peak tensor memory in a step: plain " << p.baseline_peak_tensor_bytes / (1024.0 * 1024.0)
       << " MiB, pipeline " << p.pipeline_peak_tensor_bytes / (1024.0 * 1024.0) << " MiB (all stages"
       << (D > 1 ? ", every copy" : "") << ")\n";
-  print_breakdown(out, r);
+  print_breakdown(out, r, D);
   if (D > 1)
     out << "data parallel: the longest stage's reduction " << p.reduce_ms << " ms ("
         << 100 * p.reduce_ms / (p.measured_step_s * 1e3) << "% of the step), " << p.exposed_reduce_ms
