@@ -6,8 +6,9 @@ median over its timed steps), then the median and range over the runs, and new /
   bench/ab_speed.py OLD_BINARY NEW_BINARY OUT.jsonl [CONFIG[:key=value,...] ...]
   REPEAT=5 REPS=12 bench/ab_speed.py /work/old/build/apps/pipetrain build/apps/pipetrain r.jsonl
 
-A config may carry overrides after a colon (`bench --set` each). Default configs: configs/gpt_text.json, configs/gpt_small.json, configs/mlp_bench.json. The
-machine's other load is the noise: run it on an idle machine.
+A config may carry overrides after a colon (`bench --set` each). Default configs:
+configs/gpt_text.json, configs/gpt_small.json, configs/mlp_bench.json. The machine's other load
+is the noise: run it on an idle machine.
 """
 import json
 import os

@@ -17,10 +17,10 @@
 // --device cpu runs the same exchange with host tensors (no nccl), which checks the harness
 // where there is no GPU.
 #include <sys/wait.h>
-#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -247,6 +247,5 @@ int main(int argc, char** argv) {
       }));
     ok = finished(pids, transport) && ok;
   }
-  const int status = ok ? 0 : 1;
-  return status;
+  return ok ? 0 : 1;
 }

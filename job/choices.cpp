@@ -71,6 +71,7 @@ const std::vector<Choice<OnNonfinite>>& choices<OnNonfinite>() {
   };
   return table;
 }
+
 template <>
 const std::vector<Choice<TokenDType>>& choices<TokenDType>() {
   static const std::vector<Choice<TokenDType>> table = {

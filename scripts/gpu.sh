@@ -60,12 +60,10 @@ if [ -f "$deps/ucx-wheel/libucx/lib/cmake/ucx/ucx-config.cmake" ]; then
   export PIPETRAIN_UCX_PREFIX="$deps/ucx-wheel/libucx"
   # One UCX in the picture: Debian's (1.13, no CUDA; there for a machine without the wheel's)
   # leaves the prefix, whose include folder the other packages' headers put on the compiler's
-  # path ahead of the wheel's.
+  # path ahead of the wheel's, and whose library folder, on LD_LIBRARY_PATH, comes before the
+  # binary's run path (the wheel's libraries).
   rm -rf "$prefix"/usr/include/{ucm,ucp,ucs,uct} "$prefix"/usr/lib/$arch/libuc[mpst]* "$prefix"/usr/lib/$arch/ucx \
     "$prefix"/usr/lib/$arch/cmake/ucx "$prefix"/usr/lib/$arch/pkgconfig/ucx*
-  # Ahead of the Debian packages' folder, which holds Debian's UCX 1.13 (no CUDA): the library
-  # path comes before the binary's run path, and the first libucp found is the one loaded.
-  export LD_LIBRARY_PATH="$PIPETRAIN_UCX_PREFIX/lib:$LD_LIBRARY_PATH"
   for f in "$PIPETRAIN_UCX_PREFIX"/lib/*.so.0 "$PIPETRAIN_UCX_PREFIX"/lib/ucx/*.so.0; do
     [ -e "${f%.0}" ] || ln -s "$(basename "$f")" "${f%.0}"  # the link-time name; only .so.0 travels
   done

@@ -357,27 +357,29 @@ class C10dTransport final : public Transport {
     return done && !closing_;
   }
 
+  // The endpoint's device, and a CUDA stream of the transport's threads' own, current while they
+  // post and wait (the pumps, the reaper): c10d makes NCCL's stream wait for the poster's current
+  // stream, and a wait for a send makes the waiter's current stream wait for it. On the device's
+  // default stream (which every stage's compute stream waits for at the start of each job,
+  // stages/device.h) a wait for a send to a neighbour and a receive from that neighbour posted
+  // after it could hold each other across two ranks. A high-priority stream of libtorch's pool:
+  // none of the device contexts' (they take the others).
+  void enter_device(std::optional<c10::DeviceGuard>& device, std::optional<c10::StreamGuard>& stream) const {
+    if (!data_) return;
+    device.emplace(options_.device);
+    if (options_.device.is_cuda())
+      stream.emplace(c10::impl::VirtualGuardImpl(options_.device.type())
+                         .getStreamFromGlobalPool(options_.device, /*isHighPriority=*/true));
+  }
+
   // Takes `src`'s messages in order. kPosted frames stay posted, so that a sender finds a
   // receive waiting (Gloo sends only into a posted receive; without one, each frame would wait a
   // round trip for the receiver's "ready"); the payload of a frame that does not carry it is
   // received right after it, into the last slot.
-  // A CUDA stream of the transport's threads' own, current while they post and wait: c10d makes
-  // NCCL's stream wait for the poster's current stream, and a wait for a send makes the waiter's
-  // current stream wait for it. On the device's default stream (which every stage's compute
-  // stream waits for at the start of each job, stages/device.h) a wait for a send to a neighbour
-  // and a receive from that neighbour posted after it could hold each other across two ranks. A
-  // high-priority stream of libtorch's pool: none of the device contexts' (they take the others).
-  void enter_own_stream(std::optional<c10::StreamGuard>& g) const {
-    if (data_ && options_.device.is_cuda())
-      g.emplace(c10::impl::VirtualGuardImpl(options_.device.type())
-                    .getStreamFromGlobalPool(options_.device, /*isHighPriority=*/true));
-  }
-
   void pump(int src) {
     std::optional<c10::DeviceGuard> on_device;
-    if (data_) on_device.emplace(options_.device);
     std::optional<c10::StreamGuard> on_stream;
-    enter_own_stream(on_stream);
+    enter_device(on_device, on_stream);
     try {
       std::vector<at::Tensor> frames(kPosted);
       for (size_t i = 0; i < kPosted; ++i) {
@@ -448,9 +450,8 @@ class C10dTransport final : public Transport {
 
   void reap() {
     std::optional<c10::DeviceGuard> on_device;
-    if (data_) on_device.emplace(options_.device);
     std::optional<c10::StreamGuard> on_stream;
-    enter_own_stream(on_stream);
+    enter_device(on_device, on_stream);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       // Lazily: by the time a few sends have piled up the oldest are long delivered (the pumps
