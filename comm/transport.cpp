@@ -18,6 +18,7 @@ std::string MessageId::describe() const {
   if (kind == Kind::Control)
     return label ? detail::concat(label, " (control message ", micro_batch, ")")
                  : detail::concat("control message ", micro_batch, " on channel ", chunk);
+  if (label) return detail::concat(label, " (step ", step, ")");
   return detail::concat(kind == Kind::Activation ? "activation" : "gradient", " of micro-batch ",
                         micro_batch, chunk ? detail::concat(" chunk ", chunk) : "", " (step ", step, ")");
 }

@@ -93,6 +93,10 @@ void LlamaAttentionImpl::reset() {
   k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
+  if (o_.qk_norm) {
+    q_norm = register_module("q_norm", RmsNorm(std::vector<int64_t>{o_.head_dim}, o_.eps));
+    k_norm = register_module("k_norm", RmsNorm(std::vector<int64_t>{o_.head_dim}, o_.eps));
+  }
 }
 
 void GatedMlpImpl::reset() {
@@ -118,6 +122,10 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   const at::Tensor h = input_layernorm_(x);
   at::Tensor q = heads(run(self_attn_->q_proj, h), H, D), k = heads(run(self_attn_->k_proj, h), KV, D);
   const at::Tensor v = heads(run(self_attn_->v_proj, h), KV, D);
+  if (o_.qk_norm) {  // over each head's values: the same whether heads are split before or after
+    q = self_attn_->q_norm(q);
+    k = self_attn_->k_norm(k);
+  }
   const int64_t offset = cache ? cache->length() : 0;
   if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
     rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());

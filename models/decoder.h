@@ -66,15 +66,18 @@ struct LlamaBlockOptions {
   bool qkv_bias = false;  // biases on q, k and v (Qwen2; Llama's attention_bias)
   bool o_bias = false;    // on o (Llama's attention_bias)
   bool mlp_bias = false;  // on gate, up and down (Llama's mlp_bias)
+  bool qk_norm = false;   // each head's queries and keys RMS-normalized before the rotation (Qwen3)
   int64_t sliding_window = 0;  // 0: none
 };
 
-/// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block).
+/// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
+/// qk_norm the RMSNorms over each head's queries and keys (Qwen3's q_norm and k_norm).
 class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
   explicit LlamaAttentionImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
   void reset() override;
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  ///< with qk_norm only
 
  private:
   LlamaBlockOptions o_;

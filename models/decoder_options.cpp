@@ -43,6 +43,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.qkv_bias = r.get_bool("qkv_bias", false);
   o.o_bias = r.get_bool("o_bias", false);
   o.mlp_bias = r.get_bool("mlp_bias", false);
+  o.qk_norm = r.get_bool("qk_norm", false);
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
   return o;
 }
@@ -62,7 +63,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
   return d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) +
-         (o.mlp_bias ? 2 * f + d : 0);
+         (o.mlp_bias ? 2 * f + d : 0) + (o.qk_norm ? 2 * double(o.head_dim) : 0);
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

@@ -22,7 +22,7 @@ namespace {
 using json = nlohmann::json;
 
 const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCausalLM", kQwen2 = "Qwen2ForCausalLM",
-                  kGpt2 = "GPT2LMHeadModel";
+                  kQwen3 = "Qwen3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 std::string read_text(const std::string& path, const std::string& where) {
   std::ifstream in(path, std::ios::binary);
@@ -85,10 +85,11 @@ std::string architecture_of(const json& config, const Fields& f) {
       f.fail("architectures", "'" + name + "' is not supported (" + join(hf_architectures(), ", ") + ")");
     return name;
   }
-  static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"gpt2", kGpt2}};
+  static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
+                                                                {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
-  if (it == by_type.end()) f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, gpt2), and no architectures are named");
+  if (it == by_type.end()) f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, gpt2), and no architectures are named");
   (void)config;
   return it->second;
 }
@@ -142,7 +143,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2: embed, layer_0..n-1 (llama_block), norm, lm_head.
+// Llama, Mistral, Qwen2, Qwen3: embed, layer_0..n-1 (llama_block), norm, lm_head.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
   const int64_t big = int64_t{1} << 30;
   const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("hidden_size", 0, 1, big, true);
@@ -156,18 +157,21 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", ff},
              {"eps", f.number("rms_norm_eps", 1e-6)}};
   if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
+  else if (arch == kQwen3) block["head_dim"] = 128;  // Qwen3Config's default
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   read_rope(f, block);
-  const bool attention_bias = arch == kLlama && f.boolean("attention_bias", false);
+  const bool attention_bias = (arch == kLlama || arch == kQwen3) && f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || attention_bias;
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
-  // Sliding windows: Mistral's on every layer; Qwen2's on the layers layer_types names (or, in
-  // older configs, those from max_window_layers on when use_sliding_window).
+  block["qk_norm"] = arch == kQwen3;
+  // Sliding windows: Mistral's on every layer; Qwen2's and Qwen3's on the layers layer_types
+  // names (or, in older configs, those from max_window_layers on when use_sliding_window).
+  const bool qwen = arch == kQwen2 || arch == kQwen3;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   const int64_t sliding = f.integer("sliding_window", 0, 1, big);
   if (arch == kMistral) std::fill(window.begin(), window.end(), sliding);
-  if (arch == kQwen2 && f.has("layer_types")) {
+  if (qwen && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
@@ -179,7 +183,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
         f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
       }
     }
-  } else if (arch == kQwen2 && f.boolean("use_sliding_window", false) && sliding) {
+  } else if (qwen && f.boolean("use_sliding_window", false) && sliding) {
     for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
   }
   json layers = json::array();
@@ -192,7 +196,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];
     layers.push_back(b);
   }
-  const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"];
+  const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
     std::vector<std::string> names{"input_layernorm.weight", "post_attention_layernorm.weight"};
@@ -200,6 +204,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       names.push_back(detail::concat("self_attn.", p, "_proj.weight"));
       if (std::string(p) == "o" ? o_bias : qkv_bias) names.push_back(detail::concat("self_attn.", p, "_proj.bias"));
     }
+    if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
     for (const char* p : {"gate", "up", "down"}) {
       names.push_back(detail::concat("mlp.", p, "_proj.weight"));
       if (mlp_bias) names.push_back(detail::concat("mlp.", p, "_proj.bias"));
@@ -267,7 +272,7 @@ bool is_dir(const std::string& p) {
 }  // namespace
 
 const std::vector<std::string>& hf_architectures() {
-  static const std::vector<std::string> a{kLlama, kMistral, kQwen2, kGpt2};
+  static const std::vector<std::string> a{kLlama, kMistral, kQwen2, kQwen3, kGpt2};
   return a;
 }
 

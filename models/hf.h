@@ -2,9 +2,9 @@
 // (`save_pretrained`: config.json and model.safetensors, or shards with
 // model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
-// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (llama_block) and
-// GPT2LMHeadModel (gpt2_block). A config field that would change the math and is not supported is
-// a one-line ConfigError naming it; never a silently different model. Tests:
+// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+// (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
+// is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
 // tests/hf_test.cpp, tests/hf_parity.py (against transformers).
 #pragma once
 

@@ -57,10 +57,12 @@ std::vector<LayerType> make_table() {
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"n_kv_heads", K::Int, "n_heads"}, {"head_dim", K::Int, "d_model / n_heads"},
         {"d_ff", K::Int, ""}, {"eps", K::Number, "1e-6"}, {"rope_theta", K::Number, "10000"},
         {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\" or \"llama3\", \"factor\", …}`"}, {"qkv_bias", K::Bool, "false"},
-        {"o_bias", K::Bool, "false"}, {"mlp_bias", K::Bool, "false"}, {"sliding_window", K::Int, "0: none"}},
+        {"o_bias", K::Bool, "false"}, {"mlp_bias", K::Bool, "false"}, {"qk_norm", K::Bool, "false"},
+        {"sliding_window", K::Int, "0: none"}},
        "[T, d] → [T, d]",
        "a Llama-family decoder layer as transformers computes it (RMSNorm, rotary positions, grouped-query causal attention, "
-       "SwiGLU); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
+       "SwiGLU; with `qk_norm`, Qwen3's RMSNorm of each head's queries and keys); parameters `self_attn.q_proj.weight`, "
+       "`mlp.gate_proj.weight`, …",
        rows::llama_block},
       {"gpt2_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"eps", K::Number, "1e-5"},

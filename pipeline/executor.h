@@ -37,11 +37,17 @@ class Ties {
   bool follower(const at::Tensor& param) const { return followers_.count(param.unsafeGetTensorImpl()) > 0; }
   // Checkpoints' (follower, first member) names ("layer.parameter").
   const std::vector<std::pair<std::string, std::string>>& names() const { return names_; }
-  // Sums each tie's gradients in member order and gives every member the sum. `runs`: whether a
-  // virtual stage runs here. Across processes (`group` not null) every rank takes part alike,
-  // each member's gradient coming from `rank_of(virtual stage)`.
-  void sum_grads(const std::function<bool(int)>& runs, comm::Collectives* group,
-                 const std::function<int(int)>& rank_of) const;
+  bool empty() const { return groups_.empty(); }  // no ties
+  // In one process: sums each tie's gradients in member order, on the first member's device, and
+  // gives every member the sum on its own device.
+  void sum_grads() const;
+  // Across processes, this rank's part of the same sum (every rank calls it, on its runner's
+  // worker inside `context`): each member's gradient goes over `endpoint` to the rank of its tie's
+  // first member (`rank_of(virtual stage)`), which sums them in member order and sends the sum
+  // to each other member's rank; only the members' ranks take part, in device memory where the
+  // transport takes it. `step` tags the messages; each wait ends after `timeout_s`.
+  void exchange_grads(comm::Transport& endpoint, stages::DeviceContext& context, const std::function<int(int)>& rank_of,
+                      int64_t step, double timeout_s) const;
 
  private:
   struct Member {

@@ -61,8 +61,15 @@ double Executor::step_all(Clock::time_point t0) {
   check_usable();
   opt_.skipped = false;
   reduce_now();
-  ties_.sum_grads([this](int vs) { return runs(vs); }, self_ >= 0 ? &group_ : nullptr,
-                  [this](int vs) { return peer(sched_.device_of(vs)); });
+  if (self_ < 0) {
+    ties_.sum_grads();
+  } else if (!ties_.empty()) {
+    const auto rank_of = [this](int vs) { return peer(sched_.device_of(vs)); };
+    if (auto error = on_local_devices([&](DeviceRunner& d) {
+          ties_.exchange_grads(d.endpoint(), d.context(), rank_of, io_.step, options_.timeout_s);
+        }))
+      fail("the tied gradients' exchange failed", error);
+  }
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
   // fp16: always, as the overflow check.
   if (self_ >= 0 || opt_.grad_clip > 0 || opt_.track_norm || opt_.check_finite || scaling()) {

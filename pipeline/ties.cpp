@@ -2,8 +2,11 @@
 // that runs its layer; once every stage has finished its list (and the gradients are reduced
 // across data-parallel copies), the members' gradients are summed in member order and every
 // member takes the sum, so each member's optimizer makes the same update: one weight's update,
-// as one device holding one shared tensor makes it. Across ranks the sum goes through the
-// control plane, in the same order on every rank.
+// as one device holding one shared tensor makes it. Across ranks the members' ranks alone take
+// part: the gradients go to the first member's rank over the pipeline's transport (device to
+// device where it takes a GPU's tensors) and the sum comes back.
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "common/error.h"
@@ -13,9 +16,30 @@
 
 namespace pipetrain::pipeline {
 
+namespace {
+at::Tensor grad_or_zeros(const at::Tensor& param) { return param.grad().defined() ? param.grad() : torch::zeros_like(param); }
+
+// Each member takes the sum as a tensor of its own on its own device (an optimizer that changes a
+// gradient in place, as clipping does, must not change another member's).
+void give(const at::Tensor& param, const at::Tensor& sum) {
+  param.mutable_grad() = sum.reshape(param.sizes()).to(param.device(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+// The ties' messages travel on a channel of their own, above every stage boundary's (messages.cpp:
+// the chunk plus the part times 256, parts up to 62) and within every transport's (UCX's tags
+// hold 14 bits): part 63. The place is the tie and the member, the sum's member kSum.
+constexpr int kTiesChannel = 63 << 8;
+constexpr int kSum = 0xffff;
+comm::MessageId tie_message(size_t tie, size_t member, int64_t step) {
+  return {comm::Kind::Grad, static_cast<int>((tie << 16) | member), kTiesChannel, step,
+          member == kSum ? "a tied parameter's summed gradient" : "a tied parameter's gradient"};
+}
+}  // namespace
+
 void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Tie>& ties,
                 const partitioner::Balance& balance) {
   if (ties.empty()) return;
+  if (ties.size() > 0x7fff) throw ConfigError(detail::concat("pipeline: ", ties.size(), " ties; at most 32767"));
   const auto names = models::layer_names(model);
   const auto off = partitioner::offsets(balance);
   const int layers = static_cast<int>(model->size());
@@ -24,6 +48,7 @@ void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Ti
     const models::Tie& tie = ties[g];
     const std::string where = detail::concat("pipeline: tie ", g);
     if (tie.size() < 2) throw ConfigError(where + ": a tie needs at least two parameters");
+    if (tie.size() >= kSum) throw ConfigError(detail::concat(where, ": ", tie.size(), " parameters; at most ", kSum - 1));
     std::vector<Member> members;
     for (const models::ParamRef& ref : tie) {
       if (ref.layer < 0 || ref.layer >= layers)
@@ -54,31 +79,71 @@ void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Ti
   }
 }
 
+
 // The members may live on different devices (stages on several GPUs, or a GPU and the CPU): the
-// sum is made on one device, the first member's in-process and the host across ranks (where the
-// control plane carries host tensors), and each member takes a copy on its own device. Elementwise
+// sum is made on the first member's device and each member takes a copy on its own. Elementwise
 // addition rounds alike on every device, so where it is made does not change the sum.
-void Ties::sum_grads(const std::function<bool(int)>& runs, comm::Collectives* group,
-                     const std::function<int(int)>& rank_of) const {
+void Ties::sum_grads() const {
   torch::NoGradGuard no_grad;
   for (const auto& members : groups_) {
-    std::vector<at::Tensor> grads;
-    for (const Member& t : members) {
-      at::Tensor g;
-      if (runs(t.vs)) g = t.param.grad().defined() ? t.param.grad() : torch::zeros_like(t.param);
-      if (group) {  // every rank sends what it has (nothing for another rank's member)
-        const auto all = group->all_gather(g.defined() ? g.reshape({-1}).cpu() : at::empty({0}, t.param.options().device(at::kCPU)),
-                                          "a tied parameter's gradients");
-        g = all.at(rank_of(t.vs));
-        if (g.numel() != t.param.numel() && runs(t.vs))
-          throw Error("pipeline: a tied parameter's gradient arrived with the wrong size");
+    at::Tensor sum = grad_or_zeros(members[0].param).clone();
+    for (size_t i = 1; i < members.size(); ++i) sum.add_(grad_or_zeros(members[i].param).to(sum.device()));
+    for (const Member& t : members) give(t.param, sum);
+  }
+}
+
+// Every rank walks the ties in the same order and, within a tie, the same sequence of messages:
+// the members' gradients to the first member's rank in member order, then the sum to each other
+// member's rank in the order they first appear. Each message has both its ranks waiting for it
+// in that one order, so a transport whose sends complete only at the matching receive (NCCL's)
+// cannot deadlock on it.
+void Ties::exchange_grads(comm::Transport& endpoint, stages::DeviceContext& context,
+                          const std::function<int(int)>& rank_of, int64_t step, double timeout_s) const {
+  torch::NoGradGuard no_grad;
+  const int me = endpoint.rank();
+  auto send = [&](int dst, const comm::MessageId& id, const at::Tensor& t) {
+    endpoint.send(dst, id, endpoint.takes(t.device()) ? t : context.to_host(t));
+  };
+  auto recv = [&](int src, const comm::MessageId& id, const at::Tensor& like) {
+    const at::Tensor t = endpoint.recv(src, id, Deadline::after(timeout_s));
+    if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type())
+      throw Error(detail::concat("pipeline: rank ", me, ": ", id.describe(), " from rank ", src, " has ", t.numel(), " ",
+                                 c10::toString(t.scalar_type()), " elements where the parameter has ", like.numel(), " ",
+                                 c10::toString(like.scalar_type())));
+    stages::Received got = context.receive(t, stages::Marker{});
+    context.wait(got.ready);
+    return got.tensor;
+  };
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& members = groups_[g];
+    std::vector<int> ranks;
+    for (const Member& t : members) ranks.push_back(rank_of(t.vs));
+    const auto mine = std::find(ranks.begin(), ranks.end(), me);
+    if (mine == ranks.end()) continue;
+    const at::Tensor& like = members[mine - ranks.begin()].param;  // a member that runs here
+    const int owner = ranks[0];
+    at::Tensor sum;
+    if (me == owner) {
+      for (size_t i = 0; i < members.size(); ++i) {
+        const at::Tensor part = ranks[i] == me ? grad_or_zeros(members[i].param) : recv(ranks[i], tie_message(g, i, step), like);
+        if (i == 0)
+          sum = part.clone();
+        else
+          sum.add_(part.reshape(sum.sizes()).to(sum.device()));
       }
-      grads.push_back(g);
+      std::vector<int> sent{me};
+      for (int r : ranks)
+        if (std::find(sent.begin(), sent.end(), r) == sent.end()) {
+          send(r, tie_message(g, kSum, step), sum);
+          sent.push_back(r);
+        }
+    } else {
+      for (size_t i = 0; i < members.size(); ++i)
+        if (ranks[i] == me) send(owner, tie_message(g, i, step), grad_or_zeros(members[i].param));
+      sum = recv(owner, tie_message(g, kSum, step), like);
     }
-    at::Tensor sum = grads[0].clone();
-    for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i].to(sum.device()).reshape(sum.sizes()));
-    for (const Member& t : members)
-      if (runs(t.vs)) t.param.mutable_grad() = sum.reshape(t.param.sizes()).to(t.param.device(), /*non_blocking=*/false, /*copy=*/true);
+    for (size_t i = 0; i < members.size(); ++i)
+      if (ranks[i] == me) give(members[i].param, sum);
   }
 }
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <exception>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -115,9 +117,44 @@ TEST(TiedWeights, CopiesStayBitIdenticalAndEqualOneDevice) {
   EXPECT_EQ(pipe.tied_names()[0], (std::pair<std::string, std::string>{"head.linear.weight", "embed.tok.weight"}));
 }
 
+// A rank's endpoint that notes every tensor it sends: which ranks a tie's gradients cross between.
+class NotingSends : public comm::Transport {
+ public:
+  struct Sent {
+    int dst;
+    comm::Kind kind;
+    int64_t numel;
+  };
+  explicit NotingSends(std::unique_ptr<comm::Transport> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend() const override { return inner_->backend(); }
+  bool takes(const c10::Device& device) const override { return inner_->takes(device); }
+  void send(int dst, const comm::MessageId& id, const at::Tensor& tensor) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sent_.push_back({dst, id.kind, tensor.numel()});
+    }
+    inner_->send(dst, id, tensor);
+  }
+  at::Tensor recv(int src, const comm::MessageId& id, Deadline deadline) override { return inner_->recv(src, id, deadline); }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  std::vector<Sent> sent() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sent_;
+  }
+
+ private:
+  std::unique_ptr<comm::Transport> inner_;
+  mutable std::mutex mu_;
+  std::vector<Sent> sent_;
+};
+
 // One Pipeline per rank (the processes code path, ranks as threads): rank 0 holds the embedding,
 // rank 2 the head; after three steps their copies equal each other and the threads run's, bit
-// for bit.
+// for bit. The tie's gradients cross between ranks 0 and 2 alone, once each way a step, as
+// gradient messages (device memory where the transport takes it), never through the control
+// plane nor to rank 1.
 TEST(TiedWeights, RanksHoldEqualCopies) {
   models::Model threads_model = build(tied_gpt());
   pipeline::Pipeline threads(threads_model.layers, options(threads_model, 3), pipetrain::test::mean_cross_entropy);
@@ -130,8 +167,16 @@ TEST(TiedWeights, RanksHoldEqualCopies) {
   std::vector<models::Model> models;
   for (int r = 0; r < 3; ++r) models.push_back(build(tied_gpt()));
   auto o = options(models[0], 3);
-  auto endpoints = comm::make_transport_group(o.transport, 3);
+  auto group = comm::make_transport_group(o.transport, 3);
+  std::vector<std::unique_ptr<comm::Transport>> endpoints;
+  std::vector<NotingSends*> noted;
+  for (auto& e : group) {
+    auto n = std::make_unique<NotingSends>(std::move(e));
+    noted.push_back(n.get());
+    endpoints.push_back(std::move(n));
+  }
   std::vector<std::vector<double>> losses(3);
+  std::vector<std::vector<NotingSends::Sent>> sent(3);
   std::vector<std::exception_ptr> errors(3);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 3; ++r)
@@ -143,6 +188,7 @@ TEST(TiedWeights, RanksHoldEqualCopies) {
           const auto [x, y] = tokens(8, 10 + s);
           losses[r].push_back(pipe.train_step(x, y));
         }
+        sent[r] = noted[r]->sent();  // the Pipeline owns the endpoint
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -156,6 +202,16 @@ TEST(TiedWeights, RanksHoldEqualCopies) {
   const at::Tensor embed = param(models[0], tie[0]);
   EXPECT_TRUE(torch::equal(embed, param(models[2], tie[1]))) << "rank 0's embedding and rank 2's head differ";
   EXPECT_TRUE(torch::equal(embed, param(threads_model, tie[0]))) << "ranks against threads";
+  const int64_t tied = embed.numel();
+  std::map<std::pair<int, int>, int> tie_messages;  // (from, to): gradient messages of the tie's size
+  for (int r = 0; r < 3; ++r)
+    for (const auto& m : sent[r]) {
+      if (m.numel != tied) continue;
+      EXPECT_NE(m.kind, comm::Kind::Control) << "rank " << r << " sent a tie-sized tensor to rank " << m.dst
+                                             << " through the control plane";
+      if (m.kind == comm::Kind::Grad) ++tie_messages[{r, m.dst}];
+    }
+  EXPECT_EQ(tie_messages, (std::map<std::pair<int, int>, int>{{{0, 2}, kSteps}, {{2, 0}, kSteps}}));
 }
 
 TEST(TiedWeights, BadTiesAreRefused) {

@@ -48,6 +48,11 @@ CASES = {
     # q/k/v biases, tied head
     "qwen2": ("Qwen2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)),
+    # each head's queries and keys RMS-normalized, a head_dim apart from hidden_size / heads, every
+    # attention bias, tied head
+    "qwen3": ("Qwen3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=12, max_position_embeddings=64, attention_bias=True,
+                                  tie_word_embeddings=True)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -71,9 +76,9 @@ def rope_inv_freq64(config, dim):
 
 
 def patch_float64():
-    for family in ("llama", "mistral", "qwen2"):
+    for family in ("llama", "mistral", "qwen2", "qwen3"):
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
+        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding")
 

@@ -114,6 +114,7 @@ TEST(HfParity, Llama) { check_architecture("llama"); }
 TEST(HfParity, Llama3RopeTiedWithBiases) { check_architecture("llama3-tied"); }
 TEST(HfParity, MistralSlidingWindow) { check_architecture("mistral"); }
 TEST(HfParity, Qwen2) { check_architecture("qwen2"); }
+TEST(HfParity, Qwen3QkNormHeadDimBiasesTied) { check_architecture("qwen3"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -187,7 +188,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::filesystem::create_directories(bert);
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                                "Qwen2ForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
