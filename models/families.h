@@ -7,6 +7,8 @@ namespace pipetrain::models {
 
 Model build_mlp(JsonReader& model);
 Model build_cnn(JsonReader& model);
+/// The standard deviation a tied gpt's token embedding (and so its head) starts with (GPT-2's).
+constexpr double kTiedEmbeddingStd = 0.02;
 Model build_gpt(JsonReader& model);
 Model build_unet(JsonReader& model);
 /// A user's network's input, declared once: `input_shape` (one sample's, without the batch) and

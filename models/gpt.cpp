@@ -3,6 +3,7 @@
 // layer list (models/layer_table.h); the embedding's and blocks' parameters are named under the
 // layer itself ("embed.tok.weight", "block0.qkv.weight").
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include "models/families.h"
 #include "models/layer_table.h"
@@ -30,8 +31,18 @@ Model build_gpt(JsonReader& r) {
   list.push_back({{"name", "head"}, {"type", "linear"}, {"in_features", d_model}, {"out_features", vocab}});
   json spelled = {{"input_shape", {seq_len}}, {"input_dtype", "long"}, {"layers", list}};
   // The head's weight starts as the token embedding and stays tied to it.
-  if (tie) spelled["ties"] = json::array({json::array({"embed.tok.weight", "head.linear.weight"})});
-  return build_spelled_list(spelled, "the gpt preset");
+  if (!tie) return build_spelled_list(spelled, "the gpt preset");
+  spelled["ties"] = json::array({json::array({"embed.tok.weight", "head.linear.weight"})});
+  Model m = build_spelled_list(spelled, "the gpt preset");
+  // An embedding's own initialization (unit normal) as the head's weight would give logits of
+  // standard deviation sqrt(d_model) at the start (a loss several times ln(vocab_size)): the tied
+  // weight starts at GPT-2's scale instead, a normal of standard deviation 0.02 (scaled, so that
+  // the random numbers drawn for every other parameter stay as they were).
+  torch::NoGradGuard no_grad;
+  auto params = m.layers->named_parameters();
+  params["embed.tok.weight"].mul_(kTiedEmbeddingStd);
+  params["head.linear.weight"].copy_(params["embed.tok.weight"]);
+  return m;
 }
 
 }  // namespace pipetrain::models

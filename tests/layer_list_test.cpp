@@ -97,6 +97,12 @@ TEST(LayerList, TheFamiliesSpelledAsListsAreThePresets) {
                     {"ties", json::array({json::array({"embed.embedding.tok.weight", "head.linear.weight"})})}};
   const models::Model list = build(gpt);
   EXPECT_EQ(models::layer_names(list.layers), (std::vector<std::string>{"embed", "block_0", "block_1", "norm", "head"}));
+  {  // the preset starts its tied weight at GPT-2's scale (models/gpt.cpp); a list keeps its layers' own
+    torch::NoGradGuard no_grad;
+    auto p = list.layers->named_parameters();
+    p["embed.embedding.tok.weight"].mul_(models::kTiedEmbeddingStd);
+    p["head.linear.weight"].copy_(p["embed.embedding.tok.weight"]);
+  }
   expect_same_model(build({{"family", "gpt"}, {"vocab_size", 32}, {"seq_len", 8}, {"d_model", 16}, {"n_heads", 2},
                            {"n_layers", 2}, {"d_ff", 24}, {"dropout", 0.1}, {"tie_embeddings", true}}),
                     list, torch::randint(0, 32, {3, 8}), "gpt");

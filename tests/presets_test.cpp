@@ -4,6 +4,8 @@
 // here is each preset as its modules (models/layers.h) composed it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "common/rng.h"
@@ -134,6 +136,7 @@ TEST(Presets, GptIsItsEmbeddingBlocksNormAndTiedHead) {
   ref->push_back("head", models::Dense(16, 32, false, 0.0, 0, false));
   {
     torch::NoGradGuard no_grad;
+    ref->named_parameters()["embed.tok.weight"].mul_(0.02);  // GPT-2's scale for a tied weight
     ref->named_parameters()["head.linear.weight"].copy_(ref->named_parameters()["embed.tok.weight"]);
   }
   expect_same(m.layers, ref, torch::randint(0, 32, {3, 8}), "gpt");
@@ -143,6 +146,22 @@ TEST(Presets, GptIsItsEmbeddingBlocksNormAndTiedHead) {
   EXPECT_EQ(m.ties[0][1].layer, 5);
   EXPECT_EQ(m.ties[0][1].name, "linear.weight");
   EXPECT_TRUE(m.token_input);
+}
+
+// A tied head starts at the scale of GPT-2's weights, not the embedding's unit normal (whose
+// logits, of standard deviation sqrt(d_model), gave a first loss of several times ln(vocab)):
+// the first loss is that of a near-uniform prediction.
+TEST(Presets, ATiedGptStartsNearTheUniformLoss) {
+  const int64_t vocab = 1000;
+  for (const bool tie : {true, false}) {
+    models::Model m = build({{"family", "gpt"}, {"vocab_size", vocab}, {"seq_len", 16}, {"d_model", 128}, {"n_heads", 4},
+                                   {"n_layers", 2}, {"dropout", 0.0}, {"tie_embeddings", tie}}, 3);
+    torch::NoGradGuard no_grad;
+    const at::Tensor x = torch::randint(0, vocab, {8, 16}), y = torch::randint(0, vocab, {8, 16});
+    const at::Tensor logits = m.layers->forward(x);
+    const double loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1})).item<double>();
+    EXPECT_NEAR(loss, std::log(double(vocab)), 0.5) << (tie ? "tied" : "untied");
+  }
 }
 
 TEST(Presets, UnetIsItsDownAndUpBlocks) {
