@@ -79,7 +79,6 @@ void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Ti
   }
 }
 
-
 // The members may live on different devices (stages on several GPUs, or a GPU and the CPU): the
 // sum is made on the first member's device and each member takes a copy on its own. Elementwise
 // addition rounds alike on every device, so where it is made does not change the sum.
