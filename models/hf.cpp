@@ -22,7 +22,7 @@ namespace {
 using json = nlohmann::json;
 
 const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCausalLM", kQwen2 = "Qwen2ForCausalLM",
-                  kQwen3 = "Qwen3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                  kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 std::string read_text(const std::string& path, const std::string& where) {
   std::ifstream in(path, std::ios::binary);
@@ -86,10 +86,10 @@ std::string architecture_of(const json& config, const Fields& f) {
     return name;
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
-                                                                {"gpt2", kGpt2}};
+                                                                {"phi3", kPhi3}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
-  if (it == by_type.end()) f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, gpt2), and no architectures are named");
+  if (it == by_type.end()) f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, phi3, gpt2), and no architectures are named");
   (void)config;
   return it->second;
 }
@@ -143,7 +143,8 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3: embed, layer_0..n-1 (llama_block), norm, lm_head.
+// Llama, Mistral, Qwen2, Qwen3, Phi-3: embed, layer_0..n-1 (llama_block), norm, lm_head. Phi-3 is
+// Llama's math with q, k and v in one tensor and gate and up in another.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
   const int64_t big = int64_t{1} << 30;
   const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("hidden_size", 0, 1, big, true);
@@ -153,7 +154,8 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const int64_t ff = f.integer("intermediate_size", 0, 1, big, true);
   const std::string act = f.has("hidden_act") ? f.string("hidden_act", "silu") : f.string("hidden_activation", "silu");
   if (act != "silu") f.fail("hidden_act", "'" + act + "' is not supported (SwiGLU's silu)");
-  if (f.number("attention_dropout", 0.0) != 0.0) f.fail("attention_dropout", "above 0 is not supported (set it to 0.0)");
+  for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})  // the last two Phi-3's
+    if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", ff},
              {"eps", f.number("rms_norm_eps", 1e-6)}};
   if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
@@ -170,7 +172,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const bool qwen = arch == kQwen2 || arch == kQwen3;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   const int64_t sliding = f.integer("sliding_window", 0, 1, big);
-  if (arch == kMistral) std::fill(window.begin(), window.end(), sliding);
+  if (arch == kMistral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if (qwen && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
@@ -187,7 +189,15 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
   }
   json layers = json::array();
-  layers.push_back({{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}});
+  json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}};
+  // transformers' embedding takes pad_token_id as its padding_idx: that token's row takes no
+  // gradient (negative counts from the end, as torch.nn.Embedding's does; beyond the vocabulary
+  // transformers itself cannot build the model).
+  if (f.has("pad_token_id")) {
+    const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
+    embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
+  }
+  layers.push_back(embed);
   spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
   for (int64_t i = 0; i < n; ++i) {
     json b = block;
@@ -197,8 +207,20 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     layers.push_back(b);
   }
   const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
+  const int64_t D = block.contains("head_dim") ? block["head_dim"].get<int64_t>() : d / heads;
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
+    if (arch == kPhi3) {  // qkv_proj: q's rows, then k's, then v's; gate_up_proj: gate's, then up's
+      const std::string qkv = theirs + "self_attn.qkv_proj.weight", gate_up = theirs + "mlp.gate_up_proj.weight";
+      spec.tensors.push_back({ours + "self_attn.q_proj.weight", qkv, false, 0, heads * D});
+      spec.tensors.push_back({ours + "self_attn.k_proj.weight", qkv, false, heads * D, kv * D});
+      spec.tensors.push_back({ours + "self_attn.v_proj.weight", qkv, false, (heads + kv) * D, kv * D});
+      spec.tensors.push_back({ours + "mlp.gate_proj.weight", gate_up, false, 0, ff});
+      spec.tensors.push_back({ours + "mlp.up_proj.weight", gate_up, false, ff, ff});
+      for (const char* s : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"})
+        spec.tensors.push_back({ours + s, theirs + s});
+      continue;
+    }
     std::vector<std::string> names{"input_layernorm.weight", "post_attention_layernorm.weight"};
     for (const char* p : {"q", "k", "v", "o"}) {
       names.push_back(detail::concat("self_attn.", p, "_proj.weight"));
@@ -272,7 +294,7 @@ bool is_dir(const std::string& p) {
 }  // namespace
 
 const std::vector<std::string>& hf_architectures() {
-  static const std::vector<std::string> a{kLlama, kMistral, kQwen2, kQwen3, kGpt2};
+  static const std::vector<std::string> a{kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGpt2};
   return a;
 }
 
@@ -309,6 +331,8 @@ Model build_hf(JsonReader& r) {
   if (wide) m.layers->to(torch::kDouble);
   auto params = m.layers->named_parameters();
   std::set<std::string> used;
+  std::map<std::string, int64_t> fused_rows;  // a fused tensor's rows, all its parts'
+  for (const HfTensor& t : spec.tensors) fused_rows[t.theirs] += t.rows;
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
     at::Tensor p = params[t.ours];
@@ -321,6 +345,13 @@ Model build_hf(JsonReader& r) {
     if (!w.is_floating_point())
       throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' is ", w.scalar_type(), ", not floating point"));
     if (t.transposed && w.dim() == 2) w = w.t();
+    if (t.rows > 0) {
+      const int64_t whole = fused_rows.at(t.theirs);
+      if (w.dim() != 2 || w.size(0) != whole || w.size(1) != p.size(1))
+        throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
+                                         ", config.json makes it [", whole, ", ", p.size(1), "]"));
+      w = w.narrow(0, t.row_offset, t.rows);
+    }
     if (w.sizes() != p.sizes())
       throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
                                        ", config.json makes it ", t.transposed ? p.t().sizes() : p.sizes()));
@@ -342,6 +373,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
                uint64_t shard_bytes) {
   const HfSpec spec = read_hf_spec(source, 1, "export --format hf");
   NamedTensors tensors;
+  std::map<std::string, std::vector<at::Tensor>> parts;  // a fused tensor's parts, in row order
   at::ScalarType type = at::kFloat;
   for (const HfTensor& t : spec.tensors) {
     if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // save_pretrained leaves the tied head out
@@ -352,8 +384,15 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
     at::Tensor w = it->second.detach().cpu();
     if (t.transposed) w = w.t();
     type = w.scalar_type();
-    tensors.emplace_back(t.theirs, w.contiguous());
+    if (t.rows == 0) {
+      tensors.emplace_back(t.theirs, w.contiguous());
+    } else if (parts[t.theirs].empty()) {  // its place among the tensors; filled in below
+      tensors.emplace_back(t.theirs, at::Tensor());
+    }
+    if (t.rows > 0) parts[t.theirs].push_back(w);
   }
+  for (auto& [name, w] : tensors)
+    if (!w.defined()) w = torch::cat(parts.at(name), 0).contiguous();
   if (weights.size() != spec.tensors.size())
     for (const auto& entry : weights) {
       const std::string& name = entry.first;

@@ -2,8 +2,8 @@
 // (`save_pretrained`: config.json and model.safetensors, or shards with
 // model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
-// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-// (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
+// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// Phi3ForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
 // is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
 // tests/hf_test.cpp, tests/hf_parity.py (against transformers).
 #pragma once
@@ -28,6 +28,9 @@ const std::vector<std::string>& hf_architectures();
 struct HfTensor {
   std::string ours, theirs;
   bool transposed = false;
+  /// `rows` > 0: ours is rows [row_offset, row_offset + rows) of theirs, a fused tensor (Phi-3's
+  /// qkv_proj and gate_up_proj), which the parts of the same name make up whole in row order.
+  int64_t row_offset = 0, rows = 0;
 };
 
 /// A checked config.json: the architecture, the layer list that computes the same model (the

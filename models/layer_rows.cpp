@@ -241,6 +241,8 @@ Built embedding(LayerContext& c) {
   const double p = r.get_number("dropout", 0.0, 0.0, 0.99);
   if (positions > 0 && c.in[0] > positions)
     c.fail(detail::concat("has ", positions, " positions (max_positions), gets sequences of ", c.in[0]));
+  const int64_t padding = r.has("padding_idx") ? r.get_int("padding_idx", 0, 0, vocab - 1) : -1;
+  if (padding >= 0 && positions > 0) r.fail("padding_idx", "needs an embedding without max_positions");
   const uint64_t stream = c.stream;
   Built b;
   b.out = {c.in[0], d};
@@ -255,7 +257,11 @@ Built embedding(LayerContext& c) {
     b.random_streams = 1;
   } else {
     if (p > 0) r.fail("dropout", "needs max_positions (or a dropout layer after the embedding)");
-    b.make = [=] { return torch::nn::Embedding(vocab, d).ptr(); };
+    b.make = [=] {
+      torch::nn::EmbeddingOptions o(vocab, d);
+      if (padding >= 0) o.padding_idx(padding);
+      return torch::nn::Embedding(o).ptr();
+    };
     b.run = through<torch::nn::EmbeddingImpl>();
     b.per_position = true;
   }

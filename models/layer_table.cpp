@@ -46,9 +46,11 @@ std::vector<LayerType> make_table() {
        "keyed masks: the same whatever the stage count or micro-batching, and in a recomputation", rows::dropout},
       {"embedding",
        {{"num_embeddings", K::Int, ""}, {"embedding_dim", K::Int, ""}, {"max_positions", K::Int, "0: no positions"},
-        {"dropout", K::Number, "0, with positions"}},
+        {"dropout", K::Number, "0, with positions"}, {"padding_idx", K::Int, "none"}},
        "[T] token ids → [T, embedding_dim]",
-       "token embedding (`input_dtype` `\"long\"`); with `max_positions`, a learned position embedding is added", rows::embedding},
+       "token embedding (`input_dtype` `\"long\"`); with `max_positions`, a learned position embedding is added; "
+       "`padding_idx` (without positions): that token's row takes no gradient, as torch.nn.Embedding's",
+       rows::embedding},
       {"transformer_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"dropout", K::Number, "0"},
         {"causal", K::Bool, "true"}},

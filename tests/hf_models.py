@@ -53,6 +53,11 @@ CASES = {
     "qwen3": ("Qwen3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=12, max_position_embeddings=64, attention_bias=True,
                                   tie_word_embeddings=True)),
+    # q, k and v in one tensor, gate and up in another; a window shorter than the sequence on every
+    # layer; a padding token (its embedding row takes no gradient) that the batch holds
+    "phi3": ("Phi3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=64, sliding_window=5, pad_token_id=5,
+                                tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -76,9 +81,9 @@ def rope_inv_freq64(config, dim):
 
 
 def patch_float64():
-    for family in ("llama", "mistral", "qwen2", "qwen3"):
+    for family in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}[family]
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding")
 
@@ -118,6 +123,8 @@ def make(root, only=None):
                         p.add_(torch.randn_like(p) * 0.1)
             model.save_pretrained(os.path.join(out, "model"))
             tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1))
+            if getattr(config, "pad_token_id", None) is not None:
+                tokens[:, ::3] = config.pad_token_id  # the padding row is read, and takes no gradient
             np.save(os.path.join(out, "tokens.npy"), tokens.numpy())
             x, y = tokens[:, :SEQ], tokens[:, 1:]
             model.eval()

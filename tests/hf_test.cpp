@@ -1,10 +1,10 @@
 // The hf family against transformers itself (tests/hf_models.py makes the models and computes
 // transformers' results): for each architecture, in float32 and float64, the logits of a pipeline
-// of 1 and 3 stages equal transformers' (1e-5, 1e-10); 5 steps of plain SGD on one batch on 3
-// stages give transformers' losses, and the weights written by save_hf, loaded with
-// from_pretrained, equal transformers' trained weights. Each case prints its largest differences
-// ("parity ..." lines: the table of docs/models.md). Skipped where the project's Python has no
-// transformers (scripts/setup.sh installs it).
+// of 1 and 3 stages equal transformers' (1e-5, Phi-3's fused tensors 5e-5; 1e-10); 5 steps of
+// plain SGD on one batch on 3 stages give transformers' losses, and the weights written by
+// save_hf, loaded with from_pretrained, equal transformers' trained weights. Each case prints its
+// largest differences ("parity ..." lines: the table of docs/models.md). Skipped where the
+// project's Python has no transformers (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,6 +60,12 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
   return o;
 }
 
+// float32's bound. Phi-3's q, k and v come from one fused matrix product in transformers and from
+// three here (gate and up from one and two): the sums round apart in float32's last bits from the
+// first logits on (1.2e-6 here), which 5 SGD steps of lr 0.1 carry into the weights (6.4e-6 here,
+// AMD EPYC; another CPU's kernels block the sums otherwise).
+double float32_bound(const std::string& arch) { return arch == "phi3" ? 5e-5 : 1e-5; }
+
 // Every check of one architecture, both precisions.
 void check_architecture(const std::string& arch) {
   if (!has_transformers()) GTEST_SKIP() << "the project's Python has no transformers (scripts/setup.sh installs it)";
@@ -67,7 +73,7 @@ void check_architecture(const std::string& arch) {
   ASSERT_EQ(made.status, 0) << made.out;
   for (const std::string dtype : {"float32", "float64"}) {
     const std::string dir = root() + "/" + arch + "-" + dtype;
-    const double tol = dtype == "float64" ? 1e-10 : 1e-5;
+    const double tol = dtype == "float64" ? 1e-10 : float32_bound(arch);
     const at::Tensor tokens = load_npy(dir + "/tokens.npy"), expected = load_npy(dir + "/logits.npy");
     const int64_t T = tokens.size(1) - 1;
     const at::Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
@@ -91,7 +97,7 @@ void check_architecture(const std::string& arch) {
       worst = std::max(worst, std::abs(loss - losses[s].item<double>()));
     }
     std::printf("parity %s %s stages=3 sgd5-loss=%.3g\n", arch.c_str(), dtype.c_str(), worst);
-    EXPECT_LE(worst, dtype == "float64" ? 1e-10 : 1e-5) << arch << " " << dtype << " losses";
+    EXPECT_LE(worst, dtype == "float64" ? 1e-10 : float32_bound(arch)) << arch << " " << dtype << " losses";
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
     EXPECT_GT(models::save_hf(dir + "/model", weights, dir + "/exported", 1 << 20), 0u);
@@ -104,7 +110,7 @@ void check_architecture(const std::string& arch) {
     ASSERT_TRUE(result.contains(name) && result[name].is_number()) << compared.out;
     const double d = result[name].get<double>();
     std::printf("parity %s %s exported-vs-trained=%.3g\n", arch.c_str(), dtype.c_str(), d);
-    EXPECT_LE(d, dtype == "float64" ? 1e-10 : 1e-5) << name;
+    EXPECT_LE(d, dtype == "float64" ? 1e-10 : float32_bound(arch)) << name;
   }
 }
 
@@ -115,6 +121,7 @@ TEST(HfParity, Llama3RopeTiedWithBiases) { check_architecture("llama3-tied"); }
 TEST(HfParity, MistralSlidingWindow) { check_architecture("mistral"); }
 TEST(HfParity, Qwen2) { check_architecture("qwen2"); }
 TEST(HfParity, Qwen3QkNormHeadDimBiasesTied) { check_architecture("qwen3"); }
+TEST(HfParity, Phi3FusedTensorsWindowPadding) { check_architecture("phi3"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -188,7 +195,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::filesystem::create_directories(bert);
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                                "Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);

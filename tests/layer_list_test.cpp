@@ -288,3 +288,24 @@ TEST(LayerList, LlamaBlockArgumentsAreChecked) {
     EXPECT_EQ(torch::equal(last, last_changed), window == 3) << "window " << window;
   }
 }
+
+// An embedding's padding_idx: that token's row takes no gradient (torch.nn.Embedding's, which
+// transformers' models take from pad_token_id), the others do; checked against the layer.
+TEST(LayerList, AnEmbeddingsPaddingRowTakesNoGradient) {
+  auto list = [](json embedding_extra) {
+    json e{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 10}, {"embedding_dim", 4}};
+    for (auto& [k, v] : embedding_extra.items()) e[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {5}}, {"input_dtype", "long"}, {"layers", {e, linear("h", 4, 10)}}};
+  };
+  models::Model m = build(list({{"padding_idx", 3}}));
+  const at::Tensor x = torch::tensor({{3, 1, 3, 2, 3}}, torch::kLong);
+  m.layers->forward(x).sum().backward();
+  const at::Tensor g = m.layers->named_parameters()["e.embedding.weight"].grad();
+  EXPECT_TRUE(torch::equal(g[3], torch::zeros({4}))) << "the padding row took a gradient";
+  EXPECT_FALSE(torch::equal(g[1], torch::zeros({4}))) << "a token's row took none";
+  EXPECT_NE(build_error(list({{"padding_idx", 10}})).find("padding_idx: must be between 0 and 9, got 10"), std::string::npos)
+      << build_error(list({{"padding_idx", 10}}));
+  EXPECT_NE(build_error(list({{"padding_idx", 0}, {"max_positions", 5}})).find("padding_idx: needs an embedding without max_positions"),
+            std::string::npos)
+      << build_error(list({{"padding_idx", 0}, {"max_positions", 5}}));
+}
