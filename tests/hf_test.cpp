@@ -189,6 +189,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   refused("yarn", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope type 'yarn' is not supported");
   refused("gelu", {{"hidden_act", "gelu"}}, "hidden_act 'gelu' is not supported");
   refused("dropout", {{"attention_dropout", 0.1}}, "attention_dropout above 0 is not supported");
+  refused("resid", {{"resid_pdrop", 0.1}}, "resid_pdrop above 0 is not supported");  // Phi-3's
   refused("partial", {{"partial_rotary_factor", 0.5}}, "partial_rotary_factor 0.5 is not supported");
   refused("gqa", {{"num_key_value_heads", 3}}, "num_key_value_heads must divide num_attention_heads (4)");
   const std::string bert = root() + "/bert";
