@@ -37,7 +37,7 @@ json family_config(const std::string& family) {
   if (family == "cnn")
     return {{"family", "cnn"}, {"image_size", 8}, {"channels", 2}, {"hidden", 8}, {"classes", 3}, {"dropout", 0.3}};
   return {{"family", "gpt"}, {"vocab_size", 11}, {"seq_len", 6}, {"d_model", 8}, {"n_heads", 2},
-          {"n_layers", 3}, {"d_ff", 16}, {"dropout", 0.2}};
+          {"n_layers", 3}, {"d_ff", 16}, {"dropout", 0.2}, {"tie_embeddings", family == "gpt_tied"}};
 }
 
 models::Model build(const std::string& family) {
@@ -93,7 +93,8 @@ constexpr int kSteps = 3;
 // One device, the whole batch (job::SingleDevice, with the pipeline's dropout streams: seed 0,
 // step s): the reference losses, the model after kSteps optimizer steps.
 std::vector<double> reference(models::Model& m, const Case& c) {
-  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, c.optimizer == "sgd" ? sgd() : adam(), /*seed=*/0);
+  job::SingleDevice one(m.layers, pipetrain::test::mean_cross_entropy, c.optimizer == "sgd" ? sgd() : adam(), /*seed=*/0,
+                        Precision::FP32, m.ties);
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     const Batch b = make_batch(m, c.batch, 100 + s);
@@ -142,7 +143,8 @@ TEST_P(DataParallel, CopiesEqualOneDeviceOnTheWholeBatch) {
   if (!comm::has_transport_backend(c.transport)) GTEST_SKIP() << c.transport << " is not compiled in";
   models::Model want = build(c.family);
   const std::vector<double> want_losses = reference(want, c);
-  const pipeline::PipelineOptions o = options(c);
+  pipeline::PipelineOptions o = options(c);
+  o.ties = want.ties;
   const auto factory = c.optimizer == "sgd" ? sgd() : adam();
 
   if (!c.ranks) {
@@ -221,6 +223,9 @@ std::vector<Case> cases() {
   out.push_back({"mlp", "1f1b", 2, 2, 2, 12, false, true});
   out.push_back({"gpt", "zb-h1", 2, 3, 3, 20, true, true});
   out.push_back({"cnn", "gpipe", 2, 2, 2, 12, false, true, "ucx"});
+  // A tie between each copy's first and last ranks: its gradients cross between those two alone.
+  out.push_back({"gpt_tied", "1f1b", 3, 2, 3, 12, false, true});
+  out.push_back({"gpt_tied", "gpipe", 3, 2, 3, 12, false, true, "ucx"});
   out.push_back({"mlp", "1f1b", 2, 2, 2, 12, true, true, "ucx", "sgd"});
   // The sharded reduction as a reduce-scatter (other backends' default).
   out.push_back({"gpt", "zb-h1", 2, 3, 2, 11, true, false, "local", "adamw", true});
