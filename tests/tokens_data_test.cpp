@@ -25,6 +25,7 @@ namespace {
 std::string dir() {
   static const std::string d = [] {
     const std::string p = ::testing::TempDir() + "/pipetrain_tokens_" + std::to_string(::getpid());
+    std::filesystem::remove_all(p);  // an earlier process of the same id may have left its files (a FIFO)
     std::filesystem::create_directories(p);
     return p;
   }();
