@@ -141,14 +141,9 @@ std::string write_model(const std::string& name, const nlohmann::json& config, i
   const models::HfSpec spec = models::read_hf_spec(dir, seq_len, "test");
   JsonReader list(spec.layers, "model", "test");
   const models::Model m = models::build_layer_list(list);
-  auto params = m.layers->named_parameters();
-  models::NamedTensors tensors;
-  for (const models::HfTensor& t : spec.tensors) {
-    if (spec.tied && t.ours == "lm_head.linear.weight") continue;
-    const at::Tensor p = params[t.ours].detach();
-    tensors.emplace_back(t.theirs, t.transposed ? p.t().contiguous() : p);
-  }
-  models::save_safetensors(dir + "/model.safetensors", tensors);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  models::save_hf(dir, weights, dir, uint64_t{1} << 30);
   return dir;
 }
 
@@ -227,6 +222,27 @@ TEST(HfFamily, TheWeightsMustBeExactlyTheModels) {
     if (t.first == "lm_head.weight") t.second = torch::zeros({41, 16});
   rewrite(reshaped);
   EXPECT_NE(hf_error(dir).find("tensor 'lm_head.weight' has shape [41, 16], config.json makes it [40, 16]"), std::string::npos)
+      << hf_error(dir);
+}
+
+// Phi-3's fused tensors: q, k and v are rows of one, gate and up of another; one of another size
+// is refused naming it and the size config.json makes it.
+TEST(HfFamily, FusedTensorsAreSplitAndChecked) {
+  const nlohmann::json phi3 = with(kLlamaConfig, {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}});
+  const std::string dir = write_model("phi3", phi3);
+  models::SafetensorsCheckpoint ck(dir);
+  const at::Tensor qkv = ck.get("model.layers.1.self_attn.qkv_proj.weight");
+  ASSERT_EQ(qkv.sizes(), (std::vector<int64_t>{32, 16}));  // 4 query heads and 2 key and value heads of 4
+  models::Model m = build(dir, 8);
+  auto p = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(p["layer_1.llama.self_attn.k_proj.weight"], qkv.narrow(0, 16, 8)));
+  EXPECT_TRUE(torch::equal(p["layer_1.llama.mlp.up_proj.weight"], ck.get("model.layers.1.mlp.gate_up_proj.weight").narrow(0, 24, 24)));
+  models::NamedTensors all;
+  for (const std::string& n : ck.names())
+    all.emplace_back(n, n == "model.layers.0.self_attn.qkv_proj.weight" ? torch::zeros({30, 16}) : ck.get(n).clone());
+  models::save_safetensors(dir + "/model.safetensors", all);
+  EXPECT_NE(hf_error(dir).find("tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape [30, 16], config.json makes it [32, 16]"),
+            std::string::npos)
       << hf_error(dir);
 }
 
