@@ -31,11 +31,47 @@ std::pair<at::Tensor, at::Tensor> extend(KvCache* cache, at::Tensor k, at::Tenso
 }
 }  // namespace
 
-at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type) {
+int64_t rotary_dim(const Rope& rope, int64_t head_dim) { return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial); }
+
+bool rope_long(const Rope& rope, int64_t end) { return rope.type == "longrope" && end > rope.original_max_positions; }
+
+namespace {
+// yarn's inverse frequencies from the default kind's powers: a ramp over the pairs between the
+// dimensions where beta_fast and beta_slow rotations fit in the original context takes each pair
+// from the original frequency (extrapolation) to the one divided by factor (interpolation).
+at::Tensor yarn_inv_freq(const Rope& rope, const at::Tensor& pos_freqs, int64_t dim) {
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(static_cast<double>(rope.original_max_positions) / (rotations * 2 * M_PI)) /
+           (2 * std::log(rope.theta));
+  };
+  double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  const at::Tensor ramp = ((torch::arange(dim / 2, pos_freqs.options()) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor extrapolation = pos_freqs.reciprocal() * 1.0, interpolation = (pos_freqs * rope.factor).reciprocal() * 1.0;
+  const at::Tensor keep = 1 - ramp;
+  return interpolation * (1 - keep) + extrapolation * keep;
+}
+}  // namespace
+
+at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors) {
   // transformers' operations, in their order (Python's `a / t` is t.reciprocal() * a).
   const auto t = type == at::kDouble ? at::kDouble : at::kFloat;
-  const auto exponent = torch::arange(0, head_dim, 2, torch::kLong).to(t) / static_cast<double>(head_dim);
-  at::Tensor inv = torch::pow(rope.theta, exponent).reciprocal() * 1.0;
+  const int64_t dim = rotary_dim(rope, head_dim);
+  const auto exponent = torch::arange(0, dim, 2, torch::kLong).to(t) / static_cast<double>(dim);
+  const at::Tensor powers = torch::pow(rope.theta, exponent);
+  if (rope.type == "yarn") return yarn_inv_freq(rope, powers, dim);
+  if (rope.type == "longrope") {
+    const std::vector<double>& f = long_factors ? rope.long_factor : rope.short_factor;
+    PIPETRAIN_CHECK(static_cast<int64_t>(f.size()) == dim / 2);
+    return (torch::tensor(f, torch::kDouble).to(t) * powers).reciprocal() * 1.0;
+  }
+  at::Tensor inv = powers.reciprocal() * 1.0;
   if (rope.type == "linear") return inv / rope.factor;
   if (rope.type != "llama3") return inv;
   const double old = static_cast<double>(rope.original_max_positions);
@@ -50,29 +86,35 @@ at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
                                               at::ScalarType type, const at::Device& device) {
-  return rope_tables(rope_inv_freq(rope, head_dim, type).to(device), offset, T, type);
+  const at::Tensor inv = rope_inv_freq(rope, head_dim, type, rope_long(rope, offset + T)).to(device);
+  return rope_tables(inv, offset, T, type, rope.attention_factor);
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type) {
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type,
+                                              double attention_factor) {
   const at::Device device = inv.device();
   const at::Tensor positions = torch::arange(offset, offset + T, torch::TensorOptions(torch::kLong).device(device)).to(inv.scalar_type());
   const at::Tensor freqs = positions.unsqueeze(1) * inv.unsqueeze(0);
   const at::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(type), emb.sin().to(type)};
+  if (attention_factor == 1) return {emb.cos().to(type), emb.sin().to(type)};
+  return {(emb.cos() * attention_factor).to(type), (emb.sin() * attention_factor).to(type)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  const int64_t D = x.size(-1), rot = cos.size(-1), half = rot / 2;
+  const at::Tensor r = rot == D ? x : x.narrow(-1, 0, rot);
+  const at::Tensor rotated = torch::cat({-r.narrow(-1, half, half), r.narrow(-1, 0, half)}, -1);
+  const at::Tensor y = r * cos + rotated * sin;
+  return rot == D ? y : torch::cat({y, x.narrow(-1, rot, D - rot)}, -1);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout) {
+                            int64_t window, DropoutImpl* dropout, double softcap) {
   const int64_t H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), offset = Tk - Tq;
   PIPETRAIN_CHECK(offset >= 0 && KV > 0 && H % KV == 0);
   const bool gqa = H != KV, windowed = window > 0 && Tk > window;
-  const bool explicit_path = dropout && dropout->is_training() && dropout->p() > 0;
+  const bool dropping = dropout && dropout->is_training() && dropout->p() > 0;
+  const bool explicit_path = dropping || softcap > 0;
   if (!explicit_path && !windowed && (offset == 0 || Tq == 1))
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/Tq > 1, scale, gqa);
   // Query i is position offset + i; it sees keys j <= offset + i (and > offset + i - window).
@@ -83,8 +125,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (!explicit_path) return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, gqa);
   const at::Tensor kk = gqa ? k.repeat_interleave(H / KV, 1) : k, vv = gqa ? v.repeat_interleave(H / KV, 1) : v;
   at::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * scale;
-  att = torch::softmax(att.masked_fill(allowed.logical_not(), -INFINITY), -1);
-  return torch::matmul(dropout->forward(att), vv);
+  if (softcap > 0) att = torch::tanh(att / softcap) * softcap;
+  att = att.masked_fill(allowed.logical_not(), -INFINITY);
+  // The softmax in float32 for lower precisions, as transformers' eager attention takes it.
+  att = c10::isReducedFloatingType(att.scalar_type()) ? torch::softmax(att, -1, torch::kFloat).to(q.scalar_type()) : torch::softmax(att, -1);
+  return torch::matmul(dropping ? dropout->forward(att) : att, vv);
 }
 
 void LlamaAttentionImpl::reset() {
@@ -94,8 +139,9 @@ void LlamaAttentionImpl::reset() {
   v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
   if (o_.qk_norm) {
-    q_norm = register_module("q_norm", RmsNorm(std::vector<int64_t>{o_.head_dim}, o_.eps));
-    k_norm = register_module("k_norm", RmsNorm(std::vector<int64_t>{o_.head_dim}, o_.eps));
+    const int64_t over_q = o_.qk_norm_projection ? q : o_.head_dim, over_k = o_.qk_norm_projection ? kv : o_.head_dim;
+    q_norm = register_module("q_norm", RmsNorm(std::vector<int64_t>{over_q}, o_.eps, o_.norm_scale));
+    k_norm = register_module("k_norm", RmsNorm(std::vector<int64_t>{over_k}, o_.eps, o_.norm_scale));
   }
 }
 
@@ -106,38 +152,86 @@ void GatedMlpImpl::reset() {
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
-  return run(down_proj, torch::silu(run(gate_proj, x)) * run(up_proj, x));
+  const at::Tensor gate = run(gate_proj, x);
+  return run(down_proj, (gelu_ ? torch::gelu(gate, "tanh") : torch::silu(gate)) * run(up_proj, x));
+}
+
+void MoeImpl::reset() {
+  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, o_.experts).bias(false)));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < o_.experts; ++e) experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
+}
+
+torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
+  const at::Tensor h = x.reshape({-1, x.size(-1)});
+  const at::Tensor logits = run(gate, h);
+  const bool reduced = c10::isReducedFloatingType(logits.scalar_type());
+  auto [top, chosen] = torch::softmax(reduced ? logits.to(torch::kFloat) : logits, -1).topk(o_.experts_per_token, -1);
+  if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
+  if (o_.router_cast) top = top.to(logits.scalar_type());
+  at::Tensor out = torch::zeros_like(h);
+  // Each expert's tokens in transformers' order: by their rank among the token's choices, then
+  // by position (the rows of a GEMM; the sums into `out` go expert by expert).
+  const at::Tensor by_rank = chosen.t();
+  for (int64_t e = 0; e < o_.experts; ++e) {
+    const at::Tensor hits = (by_rank == e).nonzero();
+    if (hits.size(0) == 0) continue;
+    const at::Tensor rank = hits.select(1, 0), token = hits.select(1, 1);
+    const at::Tensor y = experts[e]->as<GatedMlpImpl>()->forward(h.index_select(0, token)) * top.index({token, rank}).unsqueeze(1);
+    out.index_add_(0, token, y.to(out.scalar_type()));
+  }
+  return out.view(x.sizes());
 }
 
 void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && o_.head_dim % 2 == 0);
-  input_layernorm_ = register_module("input_layernorm", RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps));
+  auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
+  if (o_.norms != NormPlacement::Post) input_layernorm_ = norm("input_layernorm");
   self_attn_ = register_module("self_attn", LlamaAttention(o_));
-  post_attention_layernorm_ = register_module("post_attention_layernorm", RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps));
-  mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias));
+  post_attention_layernorm_ = norm("post_attention_layernorm");
+  if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
+  if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
+  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
+  if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
   const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim, T = x.size(1);
-  const at::Tensor h = input_layernorm_(x);
-  at::Tensor q = heads(run(self_attn_->q_proj, h), H, D), k = heads(run(self_attn_->k_proj, h), KV, D);
+  const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
+  at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h);
+  if (o_.qk_norm && o_.qk_norm_projection) {  // OLMo 2's: over the whole projection
+    qp = self_attn_->q_norm(qp);
+    kp = self_attn_->k_norm(kp);
+  }
+  at::Tensor q = heads(qp, H, D), k = heads(kp, KV, D);
   const at::Tensor v = heads(run(self_attn_->v_proj, h), KV, D);
-  if (o_.qk_norm) {  // over each head's values: the same whether heads are split before or after
+  if (o_.qk_norm && !o_.qk_norm_projection) {  // over each head's values (Qwen3's, Gemma 3's)
     q = self_attn_->q_norm(q);
     k = self_attn_->k_norm(k);
   }
   const int64_t offset = cache ? cache->length() : 0;
   if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
     rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());
+    if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, D, q.scalar_type(), true).to(q.device());
     rope_type_ = q.scalar_type();
   }
-  const auto [cos, sin] = rope_tables(rope_inv_, offset, T, q.scalar_type());
+  const bool long_factors = rope_long(o_.rope, offset + T);
+  if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
+  const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
+  const auto [cos, sin] = rope_tables(inv, offset, T, q.scalar_type(), o_.rope.attention_factor);
   q = apply_rope(q, cos, sin);
   k = apply_rope(k, cos, sin);
   const auto [keys, values] = extend(cache, k, v);
-  const at::Tensor y = causal_attention(q, keys, values, 1.0 / std::sqrt(static_cast<double>(D)), o_.sliding_window, nullptr);
-  const at::Tensor h1 = x + run(self_attn_->o_proj, merge_heads(y));
-  return h1 + mlp_(post_attention_layernorm_(h1));
+  const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const at::Tensor y = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
+  const at::Tensor a = run(self_attn_->o_proj, merge_heads(y));
+  auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
+  if (o_.norms == NormPlacement::Pre) {
+    const at::Tensor h1 = x + a;
+    return h1 + mlp(post_attention_layernorm_(h1));
+  }
+  const at::Tensor h1 = x + post_attention_layernorm_(a);
+  return h1 + post_feedforward_layernorm_(mlp(o_.norms == NormPlacement::Sandwich ? pre_feedforward_layernorm_(h1) : h1));
 }
 
 void Gpt2AttentionImpl::reset() {

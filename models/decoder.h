@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
@@ -22,42 +23,67 @@
 namespace pipetrain::models {
 
 /// Rotary position embedding as transformers computes it: the inverse frequencies of the
-/// default kind, or scaled by `linear` or `llama3` (Llama 3.1's); other kinds are refused where a
-/// config is read (models/hf.cpp, layer_list.cpp).
+/// default kind, or scaled by `linear`, `llama3` (Llama 3.1's), `yarn` (Qwen's and others' long
+/// contexts) or `longrope` (Phi-3's: its short factors up to `original_max_positions` positions,
+/// its long ones beyond, chosen per forward by the last position as transformers chooses); other
+/// kinds are refused where a config is read (models/hf.cpp, decoder_options.cpp).
 struct Rope {
   double theta = 10000;
-  std::string type = "default";  // "default", "linear" or "llama3"
+  std::string type = "default";  // "default", "linear", "llama3", "yarn" or "longrope"
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
-  int64_t original_max_positions = 8192;  // llama3's original_max_position_embeddings
+  int64_t original_max_positions = 8192;  // original_max_position_embeddings (llama3, yarn, longrope)
+  double beta_fast = 32, beta_slow = 1;   // yarn's ramp between its corrections' dimensions
+  bool truncate = true;                   // yarn: those dimensions rounded outwards
+  std::vector<double> short_factor, long_factor;  // longrope: one per rotated pair
+  double attention_factor = 1;  // cos and sin are scaled by it (yarn's and longrope's)
+  double partial = 1;           // rotary positions over the first int(head_dim * partial) values of a head
 };
 
-/// The inverse frequencies for a head of `head_dim` values ([head_dim / 2]): in float32 with
-/// transformers' operations for float32 and lower precisions (so the angles are the ones a
-/// checkpoint was trained with), in float64 for float64.
-at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type);
-/// cos and sin, [T, head_dim], of positions offset..offset+T-1, in `type` (computed as
-/// rope_inv_freq says).
+/// The values of a head the rotation turns: int(head_dim * partial), even (checked where read).
+int64_t rotary_dim(const Rope& rope, int64_t head_dim);
+/// Whether a forward whose last position is `end` - 1 takes longrope's long factors.
+bool rope_long(const Rope& rope, int64_t end);
+/// The inverse frequencies for a head of `head_dim` values ([rotary_dim / 2]; longrope's long
+/// factors where `long_factors`): in float32 with transformers' operations for float32 and lower
+/// precisions (so the angles are the ones a checkpoint was trained with), in float64 for float64.
+at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors = false);
+/// cos and sin, [T, rotary_dim], of positions offset..offset+T-1, in `type` (computed as
+/// rope_inv_freq says, scaled by the attention factor).
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
                                               at::ScalarType type, const at::Device& device);
 /// The same from `inv`, rope_inv_freq's result already on the tables' device.
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type);
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv, int64_t offset, int64_t T, at::ScalarType type,
+                                              double attention_factor = 1);
 /// x [B, H, T, D] rotated: x * cos + rotate_half(x) * sin (transformers' convention: the two
-/// halves of each head, not interleaved pairs).
+/// halves of each head, not interleaved pairs); with tables narrower than a head, its first
+/// values rotated and the rest passed through (partial rotary, Phi-4-mini's).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// What one attention layer kept of the positions before: keys and values [B, KV heads, S, D]
 /// (undefined before the first call).
 struct KvCache {
   at::Tensor k, v;
+  /// Set by a call whose positions the kept ones no longer match: longrope's first forward past
+  /// its pretraining length, which rotates every position by the long factors. Generation then
+  /// runs the whole window again (as transformers' generate drops its cache there).
+  bool stale = false;
   int64_t length() const { return k.defined() ? k.size(2) : 0; }
 };
 
 /// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),
 /// the queries being the last Tq of the Tk positions; with `window` > 0 a query sees only the
 /// `window` positions up to itself (Mistral's sliding window). `dropout` (training, p > 0):
-/// keyed dropout of the attention weights on the explicit path.
+/// keyed dropout of the attention weights on the explicit path; `softcap` > 0 (Gemma 2's) too:
+/// the scores through softcap * tanh(scores / softcap), the softmax in float32 at least.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout);
+                            int64_t window, DropoutImpl* dropout, double softcap = 0);
+
+/// Where a decoder layer's RMSNorms sit.
+enum class NormPlacement {
+  Pre,       ///< input_layernorm before attention, post_attention_layernorm before the MLP (Llama)
+  Post,      ///< post_attention_layernorm on attention's output, post_feedforward_layernorm on the MLP's (OLMo 2)
+  Sandwich,  ///< both: input_, post_attention_, pre_feedforward_ and post_feedforward_layernorm (Gemma 2 and 3)
+};
 
 struct LlamaBlockOptions {
   int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
@@ -66,8 +92,18 @@ struct LlamaBlockOptions {
   bool qkv_bias = false;  // biases on q, k and v (Qwen2; Llama's attention_bias)
   bool o_bias = false;    // on o (Llama's attention_bias)
   bool mlp_bias = false;  // on gate, up and down (Llama's mlp_bias)
-  bool qk_norm = false;   // each head's queries and keys RMS-normalized before the rotation (Qwen3)
+  bool qk_norm = false;   // queries and keys RMS-normalized before the rotation (Qwen3, OLMo 2, Gemma 3)
+  bool qk_norm_projection = false;  // over the whole projection (OLMo 2), not each head (Qwen3)
   int64_t sliding_window = 0;  // 0: none
+  NormPlacement norms = NormPlacement::Pre;
+  RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
+  bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
+  double attn_scale = 0;     // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5)
+  double attn_softcap = 0;   // scores through cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
+  int64_t experts = 0;       // > 0: a sparse mixture of that many experts in the MLP's place (Moe)
+  int64_t experts_per_token = 2;
+  bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
+  bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -84,22 +120,46 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 };
 TORCH_MODULE(LlamaAttention);
 
-/// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block).
+/// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
+/// GELU in silu's place, Gemma's).
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
-  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias) : d_model_(d_model), d_ff_(d_ff), bias_(bias) { reset(); }
+  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false)
+      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu) {
+    reset();
+  }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   int64_t d_model_, d_ff_;
-  bool bias_;
+  bool bias_, gelu_;
 };
 TORCH_MODULE(GatedMlp);
 
+/// A sparse mixture of experts in a Llama block's MLP place, as transformers computes Mixtral's
+/// and Qwen3-MoE's: a router ("gate", [experts, d_model], no bias) scores each token; the softmax
+/// of the scores (float32 at least) picks its top `experts_per_token` experts, whose SwiGLU MLPs
+/// ("experts.<e>", GatedMlp) run on the tokens routed to them, expert by expert in ascending
+/// order, and whose outputs add up weighted by those probabilities (renormalized over the chosen
+/// with normalize_experts). The routing is read on the host (one sync per layer).
+class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
+ public:
+  explicit MoeImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+
+ private:
+  LlamaBlockOptions o_;
+};
+TORCH_MODULE(Moe);
+
 /// A Llama-family decoder layer: x + o(attn(rope(q), rope(k), v)) of input_layernorm(x), then
-/// h + mlp(post_attention_layernorm(h)). Input and output [B, T, d_model].
+/// h + mlp(post_attention_layernorm(h)); its norms placed otherwise for OLMo 2 and Gemma 2 and 3
+/// (NormPlacement). Input and output [B, T, d_model].
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
  public:
   explicit LlamaBlockImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
@@ -112,11 +172,14 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
  private:
   LlamaBlockOptions o_;
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  RmsNorm pre_feedforward_layernorm_{nullptr}, post_feedforward_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
   GatedMlp mlp_{nullptr};
-  // rope_inv_freq on the device the block last ran on, for the dtype it ran in: made once, so
-  // that a forward copies nothing from the host (no stream sync; capturable in a CUDA graph).
-  at::Tensor rope_inv_;
+  Moe moe_{nullptr};  // in mlp_'s place where options().experts > 0
+  // rope_inv_freq on the device the block last ran on, for the dtype it ran in (and longrope's
+  // long factors'): made once, so that a forward copies nothing from the host (no stream sync;
+  // capturable in a CUDA graph).
+  at::Tensor rope_inv_, rope_inv_long_;
   at::ScalarType rope_type_ = at::kFloat;
 };
 TORCH_MODULE(LlamaBlock);
@@ -173,10 +236,13 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
 TORCH_MODULE(Gpt2Block);
 
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
-/// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, rope_scaling, qkv_bias,
-/// o_bias, mlp_bias, sliding_window; gpt2_block's d_model, n_heads, d_ff, eps, dropout,
+/// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
+/// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
+/// experts_per_token, normalize_experts, router_cast; gpt2_block's d_model, n_heads, d_ff, eps, dropout,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);
+/// An RMSNorm's `key` ("after_cast", "before_cast" or "one_plus"; RmsScale).
+RmsScale read_rms_scale(JsonReader& r, const std::string& key);
 Gpt2BlockOptions read_gpt2_block(JsonReader& r);
 /// The values of a block's parameters, counted before any tensor is made.
 double parameter_values(const LlamaBlockOptions& o);

@@ -1,4 +1,5 @@
 // The decoder blocks' arguments as a layer list spells them (models/decoder.h).
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -8,20 +9,55 @@
 namespace pipetrain::models {
 
 namespace {
-// rope_theta, and rope_scaling as transformers writes it ({"rope_type": "linear" | "llama3",
-// "factor", ...}); other kinds are refused by name.
-Rope read_rope(JsonReader& r) {
+// transformers' yarn attention factor from its factor and mscales when none is given.
+double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
+  auto get = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  return mscale != 0 && mscale_all_dim != 0 ? get(mscale) / get(mscale_all_dim) : get(1);
+}
+
+// rope_theta, partial_rotary_factor, and rope_scaling as transformers writes it ({"rope_type":
+// "linear" | "llama3" | "yarn" | "longrope", "factor", ...}); other kinds are refused by name.
+Rope read_rope(JsonReader& r, int64_t head_dim) {
   Rope rope;
   rope.theta = r.get_number("rope_theta", 10000.0, 1.0, 1e12);
+  rope.partial = r.get_number("partial_rotary_factor", 1.0, 1e-6, 1.0);
+  const int64_t dim = rotary_dim(rope, head_dim);
+  if (dim < 2 || dim % 2)
+    r.fail("partial_rotary_factor", detail::concat("turns ", dim, " of head_dim's ", head_dim, " values; it must be an even number above 0"));
   if (!r.has("rope_scaling")) return rope;
   JsonReader s = r.child("rope_scaling");
-  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3"});
-  if (rope.type != "default") rope.factor = s.get_number("factor", 1.0, 1e-6, 1e6);
+  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3", "yarn", "longrope"});
+  if (rope.type == "linear" || rope.type == "llama3" || rope.type == "yarn") rope.factor = s.get_number("factor", 1.0, 1e-6, 1e6);
   if (rope.type == "llama3") {
     rope.low_freq_factor = s.get_number("low_freq_factor", 1.0, 1e-6, 1e6);
     rope.high_freq_factor = s.get_number("high_freq_factor", 4.0, 1e-6, 1e6);
     if (rope.high_freq_factor <= rope.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
     rope.original_max_positions = s.get_int("original_max_position_embeddings", 8192, 1, int64_t{1} << 30);
+  }
+  if (rope.type == "yarn" || rope.type == "longrope") {
+    if (!s.has("original_max_position_embeddings")) s.fail("original_max_position_embeddings", "is required by " + rope.type);
+    rope.original_max_positions = s.get_int("original_max_position_embeddings", 0, 1, int64_t{1} << 30);
+  }
+  if (rope.type == "yarn") {
+    rope.beta_fast = s.get_number("beta_fast", 32.0, 1e-6, 1e6);
+    rope.beta_slow = s.get_number("beta_slow", 1.0, 1e-6, 1e6);
+    rope.truncate = s.get_bool("truncate", true);
+    const double mscale = s.get_number("mscale", 0.0, 0.0, 1e6), all_dim = s.get_number("mscale_all_dim", 0.0, 0.0, 1e6);
+    rope.attention_factor = s.get_number("attention_factor", yarn_attention_factor(rope.factor, mscale, all_dim), 1e-6, 1e6);
+  }
+  if (rope.type == "longrope") {
+    for (const char* k : {"short_factor", "long_factor"}) {
+      if (!s.has(k)) s.fail(k, "is required by longrope (one factor per rotated pair)");
+      std::vector<double> f = s.get_numbers(k, {});
+      if (static_cast<int64_t>(f.size()) != dim / 2) s.fail(k, detail::concat("must hold ", dim / 2, " factors (one per rotated pair), got ", f.size()));
+      for (double x : f)
+        if (!(x > 0)) s.fail(k, detail::concat("must be positive, got ", x));
+      (std::string(k) == "short_factor" ? rope.short_factor : rope.long_factor) = std::move(f);
+    }
+    // transformers' default: sqrt(1 + ln(factor) / ln(original)) for factor above 1
+    const double factor = s.get_number("factor", 1.0, 1e-6, 1e6), old = static_cast<double>(rope.original_max_positions);
+    const double def = factor <= 1 || old <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(old));
+    rope.attention_factor = s.get_number("attention_factor", def, 1e-6, 1e6);
   }
   s.finish();
   return rope;
@@ -39,13 +75,32 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.head_dim % 2) r.fail("head_dim", "must be even (rotary positions turn pairs of values)");
   o.d_ff = r.require_int("d_ff", 1, int64_t{1} << 30);
   o.eps = r.get_number("eps", 1e-6, 1e-12, 1.0);
-  o.rope = read_rope(r);
+  o.rope = read_rope(r, o.head_dim);
   o.qkv_bias = r.get_bool("qkv_bias", false);
   o.o_bias = r.get_bool("o_bias", false);
   o.mlp_bias = r.get_bool("mlp_bias", false);
   o.qk_norm = r.get_bool("qk_norm", false);
+  o.qk_norm_projection = r.get_choice("qk_norm_over", "head", {"head", "projection"}) == "projection";
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
+  const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich"});
+  o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : NormPlacement::Sandwich;
+  o.norm_scale = read_rms_scale(r, "norm_scale");
+  o.gelu = r.get_choice("act", "silu", {"silu", "gelu_tanh"}) == "gelu_tanh";
+  o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
+  o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
+  o.experts = r.get_int("experts", 0, 0, 1 << 16);
+  if (o.experts == 0)
+    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast"})
+      if (r.has(k)) r.fail(k, "needs experts above 0");
+  o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
+  o.normalize_experts = r.get_bool("normalize_experts", true);
+  o.router_cast = r.get_bool("router_cast", false);
   return o;
+}
+
+RmsScale read_rms_scale(JsonReader& r, const std::string& key) {
+  const std::string s = r.get_choice(key, "after_cast", {"after_cast", "before_cast", "one_plus"});
+  return s == "after_cast" ? RmsScale::AfterCast : s == "before_cast" ? RmsScale::BeforeCast : RmsScale::OnePlus;
 }
 
 Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
@@ -62,8 +117,11 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
-  return d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) +
-         (o.mlp_bias ? 2 * f + d : 0) + (o.qk_norm ? 2 * double(o.head_dim) : 0);
+  const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : 2 * d;
+  const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
+  const double mlps = o.experts > 0 ? double(o.experts) : 1, router = o.experts > 0 ? double(o.experts) * d : 0;
+  return d * (q + 2 * kv) + q * d + mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + norms + (o.qkv_bias ? q + 2 * kv : 0) +
+         (o.o_bias ? d : 0) + qk_norms;
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

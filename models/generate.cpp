@@ -1,5 +1,6 @@
 #include "models/generate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/torch.h>
@@ -88,6 +89,14 @@ class Context {
 
   bool cached() const { return !layers_.empty(); }
 
+  // The positions after seen_ (x) through every layer, extending the caches.
+  at::Tensor through_caches(at::Tensor x) {
+    TensorSkipScope scope;
+    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward_at(x, seen_ - start_, caches_[i]);
+    if (!scope.take().empty()) throw Error("generate: a skip is stashed but no later layer pops it");
+    return x;
+  }
+
   // [vocab] logits in float64 on the CPU; `ids`: the whole sequence so far (it only grows).
   at::Tensor next(const std::vector<int64_t>& ids) {
     const auto n = static_cast<int64_t>(ids.size());
@@ -96,13 +105,19 @@ class Context {
       caches_.assign(caches_.size(), KvCache{});
     }
     if (!cached()) start_ = seen_ = std::max<int64_t>(0, n - seq_len_);
-    const int64_t T = n - seen_;
-    at::Tensor x =
-        torch::from_blob(const_cast<int64_t*>(ids.data()) + seen_, {1, T}, torch::kLong).clone().to(device_);
+    auto after = [&](int64_t from) {  // ids[from, n) as a batch of one
+      return torch::from_blob(const_cast<int64_t*>(ids.data()) + from, {1, n - from}, torch::kLong).clone().to(device_);
+    };
+    int64_t T = n - seen_;
+    at::Tensor x = after(seen_);
     if (cached()) {
-      TensorSkipScope scope;
-      for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward_at(x, seen_ - start_, caches_[i]);
-      if (!scope.take().empty()) throw Error("generate: a skip is stashed but no later layer pops it");
+      x = through_caches(x);
+      if (std::any_of(caches_.begin(), caches_.end(), [](const KvCache& c) { return c.stale; })) {
+        caches_.assign(caches_.size(), KvCache{});  // the kept positions are stale: the window again
+        seen_ = start_;
+        T = n - seen_;
+        x = through_caches(after(seen_));
+      }
       seen_ = n;
     } else {
       x = forward_with_skips(model_, x);

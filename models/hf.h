@@ -3,9 +3,10 @@
 // model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
 // hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// Phi3ForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
+// Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
+// MixtralForCausalLM, Qwen3MoeForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
 // is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
-// tests/hf_test.cpp, tests/hf_parity.py (against transformers).
+// tests/hf_test.cpp, tests/hf_models.py (against transformers).
 #pragma once
 
 #include <cstdint>

@@ -213,7 +213,8 @@ Built norm(LayerContext& c) {
     b.run = through<torch::nn::LayerNormImpl>();
   } else {
     b.module_name = "rms";
-    b.make = [=] { return RmsNorm(shape, eps).ptr(); };
+    const RmsScale scale = read_rms_scale(r, "scale");
+    b.make = [=] { return RmsNorm(shape, eps, scale).ptr(); };
     b.run = through<RmsNormImpl>();
   }
   return b;
@@ -243,6 +244,7 @@ Built embedding(LayerContext& c) {
     c.fail(detail::concat("has ", positions, " positions (max_positions), gets sequences of ", c.in[0]));
   const int64_t padding = r.has("padding_idx") ? r.get_int("padding_idx", 0, 0, vocab - 1) : -1;
   if (padding >= 0 && positions > 0) r.fail("padding_idx", "needs an embedding without max_positions");
+  if (r.has("scale") && positions > 0) r.fail("scale", "needs an embedding without max_positions");
   const uint64_t stream = c.stream;
   Built b;
   b.out = {c.in[0], d};
@@ -257,12 +259,19 @@ Built embedding(LayerContext& c) {
     b.random_streams = 1;
   } else {
     if (p > 0) r.fail("dropout", "needs max_positions (or a dropout layer after the embedding)");
+    // Gemma's scale: a float32 value (a buffer of transformers' embedding) in the weights' type.
+    const float scale = static_cast<float>(r.get_number("scale", 1.0, 1e-6, 1e6));
     b.make = [=] {
       torch::nn::EmbeddingOptions o(vocab, d);
       if (padding >= 0) o.padding_idx(padding);
       return torch::nn::Embedding(o).ptr();
     };
     b.run = through<torch::nn::EmbeddingImpl>();
+    if (scale != 1.0f)
+      b.run = [scale](torch::nn::Module* m, const at::Tensor& x) {
+        auto* e = static_cast<torch::nn::EmbeddingImpl*>(m);
+        return e->forward(x) * at::scalar_tensor(scale, torch::kFloat).to(e->weight.scalar_type());
+      };
     b.per_position = true;
   }
   return b;
@@ -334,6 +343,16 @@ Built activation(LayerContext& c) {
   Built b;
   b.out = c.in;
   b.run = function(fns.at(c.type));
+  b.per_position = true;
+  return b;
+}
+
+Built softcap(LayerContext& c) {
+  const double cap = c.r.get_number("cap", 0.0, 1e-6, 1e6);
+  if (!c.r.has("cap")) c.r.fail("cap", "is required");
+  Built b;
+  b.out = c.in;
+  b.run = function([cap](const at::Tensor& x) { return torch::tanh(x / cap) * cap; });
   b.per_position = true;
   return b;
 }

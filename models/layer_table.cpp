@@ -40,16 +40,19 @@ std::vector<LayerType> make_table() {
       {"batchnorm2d", bn, "[C, H, W] → unchanged", bn_help, rows::batchnorm},
       {"layernorm", {{"normalized_shape", K::IntOrList, ""}, {"eps", K::Number, "1e-5"}}, same,
        "layer normalization over the trailing dimensions `normalized_shape`", rows::norm},
-      {"rmsnorm", {{"normalized_shape", K::IntOrList, ""}, {"eps", K::Number, "1e-6"}}, same,
-       "RMS normalization with a learned scale (torch.nn.RMSNorm)", rows::norm},
+      {"rmsnorm", {{"normalized_shape", K::IntOrList, ""}, {"eps", K::Number, "1e-6"}, {"scale", K::String, "\"after_cast\""}}, same,
+       "RMS normalization with a learned scale (torch.nn.RMSNorm); `scale`: where it applies in a lower precision, "
+       "after the cast back (Llama's), `before_cast` (OLMo 2's) or `one_plus` (Gemma's 1 + weight, the weight zeros at the start)",
+       rows::norm},
       {"dropout", {{"p", K::Number, "0.5"}}, same,
        "keyed masks: the same whatever the stage count or micro-batching, and in a recomputation", rows::dropout},
       {"embedding",
        {{"num_embeddings", K::Int, ""}, {"embedding_dim", K::Int, ""}, {"max_positions", K::Int, "0: no positions"},
-        {"dropout", K::Number, "0, with positions"}, {"padding_idx", K::Int, "none"}},
+        {"dropout", K::Number, "0, with positions"}, {"padding_idx", K::Int, "none"}, {"scale", K::Number, "1"}},
        "[T] token ids → [T, embedding_dim]",
        "token embedding (`input_dtype` `\"long\"`); with `max_positions`, a learned position embedding is added; "
-       "`padding_idx` (without positions): that token's row takes no gradient, as torch.nn.Embedding's",
+       "`padding_idx` (without positions): that token's row takes no gradient, as torch.nn.Embedding's; `scale` (without "
+       "positions): the output multiplied by it, a float32 value in the weights' type (Gemma's sqrt(d_model))",
        rows::embedding},
       {"transformer_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"dropout", K::Number, "0"},
@@ -58,13 +61,21 @@ std::vector<LayerType> make_table() {
       {"llama_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"n_kv_heads", K::Int, "n_heads"}, {"head_dim", K::Int, "d_model / n_heads"},
         {"d_ff", K::Int, ""}, {"eps", K::Number, "1e-6"}, {"rope_theta", K::Number, "10000"},
-        {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\" or \"llama3\", \"factor\", …}`"}, {"qkv_bias", K::Bool, "false"},
+        {"partial_rotary_factor", K::Number, "1: the whole head rotated"},
+        {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\", \"llama3\", \"yarn\" or \"longrope\", \"factor\", …}` as transformers writes it"}, {"qkv_bias", K::Bool, "false"},
         {"o_bias", K::Bool, "false"}, {"mlp_bias", K::Bool, "false"}, {"qk_norm", K::Bool, "false"},
-        {"sliding_window", K::Int, "0: none"}},
+        {"qk_norm_over", K::String, "\"head\""}, {"sliding_window", K::Int, "0: none"}, {"norms", K::String, "\"pre\""},
+        {"norm_scale", K::String, "\"after_cast\""}, {"act", K::String, "\"silu\""}, {"attn_scale", K::Number, "1/sqrt(head_dim)"},
+        {"attn_softcap", K::Number, "0: none"}, {"experts", K::Int, "0: one MLP"}, {"experts_per_token", K::Int, "2"},
+        {"normalize_experts", K::Bool, "true"}, {"router_cast", K::Bool, "false"}},
        "[T, d] → [T, d]",
        "a Llama-family decoder layer as transformers computes it (RMSNorm, rotary positions, grouped-query causal attention, "
-       "SwiGLU; with `qk_norm`, Qwen3's RMSNorm of each head's queries and keys); parameters `self_attn.q_proj.weight`, "
-       "`mlp.gate_proj.weight`, …",
+       "SwiGLU; with `qk_norm`, Qwen3's RMSNorm of each head's queries and keys, or OLMo 2's of the whole projection with "
+       "`qk_norm_over` `\"projection\"`; `norms` `\"post\"`: OLMo 2's norms on attention's and the MLP's outputs, "
+       "`\"sandwich\"`: Gemma 2's before and after each; `norm_scale` as rmsnorm's `scale`; `act` `\"gelu_tanh\"`: GeGLU; "
+       "`attn_softcap`: Gemma 2's cap·tanh(scores/cap); `experts` above 0: a sparse mixture of that many SwiGLU experts of `d_ff` "
+       "in the MLP's place, each token's top `experts_per_token` by the router's softmax, as Mixtral's and Qwen3-MoE's, "
+       "`mlp.gate.weight`, `mlp.experts.0.gate_proj.weight`, …); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
        rows::llama_block},
       {"gpt2_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"eps", K::Number, "1e-5"},
@@ -78,6 +89,7 @@ std::vector<LayerType> make_table() {
   for (const char* f : {"relu", "gelu", "silu", "tanh", "sigmoid", "identity"})
     t.push_back({f, {}, same, std::string("the element-wise ") + f, rows::activation});
   const std::vector<LayerType> rest{
+      {"softcap", {{"cap", K::Number, ""}}, same, "cap·tanh(x/cap) element-wise (Gemma 2's final logits)", rows::softcap},
       {"softmax", {{"dim", K::Int, "−1"}}, same, "softmax along `dim` (counting the batch as 0)", rows::softmax},
       {"flatten", {{"start_dim", K::Int, "1"}}, "[C, H, W] → [C·H·W]", "the dimensions from `start_dim` (counting the batch as 0) as one",
        rows::flatten},

@@ -319,17 +319,29 @@ torch::Tensor MlpBlockImpl::forward(const torch::Tensor& x) {
   return x + drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln_(x)))));
 }
 
-RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps) : shape_(std::move(shape)), eps_(eps) { reset(); }
+RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale)
+    : shape_(std::move(shape)), eps_(eps), scale_(scale) {
+  reset();
+}
 
-void RmsNormImpl::reset() { weight = register_parameter("weight", torch::ones(shape_)); }
+void RmsNormImpl::reset() {
+  weight = register_parameter("weight", scale_ == RmsScale::OnePlus ? torch::zeros(shape_) : torch::ones(shape_));
+}
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  // As transformers' Llama RMSNorm: in float32 at least, the scale applied in the input's type.
-  const at::Tensor h = c10::isReducedFloatingType(x.scalar_type()) ? x.to(torch::kFloat) : x;
+  // As transformers' RMSNorms: in float32 at least; the scale where the family applies it.
+  const bool reduced = c10::isReducedFloatingType(x.scalar_type());
+  const at::Tensor h = reduced ? x.to(torch::kFloat) : x;
   std::vector<int64_t> dims;
   for (size_t i = 0; i < shape_.size(); ++i) dims.push_back(-1 - static_cast<int64_t>(i));
   const at::Tensor normed = h * torch::rsqrt(h.pow(2).mean(dims, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  switch (scale_) {
+    case RmsScale::AfterCast: return weight * normed.to(x.scalar_type());
+    case RmsScale::BeforeCast: return (weight * normed).to(x.scalar_type());
+    case RmsScale::OnePlus: return (normed * (1 + (reduced ? weight.to(torch::kFloat) : weight))).to(x.scalar_type());
+  }
+  PIPETRAIN_CHECK(false);
+  return {};
 }
 
 NormImpl::NormImpl(int64_t d_model) : d_model_(d_model) { reset(); }

@@ -181,12 +181,17 @@ class MlpBlockImpl : public torch::nn::Cloneable<MlpBlockImpl> {
 };
 TORCH_MODULE(MlpBlock);
 
+// Where an RMSNorm applies its learned scale, as each family of transformers' models does:
+// Llama's after the cast back to the input's type; OLMo 2's before it (in float32 for lower
+// precisions); Gemma's (1 + weight) before it, its weight zeros at the start.
+enum class RmsScale { AfterCast, BeforeCast, OnePlus };
+
 // RMS normalization over the trailing dimensions `shape`, with a learned scale ("weight", ones
-// at the start), as torch.nn.RMSNorm and transformers' Llama RMSNorm: computed in float32 for
-// lower precisions, the scale applied after the cast back.
+// at the start but for RmsScale::OnePlus), as torch.nn.RMSNorm and transformers' RMSNorms:
+// computed in float32 for lower precisions.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(std::vector<int64_t> shape, double eps);
+  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
@@ -194,6 +199,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  private:
   std::vector<int64_t> shape_;
   double eps_;
+  RmsScale scale_;
 };
 TORCH_MODULE(RmsNorm);
 

@@ -58,52 +58,174 @@ CASES = {
     "phi3": ("Phi3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                 num_key_value_heads=2, max_position_embeddings=64, sliding_window=5, pad_token_id=5,
                                 tie_word_embeddings=False)),
+    # yarn's long-context rope (a fractional ramp: truncate false; its attention factor), a
+    # head_dim apart from hidden_size / heads
+    "qwen3-yarn": ("Qwen3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=100.0,
+                                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                                     "truncate": False}, tie_word_embeddings=False)),
+    # Phi-3.5's and Phi-4-mini's longrope (long factors beyond 6 positions, the batch's 8) over
+    # half of each head (partial_rotary_factor)
+    "phi3-longrope": ("Phi3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, max_position_embeddings=64, original_max_position_embeddings=6,
+                                         partial_rotary_factor=0.5, tie_word_embeddings=True, pad_token_id=None,
+                                         rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.25, 1.5, 2.0],
+                                                       "long_factor": [2.0, 3.0, 5.0, 8.0]})),
+    # OLMo 2: norms after attention and the MLP, queries and keys normalized over the whole
+    # projection, every attention bias
+    "olmo2": ("Olmo2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, pad_token_id=None,
+                                  tie_word_embeddings=False)),
+    # Gemma: (1 + w) norms, a scaled embedding, GeGLU, head_dim 8 of hidden 32 / 2 heads, a padding
+    # token, tied head
+    "gemma": ("GemmaConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=8, max_position_embeddings=64, pad_token_id=5)),
+    # Gemma 2: four norms a layer, query_pre_attn_scalar, attention and final soft-capping (caps
+    # low enough to bite), a window of 4 on every other layer
+    "gemma2": ("Gemma2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=12,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4, pad_token_id=None)),
+    # Gemma 3: per-head (1 + w) q/k norms, a window of 4 on the sliding layers with their own rope
+    # theta, linear rope scaling on the full layers
+    "gemma3": ("Gemma3TextConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=12,
+                                        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                                                         "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}},
+                                        pad_token_id=None)),
+    # Mixtral: 4 experts, each token's top 2 (their probabilities renormalized)
+    "mixtral": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
+                                      num_experts_per_tok=2, tie_word_embeddings=False)),
+    # Qwen3-MoE: 4 experts of 16, top 2 unnormalized, the middle layer a dense MLP of 40
+    # (mlp_only_layers), per-head q/k norms
+    "qwen3-moe": ("Qwen3MoeConfig", dict(hidden_size=32, intermediate_size=40, moe_intermediate_size=16, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
+                                         tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def rope_inv_freq64(config, dim):
-    """transformers' inverse frequencies (default and llama3), in float64."""
-    p = config.rope_parameters
-    inv = 1.0 / (p["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim))
-    if p.get("rope_type", "default") != "llama3":
-        return inv
-    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
-    old = p["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old / low, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
-    return torch.where(medium, smoothed, scaled)
+def rope64(config, head_dim, seq_len, p=None):
+    """transformers' inverse frequencies and attention factor (default, linear, llama3, yarn,
+    longrope; partial rotary) of the rope parameters p (the config's), in float64."""
+    p = p or config.rope_parameters
+    dim = int(head_dim * p.get("partial_rotary_factor", 1.0))
+    base = p["rope_theta"]
+    powers = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim)
+    inv = 1.0 / powers
+    kind = p.get("rope_type", "default")
+    old = p.get("original_max_position_embeddings")
+    if kind == "linear":
+        return inv / p["factor"], 1.0
+    if kind == "llama3":
+        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        factor = p["factor"]
+        attention = p.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+        def correction(rotations):
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        lo, hi = correction(p.get("beta_fast") or 32), correction(p.get("beta_slow") or 1)
+        if p.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        hi = hi + 0.001 if lo == hi else hi
+        keep = 1 - torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo), 0, 1)
+        return (1.0 / (factor * powers)) * (1 - keep) + inv * keep, attention
+    if kind == "longrope":
+        factor = p.get("factor") or config.max_position_embeddings / old
+        attention = p.get("attention_factor") or (math.sqrt(1 + math.log(factor) / math.log(old)) if factor > 1 else 1.0)
+        ext = p["long_factor"] if seq_len > old else p["short_factor"]
+        return 1.0 / (torch.tensor(ext, dtype=torch.float64) * powers), attention
+    return inv, 1.0
+
+
+PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
+          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe"}
 
 
 def patch_float64():
-    for family in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
+    for family, prefix in PREFIX.items():
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}[family]
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding")
+        gemma = family.startswith("gemma")
 
-        def norm_forward(self, h, _orig=norm.forward):
+        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma):
             if h.dtype != torch.float64:
                 return _orig(self, h)
-            variance = h.pow(2).mean(-1, keepdim=True)
-            return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
+            eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+            normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+            return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
-        def rotary_forward(self, x, position_ids, _orig=rotary.forward):
+        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward):
             if x.dtype != torch.float64:
-                return _orig(self, x, position_ids)
+                return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
             dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-            freqs = position_ids[..., None].to(torch.float64) * rope_inv_freq64(c, dim)
+            params = c.rope_parameters[layer_type] if layer_type else None
+            inv, attention = rope64(c, dim, int(position_ids.max()) + 1, params)
+            freqs = position_ids[..., None].to(torch.float64) * inv
             emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos(), emb.sin()
+            return emb.cos() * attention, emb.sin() * attention
 
         norm.forward = norm_forward
         rotary.forward = rotary_forward
+        router = getattr(module, f"{prefix}TopKRouter", None)
+        if router is not None:  # the routing probabilities in float64 (transformers: float32)
+
+            def router_forward(self, h, _orig=router.forward):
+                if h.dtype != torch.float64:
+                    return _orig(self, h)
+                logits = torch.nn.functional.linear(h.reshape(-1, self.hidden_dim), self.weight)
+                top, chosen = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+                if getattr(self, "norm_topk_prob", True):
+                    top = top / top.sum(dim=-1, keepdim=True)
+                return logits, top, chosen
+
+            router.forward = router_forward
+        if gemma:  # the embedding's scale a float32 value, as from_config makes its buffer
+            embedding = getattr(module, f"{prefix}TextScaledWordEmbedding", None) or getattr(module, f"{prefix}ScaledWordEmbedding")
+
+            def embed_forward(self, ids, _orig=embedding.forward):
+                scale = torch.tensor(self.scalar_embed_scale, dtype=torch.float32).to(self.weight.dtype)
+                return torch.nn.functional.embedding(ids, self.weight, self.padding_idx) * scale
+
+            embedding.forward = embed_forward
+        if family == "gemma2":  # its eager attention takes the softmax in float32
+            eager = module.eager_attention_forward
+
+            def eager64(m, query, key, value, mask, dropout=0.0, scaling=None, softcap=None, _orig=eager, **kw):
+                if query.dtype != torch.float64:
+                    return _orig(m, query, key, value, mask, dropout=dropout, scaling=scaling, softcap=softcap, **kw)
+                k, v = module.repeat_kv(key, m.num_key_value_groups), module.repeat_kv(value, m.num_key_value_groups)
+                w = torch.matmul(query, k.transpose(2, 3)) * scaling
+                if softcap is not None:
+                    w = torch.tanh(w / softcap) * softcap
+                if mask is not None:
+                    w = w + mask
+                w = torch.softmax(w, dim=-1)
+                return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+            module.eager_attention_forward = eager64
+
+
+def experts_eager(config):
+    """A mixture of experts runs transformers' eager experts (its loop over the experts, the
+    reference its grouped_mm kernels stand in for, and which takes float64)."""
+    moe = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    return {"experts_implementation": "eager"} if moe else {}
 
 
 def make(root, only=None):
@@ -116,7 +238,7 @@ def make(root, only=None):
             os.makedirs(out, exist_ok=True)
             torch.manual_seed(len(name))
             config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
-            model = AutoModelForCausalLM.from_config(config).to(dtype)
+            model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(dtype)
             with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
                 for pname, p in model.named_parameters():
                     if p.dim() == 1:
@@ -151,7 +273,8 @@ def generate(ids, new_tokens, *model_dirs):
     for model_dir in model_dirs:
         with open(os.path.join(model_dir, "config.json")) as f:
             dtype = DTYPES.get(json.load(f).get("dtype"), torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **experts_eager(config)).eval()
         prompt = torch.tensor([[int(i) for i in ids.split(",")]])
         with torch.no_grad():
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
@@ -170,8 +293,9 @@ def compare(root):
         if not os.path.isdir(exported):
             continue
         dtype = DTYPES[case.rsplit("-", 1)[1]]
-        a = AutoModelForCausalLM.from_pretrained(exported, dtype=dtype).state_dict()
-        b = AutoModelForCausalLM.from_pretrained(os.path.join(root, case, "trained"), dtype=dtype).state_dict()
+        eager = experts_eager(transformers.AutoConfig.from_pretrained(exported))
+        a = AutoModelForCausalLM.from_pretrained(exported, dtype=dtype, **eager).state_dict()
+        b = AutoModelForCausalLM.from_pretrained(os.path.join(root, case, "trained"), dtype=dtype, **eager).state_dict()
         if sorted(a) != sorted(b):
             result[case] = "names differ: " + str(sorted(set(a) ^ set(b)))
             continue

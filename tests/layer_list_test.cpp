@@ -262,7 +262,7 @@ TEST(LayerList, PermuteTransposeAndMeanWriteAVitStyleList) {
 }
 
 // llama_block's arguments: grouped-query heads must divide, the rope kind is one of those
-// supported, and a mismatch of d_model names both.
+// supported with the parameters it needs, and a mismatch of d_model names both.
 TEST(LayerList, LlamaBlockArgumentsAreChecked) {
   auto block = [](json extra) {
     json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 32}};
@@ -272,7 +272,20 @@ TEST(LayerList, LlamaBlockArgumentsAreChecked) {
   };
   EXPECT_EQ(build_error(block({{"n_kv_heads", 2}})), "(built)");
   EXPECT_NE(build_error(block({{"n_kv_heads", 3}})).find("n_kv_heads: must divide n_heads (4)"), std::string::npos);
-  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "yarn"}}}})).find("yarn"), std::string::npos);
+  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "dynamic"}}}})).find("dynamic"), std::string::npos);
+  // yarn and longrope need the pretraining length; longrope a factor per rotated pair (head_dim 4
+  // turns 2 pairs, and partial_rotary_factor 0.5 one); the rotation turns an even count.
+  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}}})).find("original_max_position_embeddings: is required by yarn"),
+            std::string::npos);
+  const json longrope{{"rope_type", "longrope"}, {"original_max_position_embeddings", 4}, {"short_factor", {1, 2}}, {"long_factor", {3, 4}}};
+  EXPECT_EQ(build_error(block({{"rope_scaling", longrope}})), "(built)");
+  EXPECT_NE(build_error(block({{"rope_scaling", longrope}, {"partial_rotary_factor", 0.5}})).find("short_factor: must hold 1 factors (one per rotated pair), got 2"),
+            std::string::npos);
+  json bad = longrope;
+  bad["long_factor"] = {3, -1};
+  EXPECT_NE(build_error(block({{"rope_scaling", bad}})).find("long_factor: must be positive, got -1"), std::string::npos);
+  EXPECT_NE(build_error(block({{"partial_rotary_factor", 0.25}})).find("turns 1 of head_dim's 4 values; it must be an even number above 0"),
+            std::string::npos);
   EXPECT_NE(build_error(block({{"d_model", 24}})).find("expects d_model 24, gets 16"), std::string::npos);
   EXPECT_NE(build_error(block({{"head_dim", 5}})).find("must be even"), std::string::npos);
   // A sliding window of 3: the last position's output does not depend on the first tokens, as
@@ -308,4 +321,100 @@ TEST(LayerList, AnEmbeddingsPaddingRowTakesNoGradient) {
   EXPECT_NE(build_error(list({{"padding_idx", 0}, {"max_positions", 5}})).find("padding_idx: needs an embedding without max_positions"),
             std::string::npos)
       << build_error(list({{"padding_idx", 0}, {"max_positions", 5}}));
+}
+
+// The pieces OLMo 2 and the Gemmas need, as list arguments: an RMSNorm's scale applied after the
+// cast back (Llama's), before it (OLMo 2's: another bfloat16 result) or as 1 + weight (Gemma's,
+// the weight zeros at the start); an embedding's scale (a float32 value); the softcap layer; the
+// llama_block's norm placements, each with its norms' parameters.
+TEST(LayerList, OlmoAndGemmaPiecesAreListArguments) {
+  auto norm_list = [](const std::string& scale) {
+    return json{{"family", "layers"}, {"input_shape", {4, 8}},
+                {"layers", {{{"name", "n"}, {"type", "rmsnorm"}, {"normalized_shape", 8}, {"scale", scale}}}}};
+  };
+  const at::Tensor x = torch::randn({2, 4, 8}), w = torch::randn({8});
+  const at::Tensor xb = x.to(torch::kBFloat16), wb = w.to(torch::kBFloat16);
+  const at::Tensor normed = xb.to(torch::kFloat) * torch::rsqrt(xb.to(torch::kFloat).pow(2).mean(-1, true) + 1e-6);
+  std::map<std::string, at::Tensor> out;
+  for (const std::string scale : {"after_cast", "before_cast", "one_plus"}) {
+    models::Model m = build(norm_list(scale));
+    at::Tensor p = m.layers->named_parameters()["n.rms.weight"];
+    EXPECT_TRUE(torch::equal(p, scale == "one_plus" ? torch::zeros({8}) : torch::ones({8}))) << scale;
+    m.layers->to(torch::kBFloat16);
+    torch::NoGradGuard no_grad;
+    m.layers->named_parameters()["n.rms.weight"].copy_(wb);
+    out[scale] = m.layers->forward(xb);
+  }
+  EXPECT_TRUE(torch::equal(out["after_cast"], wb * normed.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(out["before_cast"], (wb * normed).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(out["one_plus"], (normed * (1 + wb.to(torch::kFloat))).to(torch::kBFloat16)));
+  EXPECT_FALSE(torch::equal(out["after_cast"], out["before_cast"]));  // bfloat16 rounds them apart
+  EXPECT_NE(build_error(norm_list("gemma")).find("scale"), std::string::npos);
+
+  const json emb{{"family", "layers"}, {"input_shape", {5}}, {"input_dtype", "long"},
+                 {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 10}, {"embedding_dim", 4}, {"scale", 2.5}},
+                             {{"name", "c"}, {"type", "softcap"}, {"cap", 0.5}}}}};
+  models::Model m = build(emb);
+  const at::Tensor ids = torch::randint(0, 10, {1, 5});
+  const at::Tensor scaled = m.layers->named_parameters()["e.embedding.weight"].index_select(0, ids.view({-1})).view({1, 5, 4}) * 2.5f;
+  EXPECT_TRUE(torch::allclose(m.layers->forward(ids), torch::tanh(scaled / 0.5) * 0.5, 1e-6, 1e-7));
+  json no_cap = emb;
+  no_cap["layers"][1].erase("cap");
+  EXPECT_NE(build_error(no_cap).find("cap: is required"), std::string::npos) << build_error(no_cap);
+
+  auto block = [](json extra) {
+    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 32}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
+  };
+  auto norms_of = [&](json extra) {
+    std::vector<std::string> names;
+    for (const auto& p : build(block(std::move(extra))).layers->named_parameters())
+      if (p.key().find("layernorm") != std::string::npos || p.key().find("_norm") != std::string::npos) names.push_back(p.key());
+    return names;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(norms_of({}), (V{"b.llama.input_layernorm.weight", "b.llama.post_attention_layernorm.weight"}));
+  EXPECT_EQ(norms_of({{"norms", "post"}, {"qk_norm", true}, {"qk_norm_over", "projection"}}),
+            (V{"b.llama.self_attn.q_norm.weight", "b.llama.self_attn.k_norm.weight", "b.llama.post_attention_layernorm.weight",
+               "b.llama.post_feedforward_layernorm.weight"}));
+  EXPECT_EQ(norms_of({{"norms", "sandwich"}}), (V{"b.llama.input_layernorm.weight", "b.llama.post_attention_layernorm.weight",
+                                                   "b.llama.pre_feedforward_layernorm.weight", "b.llama.post_feedforward_layernorm.weight"}));
+  EXPECT_EQ(build(block({{"qk_norm", true}, {"qk_norm_over", "projection"}})).layers->named_parameters()["b.llama.self_attn.q_norm.weight"].numel(), 16);
+  EXPECT_NE(build_error(block({{"norms", "middle"}})).find("norms"), std::string::npos);
+  EXPECT_NE(build_error(block({{"act", "relu"}})).find("act"), std::string::npos);
+}
+
+// A llama_block's mixture of experts: one expert, chosen for every token with weight 1, is the
+// dense MLP with its weights; with more, renormalizing the chosen experts' probabilities changes
+// the output; the arguments are checked.
+TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
+  auto block = [](json extra) {
+    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
+  };
+  models::Model dense = build(block({})), moe = build(block({{"experts", 1}, {"experts_per_token", 1}}));
+  dense.layers->to(torch::kDouble);
+  moe.layers->to(torch::kDouble);
+  auto dp = dense.layers->named_parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : moe.layers->named_parameters()) {
+      std::string name = p.key();
+      const auto at = name.find("mlp.experts.0.");
+      if (at != std::string::npos) name.replace(at, std::string("mlp.experts.0.").size(), "mlp.");
+      if (dp.contains(name)) p.value().copy_(dp[name]);
+    }
+  }
+  EXPECT_EQ(moe.layers->named_parameters()["b.llama.mlp.gate.weight"].sizes(), (std::vector<int64_t>{1, 16}));
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  EXPECT_TRUE(torch::equal(moe.layers->forward(x), dense.layers->forward(x)));
+
+  models::Model a = build(block({{"experts", 3}})), b = build(block({{"experts", 3}, {"normalize_experts", false}}));
+  EXPECT_FALSE(torch::allclose(a.layers->forward(x), b.layers->forward(x)));  // same weights (same seed), other sums
+  EXPECT_NE(build_error(block({{"experts_per_token", 2}})).find("experts_per_token: needs experts above 0"), std::string::npos);
+  EXPECT_NE(build_error(block({{"experts", 3}, {"experts_per_token", 4}})).find("experts_per_token"), std::string::npos);
 }

@@ -1,0 +1,87 @@
+// The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
+// checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
+// Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE). Not an API:
+// programs read models/hf.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "models/hf.h"
+
+namespace pipetrain::models::hf_detail {
+
+/// transformers' architecture names (config.json's `architectures`).
+inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCausalLM", kQwen2 = "Qwen2ForCausalLM",
+                         kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kOlmo2 = "Olmo2ForCausalLM",
+                         kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
+                         kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kGpt2 = "GPT2LMHeadModel";
+
+/// config.json's fields, each checked for its type; a problem names the file and the field.
+class Fields {
+ public:
+  /// Reads `j` where it lives (it must outlive the reader); `where` prefixes every error.
+  Fields(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
+  /// Throws the ConfigError "<where>: <key> <msg>".
+  [[noreturn]] void fail(const std::string& key, const std::string& msg) const { throw ConfigError(where_ + ": " + key + " " + msg); }
+  /// Whether `key` is present and not null.
+  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  /// Whether `key` is present as null (transformers' None, which overrides a default).
+  bool at_null(const std::string& key) const { return j_.contains(key) && j_.at(key).is_null(); }
+  /// The value of a present `key`.
+  const nlohmann::json& at(const std::string& key) const { return j_.at(key); }
+  /// An integer in [min, max], `def` where absent (an error where absent and `required`).
+  int64_t integer(const std::string& key, int64_t def, int64_t min, int64_t max, bool required = false) const {
+    if (!has(key)) {
+      if (required) fail(key, "is missing");
+      return def;
+    }
+    const nlohmann::json& v = j_.at(key);
+    if (!v.is_number_integer()) fail(key, "must be an integer, got " + v.dump());
+    const int64_t x = v.get<int64_t>();
+    if (x < min || x > max) fail(key, detail::concat("must be in [", min, ", ", max, "], got ", x));
+    return x;
+  }
+  /// A number, `def` where absent.
+  double number(const std::string& key, double def) const {
+    if (!has(key)) return def;
+    const nlohmann::json& v = j_.at(key);
+    if (!v.is_number()) fail(key, "must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  /// true or false, `def` where absent.
+  bool boolean(const std::string& key, bool def) const {
+    if (!has(key)) return def;
+    if (!j_.at(key).is_boolean()) fail(key, "must be true or false, got " + j_.at(key).dump());
+    return j_.at(key).get<bool>();
+  }
+  /// A string, `def` where absent.
+  std::string string(const std::string& key, const std::string& def) const {
+    if (!has(key)) return def;
+    if (!j_.at(key).is_string()) fail(key, "must be a string, got " + j_.at(key).dump());
+    return j_.at(key).get<std::string>();
+  }
+  /// A field the supported math needs at this value (or absent): an error naming `why` otherwise.
+  void require(const std::string& key, const nlohmann::json& value, const std::string& why) const {
+    if (has(key) && j_.at(key) != value) fail(key, j_.at(key).dump() + " is not supported (" + why + ")");
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string where_;
+};
+
+/// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
+/// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.
+void with_head(HfSpec& spec, nlohmann::json& layers, int64_t d, int64_t vocab, int64_t seq_len, bool tied, const std::string& embed);
+
+/// The Llama family's spec (`arch` one of its architectures): embed, layer_0..n-1 (llama_block),
+/// norm, lm_head (and Gemma 2's softcap), with every parameter's two names.
+void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec);
+
+}  // namespace pipetrain::models::hf_detail

@@ -1,0 +1,311 @@
+// The Llama family of the `hf` family (hf_fields.h): config.json read as llama_block arguments,
+// layer by layer, with every parameter's two names.
+#include <algorithm>
+#include <cmath>
+
+#include "models/hf_fields.h"
+
+namespace pipetrain::models::hf_detail {
+
+namespace {
+
+using json = nlohmann::json;
+
+// transformers' rope parameters, old ("rope_theta", "rope_scaling") or new ("rope_parameters"),
+// as a llama_block's rope_theta, partial_rotary_factor and rope_scaling (whose defaults
+// decoder_options.cpp resolves as transformers does: yarn's and longrope's attention factors).
+// `params` is config.json's `key` (rope_parameters or rope_scaling, or one layer type's), `theta`
+// the rope_theta where params has none.
+void read_rope(const std::string& arch, const Fields& f, const json& params, const std::string& key, double theta_default, json& block) {
+  if (!params.is_object()) f.fail(key, "must be an object, got " + params.dump());
+  const Fields p(params, "");
+  auto get = [&](const std::string& k, double def) {
+    if (!p.has(k)) return def;
+    if (!params.at(k).is_number()) f.fail(key + "." + k, "must be a number");
+    return params.at(k).get<double>();
+  };
+  const double theta = get("rope_theta", theta_default);
+  if (!(theta > 1)) f.fail("rope_theta", "must exceed 1");
+  block["rope_theta"] = theta;
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", 1.0));
+  if (partial != 1.0 && arch != kPhi3)
+    f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
+  if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
+  if (partial != 1.0) block["partial_rotary_factor"] = partial;
+  std::string type = "default";
+  for (const char* k : {"rope_type", "type"})
+    if (p.has(k)) {
+      if (!params.at(k).is_string()) f.fail(key + "." + k, "must be a string");
+      type = params.at(k).get<std::string>();
+      break;
+    }
+  if (arch == kPhi3 && (type == "su" || type == "yarn")) type = "longrope";  // Phi3Config's own renaming
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
+    f.fail(key, "rope type '" + type + "' is not supported (default, linear, llama3, yarn, longrope)");
+  if (type == "default") return;
+  // The pretraining length: Phi-3's top-level original_max_position_embeddings (4096 where
+  // config.json has none) first; otherwise the rope parameters', else the positions' (a top-level
+  // one elsewhere is not read, as transformers does not).
+  const int64_t big = int64_t{1} << 30;
+  const int64_t positions = f.integer("max_position_embeddings", 8192, 1, big);
+  int64_t original = static_cast<int64_t>(get("original_max_position_embeddings", double(positions)));
+  if (arch == kPhi3) original = f.integer("original_max_position_embeddings", 4096, 1, big);
+  // yarn's and longrope's factor, absent: the ratio of the positions to the pretraining length.
+  const double factor = get("factor", type == "yarn" || type == "longrope" ? double(positions) / double(original) : 1.0);
+  json s{{"rope_type", type}, {"factor", factor}};
+  if (type != "linear") s["original_max_position_embeddings"] = original;
+  if (type == "llama3") {
+    s["low_freq_factor"] = get("low_freq_factor", 1.0);
+    s["high_freq_factor"] = get("high_freq_factor", 4.0);
+  }
+  if ((type == "yarn" || type == "longrope") && p.has("attention_factor")) s["attention_factor"] = get("attention_factor", 1.0);
+  if (type == "yarn")
+    for (const char* k : {"mscale", "mscale_all_dim", "beta_fast", "beta_slow"})
+      if (get(k, 0) != 0) s[k] = get(k, 0);  // transformers takes 0 as absent
+  if (type == "yarn" && p.has("truncate")) {
+    if (!params.at("truncate").is_boolean()) f.fail(key + ".truncate", "must be true or false");
+    s["truncate"] = params.at("truncate");
+  }
+  if (type == "longrope")
+    for (const char* k : {"short_factor", "long_factor"}) {
+      if (!p.has(k)) f.fail(key + "." + k, "is required by longrope");
+      s[k] = params.at(k);
+    }
+  block["rope_scaling"] = s;
+}
+
+// How an architecture's layer departs from Llama's (models/decoder.h).
+struct Traits {
+  bool olmo2 = false, gemma = false, gemma2 = false, gemma3 = false;
+  bool gemma_any() const { return gemma || gemma2 || gemma3; }
+  bool sandwich() const { return gemma2 || gemma3; }
+};
+
+// The windows of the layers: Mistral's and Phi-3's sliding_window on every layer; Qwen2's, Qwen3's
+// and Gemma 2's and 3's on the layers layer_types names (Gemma 2's default every other from the
+// first, Gemma 3's five of every six, sliding_window_pattern; older Qwen configs: from
+// max_window_layers on when use_sliding_window).
+std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
+  const bool qwen = arch == kQwen2 || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
+  std::vector<int64_t> window(static_cast<size_t>(n), 0);
+  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : 0, 1, int64_t{1} << 30);
+  if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
+  if ((qwen || gemma) && f.has("layer_types")) {
+    const json& types = f.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
+    for (int64_t i = 0; i < n; ++i) {
+      const json& t = types[static_cast<size_t>(i)];
+      if (t == "sliding_attention") {
+        if (!sliding) f.fail("sliding_window", "is required by layer_types' sliding_attention");
+        window[static_cast<size_t>(i)] = sliding;
+      } else if (t != "full_attention") {
+        f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
+      }
+    }
+  } else if (gemma) {
+    const int64_t pattern = arch == kGemma2 ? 2 : f.integer("sliding_window_pattern", 6, 1, 4096);
+    for (int64_t i = 0; i < n; ++i) window[static_cast<size_t>(i)] = (i + 1) % pattern ? sliding : 0;
+  } else if (qwen && f.boolean("use_sliding_window", false) && sliding) {
+    for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
+  }
+  return window;
+}
+
+// The arguments every llama_block of the model shares: sizes, biases, norms, activation,
+// attention's scale and cap (the rope is read apart).
+json llama_block_args(const std::string& arch, const Traits& t, const Fields& f, int64_t d, int64_t heads) {
+  const int64_t big = int64_t{1} << 30;
+  const int64_t kv = f.integer("num_key_value_heads", heads, 1, heads);
+  if (heads % kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", heads, ")"));
+  // Gemma's tanh GELU (Gemma 1's legacy "gelu" meant it too, as transformers reads it); SiLU elsewhere.
+  const std::string act_key = t.sandwich() ? "hidden_activation" : "hidden_act";
+  std::string act = f.string(act_key, t.gemma_any() ? "gelu_pytorch_tanh" : "silu");
+  if (arch == kGemma && act == "gelu") act = "gelu_pytorch_tanh";
+  if (act != (t.gemma_any() ? "gelu_pytorch_tanh" : "silu"))
+    f.fail(act_key, "'" + act + "' is not supported (" + (t.gemma_any() ? "GeGLU's gelu_pytorch_tanh" : "SwiGLU's silu") + ")");
+  for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})  // the last two Phi-3's
+    if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
+  if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
+  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
+             {"eps", f.number("rms_norm_eps", t.olmo2 ? 1e-5 : 1e-6)}};
+  if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
+  else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
+  else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
+  else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
+  const bool attention_bias = (arch == kLlama || arch == kQwen3 || arch == kQwen3Moe || t.olmo2 || t.gemma_any()) && f.boolean("attention_bias", false);
+  block["qkv_bias"] = arch == kQwen2 || attention_bias;
+  block["o_bias"] = attention_bias;
+  block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || t.olmo2 || t.gemma3;
+  if (t.olmo2) block["qk_norm_over"] = "projection";
+  if (t.olmo2) block["norms"] = "post";
+  if (t.sandwich()) block["norms"] = "sandwich";
+  if (t.olmo2) block["norm_scale"] = "before_cast";
+  if (t.gemma_any()) block["norm_scale"] = "one_plus";
+  if (t.gemma_any()) block["act"] = "gelu_tanh";
+  if (t.sandwich()) block["attn_scale"] = std::pow(double(f.integer("query_pre_attn_scalar", 256, 1, big)), -0.5);
+  const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
+  if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
+  if (cap > 0) block["attn_softcap"] = cap;
+  return block;
+}
+
+// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's every layer,
+// Qwen3-MoE's every decoder_sparse_step-th but those mlp_only_layers names (the others dense).
+struct Experts {
+  json args;                // the llama_block's experts, experts_per_token, normalize_experts, router_cast, d_ff
+  std::vector<bool> layers;  // which layers
+  bool any() const { return !args.empty(); }
+};
+
+Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
+  Experts x;
+  x.layers.assign(static_cast<size_t>(n), false);
+  if (arch != kMixtral && arch != kQwen3Moe) return x;
+  const bool mixtral = arch == kMixtral;
+  // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
+  const std::string count_key = mixtral || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  const int64_t count = f.integer(count_key, mixtral ? 8 : 128, 1, 1 << 16);
+  const int64_t k = f.integer("num_experts_per_tok", mixtral ? 2 : 8, 1, count);
+  if (f.boolean("output_router_logits", false))
+    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
+  x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", mixtral || f.boolean("norm_topk_prob", false)},
+            {"router_cast", !mixtral}};
+  if (!mixtral) x.args["d_ff"] = f.integer("moe_intermediate_size", 768, 1, int64_t{1} << 30);
+  std::vector<bool> dense(static_cast<size_t>(n), false);
+  if (f.has("mlp_only_layers")) {
+    const json& only = f.at("mlp_only_layers");
+    if (!only.is_array()) f.fail("mlp_only_layers", "must be a list of layer indices");
+    for (const json& i : only) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= n) f.fail("mlp_only_layers", detail::concat("holds ", i.dump(), ", not a layer in [0, ", n, ")"));
+      dense[i.get<size_t>()] = true;
+    }
+  }
+  const int64_t step = mixtral ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
+  for (int64_t i = 0; i < n; ++i) x.layers[static_cast<size_t>(i)] = !dense[static_cast<size_t>(i)] && (i + 1) % step == 0;
+  return x;
+}
+
+// An expert layer's MLP tensors: the router and each expert's (Mixtral's w1, w3, w2: gate, up, down).
+void expert_tensors(const std::string& arch, const Experts& x, const std::string& ours, const std::string& theirs, HfSpec& spec) {
+  const bool mixtral = arch == kMixtral;
+  const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
+  spec.tensors.push_back({ours + "mlp.gate.weight", moe + "gate.weight"});
+  for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e)
+    for (const auto& [mine, mixtrals] : std::vector<std::pair<std::string, std::string>>{{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}})
+      spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),
+                              detail::concat(moe, "experts.", e, ".", mixtral ? mixtrals : mine, ".weight")});
+}
+
+}  // namespace
+
+// The output head (lm_head, tied to the token embedding `embed` when `tied`) after `layers`, and
+// the list for windows of seq_len tokens.
+void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq_len, bool tied, const std::string& embed) {
+  layers.push_back({{"name", "lm_head"}, {"type", "linear"}, {"in_features", d}, {"out_features", vocab}, {"bias", false}});
+  spec.tensors.push_back({"lm_head.linear.weight", "lm_head.weight"});
+  spec.tied = tied;
+  spec.layers = {{"input_shape", json::array({seq_len})}, {"input_dtype", "long"}, {"layers", layers}};
+  if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral and Qwen3-MoE: embed, layer_0..n-1
+// (llama_block), norm, lm_head (and Gemma 2's softcap). Phi-3 is Llama's math with q, k and v in
+// one tensor and gate and up in another.
+void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
+  Traits t;
+  t.olmo2 = arch == kOlmo2;
+  t.gemma = arch == kGemma;
+  t.gemma2 = arch == kGemma2;
+  t.gemma3 = arch == kGemma3;
+  const int64_t big = int64_t{1} << 30;
+  const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("hidden_size", 0, 1, big, true);
+  const int64_t n = f.integer("num_hidden_layers", 0, 1, 4096, true), heads = f.integer("num_attention_heads", 0, 1, 1 << 16, true);
+  const json block = llama_block_args(arch, t, f, d, heads);
+  const int64_t kv = block["n_kv_heads"], ff = block["d_ff"];
+  // The rope: Gemma 3's sliding layers have one of their own (rope_local_base_freq).
+  json global = block, local = block;
+  const json none = json::object();
+  const bool nested = t.gemma3 && f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention");
+  if (nested) {
+    const json& p = f.at("rope_parameters");
+    read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", 1e6, global);
+    read_rope(arch, f, p.value("sliding_attention", none), "rope_parameters.sliding_attention", 1e4, local);
+  } else {
+    const std::string key = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+    read_rope(arch, f, f.has(key) ? f.at(key) : none, key, f.number("rope_theta", t.gemma3 ? 1e6 : 1e4), global);
+    if (t.gemma3) read_rope(arch, f, none, "rope_local_base_freq", f.number("rope_local_base_freq", 1e4), local);
+  }
+  const std::vector<int64_t> window = windows(arch, f, n);
+  const Experts experts = read_experts(arch, f, n);
+  json layers = json::array();
+  json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}};
+  // transformers' embedding takes pad_token_id as its padding_idx: that token's row takes no
+  // gradient (negative counts from the end, as torch.nn.Embedding's does). Where config.json
+  // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
+  // vocabulary holds it.
+  const int64_t pad_default = arch == kPhi3 ? 32000 : t.olmo2 ? 1 : t.gemma_any() ? 0 : -1;
+  if (f.has("pad_token_id")) {
+    const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
+    embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
+  } else if (pad_default >= 0 && pad_default < vocab && !f.at_null("pad_token_id")) {
+    embed["padding_idx"] = pad_default;
+  }
+  if (t.gemma_any()) embed["scale"] = std::pow(double(d), 0.5);  // hidden_size**0.5; float32 in the layer, as transformers' buffer
+  layers.push_back(embed);
+  spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
+  for (int64_t i = 0; i < n; ++i) {
+    json b = window[static_cast<size_t>(i)] > 0 && t.gemma3 ? local : global;
+    b["name"] = detail::concat("layer_", i);
+    // A window as long as the sequence changes nothing.
+    if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];
+    if (experts.layers[static_cast<size_t>(i)]) b.update(experts.args);
+    layers.push_back(b);
+  }
+  const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
+  const int64_t D = block.contains("head_dim") ? block["head_dim"].get<int64_t>() : d / heads;
+  std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
+  if (t.olmo2) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
+  if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
+    if (arch == kPhi3) {  // qkv_proj: q's rows, then k's, then v's; gate_up_proj: gate's, then up's
+      const std::string qkv = theirs + "self_attn.qkv_proj.weight", gate_up = theirs + "mlp.gate_up_proj.weight";
+      spec.tensors.push_back({ours + "self_attn.q_proj.weight", qkv, false, 0, heads * D});
+      spec.tensors.push_back({ours + "self_attn.k_proj.weight", qkv, false, heads * D, kv * D});
+      spec.tensors.push_back({ours + "self_attn.v_proj.weight", qkv, false, (heads + kv) * D, kv * D});
+      spec.tensors.push_back({ours + "mlp.gate_proj.weight", gate_up, false, 0, ff});
+      spec.tensors.push_back({ours + "mlp.up_proj.weight", gate_up, false, ff, ff});
+      for (const char* s : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"})
+        spec.tensors.push_back({ours + s, theirs + s});
+      continue;
+    }
+    std::vector<std::string> names = norms;
+    for (const char* p : {"q", "k", "v", "o"}) {
+      names.push_back(detail::concat("self_attn.", p, "_proj.weight"));
+      if (std::string(p) == "o" ? o_bias : qkv_bias) names.push_back(detail::concat("self_attn.", p, "_proj.bias"));
+    }
+    if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
+    if (experts.layers[static_cast<size_t>(i)]) {
+      for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
+      expert_tensors(arch, experts, ours, theirs, spec);
+      continue;
+    }
+    for (const char* p : {"gate", "up", "down"}) {
+      names.push_back(detail::concat("mlp.", p, "_proj.weight"));
+      if (mlp_bias) names.push_back(detail::concat("mlp.", p, "_proj.bias"));
+    }
+    for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
+  }
+  json norm{{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", block["eps"]}};
+  if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
+  layers.push_back(norm);
+  spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any()), "embed.embedding.weight");
+  const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
+  if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
+  if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});
+}
+
+}  // namespace pipetrain::models::hf_detail
