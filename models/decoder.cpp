@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/replayable.h"
 
 namespace pipetrain::models {
 
@@ -163,6 +164,7 @@ void MoeImpl::reset() {
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
+  note_not_replayable("a mixture of experts reads its routing on the host (each expert's tokens) every forward");
   const at::Tensor h = x.reshape({-1, x.size(-1)});
   const at::Tensor logits = run(gate, h);
   const bool reduced = c10::isReducedFloatingType(logits.scalar_type());

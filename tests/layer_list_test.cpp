@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/replayable.h"
 #include "common/rng.h"
 #include "models/families.h"
 #include "models/model.h"
@@ -387,8 +388,8 @@ TEST(LayerList, OlmoAndGemmaPiecesAreListArguments) {
 }
 
 // A llama_block's mixture of experts: one expert, chosen for every token with weight 1, is the
-// dense MLP with its weights; with more, renormalizing the chosen experts' probabilities changes
-// the output; the arguments are checked.
+// dense MLP with its weights; it tells a CUDA graph it cannot be replayed; with more experts,
+// renormalizing the chosen experts' probabilities changes the output; the arguments are checked.
 TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
   auto block = [](json extra) {
     json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}};
@@ -411,7 +412,12 @@ TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
   }
   EXPECT_EQ(moe.layers->named_parameters()["b.llama.mlp.gate.weight"].sizes(), (std::vector<int64_t>{1, 16}));
   const at::Tensor x = torch::randint(0, 20, {3, 6});
-  EXPECT_TRUE(torch::equal(moe.layers->forward(x), dense.layers->forward(x)));
+  take_not_replayable();
+  const at::Tensor dense_out = dense.layers->forward(x);
+  EXPECT_EQ(take_not_replayable(), "");
+  EXPECT_TRUE(torch::equal(moe.layers->forward(x), dense_out));
+  // A CUDA graph cannot replay the routing: the stage runs such a layer eagerly, saying why.
+  EXPECT_NE(take_not_replayable().find("mixture of experts reads its routing on the host"), std::string::npos);
 
   models::Model a = build(block({{"experts", 3}})), b = build(block({{"experts", 3}, {"normalize_experts", false}}));
   EXPECT_FALSE(torch::allclose(a.layers->forward(x), b.layers->forward(x)));  // same weights (same seed), other sums
