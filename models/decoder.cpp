@@ -220,9 +220,10 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   const bool long_factors = rope_long(o_.rope, offset + T);
   if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
   const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
-  const auto [cos, sin] = rope_tables(inv, offset, T, q.scalar_type(), o_.rope.attention_factor);
-  q = apply_rope(q, cos, sin);
-  k = apply_rope(k, cos, sin);
+  const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
+  const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
+  q = apply_rope(q, cos, sin).to(type);
+  k = apply_rope(k, cos, sin).to(type);
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor y = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
@@ -264,7 +265,11 @@ torch::Tensor Gpt2BlockImpl::forward_cached(const torch::Tensor& x, KvCache* cac
   const auto [k, v] = extend(cache, heads(qkv[1], H, D), heads(qkv[2], H, D));
   const at::Tensor y = causal_attention(heads(qkv[0], H, D), k, v, 1.0 / std::sqrt(static_cast<double>(D)), 0, attn_drop_.get());
   const at::Tensor h = x + resid_drop_(run(attn_->c_proj, merge_heads(y)));
-  return h + mlp_drop_(run(mlp_->c_proj, torch::gelu(run(mlp_->c_fc, ln_2_(h)), "tanh")));
+  const at::Tensor a = run(mlp_->c_fc, ln_2_(h));
+  // gelu_new as transformers writes it, op by op (the fused tanh GELU rounds otherwise).
+  const at::Tensor g = o_.gelu_new ? a * 0.5 * (1.0 + torch::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * torch::pow(a, 3.0))))
+                                   : torch::gelu(a, "tanh");
+  return h + mlp_drop_(run(mlp_->c_proj, g));
 }
 
 }  // namespace pipetrain::models

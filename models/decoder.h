@@ -100,6 +100,7 @@ struct LlamaBlockOptions {
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
   double attn_scale = 0;     // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5)
   double attn_softcap = 0;   // scores through cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
+  bool rope_float32 = false;  // lower precisions rotate q and k in float32, then cast back (OLMo 2's)
   int64_t experts = 0;       // > 0: a sparse mixture of that many experts in the MLP's place (Moe)
   int64_t experts_per_token = 2;
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
@@ -189,6 +190,7 @@ struct Gpt2BlockOptions {
   double eps = 1e-5;
   double dropout = 0;       // resid_pdrop: after each sublayer's output projection
   double attn_dropout = 0;  // attn_pdrop: of the attention weights
+  bool gelu_new = false;    // the MLP's GELU as transformers' gelu_new writes it, op by op (not the fused tanh GELU)
 };
 
 /// GPT-2's c_attn (q, k, v in one) and c_proj ("attn"). The weights are [out, in] as torch's
@@ -238,7 +240,7 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// experts_per_token, normalize_experts, router_cast; gpt2_block's d_model, n_heads, d_ff, eps, dropout,
+/// experts_per_token, normalize_experts, router_cast, rope_float32; gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);
 /// An RMSNorm's `key` ("after_cast", "before_cast" or "one_plus"; RmsScale).

@@ -95,6 +95,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
+  o.rope_float32 = r.get_bool("rope_float32", false);
   return o;
 }
 
@@ -111,6 +112,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
   o.eps = r.get_number("eps", 1e-5, 1e-12, 1.0);
   o.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
   o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
+  o.gelu_new = r.get_choice("act", "gelu_tanh", {"gelu_tanh", "gelu_new"}) == "gelu_new";
   if (o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, ")"));
   return o;
 }

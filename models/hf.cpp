@@ -78,6 +78,7 @@ void gpt2(const Fields& f, int64_t seq_len, HfSpec& spec) {
   spec.tensors.push_back({"embed.embedding.pos.weight", "transformer.wpe.weight"});
   json block{{"type", "gpt2_block"}, {"d_model", d}, {"n_heads", heads}, {"d_ff", ff}, {"eps", eps},
              {"dropout", pdrop("resid_pdrop")}, {"attn_dropout", pdrop("attn_pdrop")}};
+  if (act == "gelu_new") block["act"] = "gelu_new";  // op by op, as transformers computes it
   for (int64_t i = 0; i < n; ++i) {
     block["name"] = detail::concat("h_", i);
     layers.push_back(block);

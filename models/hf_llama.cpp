@@ -141,6 +141,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (t.olmo2) block["norms"] = "post";
   if (t.sandwich()) block["norms"] = "sandwich";
   if (t.olmo2) block["norm_scale"] = "before_cast";
+  if (t.olmo2) block["rope_float32"] = true;  // its rotary tables stay float32
   if (t.gemma_any()) block["norm_scale"] = "one_plus";
   if (t.gemma_any()) block["act"] = "gelu_tanh";
   if (t.sandwich()) block["attn_scale"] = std::pow(double(f.integer("query_pre_attn_scalar", 256, 1, big)), -0.5);

@@ -106,7 +106,7 @@ CASES = {
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def rope64(config, head_dim, seq_len, p=None):
@@ -250,6 +250,13 @@ def make(root, only=None):
             np.save(os.path.join(out, "tokens.npy"), tokens.numpy())
             x, y = tokens[:, :SEQ], tokens[:, 1:]
             model.eval()
+            if dtype == torch.bfloat16:
+                # The forward alone (a bfloat16 step would sum micro-batches apart), of the model as
+                # from_pretrained loads it: .to(bfloat16) above rounded the rotary frequencies too.
+                loaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
+                with torch.no_grad():
+                    np.save(os.path.join(out, "logits.npy"), loaded.eval()(x).logits.float().numpy())
+                continue
             with torch.no_grad():
                 np.save(os.path.join(out, "logits.npy"), model(x).logits.numpy())
             model.train()
