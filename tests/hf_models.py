@@ -2,7 +2,8 @@
 """The oracle of tests/hf_test.cpp: tiny random models of the architectures the hf family reads,
 written by transformers' save_pretrained, and what transformers computes with them.
 
-  hf_models.py make ROOT [CASES]  for every case (or those named, comma-separated), ROOT/<case>/: model/ (save_pretrained), tokens.npy
+  hf_models.py make ROOT [CASES]  for every case (or those named, comma-separated) and dtype (float32, float64,
+                              bfloat16: the model as from_pretrained loads it), ROOT/<case>-<dtype>/: model/ (save_pretrained), tokens.npy
                               [B, T+1] int64, logits.npy (transformers' logits of tokens[:, :T]),
                               losses.npy (5 steps of plain SGD on the one batch, in transformers'
                               own loop) and trained/ (the weights after them)
@@ -251,14 +252,15 @@ def make(root, only=None):
             x, y = tokens[:, :SEQ], tokens[:, 1:]
             model.eval()
             if dtype == torch.bfloat16:
-                # The forward alone (a bfloat16 step would sum micro-batches apart), of the model as
-                # from_pretrained loads it: .to(bfloat16) above rounded the rotary frequencies too.
-                loaded = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
+                # The model as from_pretrained loads it: .to(bfloat16) above rounded the rotary
+                # frequencies too.
+                model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
+                model.eval()
                 with torch.no_grad():
-                    np.save(os.path.join(out, "logits.npy"), loaded.eval()(x).logits.float().numpy())
-                continue
-            with torch.no_grad():
-                np.save(os.path.join(out, "logits.npy"), model(x).logits.numpy())
+                    np.save(os.path.join(out, "logits.npy"), model(x).logits.float().numpy())
+            else:
+                with torch.no_grad():
+                    np.save(os.path.join(out, "logits.npy"), model(x).logits.numpy())
             model.train()
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             losses = []
