@@ -205,8 +205,14 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
     qp = self_attn_->q_norm(qp);
     kp = self_attn_->k_norm(kp);
   }
+  at::Tensor vp = run(self_attn_->v_proj, h);
+  if (o_.clip_qkv > 0) {  // OLMoE's, after the projections' norms
+    qp = qp.clamp(-o_.clip_qkv, o_.clip_qkv);
+    kp = kp.clamp(-o_.clip_qkv, o_.clip_qkv);
+    vp = vp.clamp(-o_.clip_qkv, o_.clip_qkv);
+  }
   at::Tensor q = heads(qp, H, D), k = heads(kp, KV, D);
-  const at::Tensor v = heads(run(self_attn_->v_proj, h), KV, D);
+  const at::Tensor v = heads(vp, KV, D);
   if (o_.qk_norm && !o_.qk_norm_projection) {  // over each head's values (Qwen3's, Gemma 3's)
     q = self_attn_->q_norm(q);
     k = self_attn_->k_norm(k);

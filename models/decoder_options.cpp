@@ -96,6 +96,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
   o.rope_float32 = r.get_bool("rope_float32", false);
+  o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   return o;
 }
 

@@ -42,12 +42,12 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"mixtral", kMixtral}, {"qwen3_moe", kQwen3Moe},
+                                                                {"gemma3_text", kGemma3}, {"mixtral", kMixtral}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe},
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
   if (it == by_type.end())
-    f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, phi3, olmo2, gemma, gemma2, gemma3_text, mixtral, qwen3_moe, gpt2), and no architectures are named");
+    f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, phi3, olmo2, gemma, gemma2, gemma3_text, mixtral, qwen3_moe, olmoe, gpt2), and no architectures are named");
   (void)config;
   return it->second;
 }
@@ -110,7 +110,7 @@ bool is_dir(const std::string& p) {
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kQwen2,   kQwen3,  kPhi3,     kOlmo2,
-                                          kGemma,  kGemma2,  kGemma3,  kMixtral, kQwen3Moe, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kMixtral, kQwen3Moe, kOlmoe, kGpt2};
   return a;
 }
 

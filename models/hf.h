@@ -4,7 +4,7 @@
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
 // hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 // Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
-// MixtralForCausalLM, Qwen3MoeForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
+// MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
 // is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
 // tests/hf_test.cpp, tests/hf_models.py (against transformers).
 #pragma once

@@ -127,17 +127,20 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe ? 1e-5 : 1e-6)}};
   if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
-  const bool attention_bias = (arch == kLlama || arch == kQwen3 || arch == kQwen3Moe || t.olmo2 || t.gemma_any()) && f.boolean("attention_bias", false);
+  const bool attention_bias =
+      (arch == kLlama || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) && f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || attention_bias;
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || t.olmo2 || t.gemma3;
-  if (t.olmo2) block["qk_norm_over"] = "projection";
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
+  if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
+  if (arch == kOlmoe && f.number("clip_qkv", 0.0) < 0) f.fail("clip_qkv", "must be positive");
+  if (arch == kOlmoe && f.number("clip_qkv", 0.0) > 0) block["clip_qkv"] = f.number("clip_qkv", 0.0);
   if (t.olmo2) block["norms"] = "post";
   if (t.sandwich()) block["norms"] = "sandwich";
   if (t.olmo2) block["norm_scale"] = "before_cast";
@@ -151,8 +154,9 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   return block;
 }
 
-// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's every layer,
-// Qwen3-MoE's every decoder_sparse_step-th but those mlp_only_layers names (the others dense).
+// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's and OLMoE's
+// every layer, Qwen3-MoE's every decoder_sparse_step-th but those mlp_only_layers names (the
+// others dense).
 struct Experts {
   json args;                // the llama_block's experts, experts_per_token, normalize_experts, router_cast, d_ff
   std::vector<bool> layers;  // which layers
@@ -162,20 +166,20 @@ struct Experts {
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
-  if (arch != kMixtral && arch != kQwen3Moe) return x;
-  const bool mixtral = arch == kMixtral;
+  if (arch != kMixtral && arch != kQwen3Moe && arch != kOlmoe) return x;
+  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
   const std::string count_key = mixtral || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  const int64_t count = f.integer(count_key, mixtral ? 8 : 128, 1, 1 << 16);
+  const int64_t count = f.integer(count_key, mixtral ? 8 : olmoe ? 64 : 128, 1, 1 << 16);
   const int64_t k = f.integer("num_experts_per_tok", mixtral ? 2 : 8, 1, count);
   if (f.boolean("output_router_logits", false))
     f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
   x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", mixtral || f.boolean("norm_topk_prob", false)},
             {"router_cast", !mixtral}};
-  if (!mixtral) x.args["d_ff"] = f.integer("moe_intermediate_size", 768, 1, int64_t{1} << 30);
+  if (!mixtral && !olmoe) x.args["d_ff"] = f.integer("moe_intermediate_size", 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   std::vector<bool> dense(static_cast<size_t>(n), false);
-  if (f.has("mlp_only_layers")) {
+  if (arch == kQwen3Moe && f.has("mlp_only_layers")) {
     const json& only = f.at("mlp_only_layers");
     if (!only.is_array()) f.fail("mlp_only_layers", "must be a list of layer indices");
     for (const json& i : only) {
@@ -183,7 +187,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
       dense[i.get<size_t>()] = true;
     }
   }
-  const int64_t step = mixtral ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
+  const int64_t step = mixtral || olmoe ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
   for (int64_t i = 0; i < n; ++i) x.layers[static_cast<size_t>(i)] = !dense[static_cast<size_t>(i)] && (i + 1) % step == 0;
   return x;
 }
@@ -211,7 +215,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral and Qwen3-MoE: embed, layer_0..n-1
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral, Qwen3-MoE and OLMoE: embed, layer_0..n-1
 // (llama_block), norm, lm_head (and Gemma 2's softcap). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
@@ -246,7 +250,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // gradient (negative counts from the end, as torch.nn.Embedding's does). Where config.json
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
-  const int64_t pad_default = arch == kPhi3 ? 32000 : t.olmo2 ? 1 : t.gemma_any() ? 0 : -1;
+  const int64_t pad_default = arch == kPhi3 ? 32000 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
