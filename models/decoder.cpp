@@ -173,12 +173,17 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
   if (o_.router_cast) top = top.to(logits.scalar_type());
   at::Tensor out = torch::zeros_like(h);
   // Each expert's tokens in transformers' order: by their rank among the token's choices, then
-  // by position (the rows of a GEMM; the sums into `out` go expert by expert).
-  const at::Tensor by_rank = chosen.t();
-  for (int64_t e = 0; e < o_.experts; ++e) {
-    const at::Tensor hits = (by_rank == e).nonzero();
-    if (hits.size(0) == 0) continue;
-    const at::Tensor rank = hits.select(1, 0), token = hits.select(1, 1);
+  // by position (the rows of a GEMM; the sums into `out` go expert by expert). The choices in
+  // that order (rank * N + token), sorted stably by expert; the counts read once.
+  const int64_t N = h.size(0);
+  const at::Tensor flat = chosen.t().reshape({-1});
+  const at::Tensor order = torch::argsort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor counts = torch::bincount(flat, {}, o_.experts).cpu();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  for (int64_t e = 0, begin = 0; e < o_.experts; begin += count[e], ++e) {
+    if (count[e] == 0) continue;
+    const at::Tensor picks = order.narrow(0, begin, count[e]);
+    const at::Tensor rank = picks.div(N, "floor"), token = picks.remainder(N);
     const at::Tensor y = experts[e]->as<GatedMlpImpl>()->forward(h.index_select(0, token)) * top.index({token, rank}).unsqueeze(1);
     out.index_add_(0, token, y.to(out.scalar_type()));
   }

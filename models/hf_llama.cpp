@@ -139,15 +139,22 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
-  if (arch == kOlmoe && f.number("clip_qkv", 0.0) < 0) f.fail("clip_qkv", "must be positive");
-  if (arch == kOlmoe && f.number("clip_qkv", 0.0) > 0) block["clip_qkv"] = f.number("clip_qkv", 0.0);
-  if (t.olmo2) block["norms"] = "post";
-  if (t.sandwich()) block["norms"] = "sandwich";
-  if (t.olmo2) block["norm_scale"] = "before_cast";
-  if (t.olmo2) block["rope_float32"] = true;  // its rotary tables stay float32
-  if (t.gemma_any()) block["norm_scale"] = "one_plus";
-  if (t.gemma_any()) block["act"] = "gelu_tanh";
-  if (t.sandwich()) block["attn_scale"] = std::pow(double(f.integer("query_pre_attn_scalar", 256, 1, big)), -0.5);
+  const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
+  if (clip < 0) f.fail("clip_qkv", "must be positive");
+  if (clip > 0) block["clip_qkv"] = clip;
+  if (t.olmo2) {
+    block["norms"] = "post";
+    block["norm_scale"] = "before_cast";
+    block["rope_float32"] = true;  // its rotary tables stay float32
+  }
+  if (t.gemma_any()) {
+    block["norm_scale"] = "one_plus";
+    block["act"] = "gelu_tanh";
+  }
+  if (t.sandwich()) {
+    block["norms"] = "sandwich";
+    block["attn_scale"] = std::pow(double(f.integer("query_pre_attn_scalar", 256, 1, big)), -0.5);
+  }
   const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) block["attn_softcap"] = cap;
