@@ -46,8 +46,11 @@ std::string architecture_of(const json& config, const Fields& f) {
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
-  if (it == by_type.end())
-    f.fail("model_type", "'" + type + "' is not supported (llama, mistral, qwen2, qwen3, phi3, olmo2, gemma, gemma2, gemma3_text, mixtral, qwen3_moe, olmoe, gpt2), and no architectures are named");
+  if (it == by_type.end()) {
+    std::vector<std::string> types;
+    for (const auto& entry : by_type) types.push_back(entry.first);
+    f.fail("model_type", "'" + type + "' is not supported (" + join(types, ", ") + "), and no architectures are named");
+  }
   (void)config;
   return it->second;
 }

@@ -237,6 +237,11 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
+  nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
+  untyped.erase("architectures");
+  std::ofstream(bert + "/config.json") << untyped.dump();
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, llama, "), std::string::npos)
+      << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
                             {"n_head", 2}, {"n_positions", 8}};
