@@ -265,10 +265,6 @@ void read_train(JsonReader& top, const Config& c, bool gpu_stages, TrainConfig& 
   t.keep_checkpoints = train.get_int("keep_checkpoints", t.keep_checkpoints, 1, 1 << 20);
   t.shard_optimizer = train.get_bool("shard_optimizer", t.shard_optimizer);
   t.tensorboard = train.get_string("tensorboard", t.tensorboard);
-  if (t.shard_optimizer && c.pipeline.data_parallel > 1 && c.model.is_object() && c.model.contains("tie_embeddings") &&
-      c.model["tie_embeddings"].is_boolean() && c.model["tie_embeddings"].get<bool>())
-    train.fail("shard_optimizer", "does not take tied parameters (model.tie_embeddings): a tie's gradients are summed "
-                                  "over whole tensors, which sharding splits");
   t.precision = parse_precision(train.get_choice("precision", precision_name(t.precision), precision_names()));
   if (t.precision == Precision::FP16 && !gpu_stages)
     train.fail("precision", "fp16 is for GPU stages only, and these stages run on the CPU; use bf16 there "

@@ -49,16 +49,50 @@ void Executor::make_reducers() {
     dp_.reducers[vs] = std::make_unique<GradientReducer>(group, info, std::move(params), options_.shard_optimizer,
                                                          options_.bucket_bytes, scatter);
   }
+  // A sharded optimizer with ties: a tie's gradients must be summed whole, and the reduction
+  // leaves each copy a slice. The sum over the copies of each copy's tie sum is the tie sum of
+  // the reduced gradients, so the ties are summed first, within each copy, and the stages that
+  // hold a member reduce after it, at the optimizer step (the others still reduce beside the
+  // backward). A member after its tie's first is left out of the gradient norm, as unsharded.
+  if (!sharded() || ties_.empty()) return;
+  for (int vs : ties_.virtual_stages()) {
+    GradientReducer* reducer = dp_.reducers.at(vs).get();
+    if (!reducer) continue;
+    reducer->hold_for_ties();
+    std::vector<bool> followers;
+    for (const auto& p : reducer->parameters()) followers.push_back(ties_.follower(p));
+    reducer->leave_out_of_norm(followers);
+  }
+}
+
+void Executor::sum_ties() {
+  if (self_ < 0) {
+    ties_.sum_grads();
+    return;
+  }
+  if (ties_.empty()) return;
+  const auto rank_of = [this](int vs) { return peer(sched_.device_of(vs)); };
+  if (auto error = on_local_devices([&](DeviceRunner& d) {
+        ties_.exchange_grads(d.endpoint(), d.context(), rank_of, io_.step, options_.timeout_s);
+      }))
+    fail("the tied gradients' exchange failed", error);
 }
 
 void Executor::reduce_now() {
-  if (dp_.reduced) return;
-  const auto error = on_local_devices([this](DeviceRunner& runner) {
-    for (int c = 0; c < sched_.chunks; ++c)
-      if (auto& reducer = dp_.reducers[sched_.virtual_stage(runner.device(), c)]) {
+  const bool held = dp_.held;
+  if (held) {
+    dp_.held = false;
+    sum_ties();
+  }
+  if (dp_.reduced && !held) return;
+  const auto error = on_local_devices([&](DeviceRunner& runner) {
+    for (int c = 0; c < sched_.chunks; ++c) {
+      auto& reducer = dp_.reducers[sched_.virtual_stage(runner.device(), c)];
+      if (reducer && (reducer->held() ? held : !dp_.reduced)) {
         reducer->start();
         reducer->finish(Deadline::after(options_.timeout_s));
       }
+    }
   });
   if (error) {
     if (self_ >= 0) fail("the gradient reduction failed", error);

@@ -293,12 +293,15 @@ void DeviceRunner::send_grad(const schedule::Action& a, int vs, const Key& key) 
 }
 
 // Starts the chunk's reduction across its copies; it runs beside the actions after it and is
-// waited for in finish().
+// waited for in finish(). One held for ties (GradientReducer::hold_for_ties) runs at the
+// optimizer step instead, after the ties' sum.
 void DeviceRunner::reduce(const schedule::Action& a, int vs, const Key&) {
   if (!sync_) return;  // accumulating: the gradients are reduced after a later batch
   flush_weight_grads();  // the chunk's gradients whole before they are reduced
+  auto& reducer = reducers_[vs];
+  if (reducer && reducer->held()) return;
   const double start = seconds_since(t0_);
-  if (auto& reducer = reducers_[vs]) reducer->start();
+  if (reducer) reducer->start();
   fault_point("pipeline.reduce", wiring_.ranks[r_], io_.step);  // common/fault.h: a copy that dies mid-reduction
   spans_->push_back({a.op, -1, a.chunk, start, start, 0.0});
   reducing_.push_back(spans_->size() - 1);

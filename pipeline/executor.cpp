@@ -49,9 +49,6 @@ void Executor::init(torch::nn::Sequential model, PipelineOptions options, stages
   wiring_.crossing = models::skips_crossing(options_.skips.empty() ? models::skips_of(model) : options_.skips,
                                             partitioner::offsets(balance_));
   check_crossing(wiring_.crossing, options_.chunks);
-  if (!options_.ties.empty() && sharded())
-    throw ConfigError("pipeline: a sharded optimizer (shard_optimizer) does not take tied parameters: the tie's "
-                      "gradients are summed over whole tensors, which sharding splits");
   ties_.init(model, options_.ties, balance_);
   sched_ = schedule::pipeline_schedule(options_.schedule, options_.stages, options_.micro_batches, options_.chunks,
                                        dp_.mesh.data_parallel);
@@ -395,6 +392,7 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   const int M = split_batch(input, target, accumulate, scale);
   const double loss_scale = scaling() ? opt_.scaler.scale() : 1.0;
   dp_.reduced = dp_.mesh.data_parallel == 1 || dp_.sync;
+  dp_.held = sharded() && !ties_.empty();  // the tied stages' reductions, at the optimizer step
   for (auto& reducer : dp_.reducers)
     if (reducer) reducer->begin_step(accumulate);
 

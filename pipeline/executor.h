@@ -48,6 +48,16 @@ class Ties {
   // transport takes it. `step` tags the messages; each wait ends after `timeout_s`.
   void exchange_grads(comm::Transport& endpoint, stages::DeviceContext& context, const std::function<int(int)>& rank_of,
                       int64_t step, double timeout_s) const;
+  // The virtual stages that hold a member of some tie.
+  std::vector<int> virtual_stages() const;
+  // Every member takes its tie's first member's value: in one process (copy_values), or across
+  // processes as exchange_grads's sum travels (exchange_values). A sharded optimizer's reduction
+  // sums a member's gradient in an order that depends on where the member sits in its stage's
+  // flattened parameters; with three copies or more the sums may round apart, so after each
+  // step the members are made equal again.
+  void copy_values() const;
+  void exchange_values(comm::Transport& endpoint, stages::DeviceContext& context, const std::function<int(int)>& rank_of,
+                       int64_t step, double timeout_s) const;
 
  private:
   struct Member {
@@ -69,6 +79,7 @@ struct DataParallel {
   std::vector<std::unique_ptr<GradientReducer>> reducers;  // by virtual stage; null: no parameters, or run elsewhere
   bool sync = true;         // reduce in the next forward-backward (read by the runners)
   bool reduced = true;      // the gradients held now are reduced (or need no reduction)
+  bool held = false;        // the reductions held for ties (GradientReducer::hold_for_ties) are still to run
   double world_loss = 0;    // multi-process: the last step's loss summed over every copy
 };
 
@@ -125,6 +136,10 @@ class Executor {
   GradientReducer* reducer(int virtual_stage) const { return dp_.reducers.at(virtual_stage).get(); }
   void set_optimizers(const OptimizerFactory& factory);
   double step_optimizers();  // after forward_backward: StageOptimizers::step on this copy
+  // The gradients left unreduced, on every local device (data_parallel.cpp): first, with a
+  // sharded optimizer, the ties' sum and the reductions held for it; then whatever a
+  // forward_backward without sync_gradients left.
+  void reduce_now();
   // Sharded optimizer: the whole state of virtual stage `vs`, gathered from every copy's slice.
   std::unique_ptr<torch::optim::Optimizer> gathered_optimizer(int vs);
 
@@ -169,7 +184,7 @@ class Executor {
 
   // Data parallelism (data_parallel.cpp).
   void make_reducers();
-  void reduce_now();  // the gradients left unreduced, on every local device
+  void sum_ties();  // every tie's gradients summed within this copy (Ties), on every local device
   void merge_batch_norm();  // every BatchNorm's statistics of the step, merged over the copies
   std::string abort_notice(int r);  // a peer's abort reason that reached this rank's endpoint, if any
 
@@ -180,6 +195,7 @@ class Executor {
   double step_all(Clock::time_point t0);
   void step_device_optimizers(int r, Clock::time_point t0, double grad_scale);
   double device_grad_sq_norm(int r) const;
+  void share_tied_values();  // sharded with ties: see Ties::copy_values
 
   PipelineOptions options_;
   torch::nn::Sequential model_;

@@ -61,15 +61,7 @@ double Executor::step_all(Clock::time_point t0) {
   check_usable();
   opt_.skipped = false;
   reduce_now();
-  if (self_ < 0) {
-    ties_.sum_grads();
-  } else if (!ties_.empty()) {
-    const auto rank_of = [this](int vs) { return peer(sched_.device_of(vs)); };
-    if (auto error = on_local_devices([&](DeviceRunner& d) {
-          ties_.exchange_grads(d.endpoint(), d.context(), rank_of, io_.step, options_.timeout_s);
-        }))
-      fail("the tied gradients' exchange failed", error);
-  }
+  if (!sharded()) sum_ties();  // sharded: summed before the reduction (reduce_now)
   // Multi-process: always, so that the ranks' exchanges match whatever each tracks locally.
   // fp16: always, as the overflow check.
   if (self_ >= 0 || opt_.grad_clip > 0 || opt_.track_norm || opt_.check_finite || scaling()) {
@@ -97,7 +89,23 @@ double Executor::step_all(Clock::time_point t0) {
     if (self_ >= 0) fail("optimizer step failed", error);
     std::rethrow_exception(error);
   }
+  share_tied_values();
   return norm;
+}
+
+// Sharded, three copies or more: the members of each tie made equal to its first again (Ties::
+// copy_values says why; with two copies each element's sum has one order, a + b = b + a).
+void Executor::share_tied_values() {
+  if (!sharded() || ties_.empty() || dp_.mesh.data_parallel < 3) return;
+  if (self_ < 0) {
+    ties_.copy_values();
+    return;
+  }
+  const auto rank_of = [this](int vs) { return peer(sched_.device_of(vs)); };
+  if (auto error = on_local_devices([&](DeviceRunner& d) {
+        ties_.exchange_values(d.endpoint(), d.context(), rank_of, io_.step, options_.timeout_s);
+      }))
+    fail("the tied parameters' exchange after the step failed", error);
 }
 
 double Executor::step_optimizers() {
@@ -229,6 +237,7 @@ bool StageOptimizers::sharded() const { return copies_.front().sharded(); }
 void StageOptimizers::gather_grads() {
   if (!sharded()) return;
   copies_.each([](Executor& e) {
+    e.reduce_now();  // what was left for the optimizer step (the ties' stages, say)
     for (int vs = 0; vs < static_cast<int>(e.balance().size()); ++vs) {
       GradientReducer* reducer = e.reducer(vs);
       if (!reducer || !reducer->shard().grad().defined()) continue;

@@ -57,7 +57,8 @@ class StageOptimizers {
   /// ZeRO-1 (shard_optimizer with more than one copy): each copy holds the state of its slice.
   bool sharded() const;
   /// Sharded: every parameter's .grad (on every copy) takes its stage's whole reduced gradient,
-  /// all-gathered from the copies' slices, after a forward_backward that reduced it; for reading
+  /// all-gathered from the copies' slices, reducing first what the step left unreduced (tied
+  /// parameters' stages, or a forward_backward without sync_gradients); for reading
   /// (the optimizer steps each copy's slice, which stays where it is). Collective, as gathered().
   /// Not sharded: nothing to do, .grad already holds the reduced gradient.
   void gather_grads();

@@ -187,10 +187,33 @@ double GradientReducer::finish(Deadline deadline) {
   return done > 0 ? done : now_s();
 }
 
+void GradientReducer::leave_out_of_norm(const std::vector<bool>& by_param) {
+  counted_.clear();
+  if (!shard_ || std::none_of(by_param.begin(), by_param.end(), [](bool b) { return b; })) return;
+  const int64_t s = padded_ / info_.data_parallel, lo = info_.copy * s, hi = lo + s;
+  int64_t offset = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t begin = std::max(offset, lo), end = std::min(offset + params_[i].numel(), hi);
+    offset += params_[i].numel();
+    if (begin >= end || (i < by_param.size() && by_param[i])) continue;
+    if (!counted_.empty() && counted_.back().first + counted_.back().second == begin - lo)
+      counted_.back().second += end - begin;  // runs next to each other as one
+    else
+      counted_.emplace_back(begin - lo, end - begin);
+  }
+  if (counted_.empty()) counted_.emplace_back(0, 0);  // nothing of this slice counts
+}
+
 double GradientReducer::grad_sq_norm(Deadline deadline) {
   std::vector<at::Tensor> sq{torch::zeros({1}, torch::kDouble)};
   if (shard_param_.grad().defined()) {
-    const double n = shard_param_.grad().norm().item<double>();
+    at::Tensor g = shard_param_.grad();
+    if (!counted_.empty()) {
+      std::vector<at::Tensor> runs;
+      for (const auto& [at, n] : counted_) runs.push_back(g.narrow(0, at, n));
+      g = torch::cat(runs);
+    }
+    const double n = g.norm().item<double>();
     sq[0].fill_(n * n);
   }
   wait(comm::all_reduce(*group_, sq), deadline);

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -69,9 +70,18 @@ class GradientReducer {
   double finish(Deadline deadline);
 
   bool sharded() const { return shard_; }
+  // Sharded, with tied parameters (executor.h): the stage's reduction waits for the optimizer
+  // step, where the ties' gradients are summed first (a tie's sum needs whole tensors, which the
+  // reduction splits); the runner does not start it after the stage's last backward.
+  void hold_for_ties() { for_ties_ = true; }
+  bool held() const { return for_ties_; }
+  // Sharded: the parameters (by index, true: left out) that grad_sq_norm leaves out, as a tie's
+  // members after its first, whose weight counts once.
+  void leave_out_of_norm(const std::vector<bool>& by_param);
   // Sharded: this replica's slice of the flattened parameters, the optimizer's one parameter.
   const at::Tensor& shard() const { return shard_param_; }
-  // Sharded: the squared norm of the whole stage's reduced gradient (summed over the replicas).
+  // Sharded: the squared norm of the whole stage's reduced gradient (summed over the replicas),
+  // without the parameters left out of it (leave_out_of_norm).
   double grad_sq_norm(Deadline deadline);
   // Sharded: after the optimizer stepped the slice, every replica's slice into the parameters.
   void gather_parameters(Deadline deadline);
@@ -105,6 +115,10 @@ class GradientReducer {
   // Sharded.
   int64_t numel_ = 0, padded_ = 0;
   at::Tensor shard_param_, shard_grad_;
+  bool for_ties_ = false;
+  // Sharded, some parameters left out of the norm: the (offset, length) of each run of this
+  // replica's slice that counts; empty: all of it counts.
+  std::vector<std::pair<int64_t, int64_t>> counted_;
 };
 
 }  // namespace pipetrain::pipeline

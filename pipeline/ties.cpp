@@ -28,11 +28,27 @@ void give(const at::Tensor& param, const at::Tensor& sum) {
 // The ties' messages travel on a channel of their own, above every stage boundary's (messages.cpp:
 // the chunk plus the part times 256, parts up to 62) and within every transport's (UCX's tags
 // hold 14 bits): part 63. The place is the tie and the member, the sum's member kSum.
+// kValue: the first member's value after the optimizer step (share_values).
 constexpr int kTiesChannel = 63 << 8;
-constexpr int kSum = 0xffff;
+constexpr int kSum = 0xffff, kValue = 0xfffe;
 comm::MessageId tie_message(size_t tie, size_t member, int64_t step) {
   return {comm::Kind::Grad, static_cast<int>((tie << 16) | member), kTiesChannel, step,
-          member == kSum ? "a tied parameter's summed gradient" : "a tied parameter's gradient"};
+          member == kSum     ? "a tied parameter's summed gradient"
+          : member == kValue ? "a tied parameter's value after the step"
+                             : "a tied parameter's gradient"};
+}
+
+// A tie's message from rank `src`, checked against the parameter it is for, on this device.
+at::Tensor receive_like(comm::Transport& endpoint, stages::DeviceContext& context, int src, const comm::MessageId& id,
+                        const at::Tensor& like, double timeout_s) {
+  const at::Tensor t = endpoint.recv(src, id, Deadline::after(timeout_s));
+  if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type())
+    throw Error(detail::concat("pipeline: rank ", endpoint.rank(), ": ", id.describe(), " from rank ", src, " has ",
+                               t.numel(), " ", c10::toString(t.scalar_type()), " elements where the parameter has ",
+                               like.numel(), " ", c10::toString(like.scalar_type())));
+  stages::Received got = context.receive(t, stages::Marker{});
+  context.wait(got.ready);
+  return got.tensor;
 }
 }  // namespace
 
@@ -48,7 +64,8 @@ void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Ti
     const models::Tie& tie = ties[g];
     const std::string where = detail::concat("pipeline: tie ", g);
     if (tie.size() < 2) throw ConfigError(where + ": a tie needs at least two parameters");
-    if (tie.size() >= kSum) throw ConfigError(detail::concat(where, ": ", tie.size(), " parameters; at most ", kSum - 1));
+    if (tie.size() >= kValue)
+      throw ConfigError(detail::concat(where, ": ", tie.size(), " parameters; at most ", kValue - 1));
     std::vector<Member> members;
     for (const models::ParamRef& ref : tie) {
       if (ref.layer < 0 || ref.layer >= layers)
@@ -104,14 +121,7 @@ void Ties::exchange_grads(comm::Transport& endpoint, stages::DeviceContext& cont
     endpoint.send(dst, id, endpoint.takes(t.device()) ? t : context.to_host(t));
   };
   auto recv = [&](int src, const comm::MessageId& id, const at::Tensor& like) {
-    const at::Tensor t = endpoint.recv(src, id, Deadline::after(timeout_s));
-    if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type())
-      throw Error(detail::concat("pipeline: rank ", me, ": ", id.describe(), " from rank ", src, " has ", t.numel(), " ",
-                                 c10::toString(t.scalar_type()), " elements where the parameter has ", like.numel(), " ",
-                                 c10::toString(like.scalar_type())));
-    stages::Received got = context.receive(t, stages::Marker{});
-    context.wait(got.ready);
-    return got.tensor;
+    return receive_like(endpoint, context, src, id, like, timeout_s);
   };
   for (size_t g = 0; g < groups_.size(); ++g) {
     const auto& members = groups_[g];
@@ -143,6 +153,51 @@ void Ties::exchange_grads(comm::Transport& endpoint, stages::DeviceContext& cont
     }
     for (size_t i = 0; i < members.size(); ++i)
       if (ranks[i] == me) give(members[i].param, sum);
+  }
+}
+
+std::vector<int> Ties::virtual_stages() const {
+  std::vector<int> out;
+  for (const auto& members : groups_)
+    for (const Member& t : members)
+      if (std::find(out.begin(), out.end(), t.vs) == out.end()) out.push_back(t.vs);
+  return out;
+}
+
+void Ties::copy_values() const {
+  torch::NoGradGuard no_grad;
+  for (const auto& members : groups_)
+    for (size_t i = 1; i < members.size(); ++i) members[i].param.copy_(members[0].param);
+}
+
+// The first member's rank sends its value to each other member's rank once, in the order they
+// first appear; every rank walks the ties in the same order (as exchange_grads).
+void Ties::exchange_values(comm::Transport& endpoint, stages::DeviceContext& context,
+                           const std::function<int(int)>& rank_of, int64_t step, double timeout_s) const {
+  torch::NoGradGuard no_grad;
+  const int me = endpoint.rank();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& members = groups_[g];
+    std::vector<int> ranks;
+    for (const Member& t : members) ranks.push_back(rank_of(t.vs));
+    if (std::find(ranks.begin(), ranks.end(), me) == ranks.end()) continue;
+    const int owner = ranks[0];
+    const comm::MessageId id = tie_message(g, kValue, step);
+    at::Tensor value;
+    if (me == owner) {
+      value = members[0].param.detach().clone();  // the next step changes the parameter in place
+      std::vector<int> sent{me};
+      for (int r : ranks)
+        if (std::find(sent.begin(), sent.end(), r) == sent.end()) {
+          endpoint.send(r, id, endpoint.takes(value.device()) ? value : context.to_host(value));
+          sent.push_back(r);
+        }
+    } else {
+      const at::Tensor& like = members[std::find(ranks.begin(), ranks.end(), me) - ranks.begin()].param;
+      value = receive_like(endpoint, context, owner, id, like, timeout_s);
+    }
+    for (size_t i = 1; i < members.size(); ++i)
+      if (ranks[i] == me) members[i].param.copy_(value.reshape(members[i].param.sizes()));
   }
 }
 

@@ -2,7 +2,8 @@
 // (torchrun-style variables), each stage's copies in a Gloo group over the rendezvous store.
 // Their training equals the threads runtime's (in-process copies), a replica that dies or stops
 // mid-reduction fails every rank within the timeout naming it, four ranks across two network
-// namespaces equal the threads run, and a checkpoint of a sharded run resumes with another D.
+// namespaces equal the threads run, a checkpoint of a sharded run resumes with another D, and a
+// tied embedding and head train under a sharded optimizer as one copy does.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -175,6 +176,43 @@ TEST(DataParallelProcesses, ShardedCheckpointResumesWithAnotherCopyCount) {
   for (const auto& [step, j] : b)
     EXPECT_NEAR(j.at("loss").get<double>(), a.at(step).at("loss").get<double>(), 1e-4 * a.at(step).at("loss").get<double>())
         << "step " << step;
+}
+
+// The token embedding tied to the head (first and last stage) with a sharded optimizer: each
+// copy sums the tie's gradients before its tied stages reduce, and the gradient norm (clipped at
+// 0.45 here, which some steps pass) counts the tie once. Processes equal threads bit for bit, two copies equal one to
+// 1e-10 (float64), and a run stopped at step 3 and resumed equals the run never stopped.
+TEST(DataParallelProcesses, TiedWeightsWithAShardedOptimizer) {
+  std::string text = kConfig;
+  const std::string layers = "\"n_layers\": 3,";
+  text.replace(text.find(layers), layers.size(), layers + " \"tie_embeddings\": true,");
+  const std::string cfg = write_file("dp_tied.json", text);
+  const std::string set =
+      " --quiet --set runtime.dtype=float64 --set train.shard_optimizer=true --set optimizer.grad_clip=0.45";
+  const std::string mt = temp("dp_tied_threads.jsonl"), mp = temp("dp_tied_processes.jsonl"),
+                    m1 = temp("dp_tied_one.jsonl"), mr = temp("dp_tied_resumed.jsonl"), dir = temp("dp_tied_ckpt");
+  shell("rm -rf " + dir);
+  Result t = run("train " + cfg + set + " --metrics " + mt);
+  ASSERT_EQ(t.status, 0) << t.out;
+  Result p = run("launch --nproc 4 -- train " + cfg + set + " --metrics " + mp + " --set runtime.kind=processes");
+  ASSERT_EQ(p.status, 0) << p.out;
+  Result one = run("train " + cfg + set + " --metrics " + m1 + " --set pipeline.data_parallel=1");
+  ASSERT_EQ(one.status, 0) << one.out;
+  expect_same_steps(read_steps(mt), read_steps(mp), 0, "threads against processes");
+  expect_same_steps(read_steps(m1), read_steps(mt), 1e-10, "one copy against two");
+  bool clipped = false;
+  for (const auto& [step, j] : read_steps(mt)) clipped = clipped || j.at("grad_norm").get<double>() > 0.45;
+  EXPECT_TRUE(clipped) << "no step's norm reached the clip";
+  const std::string procs = "launch --nproc 4 -- train " + cfg + set + " --set runtime.kind=processes --checkpoint-dir " + dir;
+  Result first = run(procs + " --until-step 3");
+  ASSERT_EQ(first.status, 0) << first.out;
+  Result second = run(procs + " --resume --metrics " + mr);
+  ASSERT_EQ(second.status, 0) << second.out;
+  const auto whole = read_steps(mp), resumed = read_steps(mr);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (const auto& [step, j] : resumed)
+    for (const char* key : {"loss", "grad_norm"})
+      EXPECT_EQ(j.at(key).get<double>(), whole.at(step).at(key).get<double>()) << "resumed step " << step << " " << key;
 }
 
 // Four ranks across two network namespaces (two ranks each, one per stage), over UCX tcp and
