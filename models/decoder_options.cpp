@@ -90,11 +90,12 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts == 0)
-    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast"})
+    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
+  o.shared_expert = r.get_int("shared_expert", 0, 0, int64_t{1} << 30);
   o.rope_float32 = r.get_bool("rope_float32", false);
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   return o;
@@ -123,8 +124,9 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : 2 * d;
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1, router = o.experts > 0 ? double(o.experts) * d : 0;
-  return d * (q + 2 * kv) + q * d + mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + norms + (o.qkv_bias ? q + 2 * kv : 0) +
-         (o.o_bias ? d : 0) + qk_norms;
+  const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + d : 0;
+  return d * (q + 2 * kv) + q * d + mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms +
+         (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms;
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

@@ -86,9 +86,10 @@ struct Traits {
 // first, Gemma 3's five of every six, sliding_window_pattern; older Qwen configs: from
 // max_window_layers on when use_sliding_window).
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
-  const bool qwen = arch == kQwen2 || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
+  const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
-  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : 0, 1, int64_t{1} << 30);
+  // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
+  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : 0, 0, int64_t{1} << 30);
   if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if ((qwen || gemma) && f.has("layer_types")) {
     const json& types = f.at("layer_types");
@@ -134,7 +135,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) && f.boolean("attention_bias", false);
-  block["qkv_bias"] = arch == kQwen2 || attention_bias;
+  block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
@@ -162,8 +163,8 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
 }
 
 // The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's and OLMoE's
-// every layer, Qwen3-MoE's every decoder_sparse_step-th but those mlp_only_layers names (the
-// others dense).
+// every layer, Qwen2-MoE's and Qwen3-MoE's every decoder_sparse_step-th but those mlp_only_layers
+// names (the others dense); Qwen2-MoE's shared expert.
 struct Experts {
   json args;                // the llama_block's experts, experts_per_token, normalize_experts, router_cast, d_ff
   std::vector<bool> layers;  // which layers
@@ -173,20 +174,21 @@ struct Experts {
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
-  if (arch != kMixtral && arch != kQwen3Moe && arch != kOlmoe) return x;
-  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe;
+  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe) return x;
+  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
   const std::string count_key = mixtral || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  const int64_t count = f.integer(count_key, mixtral ? 8 : olmoe ? 64 : 128, 1, 1 << 16);
-  const int64_t k = f.integer("num_experts_per_tok", mixtral ? 2 : 8, 1, count);
+  const int64_t count = f.integer(count_key, mixtral ? 8 : olmoe ? 64 : qwen2 ? 60 : 128, 1, 1 << 16);
+  const int64_t k = f.integer("num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : 8, 1, count);
   if (f.boolean("output_router_logits", false))
     f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
   x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", mixtral || f.boolean("norm_topk_prob", false)},
             {"router_cast", !mixtral}};
-  if (!mixtral && !olmoe) x.args["d_ff"] = f.integer("moe_intermediate_size", 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
+  if (!mixtral && !olmoe) x.args["d_ff"] = f.integer("moe_intermediate_size", qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
+  if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", 5632, 1, int64_t{1} << 30);
   std::vector<bool> dense(static_cast<size_t>(n), false);
-  if (arch == kQwen3Moe && f.has("mlp_only_layers")) {
+  if ((qwen2 || arch == kQwen3Moe) && f.has("mlp_only_layers")) {
     const json& only = f.at("mlp_only_layers");
     if (!only.is_array()) f.fail("mlp_only_layers", "must be a list of layer indices");
     for (const json& i : only) {
@@ -199,7 +201,8 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   return x;
 }
 
-// An expert layer's MLP tensors: the router and each expert's (Mixtral's w1, w3, w2: gate, up, down).
+// An expert layer's MLP tensors: the router, each expert's (Mixtral's w1, w3, w2: gate, up, down)
+// and Qwen2-MoE's shared expert and its gate.
 void expert_tensors(const std::string& arch, const Experts& x, const std::string& ours, const std::string& theirs, HfSpec& spec) {
   const bool mixtral = arch == kMixtral;
   const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -208,6 +211,10 @@ void expert_tensors(const std::string& arch, const Experts& x, const std::string
     for (const auto& [mine, mixtrals] : std::vector<std::pair<std::string, std::string>>{{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}})
       spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),
                               detail::concat(moe, "experts.", e, ".", mixtral ? mixtrals : mine, ".weight")});
+  if (!x.args.contains("shared_expert")) return;
+  for (const char* p : {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",
+                        "shared_expert_gate.weight"})
+    spec.tensors.push_back({ours + "mlp." + p, moe + p});
 }
 
 }  // namespace
@@ -222,7 +229,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral, Qwen3-MoE and OLMoE: embed, layer_0..n-1
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE: embed, layer_0..n-1
 // (llama_block), norm, lm_head (and Gemma 2's softcap). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {

@@ -104,6 +104,13 @@ CASES = {
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
                                          num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
                                          tie_word_embeddings=False)),
+    # Qwen2-MoE: 4 experts of 16, top 2 unnormalized, a shared expert of 24 behind its sigmoid gate
+    # on every sparse layer, the middle layer a dense MLP of 40 (mlp_only_layers), q/k/v biases
+    "qwen2-moe": ("Qwen2MoeConfig", dict(hidden_size=32, intermediate_size=40, moe_intermediate_size=16,
+                                         shared_expert_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=64, num_experts=4,
+                                         num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
+                                         tie_word_embeddings=False)),
     # OLMoE: 4 experts of 24, top 2 unnormalized, q/k norms over the projection, q, k and v
     # clamped to 2 (low enough to bite)
     "olmoe": ("OlmoeConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
@@ -158,7 +165,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
-          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe",
+          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe"}
 
 

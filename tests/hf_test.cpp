@@ -68,7 +68,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // which 5 SGD steps of lr 0.1 carry into the weights (6.4e-6 here, AMD EPYC; another CPU's
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
-  return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen3-moe" || arch == "olmoe";
+  return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -150,6 +150,7 @@ TEST(HfParity, GemmaScaledEmbeddingGegluPadding) { check_architecture("gemma"); 
 TEST(HfParity, Gemma2SandwichNormsSoftcapsWindows) { check_architecture("gemma2"); }
 TEST(HfParity, Gemma3QkNormsLocalRope) { check_architecture("gemma3"); }
 TEST(HfParity, MixtralExperts) { check_architecture("mixtral"); }
+TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-moe"); }
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
 TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
@@ -227,13 +228,15 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   refused("jitter", with(mixtral, {{"router_jitter_noise", 0.1}}), "router_jitter_noise above 0 is not supported");
   refused("top-k", with(mixtral, {{"num_experts_per_tok", 5}}), "num_experts_per_tok must be in [1, 4], got 5");
   refused("dense-layers", {{"architectures", {"Qwen3MoeForCausalLM"}}, {"mlp_only_layers", {0, 7}}}, "mlp_only_layers holds 7, not a layer in [0, 2)");
+  refused("shared-expert", {{"architectures", {"Qwen2MoeForCausalLM"}}, {"num_experts", 4}, {"shared_expert_intermediate_size", 0}},
+          "shared_expert_intermediate_size must be in [1, ");
   const std::string bert = root() + "/bert";
   std::filesystem::create_directories(bert);
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
-                                "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                                "GPT2LMHeadModel)"),
+                                "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+                                "OlmoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
