@@ -207,6 +207,7 @@ PlanPoint point_of(const SearchSpace& sp, const Axes& a, const Costing& k, const
     pt.straggler = m.straggler.count(a.D) ? m.straggler.at(a.D) : 0.0;
   }
   pt.state_factor = sp.state_factor(a.precision, a.D, a.sharded);
+  pt.ties = sp.ties;
   return pt;
 }
 
@@ -326,6 +327,7 @@ SearchSpace search_space(const Config& c, const AutoPlanOptions& o, const partit
     sp.layers = static_cast<int>(file.layers.size());
   } else {
     const Job probe = prepare(c);
+    sp.ties = tie_plans(probe.model);  // a cost file holds none
     sp.layers = static_cast<int>(probe.model.layers->size());
     // On a CPU the cores are shared out among stages, copies and intra-op threads.
     if (probe.options.devices.empty() || probe.options.devices[0].is_cpu())

@@ -51,6 +51,19 @@ PlanPoint config_point(const Config& cc, const partitioner::Balance& balance, co
   return pt;
 }
 
+std::vector<TiePlan> tie_plans(const models::Model& model) {
+  std::vector<TiePlan> out;
+  for (const models::Tie& tie : model.ties) {
+    TiePlan t;
+    for (const models::ParamRef& ref : tie) t.layers.push_back(ref.layer);
+    if (!tie.empty())
+      if (const at::Tensor* p = model.layers->ptr(tie.front().layer)->named_parameters().find(tie.front().name))
+        t.bytes = static_cast<double>(p->numel() * static_cast<int64_t>(p->element_size()));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) {
   if (copies < 2) return {};
   if (file && file->bandwidth_gb_s > 0) return profiler::ring_link(copies, file->latency_ms, file->bandwidth_gb_s * 1e6);
@@ -68,8 +81,9 @@ struct Links {
 
 // config_point with the links between stages.
 PlanPoint point_of(const Config& cc, const partitioner::Balance& balance, const DataParallelPlan& dp, const Links& links,
-                   bool defer) {
+                   bool defer, const std::vector<TiePlan>& ties) {
   PlanPoint pt = config_point(cc, balance, dp, defer);
+  pt.ties = ties;
   pt.latency_ms = links.latency_ms, pt.bytes_per_ms = links.bytes_per_ms;
   pt.device_bytes_per_ms = links.device_bytes_per_ms;
   return pt;
@@ -160,7 +174,8 @@ std::vector<ScheduleRow> compare_schedules(const Config& c, const Job& job, cons
       if (cc.pipeline.balance_method == BalanceMethod::List && virtual_stages(cc) != virtual_stages(c))
         throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
                                            " stages; this schedule needs ", virtual_stages(cc)));
-      const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty());
+      const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty(),
+                                    r.point.ties);
       out.push_back(row_of(pt, predict(pt, r.profile, &r.whole)));
     } catch (const Error& e) {
       ScheduleRow row;
@@ -188,7 +203,7 @@ std::vector<PrecisionRow> compare_precisions(const Config& c, const PlanOptions&
         cc.train.precision = p;
         const Job other = prepare(cc);
         const profiler::Profile prof = profile_job(other, o.repeat);
-        const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false);
+        const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false, r.point.ties);
         const Prediction pred = predict(pt, prof);
         row.step_ms = pred.step_ms, row.bubble = pred.bubble;
       } catch (const Error& e) {
@@ -214,7 +229,9 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   if (c.pipeline.defer_weight_grads == DeferWeightGrads::Auto)
     r.deferral = decide_deferral(job, r.balance, r.profile, o.repeat, &r.whole).text();
   const bool deferred = !r.whole.layers.empty();
-  r.point = point_of(c, r.balance, r.data_parallel, links, deferred);
+  // Ties from the model; a cost file holds none (plan --auto does not build the model then).
+  r.point = point_of(c, r.balance, r.data_parallel, links, deferred,
+                     o.costs_path.empty() ? tie_plans(job.model) : std::vector<TiePlan>{});
   r.prediction = predict(r.point, r.profile, &r.whole);
   r.configured = row_of(r.point, r.prediction);
   r.simulation = r.prediction.simulation;

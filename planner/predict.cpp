@@ -132,6 +132,58 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
   }
 }
 
+// Tied parameters at the optimizer step, as the executor runs them (pipeline/ties.cpp): where a
+// tie's members sit on other devices than its first's, each of their gradients travels to the
+// first's device and the sum comes back to each of those devices (transfers as between stages:
+// free where transfers are); each device that holds a member waits for its tie's whole exchange.
+// With a sharded optimizer the ties are summed before the reduction, so the stages that hold a
+// member reduce at the step, not beside the backward; with three copies or more the first
+// member's value travels once more after the step.
+void add_ties(schedule::Costs& costs, const schedule::Schedule& s, const PlanPoint& pt) {
+  if (pt.ties.empty()) return;
+  const auto off = partitioner::offsets(pt.balance);
+  const int V = s.virtual_stages();
+  const bool sharded = pt.data_parallel.copies > 1 && pt.data_parallel.sharded;
+  if (costs.finish_ms.empty()) costs.finish_ms.assign(s.stages, 0.0);
+  std::vector<bool> held(V, false);
+  auto virtual_stage = [&](int layer) {
+    int v = 0;
+    while (v + 1 < V && off[v + 1] <= layer) ++v;
+    return v;
+  };
+  auto hop = [&](int a, int b, double bytes) {
+    const double bw = pt.device_bytes_per_ms.empty() ? pt.bytes_per_ms : std::min(pt.device_bytes_per_ms.at(a), pt.device_bytes_per_ms.at(b));
+    return pt.latency_ms + (bw > 0 ? bytes / bw : 0.0);
+  };
+  for (const TiePlan& t : pt.ties) {
+    std::vector<int> devices;  // each member's, in member order
+    for (int layer : t.layers) {
+      const int v = virtual_stage(layer);
+      held[v] = held[v] || sharded;
+      devices.push_back(s.device_of(v));
+    }
+    if (devices.empty()) continue;
+    const int owner = devices.front();
+    std::vector<int> others;  // the other devices, each once
+    double ms = 0;
+    for (int d : devices) {
+      if (d == owner) continue;
+      ms += hop(d, owner, t.bytes);  // a member's gradient to the first's device
+      if (std::find(others.begin(), others.end(), d) == others.end()) others.push_back(d);
+    }
+    for (int d : others) ms += hop(owner, d, t.bytes) * (sharded && pt.data_parallel.copies >= 3 ? 2 : 1);  // the sum (and the value)
+    if (others.empty()) continue;
+    costs.finish_ms[owner] += ms;
+    for (int d : others) costs.finish_ms[d] += ms;
+  }
+  if (costs.reduce_ms.empty()) return;
+  for (int v = 0; v < V; ++v)
+    if (held[v]) {
+      costs.finish_ms[s.device_of(v)] += costs.reduce_ms[v];
+      costs.reduce_ms[v] = 0;
+    }
+}
+
 void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share) {
   if (share <= 0 || costs.reduce_ms.empty()) return;
   const int V = s.virtual_stages();
@@ -192,6 +244,7 @@ Prediction predict(const PlanPoint& pt, const profiler::Profile& profile, const 
     out.reduce_ms = out.costs.reduce_ms;  // before the straggler wait: the reduction itself
     add_straggler_wait(out.costs, shape, pt.straggler);
   }
+  add_ties(out.costs, shape, pt);
   if (run) {
     out.schedule = *run;
   } else if (pt.search_on_costs && schedule::info(pt.schedule).searched) {

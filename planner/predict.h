@@ -28,6 +28,13 @@ struct DataParallelPlan {
   std::vector<double> link_speed;  // per device (stage): its copies' slowest link relative to `link`; empty: 1
 };
 
+// A tie (PipelineOptions::ties) as the planner sees it: the layers that hold its members, first
+// member first, and the bytes of one member.
+struct TiePlan {
+  std::vector<int> layers;
+  double bytes = 0;
+};
+
 // A candidate plan and the machine it runs on: everything a prediction needs besides the costs.
 struct PlanPoint {
   schedule::Kind schedule = schedule::Kind::GPipe;
@@ -41,6 +48,7 @@ struct PlanPoint {
   double latency_ms = 0, bytes_per_ms = 0;  // transfers between stages (0: free)
   std::vector<double> device_bytes_per_ms;  // per device; empty: all bytes_per_ms
   double state_factor = 3;             // bytes per parameter byte besides it (job::state_factor)
+  std::vector<TiePlan> ties;           // tied parameters: exchanged at the optimizer step (add_ties)
   // Searched kinds (zb-auto): searched on the prediction's own costs under this activation limit
   // (0: twice 1F1B's peak) instead of on equal costs as a pipeline builds it (`simulate`'s what-if).
   bool search_on_costs = false;
@@ -101,6 +109,13 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
 // slowest. `share` (measured: planner/concurrency.h) of each device's compute in the step is
 // added to its reductions (split evenly among its virtual stages).
 void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, double share);
+
+// Adds `pt.ties`' exchange at the optimizer step to the finishing work of the devices that hold
+// their members (after add_straggler_wait): each member's gradient to the first member's device
+// and the sum back, on the link between stages; sharded, the reductions of the stages holding a
+// member moved there too (they run after the ties' sum), and with three copies or more the first
+// member's value sent once more.
+void add_ties(schedule::Costs& costs, const schedule::Schedule& s, const PlanPoint& pt);
 
 // Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
 // (job::state_factor), the activations `sim` held at their peak, when recomputing one

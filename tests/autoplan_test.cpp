@@ -434,3 +434,45 @@ TEST(AutoPlan, DefersWeightGradientsWhereThatPays) {
   r = search_plans(s, [&](int64_t rows, Precision p, int) -> const profiler::Profile& { return costly(rows, p); });
   EXPECT_FALSE(r.fitting.front().defer);
 }
+
+// A tie between the first and the last layer (100 bytes) on two stages whose link takes 1 ms
+// plus 1 ms per 100 bytes: at the optimizer step the last stage's gradient goes to the first
+// and the sum comes back, 2 + 2 ms on both devices; sharded, the two tied stages' reductions
+// move from beside the backward to the step; with three copies the first member's value travels
+// once more. On one stage nothing travels.
+TEST(AutoPlan, TiesAreExchangedAtTheStep) {
+  Table t;
+  const profiler::Profile& p = t(8, Precision::FP32);
+  auto point = [](int stages, int copies, bool sharded, bool tied) {
+    PlanPoint pt;
+    pt.schedule = schedule::Kind::GPipe;
+    pt.stages = stages, pt.micro_batches = 1;
+    pt.balance = stages == 2 ? partitioner::Balance{2, 2} : partitioner::Balance{4};
+    pt.latency_ms = 1, pt.bytes_per_ms = 100;
+    pt.data_parallel.copies = copies, pt.data_parallel.sharded = sharded;
+    pt.data_parallel.link.all_reduce = {1.0, 400.0};
+    pt.data_parallel.link.reduce_scatter = pt.data_parallel.link.all_gather = {0.5, 800.0};
+    if (tied) pt.ties = {TiePlan{{0, 3}, 100.0}};
+    return pt;
+  };
+  for (int copies : {1, 2, 3})
+    for (bool sharded : {false, true}) {
+      if (sharded && copies == 1) continue;
+      SCOPED_TRACE(testing::Message() << copies << " copies" << (sharded ? ", sharded" : ""));
+      const Prediction plain = predict(point(2, copies, sharded, false), p);
+      const Prediction tied = predict(point(2, copies, sharded, true), p);
+      const double exchange = sharded && copies >= 3 ? 6.0 : 4.0;
+      for (int d = 0; d < 2; ++d) {
+        const double before = plain.costs.finish_ms.empty() ? 0.0 : plain.costs.finish_ms[d];
+        const double held = sharded ? plain.costs.reduce_ms.at(d) : 0.0;
+        EXPECT_NEAR(tied.costs.finish_ms.at(d), before + exchange + held, 1e-12) << "device " << d;
+        if (copies > 1) {
+          EXPECT_DOUBLE_EQ(tied.costs.reduce_ms.at(d), sharded ? 0.0 : plain.costs.reduce_ms.at(d));
+          EXPECT_DOUBLE_EQ(tied.reduce_ms.at(d), plain.reduce_ms.at(d));  // the reduction itself, as reported
+        }
+      }
+      EXPECT_GE(tied.step_ms, plain.step_ms + exchange - 1e-9);
+    }
+  const Prediction one = predict(point(1, 1, false, true), p);
+  EXPECT_NEAR(one.step_ms, predict(point(1, 1, false, false), p).step_ms, 1e-12);
+}
