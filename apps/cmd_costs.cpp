@@ -40,6 +40,7 @@ class Costs final : public Command {
         ->check(kNonNegative);
     t->add_option("--bytes-per-value", shape_.bytes_per_value, "Bytes per activation value (default 2: bf16)")
         ->check(CLI::Range(1, 8));
+    t->add_flag("--tie-embeddings", shape_.tie_embeddings, "The head tied to the token embedding (the file's ties)");
     t->add_option("--out", out_, "Write the cost file here (default: standard output)");
   }
 

@@ -82,7 +82,7 @@ class Plan final : public Command {
 
   void predict(const job::Config& config) const {
     const planner::PlanReport r = planner::make_plan(config, options_);
-    if (!save_costs_.empty()) profiler::save_costs(save_costs_, r.profile);
+    if (!save_costs_.empty()) profiler::save_costs(save_costs_, r.profile, r.point.ties);
     if (!trace_path_.empty()) {
       std::ofstream f(trace_path_, std::ios::out | std::ios::trunc);
       if (!f) throw ConfigError("--trace " + trace_path_ + ": cannot open for writing");

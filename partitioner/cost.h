@@ -28,6 +28,14 @@ struct LayerCost {
   double backward_input_ms = -1, backward_weight_ms = -1;
 };
 
+// Tied parameters (PipelineOptions::ties) as costs see them: the layers that hold a tie's
+// members, first member first, and the bytes of one member (its gradient travels at the
+// optimizer step between the devices that hold them: planner::add_ties).
+struct TieCost {
+  std::vector<int> layers;
+  int64_t bytes = 0;
+};
+
 // The device a stage runs on; stage j runs on device j.
 struct Device {
   double speed = 1.0;        // relative throughput: stage time = layer time / speed; finite, > 0

@@ -1,6 +1,7 @@
 // Cost files (partitioner/cost_file.h).
 #include "partitioner/cost_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -27,14 +28,51 @@ std::vector<LayerCost> parse_costs(const std::string& text, const std::string& p
   return parse_cost_file(text, path).layers;
 }
 
+namespace {
+
+// "ties": [{"layers": [0, 33], "bytes": 411041792}, ...]: each tie's layers (two or more,
+// distinct, within the file's layers) and the bytes of one member.
+std::vector<TieCost> parse_ties(const nlohmann::json& list, size_t layers, const std::string& path) {
+  if (!list.is_array() || list.size() > 65536)
+    throw ConfigError(path + ": \"ties\" must be an array of objects with layers and bytes");
+  std::vector<TieCost> out;
+  for (size_t t = 0; t < list.size(); ++t) {
+    const auto& e = list[t];
+    const std::string where = detail::concat(path, ": ties[", t, "]");
+    if (!e.is_object()) throw ConfigError(where + ": expected an object with layers and bytes");
+    for (const auto& [key, value] : e.items())
+      if (key != "layers" && key != "bytes")
+        throw ConfigError(where + ": unknown key \"" + printable(key, 40) + "\" (expected layers, bytes)");
+    if (!e.contains("layers") || !e["layers"].is_array() || e["layers"].size() < 2 || e["layers"].size() > layers)
+      throw ConfigError(detail::concat(where, ": \"layers\" must list two or more of the file's ", layers, " layers"));
+    TieCost tie;
+    for (const auto& l : e["layers"]) {
+      if (!l.is_number_integer() || l.get<double>() < 0 || l.get<double>() >= static_cast<double>(layers))
+        throw ConfigError(detail::concat(where, ": \"layers\" holds ", describe(l), ", not a layer index from 0 to ", layers - 1));
+      const int i = l.get<int>();
+      if (std::find(tie.layers.begin(), tie.layers.end(), i) != tie.layers.end())
+        throw ConfigError(detail::concat(where, ": \"layers\" names layer ", i, " twice"));
+      tie.layers.push_back(i);
+    }
+    const auto& b = e.contains("bytes") ? e["bytes"] : nlohmann::json();
+    if (!b.is_number_integer() || b.get<double>() < 0 || b.get<double>() > 1152921504606846976.0)
+      throw ConfigError(detail::concat(where, ": \"bytes\" must be an integer from 0 to 2^60, got ", describe(b)));
+    tie.bytes = b.get<int64_t>();
+    out.push_back(std::move(tie));
+  }
+  return out;
+}
+
+}  // namespace
+
 CostFile parse_cost_file(const std::string& text, const std::string& path) {
   const nlohmann::json top = parse_json(text, path);
   CostFile file;
   if (top.is_object()) {
     for (const auto& [key, value] : top.items())
-      if (key != "layers" && key != "link" && key != "micro_batch" && key != "input_bytes" && key != "devices")
+      if (key != "layers" && key != "link" && key != "micro_batch" && key != "input_bytes" && key != "devices" && key != "ties")
         throw ConfigError(path + ": unknown key \"" + printable(key, 40) +
-                          "\" (expected layers, link, micro_batch, input_bytes, devices)");
+                          "\" (expected layers, link, micro_batch, input_bytes, devices, ties)");
     auto count = [&](const char* key, double max) -> int64_t {
       if (!top.contains(key)) return 0;
       const auto& v = top[key];
@@ -124,6 +162,7 @@ CostFile parse_cost_file(const std::string& text, const std::string& path) {
   }
   file.split_given = split == static_cast<int>(costs.size());
   file.layers = std::move(costs);
+  if (top.is_object() && top.contains("ties")) file.ties = parse_ties(top["ties"], file.layers.size(), path);
   return file;
 }
 
@@ -149,6 +188,10 @@ void write_cost_file(std::ostream& out, const CostFile& f) {
       if (d.bandwidth_gb_s > 0) e["bandwidth_gb_s"] = d.bandwidth_gb_s;
       j["devices"].push_back(e);
     }
+  }
+  if (!f.ties.empty()) {
+    j["ties"] = nlohmann::json::array();
+    for (const auto& t : f.ties) j["ties"].push_back({{"layers", t.layers}, {"bytes", t.bytes}});
   }
   out << j.dump(1) << "\n";
 }

@@ -9,11 +9,14 @@
 // and the devices to plan for:
 //   {"layers": [...], "link": {"bandwidth_gb_s": 50, "latency_ms": 0.01},
 //    "micro_batch": 4, "input_bytes": 65536,
-//    "devices": [{"speed": 1, "bandwidth_gb_s": 50}, {"speed": 0.5}, ...]}
+//    "devices": [{"speed": 1, "bandwidth_gb_s": 50}, {"speed": 0.5}, ...],
+//    "ties": [{"layers": [0, 33], "bytes": 411041792}]}
 // (`pipetrain costs transformer` and `plan --save-costs` write the first four). `micro_batch` is
 // the samples per micro-batch the costs were taken on (plan --auto scales them to other sizes);
 // `input_bytes` one such micro-batch of model input; each device's `speed` scales its compute
-// and its `bandwidth_gb_s` (default: the link's) its transfers and reductions. Errors name the
+// and its `bandwidth_gb_s` (default: the link's) its transfers and reductions; `ties` the model's
+// tied parameters (TieCost: their layers, one member's bytes), which `plan --save-costs` and
+// `costs transformer --tie-embeddings` write. Errors name the
 // file, the entry and the field; values beyond a day per layer or 2^60 bytes are refused.
 #pragma once
 
@@ -39,6 +42,7 @@ struct CostFile {
   int64_t micro_batch = 0;    // samples per micro-batch the costs are for; 0: not given
   int64_t input_bytes = 0;    // model input of one such micro-batch; 0: not given
   std::vector<DeviceCost> devices;  // empty: not given
+  std::vector<TieCost> ties;        // empty: none given
 };
 
 // Writes `file` in the object form (layers, link, and micro_batch, input_bytes and devices where

@@ -325,9 +325,10 @@ SearchSpace search_space(const Config& c, const AutoPlanOptions& o, const partit
   bool all_cpu = false;  // every stage of the config on the CPU (not known from a cost file)
   if (filed) {
     sp.layers = static_cast<int>(file.layers.size());
+    sp.ties = file.ties;
   } else {
     const Job probe = prepare(c);
-    sp.ties = tie_plans(probe.model);  // a cost file holds none
+    sp.ties = tie_plans(probe.model);
     sp.layers = static_cast<int>(probe.model.layers->size());
     // On a CPU the cores are shared out among stages, copies and intra-op threads.
     if (probe.options.devices.empty() || probe.options.devices[0].is_cpu())

@@ -51,14 +51,14 @@ PlanPoint config_point(const Config& cc, const partitioner::Balance& balance, co
   return pt;
 }
 
-std::vector<TiePlan> tie_plans(const models::Model& model) {
-  std::vector<TiePlan> out;
+std::vector<partitioner::TieCost> tie_plans(const models::Model& model) {
+  std::vector<partitioner::TieCost> out;
   for (const models::Tie& tie : model.ties) {
-    TiePlan t;
+    partitioner::TieCost t;
     for (const models::ParamRef& ref : tie) t.layers.push_back(ref.layer);
     if (!tie.empty())
       if (const at::Tensor* p = model.layers->ptr(tie.front().layer)->named_parameters().find(tie.front().name))
-        t.bytes = static_cast<double>(p->numel() * static_cast<int64_t>(p->element_size()));
+        t.bytes = p->numel() * static_cast<int64_t>(p->element_size());
     out.push_back(std::move(t));
   }
   return out;
@@ -73,17 +73,19 @@ profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file) 
 namespace {
 
 // What the configured candidate runs on besides its costs: a cost file's link between stages
-// (and per device, when it lists one per stage), else free transfers, as a profile measures none.
+// (and per device, when it lists one per stage), else free transfers, as a profile measures none;
+// and the ties: a cost file's, else the model's.
 struct Links {
   double latency_ms = 0, bytes_per_ms = 0;
   std::vector<double> device_bytes_per_ms;
+  std::vector<partitioner::TieCost> ties;
 };
 
 // config_point with the links between stages.
 PlanPoint point_of(const Config& cc, const partitioner::Balance& balance, const DataParallelPlan& dp, const Links& links,
-                   bool defer, const std::vector<TiePlan>& ties) {
+                   bool defer) {
   PlanPoint pt = config_point(cc, balance, dp, defer);
-  pt.ties = ties;
+  pt.ties = links.ties;
   pt.latency_ms = links.latency_ms, pt.bytes_per_ms = links.bytes_per_ms;
   pt.device_bytes_per_ms = links.device_bytes_per_ms;
   return pt;
@@ -112,6 +114,7 @@ Links load_costs(const Job& job, const PlanOptions& o, PlanReport& r) {
     r.data_parallel.link = reduce_link(D, nullptr);
     if (c.pipeline.defer_weight_grads == DeferWeightGrads::On && any_deferred(r.profile))
       r.whole = whole_batch_profile(job, o.repeat);
+    links.ties = tie_plans(job.model);
     return links;
   }
   const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);
@@ -125,6 +128,7 @@ Links load_costs(const Job& job, const PlanOptions& o, PlanReport& r) {
   r.data_parallel.link = reduce_link(D, &file);
   links.latency_ms = file.latency_ms;
   links.bytes_per_ms = file.bandwidth_gb_s * 1e6;
+  links.ties = file.ties;
   if (static_cast<int>(file.devices.size()) == c.pipeline.stages)
     for (const auto& d : file.devices) links.device_bytes_per_ms.push_back(d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s * 1e6 : links.bytes_per_ms);
   return links;
@@ -174,8 +178,7 @@ std::vector<ScheduleRow> compare_schedules(const Config& c, const Job& job, cons
       if (cc.pipeline.balance_method == BalanceMethod::List && virtual_stages(cc) != virtual_stages(c))
         throw ScheduleError(detail::concat("schedule: pipeline.balance lists ", c.pipeline.balance.size(),
                                            " stages; this schedule needs ", virtual_stages(cc)));
-      const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty(),
-                                    r.point.ties);
+      const PlanPoint pt = point_of(cc, choose_balance(cc, job.model.layers, &r.profile), r.data_parallel, links, !r.whole.layers.empty());
       out.push_back(row_of(pt, predict(pt, r.profile, &r.whole)));
     } catch (const Error& e) {
       ScheduleRow row;
@@ -203,7 +206,7 @@ std::vector<PrecisionRow> compare_precisions(const Config& c, const PlanOptions&
         cc.train.precision = p;
         const Job other = prepare(cc);
         const profiler::Profile prof = profile_job(other, o.repeat);
-        const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false, r.point.ties);
+        const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false);
         const Prediction pred = predict(pt, prof);
         row.step_ms = pred.step_ms, row.bubble = pred.bubble;
       } catch (const Error& e) {
@@ -229,9 +232,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   if (c.pipeline.defer_weight_grads == DeferWeightGrads::Auto)
     r.deferral = decide_deferral(job, r.balance, r.profile, o.repeat, &r.whole).text();
   const bool deferred = !r.whole.layers.empty();
-  // Ties from the model; a cost file holds none (plan --auto does not build the model then).
-  r.point = point_of(c, r.balance, r.data_parallel, links, deferred,
-                     o.costs_path.empty() ? tie_plans(job.model) : std::vector<TiePlan>{});
+  r.point = point_of(c, r.balance, r.data_parallel, links, deferred);
   r.prediction = predict(r.point, r.profile, &r.whole);
   r.configured = row_of(r.point, r.prediction);
   r.simulation = r.prediction.simulation;

@@ -151,11 +151,11 @@ void add_ties(schedule::Costs& costs, const schedule::Schedule& s, const PlanPoi
     while (v + 1 < V && off[v + 1] <= layer) ++v;
     return v;
   };
-  auto hop = [&](int a, int b, double bytes) {
+  auto hop = [&](int a, int b, int64_t bytes) {
     const double bw = pt.device_bytes_per_ms.empty() ? pt.bytes_per_ms : std::min(pt.device_bytes_per_ms.at(a), pt.device_bytes_per_ms.at(b));
-    return pt.latency_ms + (bw > 0 ? bytes / bw : 0.0);
+    return pt.latency_ms + (bw > 0 ? static_cast<double>(bytes) / bw : 0.0);
   };
-  for (const TiePlan& t : pt.ties) {
+  for (const partitioner::TieCost& t : pt.ties) {
     std::vector<int> devices;  // each member's, in member order
     for (int layer : t.layers) {
       const int v = virtual_stage(layer);

@@ -28,13 +28,6 @@ struct DataParallelPlan {
   std::vector<double> link_speed;  // per device (stage): its copies' slowest link relative to `link`; empty: 1
 };
 
-// A tie (PipelineOptions::ties) as the planner sees it: the layers that hold its members, first
-// member first, and the bytes of one member.
-struct TiePlan {
-  std::vector<int> layers;
-  double bytes = 0;
-};
-
 // A candidate plan and the machine it runs on: everything a prediction needs besides the costs.
 struct PlanPoint {
   schedule::Kind schedule = schedule::Kind::GPipe;
@@ -48,7 +41,7 @@ struct PlanPoint {
   double latency_ms = 0, bytes_per_ms = 0;  // transfers between stages (0: free)
   std::vector<double> device_bytes_per_ms;  // per device; empty: all bytes_per_ms
   double state_factor = 3;             // bytes per parameter byte besides it (job::state_factor)
-  std::vector<TiePlan> ties;           // tied parameters: exchanged at the optimizer step (add_ties)
+  std::vector<partitioner::TieCost> ties;  // tied parameters: exchanged at the optimizer step (add_ties)
   // Searched kinds (zb-auto): searched on the prediction's own costs under this activation limit
   // (0: twice 1F1B's peak) instead of on equal costs as a pipeline builds it (`simulate`'s what-if).
   bool search_on_costs = false;

@@ -72,6 +72,7 @@ partitioner::CostFile transformer_costs(const TransformerShape& t) {
   head.activation_bytes = 4;  // the loss
   head.saved_bytes = static_cast<int64_t>(b * s * V * 4 + b * s * h * d);
   f.layers.push_back(head);
+  if (t.tie_embeddings) f.ties.push_back({{0, static_cast<int>(f.layers.size()) - 1}, head.param_bytes});
   return f;
 }
 
@@ -115,6 +116,7 @@ SimulateReport simulate_cost_file(const SimulateOptions& o) {
   if (!file.devices.empty() && o.bandwidth_gb_s < 0)
     for (const auto& d : file.devices) pt.device_bytes_per_ms.push_back((d.bandwidth_gb_s > 0 ? d.bandwidth_gb_s : gb_s) * 1e6);
   pt.state_factor = o.state_factor;
+  pt.ties = file.ties;  // exchanged at the step over the link
   pt.search_on_costs = true;  // zb-auto: searched on the file's costs
   pt.search_memory_limit = o.memory_limit;
   Prediction p = predict(pt, profile_of(file.layers));

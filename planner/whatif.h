@@ -21,13 +21,15 @@ namespace pipetrain::planner {
 //   embed: V·h parameters, no time; norm: no time; head: F = B = W = 2bshV, V·h parameters,
 //          keeps the float32 logits.
 // The layers are named and ordered as the gpt family's (embed, block0.., norm, head), so `plan
-// CONFIG --costs` takes the file for a gpt config of the same depth.
+// CONFIG --costs` takes the file for a gpt config of the same depth; with tie_embeddings, the
+// head and the embedding are one tie of V·h parameters.
 // Times are FLOP / (device_tflops · efficiency); parameters count 4 bytes (float32 masters).
 struct TransformerShape {
   int layers = 0, hidden = 0, seq = 0, heads = 0, vocab = 0, micro_batch = 1;
   double device_tflops = 400, efficiency = 0.5;
   double bandwidth_gb_s = 50, latency_ms = 0.01;
   int bytes_per_value = 2;
+  bool tie_embeddings = false;  // the head tied to the embedding (the file's `ties`)
 };
 
 partitioner::CostFile transformer_costs(const TransformerShape& shape);

@@ -371,9 +371,10 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
   return p;
 }
 
-void save_costs(const std::string& path, const Profile& p) {
+void save_costs(const std::string& path, const Profile& p, const std::vector<partitioner::TieCost>& ties) {
   partitioner::CostFile file;
   file.layers = p.layers;
+  file.ties = ties;
   for (size_t i = 0; i < p.layers.size(); ++i) {
     file.layers[i].backward_input_ms = p.backward_input_ms[i];
     file.layers[i].backward_weight_ms = p.backward_weight_ms[i];

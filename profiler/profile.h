@@ -57,8 +57,9 @@ struct Profile {
 Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input, const at::Tensor& target,
                        const stages::LossFn& loss, const ProfileOptions& options = {});
 
-// Writes a cost file (partitioner/cost_file.h reads it) with the B and W split of each layer.
-void save_costs(const std::string& path, const Profile& profile);
+// Writes a cost file (partitioner/cost_file.h reads it) with the B and W split of each layer,
+// and the model's `ties`.
+void save_costs(const std::string& path, const Profile& profile, const std::vector<partitioner::TieCost>& ties = {});
 
 // Live and peak bytes of CPU tensors allocated while counting is on (a process-wide counting
 // allocator, installed on first use); also per memory account (common/memory_account.h: the

@@ -452,7 +452,7 @@ TEST(AutoPlan, TiesAreExchangedAtTheStep) {
     pt.data_parallel.copies = copies, pt.data_parallel.sharded = sharded;
     pt.data_parallel.link.all_reduce = {1.0, 400.0};
     pt.data_parallel.link.reduce_scatter = pt.data_parallel.link.all_gather = {0.5, 800.0};
-    if (tied) pt.ties = {TiePlan{{0, 3}, 100.0}};
+    if (tied) pt.ties = {partitioner::TieCost{{0, 3}, 100}};
     return pt;
   };
   for (int copies : {1, 2, 3})

@@ -81,6 +81,24 @@ TEST(Cli, CostsTransformerAndSimulate) {
   expect_clean_error(run("simulate --costs " + plain + " --stages 1 --micro-batches 4"), "link: \"bandwidth_gb_s\" must be a number");
   expect_clean_error(run("costs transformer --layers 2 --hidden 10 --seq 8 --heads 3 --vocab 5 --micro-batch 1"),
                      "--hidden (10) must be a multiple of --heads (3)");
+  // A tied embedding and head: the file's tie (layer 0 and the head, V·h float32 values), whose
+  // gradient crosses the link at the step and whose sum comes back: 2 × (0.01 ms + 32000·256·4
+  // bytes at 25 GB/s) on 2 stages.
+  const std::string tied = dir + "/tied.json", untied = dir + "/untied.json";
+  const std::string small = "costs transformer --layers 4 --hidden 256 --seq 128 --heads 4 --vocab 32000 --micro-batch 1 "
+                            "--bandwidth 25 --out ";
+  ASSERT_EQ(run(small + untied).status, 0);
+  r = run(small + tied + " --tie-embeddings");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream tied_in(tied);
+  const auto tied_file = nlohmann::json::parse(tied_in);
+  EXPECT_EQ(tied_file["ties"], nlohmann::json::parse(R"([{"layers": [0, 6], "bytes": 32768000}])"));
+  auto step = [&](const std::string& f) {
+    const Result s = run("simulate --costs " + f + " --stages 2 --micro-batches 4 --json");
+    EXPECT_EQ(s.status, 0) << s.out;
+    return nlohmann::json::parse(s.out.substr(s.out.find('{')))["step_ms"].get<double>();
+  };
+  EXPECT_NEAR(step(tied) - step(untied), 2 * (0.01 + 32768000 / 25e6), 1e-9);
   std::system(("rm -rf " + dir).c_str());
 }
 

@@ -501,6 +501,7 @@ TEST(CostFile, RoundTripScalingAndErrors) {
   f.layers[1].backward_input_ms = 1, f.layers[1].backward_weight_ms = 3;
   f.bandwidth_gb_s = 25, f.latency_ms = 0.02, f.micro_batch = 4, f.input_bytes = 64;
   f.devices = {{1.0, 0.0}, {0.5, 10.0}};
+  f.ties = {{{0, 1}, 400}};
   std::ostringstream out;
   write_cost_file(out, f);
   const CostFile back = parse_cost_file(out.str(), "f.json");
@@ -513,6 +514,9 @@ TEST(CostFile, RoundTripScalingAndErrors) {
   EXPECT_EQ(back.devices[1].bandwidth_gb_s, 10);
   EXPECT_EQ(back.devices[0].bandwidth_gb_s, 0);  // the link's
   EXPECT_TRUE(back.split_given);
+  ASSERT_EQ(back.ties.size(), 1u);
+  EXPECT_EQ(back.ties[0].layers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(back.ties[0].bytes, 400);
 
   const CostFile half = scaled_to_rows(back, 2, "f.json");
   EXPECT_EQ(half.micro_batch, 2);
@@ -538,6 +542,16 @@ TEST(CostFile, RoundTripScalingAndErrors) {
   expect_error(R"({"layers": )" + layer + R"(, "devices": [{"speed": 0}]})", "c.json: devices[0]: \"speed\" must be a number above 0");
   expect_error(R"({"layers": )" + layer + R"(, "devices": [{"speed": 1}, {"fast": 1}]})", "devices[1]: unknown key \"fast\"");
   expect_error(R"({"layers": )" + layer + R"(, "stages": 2})", "unknown key \"stages\"");
+  const std::string two = R"([{"forward_ms": 1, "backward_ms": 1, "param_bytes": 1, "activation_bytes": 1},
+                              {"forward_ms": 1, "backward_ms": 1, "param_bytes": 1, "activation_bytes": 1}])";
+  expect_error(R"({"layers": )" + two + R"(, "ties": {}})", "c.json: \"ties\" must be an array");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [0], "bytes": 1}]})", "ties[0]: \"layers\" must list two or more");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [0, 2], "bytes": 1}]})",
+               "ties[0]: \"layers\" holds number 2, not a layer index from 0 to 1");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [1, 1], "bytes": 1}]})", "names layer 1 twice");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [0, 1], "bytes": -3}]})", "ties[0]: \"bytes\" must be an integer");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [0, 1]}]})", "\"bytes\" must be an integer from 0 to 2^60, got");
+  expect_error(R"({"layers": )" + two + R"(, "ties": [{"layers": [0, 1], "bytes": 1, "dtype": 2}]})", "ties[0]: unknown key \"dtype\"");
   try {
     scaled_to_rows(parse_cost_file(layer, "c.json"), 2, "c.json");
     ADD_FAILURE() << "scaled without a micro_batch";
