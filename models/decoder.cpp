@@ -246,12 +246,14 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   const at::Tensor y = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
   const at::Tensor a = run(self_attn_->o_proj, merge_heads(y));
   auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
+  // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
+  auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };
   if (o_.norms == NormPlacement::Pre) {
-    const at::Tensor h1 = x + a;
-    return h1 + mlp(post_attention_layernorm_(h1));
+    const at::Tensor h1 = x + branch(a);
+    return h1 + branch(mlp(post_attention_layernorm_(h1)));
   }
-  const at::Tensor h1 = x + post_attention_layernorm_(a);
-  return h1 + post_feedforward_layernorm_(mlp(o_.norms == NormPlacement::Sandwich ? pre_feedforward_layernorm_(h1) : h1));
+  const at::Tensor h1 = x + branch(post_attention_layernorm_(a));
+  return h1 + branch(post_feedforward_layernorm_(mlp(o_.norms == NormPlacement::Sandwich ? pre_feedforward_layernorm_(h1) : h1)));
 }
 
 void Gpt2AttentionImpl::reset() {

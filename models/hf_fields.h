@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
-// Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE). Not an
-// API:
+// Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+// Not an API:
 // programs read models/hf.h.
 #pragma once
 
@@ -22,7 +22,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kOlmo2 = "Olmo2ForCausalLM",
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",
-                         kQwen2Moe = "Qwen2MoeForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {
@@ -83,7 +83,7 @@ class Fields {
 void with_head(HfSpec& spec, nlohmann::json& layers, int64_t d, int64_t vocab, int64_t seq_len, bool tied, const std::string& embed);
 
 /// The Llama family's spec (`arch` one of its architectures): embed, layer_0..n-1 (llama_block),
-/// norm, lm_head (and Gemma 2's softcap), with every parameter's two names.
+/// norm, lm_head (and Gemma 2's softcap, Granite's scales), with every parameter's two names.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

@@ -134,10 +134,11 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) && f.boolean("attention_bias", false);
+      (arch == kLlama || arch == kGranite || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
-  block["mlp_bias"] = arch == kLlama && f.boolean("mlp_bias", false);
+  block["mlp_bias"] = (arch == kLlama || arch == kGranite) && f.boolean("mlp_bias", false);
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -159,6 +160,12 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) block["attn_softcap"] = cap;
+  if (arch == kGranite) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
+    const double m = f.number("attention_multiplier", 1.0);
+    if (!(m > 0)) f.fail("attention_multiplier", "must be above 0");
+    block["attn_scale"] = m;
+    block["residual_scale"] = f.number("residual_multiplier", 1.0);
+  }
   return block;
 }
 
@@ -229,8 +236,9 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE: embed, layer_0..n-1
-// (llama_block), norm, lm_head (and Gemma 2's softcap). Phi-3 is Llama's math with q, k and v in
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
+// embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
+// Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
   Traits t;
@@ -274,6 +282,11 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (t.gemma_any()) embed["scale"] = std::pow(double(d), 0.5);  // hidden_size**0.5; float32 in the layer, as transformers' buffer
   layers.push_back(embed);
   spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
+  // Granite's embedding multiplier and, after the head, its logits scaling: Python numbers.
+  const double embedding_multiplier = arch == kGranite ? f.number("embedding_multiplier", 1.0) : 1.0;
+  const double logits_scaling = arch == kGranite ? f.number("logits_scaling", 1.0) : 1.0;
+  if (logits_scaling == 0) f.fail("logits_scaling", "must not be 0");
+  if (embedding_multiplier != 1.0) layers.push_back({{"name", "embed_scale"}, {"type", "scale"}, {"by", embedding_multiplier}});
   for (int64_t i = 0; i < n; ++i) {
     json b = window[static_cast<size_t>(i)] > 0 && t.gemma3 ? local : global;
     b["name"] = detail::concat("layer_", i);
@@ -325,6 +338,8 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});
+  if (logits_scaling != 1.0)
+    spec.layers["layers"].push_back({{"name", "logits_scale"}, {"type", "scale"}, {"by", logits_scaling}, {"op", "divide"}});
 }
 
 }  // namespace pipetrain::models::hf_detail

@@ -357,6 +357,18 @@ Built softcap(LayerContext& c) {
   return b;
 }
 
+Built scale(LayerContext& c) {
+  if (!c.r.has("by")) c.r.fail("by", "is required");
+  const double by = c.r.get_number("by", 1.0, -1e12, 1e12);
+  const bool divide = c.r.get_choice("op", "multiply", {"multiply", "divide"}) == "divide";
+  if (divide && by == 0) c.r.fail("by", "must not be 0 with op divide");
+  Built b;
+  b.out = c.in;
+  b.run = divide ? function([by](const at::Tensor& x) { return x / by; }) : function([by](const at::Tensor& x) { return x * by; });
+  b.per_position = true;
+  return b;
+}
+
 Built softmax(LayerContext& c) {
   const int64_t dim = c.sample_dim(c.r.get_int("dim", -1, -64, 64), "dim") + 1;
   Built b;

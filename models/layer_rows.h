@@ -20,6 +20,7 @@ Built gpt2_block(LayerContext& c);
 Built mlp_block(LayerContext& c);
 Built activation(LayerContext& c);     // relu, gelu, silu, tanh, sigmoid, identity
 Built softcap(LayerContext& c);
+Built scale(LayerContext& c);
 Built softmax(LayerContext& c);
 Built flatten(LayerContext& c);
 Built reshape(LayerContext& c);

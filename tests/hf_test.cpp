@@ -149,6 +149,7 @@ TEST(HfParity, Olmo2PostNormsProjectionQkNorms) { check_architecture("olmo2"); }
 TEST(HfParity, GemmaScaledEmbeddingGegluPadding) { check_architecture("gemma"); }
 TEST(HfParity, Gemma2SandwichNormsSoftcapsWindows) { check_architecture("gemma2"); }
 TEST(HfParity, Gemma3QkNormsLocalRope) { check_architecture("gemma3"); }
+TEST(HfParity, GraniteMultipliersBiasesTied) { check_architecture("granite"); }
 TEST(HfParity, MixtralExperts) { check_architecture("mixtral"); }
 TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-moe"); }
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
@@ -235,15 +236,15 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
-                                "Gemma2ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
-                                "OlmoeForCausalLM, GPT2LMHeadModel)"),
+                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+                                "Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},

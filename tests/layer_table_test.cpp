@@ -132,3 +132,21 @@ TEST(LayerTable, UpsampleDoublesTheSidesOfAnImage) {
 }
 
 }  // namespace
+
+// `scale` multiplies or divides by a number as Python's `x * 0.3` does (the number not rounded to
+// the tensor's type first): in bfloat16 that differs from multiplying by 0.3 as a bfloat16 value.
+TEST(LayerTable, ScaleTakesItsNumberAsPythonDoes) {
+  const models::Model mul = build(list({{{"name", "s"}, {"type", "scale"}, {"by", 0.3}}}));
+  const models::Model div = build(list({{{"name", "s"}, {"type", "scale"}, {"by", 3.0}, {"op", "divide"}}}));
+  const at::Tensor x = torch::linspace(-4, 4, 4000).reshape({-1, 4}).to(torch::kBFloat16);
+  const at::Tensor y = models::forward_with_skips(mul.layers, x);
+  EXPECT_TRUE(torch::equal(y, x * 0.3));
+  EXPECT_FALSE(torch::equal(y, x * torch::tensor(0.3).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(models::forward_with_skips(div.layers, x), x / 3.0));
+  const at::Tensor x64 = x.to(torch::kDouble) + 1e-3;  // a division, not a product by its inverse
+  EXPECT_TRUE(torch::equal(models::forward_with_skips(div.layers, x64), x64 / 3.0));
+  EXPECT_FALSE(torch::equal(models::forward_with_skips(div.layers, x64), x64 * (1.0 / 3.0)));
+  EXPECT_NE(build_error(list({{{"name", "s"}, {"type", "scale"}}})).find("model.layers[0].by: is required"), std::string::npos);
+  EXPECT_NE(build_error(list({{{"name", "s"}, {"type", "scale"}, {"by", 0}, {"op", "divide"}}})).find("must not be 0 with op divide"),
+            std::string::npos);
+}
