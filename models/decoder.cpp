@@ -229,18 +229,20 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
     k = self_attn_->k_norm(k);
   }
   const int64_t offset = cache ? cache->length() : 0;
-  if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
-    rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());
-    if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, D, q.scalar_type(), true).to(q.device());
-    rope_type_ = q.scalar_type();
+  if (o_.rotary) {  // SmolLM3's NoPE layers have no positions at all
+    if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
+      rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());
+      if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, D, q.scalar_type(), true).to(q.device());
+      rope_type_ = q.scalar_type();
+    }
+    const bool long_factors = rope_long(o_.rope, offset + T);
+    if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
+    const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
+    const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
+    const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
+    q = apply_rope(q, cos, sin).to(type);
+    k = apply_rope(k, cos, sin).to(type);
   }
-  const bool long_factors = rope_long(o_.rope, offset + T);
-  if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
-  const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
-  const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
-  const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
-  q = apply_rope(q, cos, sin).to(type);
-  k = apply_rope(k, cos, sin).to(type);
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor y = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);

@@ -103,6 +103,7 @@ struct LlamaBlockOptions {
   bool rope_float32 = false;  // lower precisions rotate q and k in float32, then cast back (OLMo 2's)
   double clip_qkv = 0;        // > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms (OLMoE's)
   double residual_scale = 1;  // attention's and the MLP's outputs times this before each residual add (Granite's)
+  bool rotary = true;         // false: q and k not rotated, no positions at all (SmolLM3's NoPE layers)
   int64_t experts = 0;       // > 0: a sparse mixture of that many experts in the MLP's place (Moe)
   int64_t experts_per_token = 2;
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
@@ -248,7 +249,8 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// experts_per_token, normalize_experts, router_cast, shared_expert, rope_float32, clip_qkv, residual_scale; gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
+/// experts_per_token, normalize_experts, router_cast, shared_expert, rope_float32, clip_qkv, residual_scale, rotary;
+/// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);
 /// An RMSNorm's `key` ("after_cast", "before_cast" or "one_plus"; RmsScale).

@@ -99,6 +99,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.rope_float32 = r.get_bool("rope_float32", false);
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   o.residual_scale = r.get_number("residual_scale", 1.0, -1e6, 1e6);
+  o.rotary = r.get_bool("rotary", true);
   return o;
 }
 

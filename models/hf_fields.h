@@ -1,6 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
-// Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+// Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
+// OLMoE).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -22,7 +23,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kOlmo2 = "Olmo2ForCausalLM",
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",
-                         kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM",
+                         kSmolLM3 = "SmolLM3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {

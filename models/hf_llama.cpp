@@ -81,16 +81,52 @@ struct Traits {
   bool sandwich() const { return gemma2 || gemma3; }
 };
 
+// Which layers rotate q and k: all but SmolLM3's NoPE layers (no_rope_layers: 1 rotates, 0 does
+// not; by default every no_rope_layer_interval-th layer does not).
+std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_t n) {
+  std::vector<bool> rotary(static_cast<size_t>(n), true);
+  if (arch != kSmolLM3) return rotary;
+  if (f.has("no_rope_layers")) {
+    const json& list = f.at("no_rope_layers");
+    if (!list.is_array() || static_cast<int64_t>(list.size()) != n) f.fail("no_rope_layers", detail::concat("must list ", n, " layers"));
+    for (int64_t i = 0; i < n; ++i) {
+      const json& v = list[static_cast<size_t>(i)];
+      if (v != 0 && v != 1) f.fail("no_rope_layers", "holds " + v.dump() + ", not 0 or 1");
+      rotary[static_cast<size_t>(i)] = v == 1;
+    }
+    return rotary;
+  }
+  const int64_t interval = f.integer("no_rope_layer_interval", 4, 1, 4096);
+  for (int64_t i = 0; i < n; ++i) rotary[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+  return rotary;
+}
+
 // The windows of the layers: Mistral's and Phi-3's sliding_window on every layer; Qwen2's, Qwen3's
 // and Gemma 2's and 3's on the layers layer_types names (Gemma 2's default every other from the
 // first, Gemma 3's five of every six, sliding_window_pattern; older Qwen configs: from
-// max_window_layers on when use_sliding_window).
+// max_window_layers on when use_sliding_window); SmolLM3's, with use_sliding_window, on the
+// layers layer_types names, by default its NoPE layers.
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
   const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
   const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : 0, 0, int64_t{1} << 30);
   if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
+  if (arch == kSmolLM3) {
+    const bool typed = f.has("layer_types");
+    const json none = json::array();
+    const json& types = typed ? f.at("layer_types") : none;
+    if (typed && (!types.is_array() || static_cast<int64_t>(types.size()) != n)) f.fail("layer_types", detail::concat("must list ", n, " layers"));
+    for (const json& t : types)
+      if (t != "sliding_attention" && t != "full_attention")
+        f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
+    if (!f.boolean("use_sliding_window", false) || !sliding) return window;
+    const std::vector<bool> rotary = rotary_layers(arch, f, n);
+    for (int64_t i = 0; i < n; ++i)
+      if (typed ? types[static_cast<size_t>(i)] == "sliding_attention" : !rotary[static_cast<size_t>(i)])
+        window[static_cast<size_t>(i)] = sliding;
+    return window;
+  }
   if ((qwen || gemma) && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
@@ -134,11 +170,11 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || arch == kGranite || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      (arch == kLlama || arch == kGranite || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
       f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
-  block["mlp_bias"] = (arch == kLlama || arch == kGranite) && f.boolean("mlp_bias", false);
+  block["mlp_bias"] = (arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false);
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -236,7 +272,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -265,6 +301,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (t.gemma3) read_rope(arch, f, none, "rope_local_base_freq", f.number("rope_local_base_freq", 1e4), local);
   }
   const std::vector<int64_t> window = windows(arch, f, n);
+  const std::vector<bool> rotary = rotary_layers(arch, f, n);
   const Experts experts = read_experts(arch, f, n);
   json layers = json::array();
   json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}};
@@ -272,7 +309,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // gradient (negative counts from the end, as torch.nn.Embedding's does). Where config.json
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
-  const int64_t pad_default = arch == kPhi3 ? 32000 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
+  const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
@@ -293,6 +330,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     // A window as long as the sequence changes nothing.
     if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];
     if (experts.layers[static_cast<size_t>(i)]) b.update(experts.args);
+    if (!rotary[static_cast<size_t>(i)]) b["rotary"] = false;
     layers.push_back(b);
   }
   const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
@@ -334,7 +372,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
   layers.push_back(norm);
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
-  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any()), "embed.embedding.weight");
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});

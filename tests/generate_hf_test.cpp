@@ -202,9 +202,9 @@ TEST(GenerateHf, CachedEqualsTheWindowReRunTokenForToken) {
   // phi3-longrope: the cache kept with the short factors is dropped when the sequence passes 6
   // positions, and the window runs again with the long ones.
   const std::string cases =
-      hf_cases("llama,llama3-tied,mistral,qwen2,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
+      hf_cases("llama,llama3-tied,mistral,qwen2,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,smollm3,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
   for (const char* arch : {"llama", "llama3-tied", "mistral", "qwen2", "qwen3", "qwen3-yarn", "phi3", "phi3-longrope", "olmo2", "gemma",
-                           "gemma2", "gemma3", "granite", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
+                           "gemma2", "gemma3", "granite", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
     for (const char* dtype : {"float32", "float64"}) {
       const std::string where = std::string(arch) + "-" + dtype;
       models::Model m = hf_model(cases + "/" + where + "/model", 12);
@@ -223,10 +223,10 @@ TEST(GenerateHf, GreedyEqualsTransformersGenerate) {
   // phi3-longrope: short factors for the prompt and the first new tokens, then every position
   // again with the long ones (transformers' generate drops its cache there).
   const std::string cases =
-      hf_cases("llama,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
+      hf_cases("llama,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,smollm3,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
   std::vector<std::string> dirs;
   for (const char* arch : {"llama", "qwen3", "qwen3-yarn", "phi3", "phi3-longrope", "olmo2", "gemma", "gemma2", "gemma3", "granite",
-                           "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
+                           "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
     for (const char* dtype : {"float32", "float64"})
       dirs.push_back(cases + "/" + arch + "-" + dtype + "/model");
   std::string command = python() + " " + hf_oracle() + " generate 5,17,3,42 24";

@@ -100,6 +100,12 @@ CASES = {
                                       num_key_value_heads=2, max_position_embeddings=64, embedding_multiplier=6.0,
                                       attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=3.0,
                                       attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    # SmolLM3: its middle layer without rotary positions (NoPE, no_rope_layer_interval 2) and with
+    # a window of 4 (use_sliding_window), every attention bias, tied head
+    "smollm3": ("SmolLM3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, no_rope_layer_interval=2,
+                                      use_sliding_window=True, sliding_window=4, attention_bias=True, pad_token_id=None,
+                                      tie_word_embeddings=True)),
     # Mixtral: 4 experts, each token's top 2 (their probabilities renormalized)
     "mixtral": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
@@ -171,7 +177,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
-          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
+          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe"}
 
 

@@ -150,6 +150,7 @@ TEST(HfParity, GemmaScaledEmbeddingGegluPadding) { check_architecture("gemma"); 
 TEST(HfParity, Gemma2SandwichNormsSoftcapsWindows) { check_architecture("gemma2"); }
 TEST(HfParity, Gemma3QkNormsLocalRope) { check_architecture("gemma3"); }
 TEST(HfParity, GraniteMultipliersBiasesTied) { check_architecture("granite"); }
+TEST(HfParity, SmolLM3NoPeLayerWindowBiasesTied) { check_architecture("smollm3"); }
 TEST(HfParity, MixtralExperts) { check_architecture("mixtral"); }
 TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-moe"); }
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
@@ -236,8 +237,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
-                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                                "Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
+                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, "
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
@@ -320,6 +321,37 @@ TEST(HfFamily, RopeParametersResolveAsTransformersDoes) {
     EXPECT_EQ(b.value("sliding_window", 0), i == 5 ? 0 : 4) << i;
     EXPECT_EQ(b["rope_theta"], i == 5 ? 1e6 : 1e4) << i;
     EXPECT_EQ(b.contains("rope_scaling"), i == 5) << i;
+  }
+}
+
+// SmolLM3 as the Hub writes it, without no_rope_layers or layer_types: every fourth layer
+// without rotary positions (no_rope_layer_interval), windowed where use_sliding_window; the
+// head tied by default. A malformed list is one line naming it.
+TEST(HfFamily, SmolLM3DefaultsAsTransformersResolveThem) {
+  const std::string dir = root() + "/smollm3-defaults";
+  std::filesystem::create_directories(dir);
+  auto layers_of = [&](const nlohmann::json& changes) {
+    std::ofstream(dir + "/config.json") << with(kLlamaConfig, changes).dump();
+    return models::read_hf_spec(dir, 8, "test").layers;
+  };
+  const nlohmann::json smol{{"architectures", {"SmolLM3ForCausalLM"}}, {"num_hidden_layers", 8}, {"tie_word_embeddings", nullptr}};
+  nlohmann::json spec = layers_of(smol);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(spec["layers"][1 + i].value("rotary", true), (i + 1) % 4 != 0) << i;
+    EXPECT_FALSE(spec["layers"][1 + i].contains("sliding_window")) << i;
+  }
+  EXPECT_TRUE(spec.contains("ties"));
+  nlohmann::json windowed = smol;
+  windowed.update({{"use_sliding_window", true}, {"sliding_window", 4}, {"no_rope_layer_interval", 2}});
+  spec = layers_of(windowed);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(spec["layers"][1 + i].value("sliding_window", 0), i % 2 ? 4 : 0) << i;
+  nlohmann::json bad = smol;
+  bad["no_rope_layers"] = {1, 0, 2, 1, 1, 1, 1, 1};
+  try {
+    layers_of(bad);
+    ADD_FAILURE() << "no_rope_layers holding 2";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no_rope_layers holds 2, not 0 or 1"), std::string::npos) << e.what();
   }
 }
 
