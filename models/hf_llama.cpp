@@ -15,8 +15,11 @@ using json = nlohmann::json;
 // as a llama_block's rope_theta, partial_rotary_factor and rope_scaling (whose defaults
 // decoder_options.cpp resolves as transformers does: yarn's and longrope's attention factors).
 // `params` is config.json's `key` (rope_parameters or rope_scaling, or one layer type's), `theta`
-// the rope_theta where params has none.
-void read_rope(const std::string& arch, const Fields& f, const json& params, const std::string& key, double theta_default, json& block) {
+// the rope_theta where params has none. `dynamic` (NTK scaling that grows with the longest
+// sequence seen) computes the default frequencies up to max_position_embeddings positions, as
+// transformers does: windows of seq_len within them take those; beyond them it is refused.
+void read_rope(const std::string& arch, const Fields& f, const json& params, const std::string& key, double theta_default,
+               int64_t seq_len, json& block) {
   if (!params.is_object()) f.fail(key, "must be an object, got " + params.dump());
   const Fields p(params, "");
   auto get = [&](const std::string& k, double def) {
@@ -40,8 +43,15 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
       break;
     }
   if (arch == kPhi3 && (type == "su" || type == "yarn")) type = "longrope";  // Phi3Config's own renaming
-  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
-    f.fail(key, "rope type '" + type + "' is not supported (default, linear, llama3, yarn, longrope)");
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope" && type != "dynamic")
+    f.fail(key, "rope type '" + type + "' is not supported (default, linear, llama3, yarn, longrope, dynamic)");
+  if (type == "dynamic") {
+    const int64_t positions = f.integer("max_position_embeddings", 2048, 1, int64_t{1} << 30);
+    if (seq_len > positions)
+      f.fail(key, detail::concat("rope type 'dynamic' with model.seq_len ", seq_len, " beyond max_position_embeddings (", positions,
+                                 ") is not supported (its frequencies then grow with the longest sequence seen)"));
+    type = "default";  // within them, the default frequencies
+  }
   if (type == "default") return;
   // The pretraining length: Phi-3's top-level original_max_position_embeddings (4096 where
   // config.json has none) first; otherwise the rope parameters', else the positions' (a top-level
@@ -293,12 +303,12 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const bool nested = t.gemma3 && f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention");
   if (nested) {
     const json& p = f.at("rope_parameters");
-    read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", 1e6, global);
-    read_rope(arch, f, p.value("sliding_attention", none), "rope_parameters.sliding_attention", 1e4, local);
+    read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", 1e6, seq_len, global);
+    read_rope(arch, f, p.value("sliding_attention", none), "rope_parameters.sliding_attention", 1e4, seq_len, local);
   } else {
     const std::string key = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
-    read_rope(arch, f, f.has(key) ? f.at(key) : none, key, f.number("rope_theta", t.gemma3 ? 1e6 : 1e4), global);
-    if (t.gemma3) read_rope(arch, f, none, "rope_local_base_freq", f.number("rope_local_base_freq", 1e4), local);
+    read_rope(arch, f, f.has(key) ? f.at(key) : none, key, f.number("rope_theta", t.gemma3 ? 1e6 : 1e4), seq_len, global);
+    if (t.gemma3) read_rope(arch, f, none, "rope_local_base_freq", f.number("rope_local_base_freq", 1e4), seq_len, local);
   }
   const std::vector<int64_t> window = windows(arch, f, n);
   const std::vector<bool> rotary = rotary_layers(arch, f, n);

@@ -42,6 +42,10 @@ CASES = {
                                         attention_bias=True, mlp_bias=True, rope_theta=500000.0,
                                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    # dynamic NTK rope (factor 4): within max_position_embeddings its frequencies are the default
+    "llama-dynamic": ("LlamaConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+                                          rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
     # a sliding window shorter than the sequence
     "mistral": ("MistralConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,

@@ -139,6 +139,7 @@ void check_architecture(const std::string& arch) {
 
 TEST(HfParity, Llama) { check_architecture("llama"); }
 TEST(HfParity, Llama3RopeTiedWithBiases) { check_architecture("llama3-tied"); }
+TEST(HfParity, LlamaDynamicRopeWithinItsPositions) { check_architecture("llama-dynamic"); }
 TEST(HfParity, MistralSlidingWindow) { check_architecture("mistral"); }
 TEST(HfParity, Qwen2) { check_architecture("qwen2"); }
 TEST(HfParity, Qwen3QkNormHeadDimBiasesTied) { check_architecture("qwen3"); }
@@ -214,7 +215,9 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
     EXPECT_NE(error.find(expected), std::string::npos) << name << ": " << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   };
-  refused("dynamic", {{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4.0}}}}, "rope type 'dynamic' is not supported");
+  refused("dynamic", {{"max_position_embeddings", 4}, {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4.0}}}},
+          "rope type 'dynamic' with model.seq_len 8 beyond max_position_embeddings (4) is not supported");
+  refused("rope-kind", {{"rope_scaling", {{"rope_type", "ntk"}, {"factor", 4.0}}}}, "rope type 'ntk' is not supported (default, linear");
   refused("longrope", {{"rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {1.0, 1.0}}}}}, "rope_scaling.long_factor is required by longrope");
   refused("gelu", {{"hidden_act", "gelu"}}, "hidden_act 'gelu' is not supported");
   refused("dropout", {{"attention_dropout", 0.1}}, "attention_dropout above 0 is not supported");
