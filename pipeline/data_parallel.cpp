@@ -79,16 +79,16 @@ void Executor::sum_ties() {
 }
 
 void Executor::reduce_now() {
-  const bool held = dp_.held;
-  if (held) {
-    dp_.held = false;
+  const bool ties_pending = dp_.ties_pending;
+  if (ties_pending) {
+    dp_.ties_pending = false;
     sum_ties();
   }
-  if (dp_.reduced && !held) return;
+  if (dp_.reduced && !ties_pending) return;
   const auto error = on_local_devices([&](DeviceRunner& runner) {
     for (int c = 0; c < sched_.chunks; ++c) {
       auto& reducer = dp_.reducers[sched_.virtual_stage(runner.device(), c)];
-      if (reducer && (reducer->held() ? held : !dp_.reduced)) {
+      if (reducer && (reducer->held() ? ties_pending : !dp_.reduced)) {
         reducer->start();
         reducer->finish(Deadline::after(options_.timeout_s));
       }

@@ -392,7 +392,7 @@ double Executor::run_step(const at::Tensor& input, const at::Tensor& target, boo
   const int M = split_batch(input, target, accumulate, scale);
   const double loss_scale = scaling() ? opt_.scaler.scale() : 1.0;
   dp_.reduced = dp_.mesh.data_parallel == 1 || dp_.sync;
-  dp_.held = sharded() && !ties_.empty();  // the tied stages' reductions, at the optimizer step
+  dp_.ties_pending = sharded() && !ties_.empty();  // the tied stages' reductions, at the optimizer step
   for (auto& reducer : dp_.reducers)
     if (reducer) reducer->begin_step(accumulate);
 

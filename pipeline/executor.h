@@ -79,7 +79,7 @@ struct DataParallel {
   std::vector<std::unique_ptr<GradientReducer>> reducers;  // by virtual stage; null: no parameters, or run elsewhere
   bool sync = true;         // reduce in the next forward-backward (read by the runners)
   bool reduced = true;      // the gradients held now are reduced (or need no reduction)
-  bool held = false;        // the reductions held for ties (GradientReducer::hold_for_ties) are still to run
+  bool ties_pending = false;  // the ties' sum and the reductions held for it (GradientReducer::hold_for_ties) still to run
   double world_loss = 0;    // multi-process: the last step's loss summed over every copy
 };
 

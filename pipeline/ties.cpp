@@ -50,6 +50,18 @@ at::Tensor receive_like(comm::Transport& endpoint, stages::DeviceContext& contex
   context.wait(got.ready);
   return got.tensor;
 }
+
+// From the tie's first member's rank (`ranks`: each member's, the first's first) to each other
+// member's rank once, in the order they first appear.
+void send_to_others(comm::Transport& endpoint, stages::DeviceContext& context, const std::vector<int>& ranks,
+                    const comm::MessageId& id, const at::Tensor& t) {
+  std::vector<int> sent{ranks.front()};
+  for (int r : ranks)
+    if (std::find(sent.begin(), sent.end(), r) == sent.end()) {
+      endpoint.send(r, id, endpoint.takes(t.device()) ? t : context.to_host(t));
+      sent.push_back(r);
+    }
+}
 }  // namespace
 
 void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Tie>& ties,
@@ -140,12 +152,7 @@ void Ties::exchange_grads(comm::Transport& endpoint, stages::DeviceContext& cont
         else
           sum.add_(part.reshape(sum.sizes()).to(sum.device()));
       }
-      std::vector<int> sent{me};
-      for (int r : ranks)
-        if (std::find(sent.begin(), sent.end(), r) == sent.end()) {
-          send(r, tie_message(g, kSum, step), sum);
-          sent.push_back(r);
-        }
+      send_to_others(endpoint, context, ranks, tie_message(g, kSum, step), sum);
     } else {
       for (size_t i = 0; i < members.size(); ++i)
         if (ranks[i] == me) send(owner, tie_message(g, i, step), grad_or_zeros(members[i].param));
@@ -180,21 +187,15 @@ void Ties::exchange_values(comm::Transport& endpoint, stages::DeviceContext& con
     const auto& members = groups_[g];
     std::vector<int> ranks;
     for (const Member& t : members) ranks.push_back(rank_of(t.vs));
-    if (std::find(ranks.begin(), ranks.end(), me) == ranks.end()) continue;
-    const int owner = ranks[0];
+    const auto mine = std::find(ranks.begin(), ranks.end(), me);
+    if (mine == ranks.end()) continue;
     const comm::MessageId id = tie_message(g, kValue, step);
     at::Tensor value;
-    if (me == owner) {
+    if (me == ranks[0]) {
       value = members[0].param.detach().clone();  // the next step changes the parameter in place
-      std::vector<int> sent{me};
-      for (int r : ranks)
-        if (std::find(sent.begin(), sent.end(), r) == sent.end()) {
-          endpoint.send(r, id, endpoint.takes(value.device()) ? value : context.to_host(value));
-          sent.push_back(r);
-        }
+      send_to_others(endpoint, context, ranks, id, value);
     } else {
-      const at::Tensor& like = members[std::find(ranks.begin(), ranks.end(), me) - ranks.begin()].param;
-      value = receive_like(endpoint, context, owner, id, like, timeout_s);
+      value = receive_like(endpoint, context, ranks[0], id, members[mine - ranks.begin()].param, timeout_s);
     }
     for (size_t i = 1; i < members.size(); ++i)
       if (ranks[i] == me) members[i].param.copy_(value.reshape(members[i].param.sizes()));

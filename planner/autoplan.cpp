@@ -328,7 +328,7 @@ SearchSpace search_space(const Config& c, const AutoPlanOptions& o, const partit
     sp.ties = file.ties;
   } else {
     const Job probe = prepare(c);
-    sp.ties = tie_plans(probe.model);
+    sp.ties = tie_costs(probe.model);
     sp.layers = static_cast<int>(probe.model.layers->size());
     // On a CPU the cores are shared out among stages, copies and intra-op threads.
     if (probe.options.devices.empty() || probe.options.devices[0].is_cpu())

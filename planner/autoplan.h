@@ -20,7 +20,6 @@
 #include "profiler/collectives.h"
 #include "profiler/profile.h"
 #include "job/config.h"
-#include "planner/predict.h"
 
 namespace pipetrain::planner {
 
@@ -63,7 +62,7 @@ struct SearchSpace {
   // (empty: all bytes_per_ms), which also scales its reductions relative to `link`.
   double latency_ms = 0, bytes_per_ms = 0;
   std::vector<double> device_bytes_per_ms;
-  std::vector<partitioner::TieCost> ties;  // the model's tied parameters (plan.h's tie_plans, or a cost file's)
+  std::vector<partitioner::TieCost> ties;  // the model's tied parameters (plan.h's tie_costs, or a cost file's)
 };
 
 struct Candidate {

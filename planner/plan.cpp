@@ -51,7 +51,7 @@ PlanPoint config_point(const Config& cc, const partitioner::Balance& balance, co
   return pt;
 }
 
-std::vector<partitioner::TieCost> tie_plans(const models::Model& model) {
+std::vector<partitioner::TieCost> tie_costs(const models::Model& model) {
   std::vector<partitioner::TieCost> out;
   for (const models::Tie& tie : model.ties) {
     partitioner::TieCost t;
@@ -114,7 +114,7 @@ Links load_costs(const Job& job, const PlanOptions& o, PlanReport& r) {
     r.data_parallel.link = reduce_link(D, nullptr);
     if (c.pipeline.defer_weight_grads == DeferWeightGrads::On && any_deferred(r.profile))
       r.whole = whole_batch_profile(job, o.repeat);
-    links.ties = tie_plans(job.model);
+    links.ties = tie_costs(job.model);
     return links;
   }
   const partitioner::CostFile file = partitioner::load_cost_file(o.costs_path);

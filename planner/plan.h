@@ -27,7 +27,7 @@ profiler::ReduceLink reduce_link(int copies, const partitioner::CostFile* file);
 
 // The model's ties (models::Model::ties) as the planner sees them: each tie's layers and the
 // bytes of its first member.
-std::vector<partitioner::TieCost> tie_plans(const models::Model& model);
+std::vector<partitioner::TieCost> tie_costs(const models::Model& model);
 
 // Config `c` on `balance` as a candidate: its schedule, sizes, recomputation, deferral, copies
 // and speeds; transfers between stages free (plan adds a cost file's links).

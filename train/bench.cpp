@@ -233,7 +233,7 @@ BenchResult run_bench(const Config& c, const BenchOptions& o) {
   pt.balance = pipe.balance();
   pt.data_parallel = {c.pipeline.data_parallel, pipe.optimizers().sharded(), reduce_link(c.pipeline.data_parallel, nullptr), {}};
   pt.state_factor = state_factor(c.optimizer, c.train.precision, c.pipeline.data_parallel, pipe.optimizers().sharded());
-  pt.ties = tie_plans(job.model);
+  pt.ties = tie_costs(job.model);
   const Prediction predicted = predict(pt, profile, &whole, &pipe.schedule());
   r.prediction.profiled_step_s = predicted.step_ms / 1e3;
   r.prediction.predicted_device_peak_bytes = predicted.peak_bytes;
