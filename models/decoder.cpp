@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/torch.h>
@@ -36,6 +37,10 @@ int64_t rotary_dim(const Rope& rope, int64_t head_dim) { return static_cast<int6
 
 bool rope_long(const Rope& rope, int64_t end) { return rope.type == "longrope" && end > rope.original_max_positions; }
 
+int64_t rope_dynamic_length(const Rope& rope, int64_t end) {
+  return rope.type == "dynamic" ? std::max(end, rope.original_max_positions) : 0;
+}
+
 namespace {
 // yarn's inverse frequencies from the default kind's powers: a ramp over the pairs between the
 // dimensions where beta_fast and beta_slow rotations fit in the original context takes each pair
@@ -60,11 +65,20 @@ at::Tensor yarn_inv_freq(const Rope& rope, const at::Tensor& pos_freqs, int64_t 
 }
 }  // namespace
 
-at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors) {
+at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors, int64_t dynamic_length) {
   // transformers' operations, in their order (Python's `a / t` is t.reciprocal() * a).
   const auto t = type == at::kDouble ? at::kDouble : at::kFloat;
   const int64_t dim = rotary_dim(rope, head_dim);
   const auto exponent = torch::arange(0, dim, 2, torch::kLong).to(t) / static_cast<double>(dim);
+  if (rope.type == "dynamic" && dynamic_length > rope.original_max_positions) {
+    // transformers' _compute_dynamic_ntk_parameters: its sequence length a tensor, so the base is
+    // one of type t (float32 where transformers runs it) before it raises the exponents.
+    const at::Tensor length = torch::scalar_tensor(dynamic_length, torch::kLong).to(t);
+    const at::Tensor base =
+        ((length * rope.factor) / static_cast<double>(rope.original_max_positions) - (rope.factor - 1))
+            .pow(static_cast<double>(dim) / static_cast<double>(dim - 2)) * rope.theta;
+    return torch::pow(base, exponent).reciprocal() * 1.0;
+  }
   const at::Tensor powers = torch::pow(rope.theta, exponent);
   if (rope.type == "yarn") return yarn_inv_freq(rope, powers, dim);
   if (rope.type == "longrope") {
@@ -87,7 +101,8 @@ at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
                                               at::ScalarType type, const at::Device& device) {
-  const at::Tensor inv = rope_inv_freq(rope, head_dim, type, rope_long(rope, offset + T)).to(device);
+  const at::Tensor inv =
+      rope_inv_freq(rope, head_dim, type, rope_long(rope, offset + T), rope_dynamic_length(rope, offset + T)).to(device);
   return rope_tables(inv, offset, T, type, rope.attention_factor);
 }
 
@@ -230,8 +245,11 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   }
   const int64_t offset = cache ? cache->length() : 0;
   if (o_.rotary) {  // SmolLM3's NoPE layers have no positions at all
-    if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type()) {
-      rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type()).to(q.device());
+    const int64_t dynamic_length = rope_dynamic_length(o_.rope, offset + T);
+    if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type() ||
+        rope_dynamic_length_ != dynamic_length) {
+      rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type(), false, dynamic_length).to(q.device());
+      rope_dynamic_length_ = dynamic_length;
       if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, D, q.scalar_type(), true).to(q.device());
       rope_type_ = q.scalar_type();
     }

@@ -25,13 +25,15 @@ namespace pipetrain::models {
 /// Rotary position embedding as transformers computes it: the inverse frequencies of the
 /// default kind, or scaled by `linear`, `llama3` (Llama 3.1's), `yarn` (Qwen's and others' long
 /// contexts) or `longrope` (Phi-3's: its short factors up to `original_max_positions` positions,
-/// its long ones beyond, chosen per forward by the last position as transformers chooses); other
-/// kinds are refused where a config is read (models/hf.cpp, decoder_options.cpp).
+/// its long ones beyond, chosen per forward by the last position as transformers chooses) or
+/// `dynamic` (NTK scaling: beyond `original_max_positions` positions the default kind of a base
+/// grown with the forward's last position, as transformers grows it); other kinds are refused
+/// where a config is read (models/hf.cpp, decoder_options.cpp).
 struct Rope {
   double theta = 10000;
-  std::string type = "default";  // "default", "linear", "llama3", "yarn" or "longrope"
+  std::string type = "default";  // "default", "linear", "llama3", "yarn", "longrope" or "dynamic"
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
-  int64_t original_max_positions = 8192;  // original_max_position_embeddings (llama3, yarn, longrope)
+  int64_t original_max_positions = 8192;  // original_max_position_embeddings (llama3, yarn, longrope, dynamic)
   double beta_fast = 32, beta_slow = 1;   // yarn's ramp between its corrections' dimensions
   bool truncate = true;                   // yarn: those dimensions rounded outwards
   std::vector<double> short_factor, long_factor;  // longrope: one per rotated pair
@@ -43,10 +45,15 @@ struct Rope {
 int64_t rotary_dim(const Rope& rope, int64_t head_dim);
 /// Whether a forward whose last position is `end` - 1 takes longrope's long factors.
 bool rope_long(const Rope& rope, int64_t end);
+/// The sequence length a forward whose last position is `end` - 1 computes `dynamic`'s base for
+/// (at least original_max_positions, where the base is theta); 0 for the other kinds.
+int64_t rope_dynamic_length(const Rope& rope, int64_t end);
 /// The inverse frequencies for a head of `head_dim` values ([rotary_dim / 2]; longrope's long
 /// factors where `long_factors`): in float32 with transformers' operations for float32 and lower
 /// precisions (so the angles are the ones a checkpoint was trained with), in float64 for float64.
-at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors = false);
+/// `dynamic_length`: rope_dynamic_length's, for `dynamic`.
+at::Tensor rope_inv_freq(const Rope& rope, int64_t head_dim, at::ScalarType type, bool long_factors = false,
+                         int64_t dynamic_length = 0);
 /// cos and sin, [T, rotary_dim], of positions offset..offset+T-1, in `type` (computed as
 /// rope_inv_freq says, scaled by the attention factor).
 std::pair<at::Tensor, at::Tensor> rope_tables(const Rope& rope, int64_t head_dim, int64_t offset, int64_t T,
@@ -190,6 +197,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   // long factors'): made once, so that a forward copies nothing from the host (no stream sync;
   // capturable in a CUDA graph).
   at::Tensor rope_inv_, rope_inv_long_;
+  int64_t rope_dynamic_length_ = 0;  // the length rope_inv_ grew dynamic's base for
   at::ScalarType rope_type_ = at::kFloat;
 };
 TORCH_MODULE(LlamaBlock);

@@ -16,7 +16,7 @@ double yarn_attention_factor(double factor, double mscale, double mscale_all_dim
 }
 
 // rope_theta, partial_rotary_factor, and rope_scaling as transformers writes it ({"rope_type":
-// "linear" | "llama3" | "yarn" | "longrope", "factor", ...}); other kinds are refused by name.
+// "linear" | "llama3" | "yarn" | "longrope" | "dynamic", "factor", ...}); other kinds are refused by name.
 Rope read_rope(JsonReader& r, int64_t head_dim) {
   Rope rope;
   rope.theta = r.get_number("rope_theta", 10000.0, 1.0, 1e12);
@@ -26,8 +26,14 @@ Rope read_rope(JsonReader& r, int64_t head_dim) {
     r.fail("partial_rotary_factor", detail::concat("turns ", dim, " of head_dim's ", head_dim, " values; it must be an even number above 0"));
   if (!r.has("rope_scaling")) return rope;
   JsonReader s = r.child("rope_scaling");
-  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3", "yarn", "longrope"});
+  rope.type = s.get_choice("rope_type", "default", {"default", "linear", "llama3", "yarn", "longrope", "dynamic"});
   if (rope.type == "linear" || rope.type == "llama3" || rope.type == "yarn") rope.factor = s.get_number("factor", 1.0, 1e-6, 1e6);
+  if (rope.type == "dynamic") {
+    rope.factor = s.get_number("factor", 1.0, 1.0, 1e6);
+    if (!s.has("original_max_position_embeddings")) s.fail("original_max_position_embeddings", "is required by dynamic");
+    rope.original_max_positions = s.get_int("original_max_position_embeddings", 0, 1, int64_t{1} << 30);
+    if (dim <= 2) s.fail("rope_type", detail::concat("dynamic needs more than 2 rotated values a head, got ", dim));
+  }
   if (rope.type == "llama3") {
     rope.low_freq_factor = s.get_number("low_freq_factor", 1.0, 1e-6, 1e6);
     rope.high_freq_factor = s.get_number("high_freq_factor", 4.0, 1e-6, 1e6);

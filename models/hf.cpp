@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe},
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -113,7 +113,7 @@ bool is_dir(const std::string& p) {
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kQwen2,   kQwen3,  kPhi3,     kOlmo2,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kGpt2};
   return a;
 }
 
@@ -150,8 +150,11 @@ Model build_hf(JsonReader& r) {
   if (wide) m.layers->to(torch::kDouble);
   auto params = m.layers->named_parameters();
   std::set<std::string> used;
-  std::map<std::string, int64_t> fused_rows;  // a fused tensor's rows, all its parts'
-  for (const HfTensor& t : spec.tensors) fused_rows[t.theirs] += t.rows;
+  std::map<std::string, int64_t> fused_rows, slices;  // a fused tensor's rows (one slice's), all its parts'; a stack's slices
+  for (const HfTensor& t : spec.tensors) {
+    if (t.slice <= 0) fused_rows[t.theirs] += t.rows;
+    if (t.slice >= 0) slices[t.theirs] = std::max(slices[t.theirs], t.slice + 1);
+  }
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
     at::Tensor p = params[t.ours];
@@ -164,6 +167,13 @@ Model build_hf(JsonReader& r) {
     if (!w.is_floating_point())
       throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' is ", w.scalar_type(), ", not floating point"));
     if (t.transposed && w.dim() == 2) w = w.t();
+    if (t.slice >= 0) {
+      const int64_t n = slices.at(t.theirs);
+      if (w.dim() != p.dim() + 1 || w.size(0) != n)
+        throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
+                                         ", config.json makes it a stack of ", n, " tensors of ", p.dim(), " dimensions"));
+      w = w.select(0, t.slice);
+    }
     if (t.rows > 0) {
       const int64_t whole = fused_rows.at(t.theirs);
       if (w.dim() != 2 || w.size(0) != whole || w.size(1) != p.size(1))
@@ -192,7 +202,9 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
                uint64_t shard_bytes) {
   const HfSpec spec = read_hf_spec(source, 1, "export --format hf");
   NamedTensors tensors;
-  std::map<std::string, std::vector<at::Tensor>> parts;  // a fused tensor's parts, in row order
+  // A fused or stacked tensor's parts: by slice (one where it is no stack), each in row order.
+  std::map<std::string, std::vector<std::vector<at::Tensor>>> parts;
+  std::set<std::string> stacked;
   at::ScalarType type = at::kFloat;
   for (const HfTensor& t : spec.tensors) {
     if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // save_pretrained leaves the tied head out
@@ -203,15 +215,23 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
     at::Tensor w = it->second.detach().cpu();
     if (t.transposed) w = w.t();
     type = w.scalar_type();
-    if (t.rows == 0) {
+    if (t.rows == 0 && t.slice < 0) {
       tensors.emplace_back(t.theirs, w.contiguous());
-    } else if (parts[t.theirs].empty()) {  // its place among the tensors; filled in below
-      tensors.emplace_back(t.theirs, at::Tensor());
+      continue;
     }
-    if (t.rows > 0) parts[t.theirs].push_back(w);
+    auto& by_slice = parts[t.theirs];
+    if (by_slice.empty()) tensors.emplace_back(t.theirs, at::Tensor());  // its place among the tensors; filled in below
+    const size_t s = static_cast<size_t>(std::max<int64_t>(t.slice, 0));
+    if (by_slice.size() <= s) by_slice.resize(s + 1);
+    by_slice[s].push_back(w);
+    if (t.slice >= 0) stacked.insert(t.theirs);
   }
-  for (auto& [name, w] : tensors)
-    if (!w.defined()) w = torch::cat(parts.at(name), 0).contiguous();
+  for (auto& [name, w] : tensors) {
+    if (w.defined()) continue;
+    std::vector<at::Tensor> slices;
+    for (const auto& rows : parts.at(name)) slices.push_back(torch::cat(rows, 0));
+    w = (stacked.count(name) ? torch::stack(slices, 0) : slices.front()).contiguous();
+  }
   if (weights.size() != spec.tensors.size())
     for (const auto& entry : weights) {
       const std::string& name = entry.first;

@@ -23,7 +23,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kOlmo2 = "Olmo2ForCausalLM",
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",
-                         kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM",
+                         kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGraniteMoe = "GraniteMoeForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.

@@ -15,9 +15,9 @@ using json = nlohmann::json;
 // as a llama_block's rope_theta, partial_rotary_factor and rope_scaling (whose defaults
 // decoder_options.cpp resolves as transformers does: yarn's and longrope's attention factors).
 // `params` is config.json's `key` (rope_parameters or rope_scaling, or one layer type's), `theta`
-// the rope_theta where params has none. `dynamic` (NTK scaling that grows with the longest
-// sequence seen) computes the default frequencies up to max_position_embeddings positions, as
-// transformers does: windows of seq_len within them take those; beyond them it is refused.
+// the rope_theta where params has none. `dynamic` (NTK scaling that grows with the sequence)
+// computes the default frequencies up to max_position_embeddings positions, as transformers does:
+// windows of seq_len within them take those; beyond them, the llama_block's dynamic rope.
 void read_rope(const std::string& arch, const Fields& f, const json& params, const std::string& key, double theta_default,
                int64_t seq_len, json& block) {
   if (!params.is_object()) f.fail(key, "must be an object, got " + params.dump());
@@ -46,11 +46,14 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope" && type != "dynamic")
     f.fail(key, "rope type '" + type + "' is not supported (default, linear, llama3, yarn, longrope, dynamic)");
   if (type == "dynamic") {
+    // Within max_position_embeddings, the default frequencies; beyond, the llama_block's dynamic
+    // rope grows the base with each forward's last position (a window of seq_len: seq_len).
     const int64_t positions = f.integer("max_position_embeddings", 2048, 1, int64_t{1} << 30);
-    if (seq_len > positions)
-      f.fail(key, detail::concat("rope type 'dynamic' with model.seq_len ", seq_len, " beyond max_position_embeddings (", positions,
-                                 ") is not supported (its frequencies then grow with the longest sequence seen)"));
-    type = "default";  // within them, the default frequencies
+    if (seq_len <= positions) return;
+    const double factor = get("factor", 1.0);
+    if (!(factor >= 1)) f.fail(key + ".factor", detail::concat("must be at least 1, got ", factor));
+    block["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", factor}, {"original_max_position_embeddings", positions}};
+    return;
   }
   if (type == "default") return;
   // The pretraining length: Phi-3's top-level original_max_position_embeddings (4096 where
@@ -180,7 +183,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || arch == kGranite || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      (arch == kLlama || arch == kGranite || arch == kGraniteMoe || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
       f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
@@ -206,7 +209,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) block["attn_softcap"] = cap;
-  if (arch == kGranite) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
+  if (arch == kGranite || arch == kGraniteMoe) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
     const double m = f.number("attention_multiplier", 1.0);
     if (!(m > 0)) f.fail("attention_multiplier", "must be above 0");
     block["attn_scale"] = m;
@@ -227,18 +230,21 @@ struct Experts {
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
-  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe) return x;
-  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
+  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && arch != kGraniteMoe) return x;
+  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe, granite = arch == kGraniteMoe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
-  const std::string count_key = mixtral || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  const int64_t count = f.integer(count_key, mixtral ? 8 : olmoe ? 64 : qwen2 ? 60 : 128, 1, 1 << 16);
-  const int64_t k = f.integer("num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : 8, 1, count);
+  const std::string count_key = mixtral || granite || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  const int64_t count = f.integer(count_key, mixtral || granite ? 8 : olmoe ? 64 : qwen2 ? 60 : 128, 1, 1 << 16);
+  const int64_t k = f.integer("num_experts_per_tok", mixtral || granite ? 2 : qwen2 ? 4 : 8, 1, count);
   if (f.boolean("output_router_logits", false))
     f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
   x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", mixtral || f.boolean("norm_topk_prob", false)},
             {"router_cast", !mixtral}};
-  if (!mixtral && !olmoe) x.args["d_ff"] = f.integer("moe_intermediate_size", qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
+  // GraniteMoE takes the softmax over the chosen experts' scores alone: the same weights as the
+  // softmax over all of them renormalized over the chosen (their order is the scores' order).
+  if (granite) x.args["normalize_experts"] = true;
+  if (!mixtral && !olmoe && !granite) x.args["d_ff"] = f.integer("moe_intermediate_size", qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", 5632, 1, int64_t{1} << 30);
   std::vector<bool> dense(static_cast<size_t>(n), false);
   if ((qwen2 || arch == kQwen3Moe) && f.has("mlp_only_layers")) {
@@ -249,14 +255,27 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
       dense[i.get<size_t>()] = true;
     }
   }
-  const int64_t step = mixtral || olmoe ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
+  const int64_t step = mixtral || olmoe || granite ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
   for (int64_t i = 0; i < n; ++i) x.layers[static_cast<size_t>(i)] = !dense[static_cast<size_t>(i)] && (i + 1) % step == 0;
   return x;
 }
 
-// An expert layer's MLP tensors: the router, each expert's (Mixtral's w1, w3, w2: gate, up, down)
-// and Qwen2-MoE's shared expert and its gate.
-void expert_tensors(const std::string& arch, const Experts& x, const std::string& ours, const std::string& theirs, HfSpec& spec) {
+// An expert layer's MLP tensors: the router, each expert's (Mixtral's w1, w3, w2: gate, up, down;
+// GraniteMoE's stacks: each expert's gate and up in input_linear, its down in output_linear, of
+// d_ff rows or columns) and Qwen2-MoE's shared expert and its gate.
+void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
+                    HfSpec& spec) {
+  if (arch == kGraniteMoe) {
+    const std::string moe = theirs + "block_sparse_moe.";
+    spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.layer.weight"});
+    for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e) {
+      const std::string expert = detail::concat(ours, "mlp.experts.", e, ".");
+      spec.tensors.push_back({expert + "gate_proj.weight", moe + "input_linear.weight", false, 0, d_ff, e});
+      spec.tensors.push_back({expert + "up_proj.weight", moe + "input_linear.weight", false, d_ff, d_ff, e});
+      spec.tensors.push_back({expert + "down_proj.weight", moe + "output_linear.weight", false, 0, 0, e});
+    }
+    return;
+  }
   const bool mixtral = arch == kMixtral;
   const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
   spec.tensors.push_back({ours + "mlp.gate.weight", moe + "gate.weight"});
@@ -282,7 +301,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -330,8 +349,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   layers.push_back(embed);
   spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
   // Granite's embedding multiplier and, after the head, its logits scaling: Python numbers.
-  const double embedding_multiplier = arch == kGranite ? f.number("embedding_multiplier", 1.0) : 1.0;
-  const double logits_scaling = arch == kGranite ? f.number("logits_scaling", 1.0) : 1.0;
+  const bool granite = arch == kGranite || arch == kGraniteMoe;
+  const double embedding_multiplier = granite ? f.number("embedding_multiplier", 1.0) : 1.0;
+  const double logits_scaling = granite ? f.number("logits_scaling", 1.0) : 1.0;
   if (logits_scaling == 0) f.fail("logits_scaling", "must not be 0");
   if (embedding_multiplier != 1.0) layers.push_back({{"name", "embed_scale"}, {"type", "scale"}, {"by", embedding_multiplier}});
   for (int64_t i = 0; i < n; ++i) {
@@ -369,7 +389,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
     if (experts.layers[static_cast<size_t>(i)]) {
       for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
-      expert_tensors(arch, experts, ours, theirs, spec);
+      expert_tensors(arch, experts, ff, ours, theirs, spec);
       continue;
     }
     for (const char* p : {"gate", "up", "down"}) {

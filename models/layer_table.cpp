@@ -62,7 +62,7 @@ std::vector<LayerType> make_table() {
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"n_kv_heads", K::Int, "n_heads"}, {"head_dim", K::Int, "d_model / n_heads"},
         {"d_ff", K::Int, ""}, {"eps", K::Number, "1e-6"}, {"rope_theta", K::Number, "10000"},
         {"partial_rotary_factor", K::Number, "1: the whole head rotated"},
-        {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\", \"llama3\", \"yarn\" or \"longrope\", \"factor\", …}` as transformers writes it"}, {"qkv_bias", K::Bool, "false"},
+        {"rope_scaling", K::Object, "none; `{\"rope_type\": \"linear\", \"llama3\", \"yarn\", \"longrope\" or \"dynamic\", \"factor\", …}` as transformers writes it"}, {"qkv_bias", K::Bool, "false"},
         {"o_bias", K::Bool, "false"}, {"mlp_bias", K::Bool, "false"}, {"qk_norm", K::Bool, "false"},
         {"qk_norm_over", K::String, "\"head\""}, {"sliding_window", K::Int, "0: none"}, {"norms", K::String, "\"pre\""},
         {"norm_scale", K::String, "\"after_cast\""}, {"act", K::String, "\"silu\""}, {"attn_scale", K::Number, "1/sqrt(head_dim)"},

@@ -1,7 +1,8 @@
 // Generation with a key/value cache (models/generate.h, models/incremental.h): a layer list run on
 // the next positions alone equals the whole window; cached generation equals the window re-run
-// token for token on the hf family's models (tests/hf_models.py makes them with transformers),
-// beyond the window too; greedy generation equals transformers' own model.generate; and
+// token for token on the hf family's models, beyond the window too; greedy generation equals
+// transformers' own model.generate (tests/hf_models.py makes the models with transformers; one test
+// per group of families, so that each stays well within its time limit); and
 // `pipetrain generate` with token ids on an hf model (made here, without Python). The cases that
 // need transformers are skipped where the project's Python has none (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
@@ -182,31 +183,60 @@ TEST(IncrementalLayers, CachedGenerationEqualsTheWindowReRunBeyondTheWindow) {
 
 namespace {
 
-// tests/hf_models.py's cases (comma-separated), made in a directory of their own.
-std::string hf_cases(const std::string& cases) {
-  const std::string d = scratch() + "/hf-" + cases;
-  const Result made = shell(python() + " " + hf_oracle() + " make " + d + " " + cases + " 2>&1");
-  EXPECT_EQ(made.status, 0) << made.out;
-  return d;
-}
-
 models::Model hf_model(const std::string& dir, int64_t seq_len) {
   return build({{"family", "hf"}, {"path", dir}, {"seq_len", seq_len}});
 }
 
+// The cases by group, each group a test of its own (each makes its models with transformers once).
+// phi3-longrope: the cache kept with the short factors is dropped when the sequence passes 6
+// positions, and the window runs again with the long ones (transformers' generate drops its cache
+// there too).
+struct HfGroup {
+  std::string name;
+  std::vector<std::string> cases;
+};
+
+const std::vector<HfGroup>& hf_groups() {
+  static const std::vector<HfGroup> groups{
+      {"llama_mistral_qwen", {"llama", "llama3-tied", "mistral", "qwen2", "qwen3", "qwen3-yarn"}},
+      {"phi_olmo_granite_smollm", {"phi3", "phi3-longrope", "olmo2", "granite", "smollm3"}},
+      {"gemma_gpt2", {"gemma", "gemma2", "gemma3", "gpt2"}},
+      {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe"}},
+  };
+  return groups;
+}
+
+void PrintTo(const HfGroup& group, std::ostream* os) { *os << group.name; }
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;
+  return s;
+}
+
+// The group's models alone (float32 and float64), made by transformers in a directory of their own.
+std::string hf_models(const HfGroup& group) {
+  const std::string d = scratch() + "/hf-" + group.name;
+  const Result made = shell(python() + " " + hf_oracle() + " models " + d + " " + joined(group.cases) + " 2>&1");
+  EXPECT_EQ(made.status, 0) << made.out;
+  return d;
+}
+
+class GenerateHf : public ::testing::TestWithParam<HfGroup> {
+ protected:
+  void SetUp() override {
+    if (!has_transformers())
+      GTEST_SKIP() << "the project's Python has no transformers (scripts/setup.sh installs it)";
+  }
+};
+
 }  // namespace
 
-TEST(GenerateHf, CachedEqualsTheWindowReRunTokenForToken) {
-  if (!has_transformers())
-    GTEST_SKIP() << "the project's Python has no transformers (scripts/setup.sh installs it)";
-  // phi3-longrope: the cache kept with the short factors is dropped when the sequence passes 6
-  // positions, and the window runs again with the long ones.
-  const std::string cases =
-      hf_cases("llama,llama3-tied,mistral,qwen2,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,smollm3,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
-  for (const char* arch : {"llama", "llama3-tied", "mistral", "qwen2", "qwen3", "qwen3-yarn", "phi3", "phi3-longrope", "olmo2", "gemma",
-                           "gemma2", "gemma3", "granite", "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
+TEST_P(GenerateHf, CachedEqualsTheWindowReRunTokenForToken) {
+  const std::string cases = hf_models(GetParam());
+  for (const std::string& arch : GetParam().cases)
     for (const char* dtype : {"float32", "float64"}) {
-      const std::string where = std::string(arch) + "-" + dtype;
+      const std::string where = arch + "-" + dtype;
       models::Model m = hf_model(cases + "/" + where + "/model", 12);
       ASSERT_TRUE(models::generates_incrementally(m.layers)) << where;
       const std::vector<int64_t> prompt{5, 17, 3, 42, 8};
@@ -217,18 +247,11 @@ TEST(GenerateHf, CachedEqualsTheWindowReRunTokenForToken) {
     }
 }
 
-TEST(GenerateHf, GreedyEqualsTransformersGenerate) {
-  if (!has_transformers())
-    GTEST_SKIP() << "the project's Python has no transformers (scripts/setup.sh installs it)";
-  // phi3-longrope: short factors for the prompt and the first new tokens, then every position
-  // again with the long ones (transformers' generate drops its cache there).
-  const std::string cases =
-      hf_cases("llama,qwen3,qwen3-yarn,phi3,phi3-longrope,olmo2,gemma,gemma2,gemma3,granite,smollm3,mixtral,qwen2-moe,qwen3-moe,olmoe,gpt2");
+TEST_P(GenerateHf, GreedyEqualsTransformersGenerate) {
+  const std::string cases = hf_models(GetParam());
   std::vector<std::string> dirs;
-  for (const char* arch : {"llama", "qwen3", "qwen3-yarn", "phi3", "phi3-longrope", "olmo2", "gemma", "gemma2", "gemma3", "granite",
-                           "smollm3", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt2"})
-    for (const char* dtype : {"float32", "float64"})
-      dirs.push_back(cases + "/" + arch + "-" + dtype + "/model");
+  for (const std::string& arch : GetParam().cases)
+    for (const char* dtype : {"float32", "float64"}) dirs.push_back(cases + "/" + arch + "-" + dtype + "/model");
   std::string command = python() + " " + hf_oracle() + " generate 5,17,3,42 24";
   for (const std::string& dir : dirs) command += " " + dir;
   const Result r = shell(command + " 2>/dev/null");
@@ -243,6 +266,9 @@ TEST(GenerateHf, GreedyEqualsTransformersGenerate) {
     EXPECT_EQ(ids_text(ours), ids_text(theirs["new"].get<std::vector<int64_t>>())) << dir;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, GenerateHf, ::testing::ValuesIn(hf_groups()),
+                         [](const ::testing::TestParamInfo<HfGroup>& info) { return info.param.name; });
 
 namespace {
 

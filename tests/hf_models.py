@@ -7,6 +7,8 @@ written by transformers' save_pretrained, and what transformers computes with th
                               [B, T+1] int64, logits.npy (transformers' logits of tokens[:, :T]),
                               losses.npy (5 steps of plain SGD on the one batch, in transformers'
                               own loop) and trained/ (the weights after them)
+  hf_models.py models ROOT CASES  only ROOT/<case>-<dtype>/model, for float32 and float64, of the
+                              comma-separated CASES
   hf_models.py generate IDS N DIR...  greedy generation by transformers (model.generate, do_sample
                               False, its own key/value cache) of at most N tokens after the
                               comma-separated IDS with the model in each DIR; prints, as JSON by DIR,
@@ -46,6 +48,10 @@ CASES = {
     "llama-dynamic": ("LlamaConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                           num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
                                           rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
+    # dynamic NTK rope (factor 4) beyond its 6 positions: the batch's 8 grow its base
+    "llama-dynamic-long": ("LlamaConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                               num_key_value_heads=2, max_position_embeddings=6, tie_word_embeddings=False,
+                                               rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
     # a sliding window shorter than the sequence
     "mistral": ("MistralConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
@@ -132,6 +138,13 @@ CASES = {
     "olmoe": ("OlmoeConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
                                   clip_qkv=2.0, pad_token_id=None, tie_word_embeddings=False)),
+    # GraniteMoE: 4 experts of 24 in stacked tensors (each expert's gate and up in one), top 2 by
+    # the softmax of their scores alone, Granite's four multipliers, attention biases, tied head
+    "granitemoe": ("GraniteMoeConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
+                                            num_experts_per_tok=2, embedding_multiplier=6.0, attention_multiplier=0.2,
+                                            residual_multiplier=0.3, logits_scaling=3.0, attention_bias=True,
+                                            tie_word_embeddings=True)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -144,6 +157,9 @@ def rope64(config, head_dim, seq_len, p=None):
     p = p or config.rope_parameters
     dim = int(head_dim * p.get("partial_rotary_factor", 1.0))
     base = p["rope_theta"]
+    if p.get("rope_type") == "dynamic" and seq_len > config.max_position_embeddings:  # the base grown for seq_len
+        factor = p["factor"]
+        base = base * ((factor * seq_len / config.max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
     powers = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim)
     inv = 1.0 / powers
     kind = p.get("rope_type", "default")
@@ -181,7 +197,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
-          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
+          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe"}
 
 
@@ -215,10 +231,13 @@ def patch_float64():
         router = getattr(module, f"{prefix}TopKRouter", None)
         if router is not None:  # the routing probabilities in float64 (transformers: float32)
 
-            def router_forward(self, h, _orig=router.forward):
+            def router_forward(self, h, _orig=router.forward, _chosen=family == "granitemoe"):
                 if h.dtype != torch.float64:
                     return _orig(self, h)
-                logits = torch.nn.functional.linear(h.reshape(-1, self.hidden_dim), self.weight)
+                logits = torch.nn.functional.linear(h.reshape(-1, self.weight.size(1)), self.weight)
+                if _chosen:  # GraniteMoE's: the softmax over the chosen experts' scores alone
+                    top, chosen = torch.topk(logits, self.top_k, dim=-1)
+                    return logits, torch.softmax(top, dim=-1), chosen
                 top, chosen = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
                 if getattr(self, "norm_topk_prob", True):
                     top = top / top.sum(dim=-1, keepdim=True)
@@ -258,22 +277,38 @@ def experts_eager(config):
     return {"experts_implementation": "eager"} if moe else {}
 
 
+def random_model(name, dtype_name, root):
+    """The case's random model in the dtype, saved in ROOT/<case>-<dtype>/model; its config and
+    directory with it."""
+    config_class, fields = CASES[name]
+    out = os.path.join(root, f"{name}-{dtype_name}")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(len(name))
+    config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
+    model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(DTYPES[dtype_name])
+    with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
+        for pname, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(os.path.join(out, "model"))
+    return model, config, out
+
+
+def models(root, only):
+    """The named cases' models alone, in float32 and float64 (what generation needs)."""
+    for name in only.split(","):
+        for dtype_name in ("float32", "float64"):
+            random_model(name, dtype_name, root)
+    print("made the models with transformers", transformers.__version__)
+
+
 def make(root, only=None):
     patch_float64()
-    for name, (config_class, fields) in CASES.items():
+    for name in CASES:
         if only and name not in only.split(","):
             continue
         for dtype_name, dtype in DTYPES.items():
-            out = os.path.join(root, f"{name}-{dtype_name}")
-            os.makedirs(out, exist_ok=True)
-            torch.manual_seed(len(name))
-            config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
-            model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(dtype)
-            with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
-                for pname, p in model.named_parameters():
-                    if p.dim() == 1:
-                        p.add_(torch.randn_like(p) * 0.1)
-            model.save_pretrained(os.path.join(out, "model"))
+            model, config, out = random_model(name, dtype_name, root)
             tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1))
             if getattr(config, "pad_token_id", None) is not None:
                 tokens[:, ::3] = config.pad_token_id  # the padding row is read, and takes no gradient
@@ -342,4 +377,4 @@ def compare(root):
 
 
 if __name__ == "__main__":
-    {"make": make, "generate": generate, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    {"make": make, "models": models, "generate": generate, "compare": compare}[sys.argv[1]](*sys.argv[2:])

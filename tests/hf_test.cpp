@@ -63,12 +63,13 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 }
 
 // float32's bound. Phi-3's q, k and v come from one fused matrix product in transformers and from
-// three here (gate and up from one and two; the experts' gate and up of Mixtral and Qwen3-MoE
-// likewise): the sums round apart in float32's last bits from the first logits on (1.2e-6 here),
+// three here (gate and up from one and two; the experts' gate and up of Mixtral, Qwen3-MoE and
+// GraniteMoE likewise): the sums round apart in float32's last bits from the first logits on (1.2e-6 here),
 // which 5 SGD steps of lr 0.1 carry into the weights (6.4e-6 here, AMD EPYC; another CPU's
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
-  return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe";
+  return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
+         arch == "granitemoe";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -140,6 +141,7 @@ void check_architecture(const std::string& arch) {
 TEST(HfParity, Llama) { check_architecture("llama"); }
 TEST(HfParity, Llama3RopeTiedWithBiases) { check_architecture("llama3-tied"); }
 TEST(HfParity, LlamaDynamicRopeWithinItsPositions) { check_architecture("llama-dynamic"); }
+TEST(HfParity, LlamaDynamicRopeBeyondItsPositions) { check_architecture("llama-dynamic-long"); }
 TEST(HfParity, MistralSlidingWindow) { check_architecture("mistral"); }
 TEST(HfParity, Qwen2) { check_architecture("qwen2"); }
 TEST(HfParity, Qwen3QkNormHeadDimBiasesTied) { check_architecture("qwen3"); }
@@ -156,6 +158,7 @@ TEST(HfParity, MixtralExperts) { check_architecture("mixtral"); }
 TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-moe"); }
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
 TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
+TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("granitemoe"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -215,8 +218,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
     EXPECT_NE(error.find(expected), std::string::npos) << name << ": " << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   };
-  refused("dynamic", {{"max_position_embeddings", 4}, {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4.0}}}},
-          "rope type 'dynamic' with model.seq_len 8 beyond max_position_embeddings (4) is not supported");
+  refused("dynamic", {{"max_position_embeddings", 4}, {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 0.5}}}},
+          "rope_scaling.factor must be at least 1, got 0.5");
   refused("rope-kind", {{"rope_scaling", {{"rope_type", "ntk"}, {"factor", 4.0}}}}, "rope type 'ntk' is not supported (default, linear");
   refused("longrope", {{"rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {1.0, 1.0}}}}}, "rope_scaling.long_factor is required by longrope");
   refused("gelu", {{"hidden_act", "gelu"}}, "hidden_act 'gelu' is not supported");
@@ -240,7 +243,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
-                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, "
+                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, SmolLM3ForCausalLM, "
+                                "MixtralForCausalLM, "
                                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
@@ -248,7 +252,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -309,6 +313,13 @@ TEST(HfFamily, RopeParametersResolveAsTransformersDoes) {
   EXPECT_EQ(positions["original_max_position_embeddings"], 4096);
   EXPECT_EQ(positions["factor"], 4.0);
   EXPECT_EQ(rope_of("default", kLlamaConfig), nlohmann::json::object());
+  // dynamic: the default frequencies within max_position_embeddings; beyond them (the windows of
+  // 8 here), the list's dynamic rope from there.
+  const nlohmann::json dynamic{{"rope_type", "dynamic"}, {"factor", 4.0}};
+  EXPECT_EQ(rope_of("dynamic-within", with(kLlamaConfig, {{"max_position_embeddings", 8}, {"rope_scaling", dynamic}})),
+            nlohmann::json::object());
+  EXPECT_EQ(rope_of("dynamic-beyond", with(kLlamaConfig, {{"max_position_embeddings", 6}, {"rope_scaling", dynamic}})),
+            (nlohmann::json{{"rope_type", "dynamic"}, {"factor", 4.0}, {"original_max_position_embeddings", 6}}));
   // Gemma 3 as the Hub writes it: rope_theta and rope_scaling for the full layers (every sixth),
   // rope_local_base_freq for the sliding ones.
   const std::string dir = root() + "/rope-gemma3";
@@ -377,6 +388,41 @@ TEST(HfFamily, FusedTensorsAreSplitAndChecked) {
   EXPECT_NE(hf_error(dir).find("tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape [30, 16], config.json makes it [32, 16]"),
             std::string::npos)
       << hf_error(dir);
+}
+
+// GraniteMoE's experts in two stacks per layer: input_linear [experts, 2·d_ff, d] (each expert's
+// gate, then up) and output_linear [experts, d, d_ff]; read expert by expert, written back whole.
+TEST(HfFamily, StackedExpertTensorsAreSplitAndChecked) {
+  const nlohmann::json granite = with(kLlamaConfig, {{"architectures", {"GraniteMoeForCausalLM"}}, {"model_type", "granitemoe"},
+                                                     {"num_local_experts", 3}, {"num_experts_per_tok", 2}});
+  const std::string dir = write_model("granitemoe", granite);
+  models::SafetensorsCheckpoint ck(dir);
+  const at::Tensor in = ck.get("model.layers.1.block_sparse_moe.input_linear.weight");
+  const at::Tensor out = ck.get("model.layers.1.block_sparse_moe.output_linear.weight");
+  ASSERT_EQ(in.sizes(), (std::vector<int64_t>{3, 48, 16}));
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{3, 16, 24}));
+  EXPECT_EQ(ck.get("model.layers.1.block_sparse_moe.router.layer.weight").sizes(), (std::vector<int64_t>{3, 16}));
+  models::Model m = build(dir, 8);
+  auto p = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(p["layer_1.llama.mlp.experts.2.gate_proj.weight"], in[2].narrow(0, 0, 24)));
+  EXPECT_TRUE(torch::equal(p["layer_1.llama.mlp.experts.2.up_proj.weight"], in[2].narrow(0, 24, 24)));
+  EXPECT_TRUE(torch::equal(p["layer_1.llama.mlp.experts.1.down_proj.weight"], out[1]));
+  EXPECT_FALSE(torch::equal(in[1], in[2]));
+  // Two experts' worth where config.json says three, and a stack of the wrong rank.
+  models::NamedTensors original;
+  for (const std::string& n : ck.names()) original.emplace_back(n, ck.get(n).clone());
+  for (const auto& [stack, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"input_linear", {2, 48, 16}}, {"output_linear", {16, 24}}}) {
+    const std::string name = "model.layers.0.block_sparse_moe." + stack + ".weight";
+    models::NamedTensors all = original;
+    for (auto& t : all)
+      if (t.first == name) t.second = torch::zeros(shape);
+    models::save_safetensors(dir + "/model.safetensors", all);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find("tensor '" + name + "' has shape "), std::string::npos) << error;
+    EXPECT_NE(error.find("config.json makes it a stack of 3 tensors of 2 dimensions"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
 }
 
 TEST(HfFamily, ExportAsHfWritesTheSourcesFormAndOnlyForTheFamily) {
