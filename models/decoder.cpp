@@ -178,8 +178,9 @@ void MoeImpl::reset() {
   for (int64_t e = 0; e < o_.experts; ++e) experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
   if (o_.shared_expert > 0) {
     shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu));
-    shared_expert_gate =
-        register_module("shared_expert_gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, 1).bias(false)));
+    if (o_.shared_expert_gate)
+      shared_expert_gate =
+          register_module("shared_expert_gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, 1).bias(false)));
   }
 }
 
@@ -207,7 +208,8 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
     const at::Tensor y = experts[e]->as<GatedMlpImpl>()->forward(h.index_select(0, token)) * top.index({token, rank}).unsqueeze(1);
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
-  if (shared_expert) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
+  if (shared_expert && shared_expert_gate) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
+  else if (shared_expert) out = out + shared_expert->forward(h);
   return out.view(x.sizes());
 }
 

@@ -116,6 +116,7 @@ struct LlamaBlockOptions {
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
   bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
+  bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -157,7 +158,8 @@ TORCH_MODULE(GatedMlp);
 /// order, and whose outputs add up weighted by those probabilities (renormalized over the chosen
 /// with normalize_experts). The routing is read on the host (one sync per layer). With
 /// `shared_expert` (Qwen2-MoE's), every token also goes through one more SwiGLU MLP of that width
-/// ("shared_expert"), scaled by sigmoid(shared_expert_gate(x)) ([1, d_model], no bias), added to
+/// ("shared_expert"), scaled by sigmoid(shared_expert_gate(x)) ([1, d_model], no bias; without
+/// the gate where `shared_expert_gate` is false, GraniteMoeShared's), added to
 /// the experts' sum.
 class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
  public:
@@ -167,7 +169,7 @@ class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
   torch::nn::Linear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
   GatedMlp shared_expert{nullptr};               ///< with shared_expert only
-  torch::nn::Linear shared_expert_gate{nullptr};  ///< with shared_expert only
+  torch::nn::Linear shared_expert_gate{nullptr};  ///< with shared_expert and shared_expert_gate only
 
  private:
   LlamaBlockOptions o_;
@@ -257,7 +259,7 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// experts_per_token, normalize_experts, router_cast, shared_expert, rope_float32, clip_qkv, residual_scale, rotary;
+/// experts_per_token, normalize_experts, router_cast, shared_expert, shared_expert_gate, rope_float32, clip_qkv, residual_scale, rotary;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

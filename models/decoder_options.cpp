@@ -96,12 +96,14 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts == 0)
-    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert"})
+    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
   o.shared_expert = r.get_int("shared_expert", 0, 0, int64_t{1} << 30);
+  if (o.shared_expert == 0 && r.has("shared_expert_gate")) r.fail("shared_expert_gate", "needs shared_expert above 0");
+  o.shared_expert_gate = r.get_bool("shared_expert_gate", true);
   o.rope_float32 = r.get_bool("rope_float32", false);
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   o.residual_scale = r.get_number("residual_scale", 1.0, -1e6, 1e6);
@@ -132,7 +134,7 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : 2 * d;
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1, router = o.experts > 0 ? double(o.experts) * d : 0;
-  const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + d : 0;
+  const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
   return d * (q + 2 * kv) + q * d + mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms +
          (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms;
 }

@@ -24,6 +24,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",
                          kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGraniteMoe = "GraniteMoeForCausalLM",
+                         kGraniteMoeShared = "GraniteMoeSharedForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.

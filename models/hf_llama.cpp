@@ -183,7 +183,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || arch == kGranite || arch == kGraniteMoe || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      (arch == kLlama || arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
       f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
@@ -209,7 +209,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) block["attn_softcap"] = cap;
-  if (arch == kGranite || arch == kGraniteMoe) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
+  if (arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
     const double m = f.number("attention_multiplier", 1.0);
     if (!(m > 0)) f.fail("attention_multiplier", "must be above 0");
     block["attn_scale"] = m;
@@ -230,8 +230,9 @@ struct Experts {
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
-  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && arch != kGraniteMoe) return x;
-  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe, granite = arch == kGraniteMoe;
+  const bool granite = arch == kGraniteMoe || arch == kGraniteMoeShared;
+  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
+  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
   const std::string count_key = mixtral || granite || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
   const int64_t count = f.integer(count_key, mixtral || granite ? 8 : olmoe ? 64 : qwen2 ? 60 : 128, 1, 1 << 16);
@@ -246,6 +247,12 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   if (granite) x.args["normalize_experts"] = true;
   if (!mixtral && !olmoe && !granite) x.args["d_ff"] = f.integer("moe_intermediate_size", qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", 5632, 1, int64_t{1} << 30);
+  // GraniteMoeShared's shared MLP (none where shared_intermediate_size is 0), added without a gate.
+  const int64_t shared = arch == kGraniteMoeShared ? f.integer("shared_intermediate_size", 0, 0, int64_t{1} << 30) : 0;
+  if (shared > 0) {
+    x.args["shared_expert"] = shared;
+    x.args["shared_expert_gate"] = false;
+  }
   std::vector<bool> dense(static_cast<size_t>(n), false);
   if ((qwen2 || arch == kQwen3Moe) && f.has("mlp_only_layers")) {
     const json& only = f.at("mlp_only_layers");
@@ -262,10 +269,11 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
 
 // An expert layer's MLP tensors: the router, each expert's (Mixtral's w1, w3, w2: gate, up, down;
 // GraniteMoE's stacks: each expert's gate and up in input_linear, its down in output_linear, of
-// d_ff rows or columns) and Qwen2-MoE's shared expert and its gate.
+// d_ff rows or columns) and Qwen2-MoE's shared expert and its gate (GraniteMoeShared's shared_mlp,
+// gate and up fused in input_linear, without a gate).
 void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
                     HfSpec& spec) {
-  if (arch == kGraniteMoe) {
+  if (arch == kGraniteMoe || arch == kGraniteMoeShared) {
     const std::string moe = theirs + "block_sparse_moe.";
     spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.layer.weight"});
     for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e) {
@@ -274,6 +282,12 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
       spec.tensors.push_back({expert + "up_proj.weight", moe + "input_linear.weight", false, d_ff, d_ff, e});
       spec.tensors.push_back({expert + "down_proj.weight", moe + "output_linear.weight", false, 0, 0, e});
     }
+    if (!x.args.contains("shared_expert")) return;
+    const int64_t s = x.args["shared_expert"].get<int64_t>();
+    const std::string shared = theirs + "shared_mlp.";
+    spec.tensors.push_back({ours + "mlp.shared_expert.gate_proj.weight", shared + "input_linear.weight", false, 0, s});
+    spec.tensors.push_back({ours + "mlp.shared_expert.up_proj.weight", shared + "input_linear.weight", false, s, s});
+    spec.tensors.push_back({ours + "mlp.shared_expert.down_proj.weight", shared + "output_linear.weight"});
     return;
   }
   const bool mixtral = arch == kMixtral;
@@ -301,7 +315,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -349,7 +363,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   layers.push_back(embed);
   spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
   // Granite's embedding multiplier and, after the head, its logits scaling: Python numbers.
-  const bool granite = arch == kGranite || arch == kGraniteMoe;
+  const bool granite = arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared;
   const double embedding_multiplier = granite ? f.number("embedding_multiplier", 1.0) : 1.0;
   const double logits_scaling = granite ? f.number("logits_scaling", 1.0) : 1.0;
   if (logits_scaling == 0) f.fail("logits_scaling", "must not be 0");

@@ -68,7 +68,7 @@ std::vector<LayerType> make_table() {
         {"norm_scale", K::String, "\"after_cast\""}, {"act", K::String, "\"silu\""}, {"attn_scale", K::Number, "1/sqrt(head_dim)"},
         {"attn_softcap", K::Number, "0: none"}, {"experts", K::Int, "0: one MLP"}, {"experts_per_token", K::Int, "2"},
         {"normalize_experts", K::Bool, "true"}, {"router_cast", K::Bool, "false"}, {"rope_float32", K::Bool, "false"},
-        {"clip_qkv", K::Number, "0: none"}, {"shared_expert", K::Int, "0: none"},
+        {"clip_qkv", K::Number, "0: none"}, {"shared_expert", K::Int, "0: none"}, {"shared_expert_gate", K::Bool, "true"},
         {"residual_scale", K::Number, "1"}, {"rotary", K::Bool, "true"}},
        "[T, d] → [T, d]",
        "a Llama-family decoder layer as transformers computes it (RMSNorm, rotary positions, grouped-query causal attention, "
@@ -77,7 +77,7 @@ std::vector<LayerType> make_table() {
        "`\"sandwich\"`: Gemma 2's before and after each; `norm_scale` as rmsnorm's `scale`; `act` `\"gelu_tanh\"`: GeGLU; "
        "`attn_softcap`: Gemma 2's cap·tanh(scores/cap); `experts` above 0: a sparse mixture of that many SwiGLU experts of `d_ff` "
        "in the MLP's place, each token's top `experts_per_token` by the router's softmax, as Mixtral's and Qwen3-MoE's, "
-       "`mlp.gate.weight`, `mlp.experts.0.gate_proj.weight`, …; `shared_expert` above 0: Qwen2-MoE's shared SwiGLU expert of that width for every token, scaled by sigmoid(`mlp.shared_expert_gate`); `rope_float32`: OLMo 2's rotation in float32 in lower precisions; `clip_qkv`: OLMoE's clamp of q, k and v; `residual_scale`: Granite's multiplier of each branch before its residual add; `rotary` false: no rotary positions, SmolLM3's NoPE layers); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
+       "`mlp.gate.weight`, `mlp.experts.0.gate_proj.weight`, …; `shared_expert` above 0: Qwen2-MoE's shared SwiGLU expert of that width for every token, scaled by sigmoid(`mlp.shared_expert_gate`), or added as is with `shared_expert_gate` false (GraniteMoeShared's); `rope_float32`: OLMo 2's rotation in float32 in lower precisions; `clip_qkv`: OLMoE's clamp of q, k and v; `residual_scale`: Granite's multiplier of each branch before its residual add; `rotary` false: no rotary positions, SmolLM3's NoPE layers); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
        rows::llama_block},
       {"gpt2_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"eps", K::Number, "1e-5"},

@@ -145,6 +145,12 @@ CASES = {
                                             num_experts_per_tok=2, embedding_multiplier=6.0, attention_multiplier=0.2,
                                             residual_multiplier=0.3, logits_scaling=3.0, attention_bias=True,
                                             tie_word_embeddings=True)),
+    # GraniteMoeShared: GraniteMoE's 4 experts and a shared MLP of 20 for every token, without a gate
+    "granitemoe-shared": ("GraniteMoeSharedConfig", dict(hidden_size=32, intermediate_size=24, shared_intermediate_size=20,
+                                                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                         max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                                                         embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.3,
+                                                         logits_scaling=3.0, tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -197,7 +203,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
-          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
+          "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe"}
 
 
@@ -231,7 +237,7 @@ def patch_float64():
         router = getattr(module, f"{prefix}TopKRouter", None)
         if router is not None:  # the routing probabilities in float64 (transformers: float32)
 
-            def router_forward(self, h, _orig=router.forward, _chosen=family == "granitemoe"):
+            def router_forward(self, h, _orig=router.forward, _chosen=family.startswith("granitemoe")):
                 if h.dtype != torch.float64:
                     return _orig(self, h)
                 logits = torch.nn.functional.linear(h.reshape(-1, self.weight.size(1)), self.weight)

@@ -69,7 +69,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
-         arch == "granitemoe";
+         arch.rfind("granitemoe", 0) == 0;
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -159,6 +159,7 @@ TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-m
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
 TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
 TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("granitemoe"); }
+TEST(HfParity, GraniteMoeSharedExpertWithoutAGate) { check_architecture("granitemoe-shared"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -243,7 +244,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
-                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, SmolLM3ForCausalLM, "
+                                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
+                                "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
                                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
@@ -252,7 +254,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},

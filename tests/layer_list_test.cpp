@@ -423,4 +423,24 @@ TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
   EXPECT_FALSE(torch::allclose(a.layers->forward(x), b.layers->forward(x)));  // same weights (same seed), other sums
   EXPECT_NE(build_error(block({{"experts_per_token", 2}})).find("experts_per_token: needs experts above 0"), std::string::npos);
   EXPECT_NE(build_error(block({{"experts", 3}, {"experts_per_token", 4}})).find("experts_per_token"), std::string::npos);
+  // A shared expert without its gate (GraniteMoeShared's) adds the whole of what the gated one
+  // adds half of with its gate at 0 (sigmoid(0) = 1/2): 2·gated − ungated is the experts alone.
+  models::Model gated = build(block({{"experts", 3}, {"shared_expert", 8}}));
+  models::Model ungated = build(block({{"experts", 3}, {"shared_expert", 8}, {"shared_expert_gate", false}}));
+  models::Model alone = build(block({{"experts", 3}}));
+  EXPECT_FALSE(ungated.layers->named_parameters().contains("b.llama.mlp.shared_expert_gate.weight"));
+  EXPECT_EQ(gated.layers->named_parameters().size(), ungated.layers->named_parameters().size() + 1);
+  {
+    torch::NoGradGuard no_grad;
+    for (models::Model* m : {&gated, &ungated, &alone}) m->layers->to(torch::kDouble);
+    auto g = gated.layers->named_parameters();
+    g["b.llama.mlp.shared_expert_gate.weight"].zero_();
+    for (models::Model* m : {&ungated, &alone})
+      for (auto& p : m->layers->named_parameters()) p.value().copy_(g[p.key()]);
+  }
+  const at::Tensor half = gated.layers->forward(x), whole = ungated.layers->forward(x);
+  EXPECT_FALSE(torch::allclose(half, whole));
+  EXPECT_LE((2 * half - whole - alone.layers->forward(x)).abs().max().item<double>(), 1e-12);
+  EXPECT_NE(build_error(block({{"experts", 3}, {"shared_expert_gate", false}})).find("shared_expert_gate: needs shared_expert above 0"),
+            std::string::npos);
 }
