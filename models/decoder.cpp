@@ -208,6 +208,7 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
     const at::Tensor y = experts[e]->as<GatedMlpImpl>()->forward(h.index_select(0, token)) * top.index({token, rank}).unsqueeze(1);
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
+  // In this order: it fixes the order in which the backward sums into h (bench/results/hf_parity.txt).
   if (shared_expert && shared_expert_gate) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
   else if (shared_expert) out = out + shared_expert->forward(h);
   return out.view(x.sizes());

@@ -87,6 +87,10 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   block["rope_scaling"] = s;
 }
 
+// GraniteMoE with or without its shared expert; any Granite (their multipliers and biases).
+bool granite_moe(const std::string& arch) { return arch == kGraniteMoe || arch == kGraniteMoeShared; }
+bool granite_any(const std::string& arch) { return arch == kGranite || granite_moe(arch); }
+
 // How an architecture's layer departs from Llama's (models/decoder.h).
 struct Traits {
   bool olmo2 = false, gemma = false, gemma2 = false, gemma3 = false;
@@ -183,7 +187,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
       f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
@@ -209,7 +213,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const double cap = f.number("attn_logit_softcapping", t.gemma2 ? 50.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("attn_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) block["attn_softcap"] = cap;
-  if (arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
+  if (granite_any(arch)) {  // its multipliers: attention's scale (1 by default, not 1/sqrt(head_dim)) and the residual's
     const double m = f.number("attention_multiplier", 1.0);
     if (!(m > 0)) f.fail("attention_multiplier", "must be above 0");
     block["attn_scale"] = m;
@@ -230,7 +234,7 @@ struct Experts {
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
-  const bool granite = arch == kGraniteMoe || arch == kGraniteMoeShared;
+  const bool granite = granite_moe(arch);
   if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
   const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
@@ -240,11 +244,10 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   if (f.boolean("output_router_logits", false))
     f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
-  x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", mixtral || f.boolean("norm_topk_prob", false)},
-            {"router_cast", !mixtral}};
   // GraniteMoE takes the softmax over the chosen experts' scores alone: the same weights as the
   // softmax over all of them renormalized over the chosen (their order is the scores' order).
-  if (granite) x.args["normalize_experts"] = true;
+  x.args = {{"experts", count}, {"experts_per_token", k},
+            {"normalize_experts", mixtral || granite || f.boolean("norm_topk_prob", false)}, {"router_cast", !mixtral}};
   if (!mixtral && !olmoe && !granite) x.args["d_ff"] = f.integer("moe_intermediate_size", qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", 5632, 1, int64_t{1} << 30);
   // GraniteMoeShared's shared MLP (none where shared_intermediate_size is 0), added without a gate.
@@ -273,7 +276,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
 // gate and up fused in input_linear, without a gate).
 void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
                     HfSpec& spec) {
-  if (arch == kGraniteMoe || arch == kGraniteMoeShared) {
+  if (granite_moe(arch)) {
     const std::string moe = theirs + "block_sparse_moe.";
     spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.layer.weight"});
     for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e) {
@@ -363,7 +366,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   layers.push_back(embed);
   spec.tensors.push_back({"embed.embedding.weight", "model.embed_tokens.weight"});
   // Granite's embedding multiplier and, after the head, its logits scaling: Python numbers.
-  const bool granite = arch == kGranite || arch == kGraniteMoe || arch == kGraniteMoeShared;
+  const bool granite = granite_any(arch);
   const double embedding_multiplier = granite ? f.number("embedding_multiplier", 1.0) : 1.0;
   const double logits_scaling = granite ? f.number("logits_scaling", 1.0) : 1.0;
   if (logits_scaling == 0) f.fail("logits_scaling", "must not be 0");
