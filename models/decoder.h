@@ -197,7 +197,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   Moe moe_{nullptr};  // in mlp_'s place where options().experts > 0
   // rope_inv_freq on the device the block last ran on, for the dtype it ran in (and longrope's
   // long factors'): made once, so that a forward copies nothing from the host (no stream sync;
-  // capturable in a CUDA graph).
+  // capturable in a CUDA graph); dynamic's past its positions again for each new length.
   at::Tensor rope_inv_, rope_inv_long_;
   int64_t rope_dynamic_length_ = 0;  // the length rope_inv_ grew dynamic's base for
   at::ScalarType rope_type_ = at::kFloat;
