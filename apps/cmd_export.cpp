@@ -67,8 +67,11 @@ class Export final : public Command {
       config_.path = checkpoint_;
       const job::Config c = config_.load();
       model = c.model;
-      if (model.value("family", "") == "hf")
-        for (const auto& p : job::build_model(c).layers->named_parameters()) weights[p.key()] = p.value().detach();
+      if (model.value("family", "") == "hf") {
+        const models::Model m = job::build_model(c);
+        for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value().detach();
+        for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();  // DeepSeek-V3's router's bias
+      }
       from = "the initial model of " + checkpoint_;
     } else {
       if (!config_.overrides.empty()) throw ConfigError("export: --set goes with --initial (a checkpoint is exported as saved)");

@@ -161,6 +161,30 @@ void LlamaAttentionImpl::reset() {
   }
 }
 
+void MlaAttentionImpl::reset() {
+  const int64_t d = o_.d_model, H = o_.n_heads;
+  auto lin = [&](const char* name, int64_t in, int64_t out, bool bias) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+  };
+  if (o_.q_lora_rank > 0) {
+    q_a_proj = lin("q_a_proj", d, o_.q_lora_rank, o_.qkv_bias);
+    q_a_layernorm = register_module("q_a_layernorm", RmsNorm(std::vector<int64_t>{o_.q_lora_rank}, o_.latent_eps, o_.norm_scale));
+    q_b_proj = lin("q_b_proj", o_.q_lora_rank, H * o_.head_dim, false);
+  } else {
+    q_proj = lin("q_proj", d, H * o_.head_dim, false);
+  }
+  kv_a_proj_with_mqa = lin("kv_a_proj_with_mqa", d, o_.kv_lora_rank + o_.rope_head_dim, o_.qkv_bias);
+  kv_a_layernorm = register_module("kv_a_layernorm", RmsNorm(std::vector<int64_t>{o_.kv_lora_rank}, o_.latent_eps, o_.norm_scale));
+  kv_b_proj = lin("kv_b_proj", o_.kv_lora_rank, H * (o_.head_dim - o_.rope_head_dim + o_.v_head_dim), false);
+  o_proj = lin("o_proj", H * o_.v_head_dim, d, o_.o_bias);
+}
+
+void RouterImpl::reset() {
+  weight = register_parameter("weight", torch::empty({experts_, d_model_}));
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));  // torch's Linear's
+  if (bias_) e_score_correction_bias = register_buffer("e_score_correction_bias", torch::zeros({experts_}));
+}
+
 void GatedMlpImpl::reset() {
   gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
   up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
@@ -173,7 +197,7 @@ torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
 }
 
 void MoeImpl::reset() {
-  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, o_.experts).bias(false)));
+  gate = register_module("gate", Router(o_.experts, o_.d_model, o_.router_bias));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < o_.experts; ++e) experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
   if (o_.shared_expert > 0) {
@@ -184,14 +208,42 @@ void MoeImpl::reset() {
   }
 }
 
+std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
+  const bool reduced = c10::isReducedFloatingType(h.scalar_type());
+  const at::Tensor logits = o_.router_float32 && reduced ? linear(h.to(torch::kFloat), gate->weight.to(torch::kFloat), at::Tensor())
+                                                         : linear(h, gate->weight, at::Tensor());
+  const bool widen = c10::isReducedFloatingType(logits.scalar_type());
+  if (!o_.router_sigmoid) {
+    auto [top, chosen] = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1).topk(o_.experts_per_token, -1);
+    if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
+    if (o_.routed_scale != 1) top = top * o_.routed_scale;
+    if (o_.router_cast) top = top.to(h.scalar_type());
+    return {top, chosen};
+  }
+  // DeepSeek-V3's, in transformers' operations: the experts chosen by the scores plus the
+  // correction bias, among those of the groups_per_token groups whose two best sum highest.
+  const at::Tensor scores = (widen ? logits.to(torch::kFloat) : logits).sigmoid();
+  at::Tensor choice = o_.router_bias ? scores + gate->e_score_correction_bias : scores;
+  if (o_.expert_groups > 1) {
+    const int64_t G = o_.expert_groups, per = o_.experts / G;
+    const at::Tensor group_scores = std::get<0>(choice.view({-1, G, per}).topk(2, -1)).sum(-1);
+    const at::Tensor groups = std::get<1>(group_scores.topk(o_.groups_per_token, -1, /*largest=*/true, /*sorted=*/false));
+    const at::Tensor mask = torch::zeros_like(group_scores).scatter_(1, groups, 1.0);
+    const at::Tensor keep = mask.unsqueeze(-1).expand({-1, G, per}).reshape({-1, o_.experts}).to(torch::kBool);
+    choice = choice.masked_fill(keep.logical_not(), -INFINITY);
+  }
+  const at::Tensor chosen = std::get<1>(choice.topk(o_.experts_per_token, -1, /*largest=*/true, /*sorted=*/false));
+  at::Tensor top = scores.gather(1, chosen);
+  if (o_.normalize_experts) top = top / (top.sum(-1, /*keepdim=*/true) + 1e-20);
+  top = top * o_.routed_scale;
+  if (o_.router_cast) top = top.to(h.scalar_type());
+  return {top, chosen};
+}
+
 torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
   note_not_replayable("a mixture of experts reads its routing on the host (each expert's tokens) every forward");
   const at::Tensor h = x.reshape({-1, x.size(-1)});
-  const at::Tensor logits = run(gate, h);
-  const bool reduced = c10::isReducedFloatingType(logits.scalar_type());
-  auto [top, chosen] = torch::softmax(reduced ? logits.to(torch::kFloat) : logits, -1).topk(o_.experts_per_token, -1);
-  if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
-  if (o_.router_cast) top = top.to(logits.scalar_type());
+  auto [top, chosen] = route(h);
   at::Tensor out = torch::zeros_like(h);
   // Each expert's tokens in transformers' order: by their rank among the token's choices, then
   // by position (the rows of a GEMM; the sums into `out` go expert by expert). The choices in
@@ -215,10 +267,12 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
 }
 
 void LlamaBlockImpl::reset() {
-  PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && o_.head_dim % 2 == 0);
+  PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && (o_.mla() ? o_.rope_head_dim : o_.head_dim) % 2 == 0);
+  PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
   auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
   if (o_.norms != NormPlacement::Post) input_layernorm_ = norm("input_layernorm");
-  self_attn_ = register_module("self_attn", LlamaAttention(o_));
+  if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
+  else self_attn_ = register_module("self_attn", LlamaAttention(o_));
   post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
@@ -226,9 +280,28 @@ void LlamaBlockImpl::reset() {
   if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 
-torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
-  const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim, T = x.size(1);
-  const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
+std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tensor k, int64_t head_dim, int64_t offset,
+                                                          KvCache* cache) {
+  const int64_t T = q.size(2);
+  const int64_t dynamic_length = rope_dynamic_length(o_.rope, offset + T);
+  if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type() ||
+      rope_dynamic_length_ != dynamic_length) {
+    rope_inv_ = rope_inv_freq(o_.rope, head_dim, q.scalar_type(), false, dynamic_length).to(q.device());
+    rope_dynamic_length_ = dynamic_length;
+    if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, head_dim, q.scalar_type(), true).to(q.device());
+    rope_type_ = q.scalar_type();
+  }
+  const bool long_factors = rope_long(o_.rope, offset + T);
+  if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
+  const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
+  const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
+  const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
+  return {apply_rope(q, cos, sin).to(type), apply_rope(k, cos, sin).to(type)};
+}
+
+at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
+  if (o_.mla()) return latent_attention(h, cache);
+  const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim;
   at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h);
   if (o_.qk_norm && o_.qk_norm_projection) {  // OLMo 2's: over the whole projection
     qp = self_attn_->q_norm(qp);
@@ -247,27 +320,41 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
     k = self_attn_->k_norm(k);
   }
   const int64_t offset = cache ? cache->length() : 0;
-  if (o_.rotary) {  // SmolLM3's NoPE layers have no positions at all
-    const int64_t dynamic_length = rope_dynamic_length(o_.rope, offset + T);
-    if (!rope_inv_.defined() || rope_inv_.device() != q.device() || rope_type_ != q.scalar_type() ||
-        rope_dynamic_length_ != dynamic_length) {
-      rope_inv_ = rope_inv_freq(o_.rope, D, q.scalar_type(), false, dynamic_length).to(q.device());
-      rope_dynamic_length_ = dynamic_length;
-      if (o_.rope.type == "longrope") rope_inv_long_ = rope_inv_freq(o_.rope, D, q.scalar_type(), true).to(q.device());
-      rope_type_ = q.scalar_type();
-    }
-    const bool long_factors = rope_long(o_.rope, offset + T);
-    if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
-    const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
-    const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
-    const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
-    q = apply_rope(q, cos, sin).to(type);
-    k = apply_rope(k, cos, sin).to(type);
-  }
+  if (o_.rotary) std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  const at::Tensor y = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
-  const at::Tensor a = run(self_attn_->o_proj, merge_heads(y));
+  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
+}
+
+// As transformers' DeepseekV3Attention computes it; the cache keeps the expanded keys and values.
+at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache) {
+  const int64_t H = o_.n_heads, D = o_.head_dim, R = o_.rope_head_dim, N = D - R, V = o_.v_head_dim;
+  const int64_t B = h.size(0), T = h.size(1);
+  const MlaAttentionImpl& a = *mla_;
+  const at::Tensor qs = a.q_proj ? run(a.q_proj, h) : run(a.q_b_proj, mla_->q_a_layernorm(run(a.q_a_proj, h)));
+  const at::Tensor q = heads(qs, H, D);
+  const auto kv = run(a.kv_a_proj_with_mqa, h).split_with_sizes({o_.kv_lora_rank, R}, -1);
+  const at::Tensor latent = mla_->kv_a_layernorm(kv[0]);
+  at::Tensor q_rot = q.narrow(-1, N, R), k_rot = kv[1].view({B, 1, T, R});
+  if (o_.rope_interleave) {  // pairs (x0, x1), (x2, x3), ...: the even values, then the odd ones
+    auto halves = [](const at::Tensor& x) { return torch::cat({x.slice(-1, 0, std::nullopt, 2), x.slice(-1, 1, std::nullopt, 2)}, -1); };
+    q_rot = halves(q_rot);
+    k_rot = halves(k_rot);
+  }
+  const int64_t offset = cache ? cache->length() : 0;
+  std::tie(q_rot, k_rot) = rotate(q_rot, k_rot, R, offset, cache);
+  const at::Tensor kv_heads = run(a.kv_b_proj, latent).view({B, T, H, N + V}).transpose(1, 2);
+  const at::Tensor k = torch::cat({kv_heads.narrow(-1, 0, N), k_rot.expand({B, H, T, R})}, -1);
+  const at::Tensor v = kv_heads.narrow(-1, N, V);
+  const auto [keys, values] = extend(cache, k, v);
+  const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  return causal_attention(torch::cat({q.narrow(-1, 0, N), q_rot}, -1), keys, values, scale, o_.sliding_window, nullptr,
+                          o_.attn_softcap);
+}
+
+torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
+  const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
+  const at::Tensor a = run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
   auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };

@@ -1,6 +1,7 @@
 // Decoder blocks of today's language models, as Hugging Face's transformers computes them: the
 // Llama family's (RMSNorm, rotary positions, grouped-query attention, SwiGLU; Mistral's sliding
-// window and Qwen2's q/k/v biases as options) and GPT-2's. Their submodules carry transformers'
+// window and Qwen2's q/k/v biases as options; DeepSeek's multi-head latent attention and
+// sigmoid routing) and GPT-2's. Their submodules carry transformers'
 // names, so that a block's parameter "self_attn.q_proj.weight" is the checkpoint's
 // "model.layers.<i>.self_attn.q_proj.weight" (models/hf.cpp). Attention is
 // at::scaled_dot_product_attention, causal; attention dropout above 0 in training keeps the
@@ -117,6 +118,22 @@ struct LlamaBlockOptions {
   bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
   bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
+  // The router (MoeImpl): DeepSeek-V3's sigmoid scores in the softmax's place, chosen with a
+  // correction bias within the best groups, renormalized, scaled.
+  bool router_sigmoid = false;    // sigmoid scores; normalize_experts divides by their sum + 1e-20
+  bool router_bias = false;       // sigmoid: e_score_correction_bias (a buffer) added to the scores to choose
+  int64_t expert_groups = 1;      // sigmoid: the experts in that many groups; a token's chosen from
+  int64_t groups_per_token = 1;   //   the groups_per_token of highest top-2 score sum
+  double routed_scale = 1;        // the chosen experts' weights times this (routed_scaling_factor)
+  bool router_float32 = false;    // lower precisions compute the router's scores in float32 (from both operands cast)
+  // DeepSeek's multi-head latent attention (MlaAttentionImpl) where kv_lora_rank > 0: head_dim is
+  // a query's and key's values (rope_head_dim rotated at the end), v_head_dim a value's;
+  // n_kv_heads equals n_heads.
+  int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: queries projected directly (q_proj)
+  int64_t rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints)
+  double latent_eps = 1e-6;      // the latents' RMSNorms' epsilon
+  bool mla() const { return kv_lora_rank > 0; }
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -132,6 +149,40 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   LlamaBlockOptions o_;
 };
 TORCH_MODULE(LlamaAttention);
+
+/// DeepSeek's multi-head latent attention ("self_attn"): queries through q_proj, or q_a_proj, its
+/// RMSNorm q_a_layernorm and q_b_proj (q_lora_rank > 0); one projection kv_a_proj_with_mqa to a
+/// latent of kv_lora_rank (RMS-normalized by kv_a_layernorm, then expanded by kv_b_proj to each
+/// head's unrotated key and value) and one rotated key of rope_head_dim shared by every head;
+/// o_proj. qkv_bias: biases on q_a_proj (or none on q_proj) and kv_a_proj_with_mqa; o_bias: on o_proj.
+class MlaAttentionImpl : public torch::nn::Cloneable<MlaAttentionImpl> {
+ public:
+  explicit MlaAttentionImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  torch::nn::Linear q_proj{nullptr}, q_a_proj{nullptr}, q_b_proj{nullptr};  ///< q_proj, or the other two with q_lora_rank
+  RmsNorm q_a_layernorm{nullptr};                                            ///< with q_lora_rank only
+  torch::nn::Linear kv_a_proj_with_mqa{nullptr}, kv_b_proj{nullptr}, o_proj{nullptr};
+  RmsNorm kv_a_layernorm{nullptr};
+
+ private:
+  LlamaBlockOptions o_;
+};
+TORCH_MODULE(MlaAttention);
+
+/// A mixture of experts' router ("gate"): its weight [experts, d_model], no bias, and with
+/// router_bias the buffer e_score_correction_bias [experts] (DeepSeek-V3's: it shifts which experts
+/// are chosen, not their weights; a buffer, as transformers holds it: no gradient).
+class RouterImpl : public torch::nn::Cloneable<RouterImpl> {
+ public:
+  RouterImpl(int64_t experts, int64_t d_model, bool bias) : experts_(experts), d_model_(d_model), bias_(bias) { reset(); }
+  void reset() override;
+  at::Tensor weight, e_score_correction_bias;
+
+ private:
+  int64_t experts_, d_model_;
+  bool bias_;
+};
+TORCH_MODULE(Router);
 
 /// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
 /// GELU in silu's place, Gemma's).
@@ -156,7 +207,8 @@ TORCH_MODULE(GatedMlp);
 /// of the scores (float32 at least) picks its top `experts_per_token` experts, whose SwiGLU MLPs
 /// ("experts.<e>", GatedMlp) run on the tokens routed to them, expert by expert in ascending
 /// order, and whose outputs add up weighted by those probabilities (renormalized over the chosen
-/// with normalize_experts). The routing is read on the host (one sync per layer). With
+/// with normalize_experts); with router_sigmoid, DeepSeek-V3's routing (LlamaBlockOptions). The
+/// routing is read on the host (one sync per layer). With
 /// `shared_expert` (Qwen2-MoE's), every token also goes through one more SwiGLU MLP of that width
 /// ("shared_expert"), scaled by sigmoid(shared_expert_gate(x)) ([1, d_model], no bias; without
 /// the gate where `shared_expert_gate` is false, GraniteMoeShared's), added to
@@ -166,19 +218,22 @@ class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
   explicit MoeImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate{nullptr};
+  Router gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
   GatedMlp shared_expert{nullptr};               ///< with shared_expert only
   torch::nn::Linear shared_expert_gate{nullptr};  ///< with shared_expert and shared_expert_gate only
 
  private:
+  // Each token's chosen experts' weights and the experts [N, experts_per_token], of h [N, d_model].
+  std::pair<at::Tensor, at::Tensor> route(const at::Tensor& h);
   LlamaBlockOptions o_;
 };
 TORCH_MODULE(Moe);
 
 /// A Llama-family decoder layer: x + o(attn(rope(q), rope(k), v)) of input_layernorm(x), then
 /// h + mlp(post_attention_layernorm(h)); its norms placed otherwise for OLMo 2 and Gemma 2 and 3
-/// (NormPlacement). Input and output [B, T, d_model].
+/// (NormPlacement); DeepSeek's latent attention in place of grouped-query attention where
+/// kv_lora_rank > 0. Input and output [B, T, d_model].
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
  public:
   explicit LlamaBlockImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
@@ -189,10 +244,17 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   const LlamaBlockOptions& options() const { return o_; }
 
  private:
+  // Attention's output (before o_proj) for h, input_layernorm's output: grouped-query or latent.
+  at::Tensor attention(const at::Tensor& h, KvCache* cache);
+  at::Tensor latent_attention(const at::Tensor& h, KvCache* cache);
+  // q and k [B, *, T, head] rotated for positions offset..offset+T-1 (their first rotary_dim
+  // values, of a head of head_dim).
+  std::pair<at::Tensor, at::Tensor> rotate(at::Tensor q, at::Tensor k, int64_t head_dim, int64_t offset, KvCache* cache);
   LlamaBlockOptions o_;
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   RmsNorm pre_feedforward_layernorm_{nullptr}, post_feedforward_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
+  MlaAttention mla_{nullptr};  // in self_attn_'s place where options().mla()
   GatedMlp mlp_{nullptr};
   Moe moe_{nullptr};  // in mlp_'s place where options().experts > 0
   // rope_inv_freq on the device the block last ran on, for the dtype it ran in (and longrope's
@@ -259,7 +321,9 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// experts_per_token, normalize_experts, router_cast, shared_expert, shared_expert_gate, rope_float32, clip_qkv, residual_scale, rotary;
+/// experts_per_token, normalize_experts, router_cast, shared_expert, shared_expert_gate, router, router_bias, expert_groups,
+/// groups_per_token, routed_scale, router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave,
+/// latent_eps, rope_float32, clip_qkv, residual_scale, rotary;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

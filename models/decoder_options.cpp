@@ -68,6 +68,40 @@ Rope read_rope(JsonReader& r, int64_t head_dim) {
   s.finish();
   return rope;
 }
+// DeepSeek's multi-head latent attention: kv_lora_rank above 0 and its other keys.
+void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
+  o.kv_lora_rank = r.get_int("kv_lora_rank", 0, 0, int64_t{1} << 20);
+  if (!o.mla()) {
+    for (const char* k : {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_interleave", "latent_eps"})
+      if (r.has(k)) r.fail(k, "needs kv_lora_rank above 0 (latent attention)");
+    return;
+  }
+  if (r.has("n_kv_heads") && o.n_kv_heads != o.n_heads) r.fail("n_kv_heads", "must equal n_heads with latent attention (kv_lora_rank)");
+  o.q_lora_rank = r.get_int("q_lora_rank", 0, 0, int64_t{1} << 20);
+  if (!r.has("rope_head_dim")) r.fail("rope_head_dim", "is required with kv_lora_rank (the rotated values at the end of each head)");
+  o.rope_head_dim = r.get_int("rope_head_dim", 0, 2, o.head_dim);
+  if (o.rope_head_dim % 2) r.fail("rope_head_dim", "must be even (rotary positions turn pairs of values)");
+  o.v_head_dim = r.get_int("v_head_dim", o.head_dim, 1, 1 << 16);
+  o.rope_interleave = r.get_bool("rope_interleave", false);
+  o.latent_eps = r.get_number("latent_eps", 1e-6, 1e-12, 1.0);
+}
+
+// The router: softmax (default) or DeepSeek-V3's sigmoid with its correction bias and groups.
+void read_router(JsonReader& r, LlamaBlockOptions& o) {
+  o.router_sigmoid = r.get_choice("router", "softmax", {"softmax", "sigmoid"}) == "sigmoid";
+  if (!o.router_sigmoid)
+    for (const char* k : {"router_bias", "expert_groups", "groups_per_token"})
+      if (r.has(k)) r.fail(k, "needs router \"sigmoid\"");
+  o.router_bias = r.get_bool("router_bias", false);
+  o.expert_groups = r.get_int("expert_groups", 1, 1, std::max<int64_t>(o.experts, 1));
+  if (o.experts % o.expert_groups || (o.expert_groups > 1 && o.experts / o.expert_groups < 2))
+    r.fail("expert_groups", detail::concat("must divide experts (", o.experts, ") into groups of at least 2"));
+  o.groups_per_token = r.get_int("groups_per_token", o.expert_groups, 1, o.expert_groups);
+  if (o.experts > 0 && o.groups_per_token * (o.experts / o.expert_groups) < o.experts_per_token)
+    r.fail("groups_per_token", detail::concat("leaves fewer experts than experts_per_token (", o.experts_per_token, ") to choose from"));
+  o.routed_scale = r.get_number("routed_scale", 1.0, 1e-6, 1e6);
+  o.router_float32 = r.get_bool("router_float32", false);
+}
 }  // namespace
 
 LlamaBlockOptions read_llama_block(JsonReader& r) {
@@ -78,10 +112,11 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.n_heads % o.n_kv_heads) r.fail("n_kv_heads", detail::concat("must divide n_heads (", o.n_heads, ")"));
   if (!r.has("head_dim") && o.d_model % o.n_heads) r.fail("n_heads", detail::concat("must divide d_model (", o.d_model, "), or give head_dim"));
   o.head_dim = r.get_int("head_dim", o.d_model / o.n_heads, 2, 1 << 16);
-  if (o.head_dim % 2) r.fail("head_dim", "must be even (rotary positions turn pairs of values)");
+  read_latent_attention(r, o);
+  if (!o.mla() && o.head_dim % 2) r.fail("head_dim", "must be even (rotary positions turn pairs of values)");
   o.d_ff = r.require_int("d_ff", 1, int64_t{1} << 30);
   o.eps = r.get_number("eps", 1e-6, 1e-12, 1.0);
-  o.rope = read_rope(r, o.head_dim);
+  o.rope = read_rope(r, o.mla() ? o.rope_head_dim : o.head_dim);
   o.qkv_bias = r.get_bool("qkv_bias", false);
   o.o_bias = r.get_bool("o_bias", false);
   o.mlp_bias = r.get_bool("mlp_bias", false);
@@ -96,7 +131,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts == 0)
-    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate"})
+    for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
+                          "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
@@ -104,10 +140,15 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.shared_expert = r.get_int("shared_expert", 0, 0, int64_t{1} << 30);
   if (o.shared_expert == 0 && r.has("shared_expert_gate")) r.fail("shared_expert_gate", "needs shared_expert above 0");
   o.shared_expert_gate = r.get_bool("shared_expert_gate", true);
+  read_router(r, o);
   o.rope_float32 = r.get_bool("rope_float32", false);
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   o.residual_scale = r.get_number("residual_scale", 1.0, -1e6, 1e6);
   o.rotary = r.get_bool("rotary", true);
+  // What the latent attention does not compute.
+  if (o.mla() && o.qk_norm) r.fail("qk_norm", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.clip_qkv > 0) r.fail("clip_qkv", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && !o.rotary) r.fail("rotary", "false is not supported with latent attention (kv_lora_rank)");
   return o;
 }
 
@@ -135,8 +176,15 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1, router = o.experts > 0 ? double(o.experts) * d : 0;
   const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
-  return d * (q + 2 * kv) + q * d + mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms +
-         (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms;
+  const double mlp = mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms;
+  if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj
+    const double H = double(o.n_heads), D = double(o.head_dim), R = double(o.rope_head_dim), V = double(o.v_head_dim);
+    const double ql = double(o.q_lora_rank), kl = double(o.kv_lora_rank);
+    const double queries = o.q_lora_rank > 0 ? d * ql + ql + ql * H * D + (o.qkv_bias ? ql : 0) : d * H * D;
+    const double latent = d * (kl + R) + kl + kl * H * (D - R + V) + (o.qkv_bias ? kl + R : 0);
+    return queries + latent + H * V * d + (o.o_bias ? d : 0) + mlp;
+  }
+  return d * (q + 2 * kv) + q * d + mlp + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms;
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v3", kDeepseekV3},
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -113,7 +113,7 @@ bool is_dir(const std::string& p) {
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kQwen2,   kQwen3,  kPhi3,     kOlmo2,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV3, kGpt2};
   return a;
 }
 
@@ -129,6 +129,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   if (!spec.config.is_object()) throw ConfigError(where + ": " + file + " is not a JSON object");
   const Fields f(spec.config, where + ": " + file);
   spec.architecture = architecture_of(spec.config, f);
+  if (f.has("quantization_config"))
+    f.fail("quantization_config", "is not supported (a quantized checkpoint, its weights in 8 bits or fewer: dequantize it to bfloat16 first)");
   if (spec.architecture == kGpt2) gpt2(f, seq_len, spec);
   else llama_family(spec.architecture, f, seq_len, spec);
   return spec;
@@ -148,7 +150,9 @@ Model build_hf(JsonReader& r) {
   for (const HfTensor& t : spec.tensors)
     if (ck.contains(t.theirs) && ck.get(t.theirs).scalar_type() == at::kDouble) wide = true;
   if (wide) m.layers->to(torch::kDouble);
-  auto params = m.layers->named_parameters();
+  std::map<std::string, at::Tensor> params;  // and buffers: DeepSeek-V3's e_score_correction_bias
+  for (const auto& p : m.layers->named_parameters()) params[p.key()] = p.value();
+  for (const auto& b : m.layers->named_buffers()) params[b.key()] = b.value();
   std::set<std::string> used;
   std::map<std::string, int64_t> fused_rows, slices;  // a fused tensor's rows (one slice's), all its parts'; a stack's slices
   for (const HfTensor& t : spec.tensors) {
@@ -157,7 +161,7 @@ Model build_hf(JsonReader& r) {
   }
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
-    at::Tensor p = params[t.ours];
+    at::Tensor p = params.at(t.ours);
     if (!ck.contains(t.theirs)) {
       if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // the embedding, copied below
       throw ConfigError(detail::concat(where, ": ", dir, " has no tensor '", t.theirs, "' (", spec.architecture, " as config.json describes it needs one)"));
@@ -191,8 +195,11 @@ Model build_hf(JsonReader& r) {
     params["lm_head.linear.weight"].copy_(params[embed]);
     used.insert("lm_head.weight");
   }
+  auto skipped = [&](const std::string& name) {
+    return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  };
   for (const std::string& name : ck.names())
-    if (!used.count(name) && !ignorable(name))
+    if (!used.count(name) && !ignorable(name) && !skipped(name))
       throw ConfigError(detail::concat(where, ": ", ck.file_of(name), ": tensor '", name, "' is not part of a ", spec.architecture,
                                        " as config.json describes it (an unsupported option would compute a different model)"));
   return m;

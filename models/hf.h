@@ -2,9 +2,8 @@
 // (`save_pretrained`: config.json and model.safetensors, or shards with
 // model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
-// hf`). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
-// MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM (llama_block) and GPT2LMHeadModel (gpt2_block). A config field that would change the math and
+// hf`). Architectures: those hf_architectures() lists (the Llama family's, Mixtures of experts and
+// DeepSeek-V3's latent attention as llama_block, GPT-2 as gpt2_block). A config field that would change the math and
 // is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
 // tests/hf_test.cpp, tests/hf_models.py (against transformers).
 #pragma once
@@ -45,6 +44,9 @@ struct HfSpec {
   nlohmann::json layers;
   std::vector<HfTensor> tensors;
   bool tied = false;  // the output head is the token embedding (tie_word_embeddings)
+  /// Prefixes of the checkpoint's tensors that are not part of the model and are not read
+  /// (DeepSeek-V3's multi-token prediction layers after num_hidden_layers, as transformers skips them).
+  std::vector<std::string> ignored;
 };
 
 /// Reads and checks `dir`/config.json; `where` prefixes errors (the config key that named dir).

@@ -165,6 +165,36 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
   return window;
 }
 
+// DeepSeek-V3's multi-head latent attention: a query and key head of qk_nope_head_dim +
+// qk_rope_head_dim values (config.json's head_dim, which its config writes as qk_rope_head_dim, is
+// not read), its scale qk_head_dim^-0.5 times yarn's mscale_all_dim correction squared where the
+// rope is scaled (transformers' yarn_apply_mscale). Every head gets the expanded keys, so
+// num_key_value_heads is not read (transformers' attention does not use it either).
+void latent_attention_args(const Fields& f, int64_t heads, json& block) {
+  const int64_t big = int64_t{1} << 20;
+  const int64_t nope = f.integer("qk_nope_head_dim", 128, 0, big), rope = f.integer("qk_rope_head_dim", 64, 2, big);
+  if (rope % 2) f.fail("qk_rope_head_dim", detail::concat("must be even (rotary positions turn pairs of values), got ", rope));
+  block["n_kv_heads"] = heads;
+  block["head_dim"] = nope + rope;
+  block["rope_head_dim"] = rope;
+  block["v_head_dim"] = f.integer("v_head_dim", 128, 1, big);
+  block["kv_lora_rank"] = f.integer("kv_lora_rank", 512, 1, big);
+  if (!f.at_null("q_lora_rank")) block["q_lora_rank"] = f.integer("q_lora_rank", 1536, 1, big);
+  block["rope_interleave"] = f.boolean("rope_interleave", true);
+  double scale = std::pow(double(nope + rope), -0.5);
+  const json none = json::object();
+  const json& p = f.has("rope_parameters") ? f.at("rope_parameters") : f.has("rope_scaling") ? f.at("rope_scaling") : none;
+  const std::string type = p.is_object() ? p.value("rope_type", p.value("type", std::string("default"))) : "default";
+  const double all_dim = p.is_object() && p.contains("mscale_all_dim") && p.at("mscale_all_dim").is_number() ? p.at("mscale_all_dim").get<double>() : 0.0;
+  if (type != "default" && all_dim != 0) {
+    if (!p.contains("factor") || !p.at("factor").is_number()) f.fail("rope_parameters.factor", "is required with mscale_all_dim");
+    const double factor = p.at("factor").get<double>();
+    const double mscale = factor <= 1 ? 1.0 : 0.1 * all_dim * std::log(factor) + 1.0;
+    scale = scale * mscale * mscale;
+  }
+  block["attn_scale"] = scale;
+}
+
 // The arguments every llama_block of the model shares: sizes, biases, norms, activation,
 // attention's scale and cap (the rope is read apart).
 json llama_block_args(const std::string& arch, const Traits& t, const Fields& f, int64_t d, int64_t heads) {
@@ -182,12 +212,14 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe ? 1e-5 : 1e-6)}};
-  if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
+  if (arch == kDeepseekV3) latent_attention_args(f, heads, block);
+  else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
-      (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma_any()) &&
+      (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
+       t.gemma_any() || arch == kDeepseekV3) &&
       f.boolean("attention_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
   block["o_bias"] = attention_bias;
@@ -231,10 +263,38 @@ struct Experts {
   bool any() const { return !args.empty(); }
 };
 
+// DeepSeek-V3's: every layer from first_k_dense_replace on; n_routed_experts of
+// moe_intermediate_size chosen by sigmoid scores with their correction bias within the topk_group
+// best of n_group groups, renormalized (norm_topk_prob) and scaled (routed_scaling_factor); its
+// shared experts one MLP of n_shared_experts times the width, without a gate.
+Experts deepseek_experts(const Fields& f, int64_t n) {
+  Experts x;
+  const int64_t big = int64_t{1} << 30;
+  const int64_t count = f.integer("n_routed_experts", 256, 1, 1 << 16), k = f.integer("num_experts_per_tok", 8, 1, count);
+  const int64_t groups = f.integer("n_group", 8, 1, count), best = f.integer("topk_group", 4, 1, groups);
+  if (count % groups || count / groups < 2)
+    f.fail("n_group", detail::concat("must divide n_routed_experts (", count, ") into groups of at least 2"));
+  if (best * (count / groups) < k) f.fail("topk_group", detail::concat("leaves fewer experts than num_experts_per_tok (", k, ") to choose from"));
+  if (f.boolean("output_router_logits", false))
+    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  const int64_t width = f.integer("moe_intermediate_size", 2048, 1, big), shared = f.integer("n_shared_experts", 1, 1, 1 << 16);
+  const double scale = f.number("routed_scaling_factor", 2.5);
+  if (!(scale > 0)) f.fail("routed_scaling_factor", "must be above 0");
+  x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", f.boolean("norm_topk_prob", true)},
+            {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", groups}, {"groups_per_token", best},
+            {"routed_scale", scale}, {"router_float32", true}, {"d_ff", width}, {"shared_expert", width * shared},
+            {"shared_expert_gate", false}};
+  const int64_t dense = f.integer("first_k_dense_replace", 3, 0, big);
+  x.layers.assign(static_cast<size_t>(n), false);
+  for (int64_t i = dense; i < n; ++i) x.layers[static_cast<size_t>(i)] = true;
+  return x;
+}
+
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
+  if (arch == kDeepseekV3) return deepseek_experts(f, n);
   if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
   const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
@@ -296,14 +356,42 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
   const bool mixtral = arch == kMixtral;
   const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
   spec.tensors.push_back({ours + "mlp.gate.weight", moe + "gate.weight"});
+  if (arch == kDeepseekV3) spec.tensors.push_back({ours + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"});
   for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e)
     for (const auto& [mine, mixtrals] : std::vector<std::pair<std::string, std::string>>{{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}})
       spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),
                               detail::concat(moe, "experts.", e, ".", mixtral ? mixtrals : mine, ".weight")});
   if (!x.args.contains("shared_expert")) return;
+  if (arch == kDeepseekV3) {  // its shared_experts
+    for (const char* p : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+      spec.tensors.push_back({ours + "mlp.shared_expert." + p, moe + "shared_experts." + p});
+    return;
+  }
   for (const char* p : {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",
                         "shared_expert_gate.weight"})
     spec.tensors.push_back({ours + "mlp." + p, moe + p});
+}
+
+// DeepSeek-V3's attention tensors (the names are transformers' and ours): q_proj or q_a_proj, its
+// norm and q_b_proj; kv_a_proj_with_mqa, its norm, kv_b_proj; o_proj; attention_bias on q_a_proj,
+// kv_a_proj_with_mqa and o_proj.
+void latent_attention_tensors(const json& block, std::vector<std::string>& names) {
+  const bool bias = block["qkv_bias"];
+  auto linear = [&](const std::string& p, bool with_bias) {
+    names.push_back("self_attn." + p + ".weight");
+    if (with_bias) names.push_back("self_attn." + p + ".bias");
+  };
+  if (block.contains("q_lora_rank")) {
+    linear("q_a_proj", bias);
+    names.push_back("self_attn.q_a_layernorm.weight");
+    linear("q_b_proj", false);
+  } else {
+    linear("q_proj", false);
+  }
+  linear("kv_a_proj_with_mqa", bias);
+  names.push_back("self_attn.kv_a_layernorm.weight");
+  linear("kv_b_proj", false);
+  linear("o_proj", block["o_bias"].get<bool>());
 }
 
 }  // namespace
@@ -318,7 +406,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V3:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -399,9 +487,13 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       continue;
     }
     std::vector<std::string> names = norms;
-    for (const char* p : {"q", "k", "v", "o"}) {
-      names.push_back(detail::concat("self_attn.", p, "_proj.weight"));
-      if (std::string(p) == "o" ? o_bias : qkv_bias) names.push_back(detail::concat("self_attn.", p, "_proj.bias"));
+    if (arch == kDeepseekV3) {
+      latent_attention_tensors(block, names);
+    } else {
+      for (const char* p : {"q", "k", "v", "o"}) {
+        names.push_back(detail::concat("self_attn.", p, "_proj.weight"));
+        if (std::string(p) == "o" ? o_bias : qkv_bias) names.push_back(detail::concat("self_attn.", p, "_proj.bias"));
+      }
     }
     if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
     if (experts.layers[static_cast<size_t>(i)]) {
@@ -415,6 +507,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     }
     for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
   }
+  if (arch == kDeepseekV3)  // its multi-token prediction layers, after the others: not part of the causal model
+    for (int64_t i = n; i < n + f.integer("num_nextn_predict_layers", f.integer("num_mtp_layers", 1, 0, 64), 0, 64); ++i)
+      spec.ignored.push_back(detail::concat("model.layers.", i, "."));
   json norm{{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", block["eps"]}};
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
   layers.push_back(norm);

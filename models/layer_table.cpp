@@ -69,6 +69,10 @@ std::vector<LayerType> make_table() {
         {"attn_softcap", K::Number, "0: none"}, {"experts", K::Int, "0: one MLP"}, {"experts_per_token", K::Int, "2"},
         {"normalize_experts", K::Bool, "true"}, {"router_cast", K::Bool, "false"}, {"rope_float32", K::Bool, "false"},
         {"clip_qkv", K::Number, "0: none"}, {"shared_expert", K::Int, "0: none"}, {"shared_expert_gate", K::Bool, "true"},
+        {"router", K::String, "\"softmax\""}, {"router_bias", K::Bool, "false"}, {"expert_groups", K::Int, "1"},
+        {"groups_per_token", K::Int, "expert_groups"}, {"routed_scale", K::Number, "1"}, {"router_float32", K::Bool, "false"},
+        {"kv_lora_rank", K::Int, "0: grouped-query attention"}, {"q_lora_rank", K::Int, "0: q_proj"}, {"rope_head_dim", K::Int, ""},
+        {"v_head_dim", K::Int, "head_dim"}, {"rope_interleave", K::Bool, "false"}, {"latent_eps", K::Number, "1e-6"},
         {"residual_scale", K::Number, "1"}, {"rotary", K::Bool, "true"}},
        "[T, d] → [T, d]",
        "a Llama-family decoder layer as transformers computes it (RMSNorm, rotary positions, grouped-query causal attention, "
@@ -77,7 +81,7 @@ std::vector<LayerType> make_table() {
        "`\"sandwich\"`: Gemma 2's before and after each; `norm_scale` as rmsnorm's `scale`; `act` `\"gelu_tanh\"`: GeGLU; "
        "`attn_softcap`: Gemma 2's cap·tanh(scores/cap); `experts` above 0: a sparse mixture of that many SwiGLU experts of `d_ff` "
        "in the MLP's place, each token's top `experts_per_token` by the router's softmax, as Mixtral's and Qwen3-MoE's, "
-       "`mlp.gate.weight`, `mlp.experts.0.gate_proj.weight`, …; `shared_expert` above 0: Qwen2-MoE's shared SwiGLU expert of that width for every token, scaled by sigmoid(`mlp.shared_expert_gate`), or added as is with `shared_expert_gate` false (GraniteMoeShared's); `rope_float32`: OLMo 2's rotation in float32 in lower precisions; `clip_qkv`: OLMoE's clamp of q, k and v; `residual_scale`: Granite's multiplier of each branch before its residual add; `rotary` false: no rotary positions, SmolLM3's NoPE layers); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
+       "`mlp.gate.weight`, `mlp.experts.0.gate_proj.weight`, …; `shared_expert` above 0: Qwen2-MoE's shared SwiGLU expert of that width for every token, scaled by sigmoid(`mlp.shared_expert_gate`), or added as is with `shared_expert_gate` false (GraniteMoeShared's); `rope_float32`: OLMo 2's rotation in float32 in lower precisions; `clip_qkv`: OLMoE's clamp of q, k and v; `residual_scale`: Granite's multiplier of each branch before its residual add; `rotary` false: no rotary positions, SmolLM3's NoPE layers; `router` `\"sigmoid\"`: DeepSeek-V3's routing, sigmoid scores, chosen with `mlp.gate.e_score_correction_bias` (a buffer, with `router_bias`) added within the `groups_per_token` of `expert_groups` groups whose two best sum highest, renormalized over the chosen (plus 1e-20) with `normalize_experts`; `routed_scale`: the chosen weights' multiplier; `router_float32`: the router's scores computed in float32 in lower precisions; `kv_lora_rank` above 0: DeepSeek's multi-head latent attention, a latent of that rank expanded to each head's keys and values, a shared rotated key of `rope_head_dim` at the end of each head of `head_dim`, values of `v_head_dim`, queries through a latent of `q_lora_rank` (0: directly), `self_attn.kv_a_proj_with_mqa.weight`, `self_attn.kv_b_proj.weight`, …; `rope_interleave`: the rotated values as interleaved pairs); parameters `self_attn.q_proj.weight`, `mlp.gate_proj.weight`, …",
        rows::llama_block},
       {"gpt2_block",
        {{"d_model", K::Int, ""}, {"n_heads", K::Int, ""}, {"d_ff", K::Int, "4·d_model"}, {"eps", K::Number, "1e-5"},

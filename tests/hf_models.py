@@ -151,6 +151,29 @@ CASES = {
                                                          max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
                                                          embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.3,
                                                          logits_scaling=3.0, tie_word_embeddings=False)),
+    # DeepSeek-V3: multi-head latent attention (queries through a latent of 24, keys and values of
+    # 16; 8 values of each query and key head unrotated, 4 rotated as interleaved pairs, values of
+    # 12), yarn with mscale and mscale_all_dim (which scale attention too), attention biases; after
+    # a dense first layer, 8 experts of 16 in 4 groups: sigmoid scores, the correction bias, the
+    # best 2 groups, top 2 renormalized and scaled by 2.5; 2 shared experts
+    "deepseek-v3": ("DeepseekV3Config", dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                                             num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+                                             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_routed_experts=8,
+                                             num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=2,
+                                             routed_scaling_factor=2.5, first_k_dense_replace=1, max_position_embeddings=64,
+                                             attention_bias=True, rope_interleave=True, tie_word_embeddings=False,
+                                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                                           "mscale": 1.0, "mscale_all_dim": 0.8})),
+    # DeepSeek-V3 as the smaller checkpoints of its architecture set it: queries projected
+    # directly (q_lora_rank None), the rotated values in halves (rope_interleave false), one group,
+    # the top 3 of 6 experts unnormalized, every layer sparse, tied head
+    "deepseek-v3-lite": ("DeepseekV3Config", dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                                  q_lora_rank=None, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=6,
+                                                  v_head_dim=8, n_routed_experts=6, num_experts_per_tok=3, n_group=1,
+                                                  topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
+                                                  norm_topk_prob=False, first_k_dense_replace=0, max_position_embeddings=64,
+                                                  rope_interleave=False, tie_word_embeddings=True)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -182,7 +205,12 @@ def rope64(config, head_dim, seq_len, p=None):
         return torch.where(medium, smoothed, scaled), 1.0
     if kind == "yarn":
         factor = p["factor"]
-        attention = p.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+        def mscale(m=1.0):
+            return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        both = p.get("mscale") and p.get("mscale_all_dim")
+        attention = p.get("attention_factor") or (mscale(p["mscale"]) / mscale(p["mscale_all_dim"]) if both else mscale())
 
         def correction(rotations):
             return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -204,7 +232,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-          "olmoe": "Olmoe"}
+          "olmoe": "Olmoe", "deepseek_v3": "DeepseekV3"}
 
 
 def patch_float64():
@@ -250,6 +278,26 @@ def patch_float64():
                 return logits, top, chosen
 
             router.forward = router_forward
+        sigmoid_router = getattr(module, f"{prefix}TopkRouter", None)
+        if sigmoid_router is not None:  # DeepSeek-V3's routing in float64 (transformers: float32)
+
+            def sigmoid_forward(self, h, _orig=sigmoid_router.forward):
+                if h.dtype != torch.float64:
+                    return _orig(self, h)
+                logits = torch.nn.functional.linear(h.reshape(-1, self.hidden_dim), self.weight)
+                scores = logits.sigmoid()
+                choice = scores + self.e_score_correction_bias
+                groups = choice.view(-1, self.num_group, self.num_experts // self.num_group).topk(2, dim=-1)[0].sum(dim=-1)
+                best = torch.topk(groups, k=self.topk_group, dim=-1, sorted=False)[1]
+                mask = torch.zeros_like(groups).scatter_(1, best, 1)
+                keep = mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group).reshape(-1, self.num_experts)
+                chosen = torch.topk(choice.masked_fill(~keep.bool(), float("-inf")), k=self.top_k, dim=-1, sorted=False)[1]
+                top = scores.gather(1, chosen)
+                if self.norm_topk_prob:
+                    top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+                return logits, top * self.routed_scaling_factor, chosen
+
+            sigmoid_router.forward = sigmoid_forward
         if gemma:  # the embedding's scale a float32 value, as from_config makes its buffer
             embedding = getattr(module, f"{prefix}TextScaledWordEmbedding", None) or getattr(module, f"{prefix}ScaledWordEmbedding")
 
@@ -296,6 +344,9 @@ def random_model(name, dtype_name, root):
         for pname, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+        for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias
+            if bname.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(os.path.join(out, "model"))
     return model, config, out
 
@@ -346,6 +397,22 @@ def make(root, only=None):
     print("made the cases with transformers", transformers.__version__)
 
 
+def router_float64(model, model_dir):
+    """DeepSeek-V3's router holds its weight and bias in float32 whatever the model's dtype, so
+    from_pretrained rounds a float64 checkpoint's: here they are the checkpoint's, in float64."""
+    from safetensors.torch import load_file
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    wanted = [n for n in names if n.endswith(".mlp.gate.weight") or n.endswith(".mlp.gate.e_score_correction_bias")]
+    if not wanted:
+        return
+    saved = load_file(os.path.join(model_dir, "model.safetensors"))
+    model.to(torch.float64)
+    with torch.no_grad():
+        for n in wanted:
+            module_name, leaf = n.rsplit(".", 1)
+            getattr(model.get_submodule(module_name), leaf).copy_(saved[n])
+
+
 def generate(ids, new_tokens, *model_dirs):
     patch_float64()
     result = {}
@@ -354,6 +421,8 @@ def generate(ids, new_tokens, *model_dirs):
             dtype = DTYPES.get(json.load(f).get("dtype"), torch.float32)
         config = transformers.AutoConfig.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **experts_eager(config)).eval()
+        if dtype == torch.float64:
+            router_float64(model, model_dir)
         prompt = torch.tensor([[int(i) for i in ids.split(",")]])
         with torch.no_grad():
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,

@@ -122,6 +122,7 @@ void check_architecture(const std::string& arch) {
     EXPECT_LE(worst, dtype == "float64" ? 1e-10 : dtype == "bfloat16" ? kBfloat16LossBound : float32_bound(arch)) << arch << " " << dtype << " losses";
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+    for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();  // DeepSeek-V3's router's bias
     EXPECT_GT(models::save_hf(dir + "/model", weights, dir + "/exported", 1 << 20), 0u);
   }
   const auto compared = test::shell(python() + " " + test::hf_oracle() + " compare " + root() + " 2>/dev/null");
@@ -160,6 +161,8 @@ TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe");
 TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
 TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("granitemoe"); }
 TEST(HfParity, GraniteMoeSharedExpertWithoutAGate) { check_architecture("granitemoe-shared"); }
+TEST(HfParity, DeepseekV3LatentAttentionGroupedSigmoidRouting) { check_architecture("deepseek-v3"); }
+TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deepseek-v3-lite"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -181,6 +184,7 @@ std::string write_model(const std::string& name, const nlohmann::json& config, i
   const models::Model m = models::build_layer_list(list);
   std::map<std::string, at::Tensor> weights;
   for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();
   models::save_hf(dir, weights, dir, uint64_t{1} << 30);
   return dir;
 }
@@ -247,14 +251,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
-                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v3, gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -284,6 +288,50 @@ TEST(HfFamily, TheWeightsMustBeExactlyTheModels) {
   rewrite(reshaped);
   EXPECT_NE(hf_error(dir).find("tensor 'lm_head.weight' has shape [41, 16], config.json makes it [40, 16]"), std::string::npos)
       << hf_error(dir);
+}
+
+// DeepSeek-V3: its latent attention's and router's tensors read by their names (the router's
+// correction bias, a buffer, too); its multi-token prediction layer after num_hidden_layers, which
+// its published checkpoints hold, is not read; a quantized checkpoint and routing it cannot
+// compute are refused in one line.
+TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
+  const nlohmann::json config{{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"}, {"vocab_size", 40},
+                              {"hidden_size", 16}, {"intermediate_size", 24}, {"moe_intermediate_size", 8},
+                              {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 2},
+                              {"kv_lora_rank", 8}, {"q_lora_rank", nullptr}, {"qk_nope_head_dim", 4}, {"qk_rope_head_dim", 4},
+                              {"v_head_dim", 4}, {"head_dim", 4}, {"n_routed_experts", 4}, {"num_experts_per_tok", 2},
+                              {"n_group", 2}, {"topk_group", 1}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
+                              {"tie_word_embeddings", false}};
+  const std::string dir = write_model("deepseek", config);
+  models::SafetensorsCheckpoint ck(dir);
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+                           "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+                           "model.layers.1.mlp.experts.3.down_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"})
+    EXPECT_TRUE(ck.contains(name)) << name;
+  models::NamedTensors all;
+  for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+  const at::Tensor bias = torch::randn({4});
+  for (auto& t : all)
+    if (t.first == "model.layers.1.mlp.gate.e_score_correction_bias") t.second = bias;
+  all.emplace_back("model.layers.2.eh_proj.weight", torch::zeros({16, 32}));  // the prediction layer
+  models::save_safetensors(dir + "/model.safetensors", all);
+  models::Model m = build(dir, 8);
+  EXPECT_TRUE(torch::equal(m.layers->named_buffers()["layer_1.llama.mlp.gate.e_score_correction_bias"], bias));
+  EXPECT_EQ(m.layers->forward(torch::randint(0, 40, {2, 8})).sizes(), (std::vector<int64_t>{2, 8, 40}));
+  all.emplace_back("model.layers.3.eh_proj.weight", torch::zeros({16, 32}));  // one past num_nextn_predict_layers (1)
+  models::save_safetensors(dir + "/model.safetensors", all);
+  EXPECT_NE(hf_error(dir).find("tensor 'model.layers.3.eh_proj.weight' is not part of a DeepseekV3ForCausalLM"), std::string::npos)
+      << hf_error(dir);
+  auto refused = [&](const nlohmann::json& changes, const std::string& expected) {
+    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  };
+  refused({{"n_group", 3}}, "n_group must divide n_routed_experts (4) into groups of at least 2");
+  refused({{"topk_group", 1}, {"num_experts_per_tok", 3}}, "topk_group leaves fewer experts than num_experts_per_tok (3)");
+  refused({{"qk_rope_head_dim", 3}}, "qk_rope_head_dim must be even");
+  refused({{"quantization_config", {{"quant_method", "fp8"}}}}, "quantization_config is not supported (a quantized checkpoint");
 }
 
 // The rope parameters as transformers resolves them (and Gemma 3's two: its sliding layers' and

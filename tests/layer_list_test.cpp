@@ -8,6 +8,8 @@
 #include "common/error.h"
 #include "common/replayable.h"
 #include "common/rng.h"
+#include "common/json_reader.h"
+#include "models/decoder.h"
 #include "models/families.h"
 #include "models/model.h"
 #include "models/skip.h"
@@ -273,7 +275,7 @@ TEST(LayerList, LlamaBlockArgumentsAreChecked) {
   };
   EXPECT_EQ(build_error(block({{"n_kv_heads", 2}})), "(built)");
   EXPECT_NE(build_error(block({{"n_kv_heads", 3}})).find("n_kv_heads: must divide n_heads (4)"), std::string::npos);
-  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "dynamic"}}}})).find("dynamic"), std::string::npos);
+  EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "dynamic"}}}})).find("original_max_position_embeddings: is required by dynamic"), std::string::npos);
   // yarn and longrope need the pretraining length; longrope a factor per rotated pair (head_dim 4
   // turns 2 pairs, and partial_rotary_factor 0.5 one); the rotation turns an even count.
   EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}}})).find("original_max_position_embeddings: is required by yarn"),
@@ -443,4 +445,63 @@ TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
   EXPECT_LE((2 * half - whole - alone.layers->forward(x)).abs().max().item<double>(), 1e-12);
   EXPECT_NE(build_error(block({{"experts", 3}, {"shared_expert_gate", false}})).find("shared_expert_gate: needs shared_expert above 0"),
             std::string::npos);
+}
+
+// DeepSeek's latent attention and sigmoid routing in a llama_block: the latent projections in the
+// attention's place, counted before they are made as they are; the interleaved rotation is another
+// model; the correction bias (a buffer) steers which experts are chosen but not their weights;
+// the arguments are checked. Both against transformers: HfParity.DeepseekV3*.
+TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
+  auto block = [](json extra) {
+    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
+  };
+  const json mla{{"kv_lora_rank", 8}, {"q_lora_rank", 10}, {"head_dim", 8}, {"rope_head_dim", 4}, {"v_head_dim", 5}, {"qkv_bias", true}};
+  models::Model m = build(block(mla));
+  auto params = m.layers->named_parameters();
+  EXPECT_EQ(params["b.llama.self_attn.kv_b_proj.weight"].sizes(), (std::vector<int64_t>{4 * (4 + 5), 8}));
+  EXPECT_EQ(params["b.llama.self_attn.kv_a_proj_with_mqa.bias"].sizes(), (std::vector<int64_t>{8 + 4}));
+  EXPECT_EQ(params["b.llama.self_attn.o_proj.weight"].sizes(), (std::vector<int64_t>{16, 4 * 5}));
+  EXPECT_FALSE(params.contains("b.llama.self_attn.k_proj.weight"));
+  int64_t values = 0;
+  for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader r(block(mla)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  json interleaved = mla;
+  interleaved["rope_interleave"] = true;
+  EXPECT_FALSE(torch::allclose(build(block(interleaved)).layers->forward(x), m.layers->forward(x)));  // same weights
+
+  // 8 experts in 4 groups, the best 2 groups: a large bias on experts 0 and 1 (group 0) makes them
+  // every token's two, weighted by their own sigmoid scores: 2 experts without a bias, the same.
+  models::Model steered = build(block({{"experts", 8}, {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", 4},
+                                       {"groups_per_token", 2}, {"normalize_experts", false}}));
+  models::Model two = build(block({{"experts", 2}, {"router", "sigmoid"}, {"normalize_experts", false}}));
+  EXPECT_FALSE(steered.layers->named_parameters().contains("b.llama.mlp.gate.e_score_correction_bias"));
+  {
+    torch::NoGradGuard no_grad;
+    for (models::Model* n : {&steered, &two}) n->layers->to(torch::kDouble);
+    auto s = steered.layers->named_parameters();
+    steered.layers->named_buffers()["b.llama.mlp.gate.e_score_correction_bias"].narrow(0, 0, 2).fill_(100.0);
+    for (auto& p : two.layers->named_parameters())
+      p.value().copy_(p.key() == "b.llama.mlp.gate.weight" ? s[p.key()].narrow(0, 0, 2) : s[p.key()]);
+  }
+  EXPECT_LE((steered.layers->forward(x) - two.layers->forward(x)).abs().max().item<double>(), 1e-12);
+
+  auto refused = [&](json extra, const std::string& expected) {
+    const std::string error = build_error(block(std::move(extra)));
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"kv_lora_rank", 8}}, "rope_head_dim: is required with kv_lora_rank");
+  refused({{"q_lora_rank", 8}}, "q_lora_rank: needs kv_lora_rank above 0");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 3}}, "rope_head_dim: must be even");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"n_kv_heads", 2}}, "n_kv_heads: must equal n_heads with latent attention");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"qk_norm", true}}, "qk_norm: is not supported with latent attention");
+  refused({{"experts", 4}, {"router_bias", true}}, "router_bias: needs router \"sigmoid\"");
+  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 3}}, "expert_groups: must divide experts (8) into groups of at least 2");
+  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 4}, {"groups_per_token", 1}, {"experts_per_token", 3}},
+          "groups_per_token: leaves fewer experts than experts_per_token (3)");
+  refused({{"routed_scale", 2.0}}, "routed_scale: needs experts above 0");
 }
