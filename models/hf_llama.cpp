@@ -30,8 +30,9 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   const double theta = get("rope_theta", theta_default);
   if (!(theta > 1)) f.fail("rope_theta", "must exceed 1");
   block["rope_theta"] = theta;
-  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", 1.0));
-  if (partial != 1.0 && arch != kPhi3)
+  // GLM-4.5's default: half of each head rotated.
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", arch == kGlm4Moe ? 0.5 : 1.0));
+  if (partial != 1.0 && arch != kPhi3 && arch != kGlm4Moe)
     f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
   if (partial != 1.0) block["partial_rotary_factor"] = partial;
@@ -211,7 +212,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV3) latent_attention_args(f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
@@ -221,10 +222,13 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV3) &&
       f.boolean("attention_bias", false);
-  block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias;
+  // GLM-4.5's attention_bias: on q, k and v, not o.
+  block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias ||
+                      (arch == kGlm4Moe && f.boolean("attention_bias", false));
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = (arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false);
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3;
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 ||
+                     (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
   if (clip < 0) f.fail("clip_qkv", "must be positive");
@@ -263,28 +267,29 @@ struct Experts {
   bool any() const { return !args.empty(); }
 };
 
-// DeepSeek-V3's: every layer from first_k_dense_replace on; n_routed_experts of
-// moe_intermediate_size chosen by sigmoid scores with their correction bias within the topk_group
-// best of n_group groups, renormalized (norm_topk_prob) and scaled (routed_scaling_factor); its
-// shared experts one MLP of n_shared_experts times the width, without a gate.
-Experts deepseek_experts(const Fields& f, int64_t n) {
+// DeepSeek-V3's and GLM-4.5's (with its own defaults): every layer from first_k_dense_replace on;
+// n_routed_experts of moe_intermediate_size chosen by sigmoid scores with their correction bias
+// within the topk_group best of n_group groups, renormalized (norm_topk_prob) and scaled
+// (routed_scaling_factor); its shared experts one MLP of n_shared_experts times the width, without a gate.
+Experts sigmoid_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
+  const bool glm = arch == kGlm4Moe;
   const int64_t big = int64_t{1} << 30;
-  const int64_t count = f.integer("n_routed_experts", 256, 1, 1 << 16), k = f.integer("num_experts_per_tok", 8, 1, count);
-  const int64_t groups = f.integer("n_group", 8, 1, count), best = f.integer("topk_group", 4, 1, groups);
-  if (count % groups || count / groups < 2)
+  const int64_t count = f.integer("n_routed_experts", glm ? 128 : 256, 1, 1 << 16), k = f.integer("num_experts_per_tok", 8, 1, count);
+  const int64_t groups = f.integer("n_group", glm ? 1 : 8, 1, count), best = f.integer("topk_group", glm ? 1 : 4, 1, groups);
+  if (count % groups || (groups > 1 && count / groups < 2))
     f.fail("n_group", detail::concat("must divide n_routed_experts (", count, ") into groups of at least 2"));
   if (best * (count / groups) < k) f.fail("topk_group", detail::concat("leaves fewer experts than num_experts_per_tok (", k, ") to choose from"));
   if (f.boolean("output_router_logits", false))
     f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
-  const int64_t width = f.integer("moe_intermediate_size", 2048, 1, big), shared = f.integer("n_shared_experts", 1, 1, 1 << 16);
-  const double scale = f.number("routed_scaling_factor", 2.5);
+  const int64_t width = f.integer("moe_intermediate_size", glm ? 1408 : 2048, 1, big), shared = f.integer("n_shared_experts", 1, 1, 1 << 16);
+  const double scale = f.number("routed_scaling_factor", glm ? 1.0 : 2.5);
   if (!(scale > 0)) f.fail("routed_scaling_factor", "must be above 0");
   x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", f.boolean("norm_topk_prob", true)},
             {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", groups}, {"groups_per_token", best},
             {"routed_scale", scale}, {"router_float32", true}, {"d_ff", width}, {"shared_expert", width * shared},
             {"shared_expert_gate", false}};
-  const int64_t dense = f.integer("first_k_dense_replace", 3, 0, big);
+  const int64_t dense = f.integer("first_k_dense_replace", glm ? 1 : 3, 0, big);
   x.layers.assign(static_cast<size_t>(n), false);
   for (int64_t i = dense; i < n; ++i) x.layers[static_cast<size_t>(i)] = true;
   return x;
@@ -294,7 +299,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
-  if (arch == kDeepseekV3) return deepseek_experts(f, n);
+  if (arch == kDeepseekV3 || arch == kGlm4Moe) return sigmoid_experts(arch, f, n);
   if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
   const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
@@ -356,13 +361,14 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
   const bool mixtral = arch == kMixtral;
   const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
   spec.tensors.push_back({ours + "mlp.gate.weight", moe + "gate.weight"});
-  if (arch == kDeepseekV3) spec.tensors.push_back({ours + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"});
+  const bool sigmoid = arch == kDeepseekV3 || arch == kGlm4Moe;
+  if (sigmoid) spec.tensors.push_back({ours + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"});
   for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e)
     for (const auto& [mine, mixtrals] : std::vector<std::pair<std::string, std::string>>{{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}})
       spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),
                               detail::concat(moe, "experts.", e, ".", mixtral ? mixtrals : mine, ".weight")});
   if (!x.args.contains("shared_expert")) return;
-  if (arch == kDeepseekV3) {  // its shared_experts
+  if (sigmoid) {  // their shared_experts
     for (const char* p : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
       spec.tensors.push_back({ours + "mlp.shared_expert." + p, moe + "shared_experts." + p});
     return;
@@ -406,7 +412,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V3:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3 and GLM-4.5:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -507,7 +513,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     }
     for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
   }
-  if (arch == kDeepseekV3)  // its multi-token prediction layers, after the others: not part of the causal model
+  if (arch == kDeepseekV3 || arch == kGlm4Moe)  // their multi-token prediction layers, after the others: not part of the causal model
     for (int64_t i = n; i < n + f.integer("num_nextn_predict_layers", f.integer("num_mtp_layers", 1, 0, 64), 0, 64); ++i)
       spec.ignored.push_back(detail::concat("model.layers.", i, "."));
   json norm{{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", block["eps"]}};

@@ -174,6 +174,14 @@ CASES = {
                                                   topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
                                                   norm_topk_prob=False, first_k_dense_replace=0, max_position_embeddings=64,
                                                   rope_interleave=False, tie_word_embeddings=True)),
+    # GLM-4.5: DeepSeek-V3's routing (8 experts in 2 groups, the best 1, scaled by 1.5, a shared
+    # expert, a dense first layer) with grouped-query attention: half of each head rotated, q/k/v
+    # biases (none on o), per-head q/k norms, a head_dim apart from hidden_size / heads
+    "glm4-moe": ("Glm4MoeConfig", dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=12, n_routed_experts=8,
+                                       num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
+                                       routed_scaling_factor=1.5, first_k_dense_replace=1, use_qk_norm=True,
+                                       attention_bias=True, max_position_embeddings=64, tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -232,7 +240,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-          "olmoe": "Olmoe", "deepseek_v3": "DeepseekV3"}
+          "olmoe": "Olmoe", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe"}
 
 
 def patch_float64():

