@@ -213,6 +213,20 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   const at::Tensor logits = o_.router_float32 && reduced ? linear(h.to(torch::kFloat), gate->weight.to(torch::kFloat), at::Tensor())
                                                          : linear(h, gate->weight, at::Tensor());
   const bool widen = c10::isReducedFloatingType(logits.scalar_type());
+  if (!o_.router_sigmoid && o_.expert_groups > 1) {
+    // DeepSeek-V2's group_limited_greedy: the best experts of the groups of highest best score.
+    const int64_t G = o_.expert_groups, per = o_.experts / G;
+    const at::Tensor scores = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1);
+    const at::Tensor group_scores = scores.view({-1, G, per}).amax(-1);
+    const at::Tensor groups = std::get<1>(group_scores.topk(o_.groups_per_token, -1, /*largest=*/true, /*sorted=*/false));
+    const at::Tensor mask = torch::zeros_like(group_scores).scatter_(1, groups, 1.0);
+    const at::Tensor keep = mask.unsqueeze(-1).expand({-1, G, per}).reshape({-1, o_.experts}).to(torch::kBool);
+    auto [top, chosen] = scores.masked_fill(keep.logical_not(), 0.0).topk(o_.experts_per_token, -1, /*largest=*/true, /*sorted=*/false);
+    if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
+    top = top * o_.routed_scale;
+    if (o_.router_cast) top = top.to(h.scalar_type());
+    return {top, chosen};
+  }
   if (!o_.router_sigmoid) {
     auto [top, chosen] = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1).topk(o_.experts_per_token, -1);
     if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
@@ -343,6 +357,11 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
   }
   const int64_t offset = cache ? cache->length() : 0;
   std::tie(q_rot, k_rot) = rotate(q_rot, k_rot, R, offset, cache);
+  if (o_.rope_interleave && o_.rope_pairs_kept) {  // DeepSeek-V2's: the pairs back in their places
+    auto pairs = [R](const at::Tensor& x) { return torch::stack({x.narrow(-1, 0, R / 2), x.narrow(-1, R / 2, R / 2)}, -1).flatten(-2); };
+    q_rot = pairs(q_rot);
+    k_rot = pairs(k_rot);
+  }
   const at::Tensor kv_heads = run(a.kv_b_proj, latent).view({B, T, H, N + V}).transpose(1, 2);
   const at::Tensor k = torch::cat({kv_heads.narrow(-1, 0, N), k_rot.expand({B, H, T, R})}, -1);
   const at::Tensor v = kv_heads.narrow(-1, N, V);

@@ -119,11 +119,12 @@ struct LlamaBlockOptions {
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
   bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
   // The router (MoeImpl): DeepSeek-V3's sigmoid scores in the softmax's place, chosen with a
-  // correction bias within the best groups, renormalized, scaled.
+  // correction bias within the best groups, renormalized, scaled; DeepSeek-V2's softmax within
+  // the best groups.
   bool router_sigmoid = false;    // sigmoid scores; normalize_experts divides by their sum + 1e-20
   bool router_bias = false;       // sigmoid: e_score_correction_bias (a buffer) added to the scores to choose
-  int64_t expert_groups = 1;      // sigmoid: the experts in that many groups; a token's chosen from
-  int64_t groups_per_token = 1;   //   the groups_per_token of highest top-2 score sum
+  int64_t expert_groups = 1;      // the experts in that many groups; a token's chosen from the
+  int64_t groups_per_token = 1;   //   groups_per_token of highest top-2 score sum (sigmoid) or best score (softmax)
   double routed_scale = 1;        // the chosen experts' weights times this (routed_scaling_factor)
   bool router_float32 = false;    // lower precisions compute the router's scores in float32 (from both operands cast)
   // DeepSeek's multi-head latent attention (MlaAttentionImpl) where kv_lora_rank > 0: head_dim is
@@ -132,6 +133,7 @@ struct LlamaBlockOptions {
   int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: queries projected directly (q_proj)
   int64_t rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints)
+  bool rope_pairs_kept = false;  // with rope_interleave: the rotated pairs put back interleaved (DeepSeek-V2's)
   double latent_eps = 1e-6;      // the latents' RMSNorms' epsilon
   bool mla() const { return kv_lora_rank > 0; }
 };

@@ -72,7 +72,7 @@ Rope read_rope(JsonReader& r, int64_t head_dim) {
 void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
   o.kv_lora_rank = r.get_int("kv_lora_rank", 0, 0, int64_t{1} << 20);
   if (!o.mla()) {
-    for (const char* k : {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_interleave", "latent_eps"})
+    for (const char* k : {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_interleave", "rope_pairs_kept", "latent_eps"})
       if (r.has(k)) r.fail(k, "needs kv_lora_rank above 0 (latent attention)");
     return;
   }
@@ -83,19 +83,20 @@ void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
   if (o.rope_head_dim % 2) r.fail("rope_head_dim", "must be even (rotary positions turn pairs of values)");
   o.v_head_dim = r.get_int("v_head_dim", o.head_dim, 1, 1 << 16);
   o.rope_interleave = r.get_bool("rope_interleave", false);
+  if (!o.rope_interleave && r.has("rope_pairs_kept")) r.fail("rope_pairs_kept", "needs rope_interleave");
+  o.rope_pairs_kept = r.get_bool("rope_pairs_kept", false);
   o.latent_eps = r.get_number("latent_eps", 1e-6, 1e-12, 1.0);
 }
 
-// The router: softmax (default) or DeepSeek-V3's sigmoid with its correction bias and groups.
+// The router: softmax (default; DeepSeek-V2's within groups) or DeepSeek-V3's sigmoid with its
+// correction bias and groups.
 void read_router(JsonReader& r, LlamaBlockOptions& o) {
   o.router_sigmoid = r.get_choice("router", "softmax", {"softmax", "sigmoid"}) == "sigmoid";
-  if (!o.router_sigmoid)
-    for (const char* k : {"router_bias", "expert_groups", "groups_per_token"})
-      if (r.has(k)) r.fail(k, "needs router \"sigmoid\"");
+  if (!o.router_sigmoid && r.has("router_bias")) r.fail("router_bias", "needs router \"sigmoid\"");
   o.router_bias = r.get_bool("router_bias", false);
   o.expert_groups = r.get_int("expert_groups", 1, 1, std::max<int64_t>(o.experts, 1));
-  if (o.experts % o.expert_groups || (o.expert_groups > 1 && o.experts / o.expert_groups < 2))
-    r.fail("expert_groups", detail::concat("must divide experts (", o.experts, ") into groups of at least 2"));
+  if (o.experts % o.expert_groups || (o.router_sigmoid && o.expert_groups > 1 && o.experts / o.expert_groups < 2))
+    r.fail("expert_groups", detail::concat("must divide experts (", o.experts, ")", o.router_sigmoid ? " into groups of at least 2" : ""));
   o.groups_per_token = r.get_int("groups_per_token", o.expert_groups, 1, o.expert_groups);
   if (o.experts > 0 && o.groups_per_token * (o.experts / o.expert_groups) < o.experts_per_token)
     r.fail("groups_per_token", detail::concat("leaves fewer experts than experts_per_token (", o.experts_per_token, ") to choose from"));

@@ -166,12 +166,12 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
   return window;
 }
 
-// DeepSeek-V3's multi-head latent attention: a query and key head of qk_nope_head_dim +
+// DeepSeek-V2's and V3's multi-head latent attention: a query and key head of qk_nope_head_dim +
 // qk_rope_head_dim values (config.json's head_dim, which its config writes as qk_rope_head_dim, is
 // not read), its scale qk_head_dim^-0.5 times yarn's mscale_all_dim correction squared where the
 // rope is scaled (transformers' yarn_apply_mscale). Every head gets the expanded keys, so
 // num_key_value_heads is not read (transformers' attention does not use it either).
-void latent_attention_args(const Fields& f, int64_t heads, json& block) {
+void latent_attention_args(const std::string& arch, const Fields& f, int64_t heads, json& block) {
   const int64_t big = int64_t{1} << 20;
   const int64_t nope = f.integer("qk_nope_head_dim", 128, 0, big), rope = f.integer("qk_rope_head_dim", 64, 2, big);
   if (rope % 2) f.fail("qk_rope_head_dim", detail::concat("must be even (rotary positions turn pairs of values), got ", rope));
@@ -181,7 +181,13 @@ void latent_attention_args(const Fields& f, int64_t heads, json& block) {
   block["v_head_dim"] = f.integer("v_head_dim", 128, 1, big);
   block["kv_lora_rank"] = f.integer("kv_lora_rank", 512, 1, big);
   if (!f.at_null("q_lora_rank")) block["q_lora_rank"] = f.integer("q_lora_rank", 1536, 1, big);
-  block["rope_interleave"] = f.boolean("rope_interleave", true);
+  if (arch == kDeepseekV2) {  // its rotation: of interleaved pairs as complex numbers in float32, left interleaved
+    block["rope_interleave"] = true;
+    block["rope_pairs_kept"] = true;
+    block["rope_float32"] = true;
+  } else {
+    block["rope_interleave"] = f.boolean("rope_interleave", true);
+  }
   double scale = std::pow(double(nope + rope), -0.5);
   const json none = json::object();
   const json& p = f.has("rope_parameters") ? f.at("rope_parameters") : f.has("rope_scaling") ? f.at("rope_scaling") : none;
@@ -213,20 +219,22 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe ? 1e-5 : 1e-6)}};
-  if (arch == kDeepseekV3) latent_attention_args(f, heads, block);
+  if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
-       t.gemma_any() || arch == kDeepseekV3) &&
+       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3) &&
       f.boolean("attention_bias", false);
   // GLM-4.5's attention_bias: on q, k and v, not o.
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias ||
                       (arch == kGlm4Moe && f.boolean("attention_bias", false));
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = (arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false);
+  if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
+    f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
@@ -295,11 +303,42 @@ Experts sigmoid_experts(const std::string& arch, const Fields& f, int64_t n) {
   return x;
 }
 
+// DeepSeek-V2's: every layer from first_k_dense_replace on; n_routed_experts of
+// moe_intermediate_size, the top num_experts_per_tok by the softmax (topk_method greedy) or within
+// the topk_group of n_group groups of highest best score (group_limited_greedy), not renormalized,
+// scaled by routed_scaling_factor; its shared experts as DeepSeek-V3's.
+Experts deepseek_v2_experts(const Fields& f, int64_t n) {
+  Experts x;
+  const int64_t big = int64_t{1} << 30;
+  const int64_t count = f.integer("n_routed_experts", 64, 1, 1 << 16), k = f.integer("num_experts_per_tok", 0, 1, count, true);
+  const std::string method = f.string("topk_method", "greedy");
+  if (method != "greedy" && method != "group_limited_greedy") f.fail("topk_method", "'" + method + "' is not supported (greedy, group_limited_greedy)");
+  if (f.boolean("output_router_logits", false))
+    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  const int64_t width = f.integer("moe_intermediate_size", 1407, 1, big), shared = f.integer("n_shared_experts", 2, 1, 1 << 16);
+  const double scale = f.number("routed_scaling_factor", 1.0);
+  if (!(scale > 0)) f.fail("routed_scaling_factor", "must be above 0");
+  x.args = {{"experts", count}, {"experts_per_token", k}, {"normalize_experts", false}, {"routed_scale", scale},
+            {"router_float32", true}, {"d_ff", width}, {"shared_expert", width * shared}, {"shared_expert_gate", false}};
+  if (method == "group_limited_greedy") {
+    const int64_t groups = f.integer("n_group", 0, 1, count, true), best = f.integer("topk_group", 0, 1, groups, true);
+    if (count % groups) f.fail("n_group", detail::concat("must divide n_routed_experts (", count, ")"));
+    if (best * (count / groups) < k) f.fail("topk_group", detail::concat("leaves fewer experts than num_experts_per_tok (", k, ") to choose from"));
+    x.args["expert_groups"] = groups;
+    x.args["groups_per_token"] = best;
+  }
+  const int64_t dense = f.integer("first_k_dense_replace", 0, 0, big);
+  x.layers.assign(static_cast<size_t>(n), false);
+  for (int64_t i = dense; i < n; ++i) x.layers[static_cast<size_t>(i)] = true;
+  return x;
+}
+
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
   if (arch == kDeepseekV3 || arch == kGlm4Moe) return sigmoid_experts(arch, f, n);
+  if (arch == kDeepseekV2) return deepseek_v2_experts(f, n);
   if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
   const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
@@ -368,7 +407,7 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
       spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),
                               detail::concat(moe, "experts.", e, ".", mixtral ? mixtrals : mine, ".weight")});
   if (!x.args.contains("shared_expert")) return;
-  if (sigmoid) {  // their shared_experts
+  if (sigmoid || arch == kDeepseekV2) {  // their shared_experts
     for (const char* p : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
       spec.tensors.push_back({ours + "mlp.shared_expert." + p, moe + "shared_experts." + p});
     return;
@@ -378,7 +417,7 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
     spec.tensors.push_back({ours + "mlp." + p, moe + p});
 }
 
-// DeepSeek-V3's attention tensors (the names are transformers' and ours): q_proj or q_a_proj, its
+// DeepSeek-V2's and V3's attention tensors (the names are transformers' and ours): q_proj or q_a_proj, its
 // norm and q_b_proj; kv_a_proj_with_mqa, its norm, kv_b_proj; o_proj; attention_bias on q_a_proj,
 // kv_a_proj_with_mqa and o_proj.
 void latent_attention_tensors(const json& block, std::vector<std::string>& names) {
@@ -412,7 +451,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3 and GLM-4.5:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3 and GLM-4.5:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -493,7 +532,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       continue;
     }
     std::vector<std::string> names = norms;
-    if (arch == kDeepseekV3) {
+    if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {
       for (const char* p : {"q", "k", "v", "o"}) {

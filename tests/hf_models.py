@@ -174,6 +174,18 @@ CASES = {
                                                   topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
                                                   norm_topk_prob=False, first_k_dense_replace=0, max_position_embeddings=64,
                                                   rope_interleave=False, tie_word_embeddings=True)),
+    # DeepSeek-V2: its latent attention with queries projected directly, the rotation of
+    # interleaved pairs as complex numbers left interleaved, yarn with V2's mscales; after a dense
+    # first layer, the softmax's top 2 of 8 experts within the best 2 of 4 groups, unnormalized,
+    # scaled by 1.5; 2 shared experts
+    "deepseek-v2": ("DeepseekV2Config", dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                                             num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                                             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_routed_experts=8,
+                                             num_experts_per_tok=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                             n_shared_experts=2, routed_scaling_factor=1.5, first_k_dense_replace=1,
+                                             max_position_embeddings=64, tie_word_embeddings=False,
+                                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                                           "mscale": 0.707, "mscale_all_dim": 0.707})),
     # GLM-4.5: DeepSeek-V3's routing (8 experts in 2 groups, the best 1, scaled by 1.5, a shared
     # expert, a dense first layer) with grouped-query attention: half of each head rotated, q/k/v
     # biases (none on o), per-head q/k norms, a head_dim apart from hidden_size / heads
@@ -240,7 +252,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-          "olmoe": "Olmoe", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe"}
+          "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe"}
 
 
 def patch_float64():
@@ -257,7 +269,7 @@ def patch_float64():
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
-        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward):
+        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family == "deepseek_v2"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
@@ -265,6 +277,8 @@ def patch_float64():
             params = c.rope_parameters[layer_type] if layer_type else None
             inv, attention = rope64(c, dim, int(position_ids.max()) + 1, params)
             freqs = position_ids[..., None].to(torch.float64) * inv
+            if _complex:  # DeepSeek-V2's, as complex numbers
+                return torch.polar(torch.ones_like(freqs), freqs) * attention
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * attention, emb.sin() * attention
 
@@ -286,7 +300,36 @@ def patch_float64():
                 return logits, top, chosen
 
             router.forward = router_forward
-        sigmoid_router = getattr(module, f"{prefix}TopkRouter", None)
+        if family == "deepseek_v2":  # its rotation and routing in float64 (transformers: float32)
+            rotate = module.apply_rotary_emb
+
+            def rotate64(xq, xk, freqs_cis, _orig=rotate):
+                if xq.dtype != torch.float64:
+                    return _orig(xq, xk, freqs_cis)
+                f = freqs_cis.unsqueeze(1)
+                q = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2).contiguous())
+                k = torch.view_as_complex(xk.reshape(*xk.shape[:-1], -1, 2).contiguous())
+                return torch.view_as_real(q * f).flatten(3), torch.view_as_real(k * f).flatten(3)
+
+            module.apply_rotary_emb = rotate64
+            v2_router = module.DeepseekV2TopkRouter
+
+            def v2_forward(self, h, _orig=v2_router.forward):
+                if h.dtype != torch.float64:
+                    return _orig(self, h)
+                logits = torch.nn.functional.linear(h.reshape(-1, self.hidden_dim), self.weight)
+                scores = logits.softmax(dim=-1)
+                if self.topk_method == "group_limited_greedy":
+                    groups = scores.view(-1, self.num_group, self.num_experts // self.num_group).max(dim=-1).values
+                    best = torch.topk(groups, k=self.topk_group, dim=-1, sorted=False)[1]
+                    mask = torch.zeros_like(groups).scatter_(1, best, 1)
+                    keep = mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group).reshape(-1, self.num_experts)
+                    scores = scores.masked_fill(~keep.bool(), 0.0)
+                top, chosen = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+                return logits, top * self.routed_scaling_factor, chosen
+
+            v2_router.forward = v2_forward
+        sigmoid_router = getattr(module, f"{prefix}TopkRouter", None) if family != "deepseek_v2" else None
         if sigmoid_router is not None:  # DeepSeek-V3's routing in float64 (transformers: float32)
 
             def sigmoid_forward(self, h, _orig=sigmoid_router.forward):

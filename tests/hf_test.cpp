@@ -165,6 +165,7 @@ TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("gr
 TEST(HfParity, GraniteMoeSharedExpertWithoutAGate) { check_architecture("granitemoe-shared"); }
 TEST(HfParity, DeepseekV3LatentAttentionGroupedSigmoidRouting) { check_architecture("deepseek-v3"); }
 TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deepseek-v3-lite"); }
+TEST(HfParity, DeepseekV2ComplexRopeGroupLimitedSoftmax) { check_architecture("deepseek-v2"); }
 TEST(HfParity, Glm4MoeHalfRotatedQkNormsSigmoidRouting) { check_architecture("glm4-moe"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
@@ -254,14 +255,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
-                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -296,7 +297,7 @@ TEST(HfFamily, TheWeightsMustBeExactlyTheModels) {
 // DeepSeek-V3: its latent attention's and router's tensors read by their names (the router's
 // correction bias, a buffer, too); its multi-token prediction layer after num_hidden_layers, which
 // its published checkpoints hold, is not read; a quantized checkpoint and routing it cannot
-// compute are refused in one line.
+// compute are refused in one line, and so are DeepSeek-V2's.
 TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   const nlohmann::json config{{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"}, {"vocab_size", 40},
                               {"hidden_size", 16}, {"intermediate_size", 24}, {"moe_intermediate_size", 8},
@@ -335,6 +336,9 @@ TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   refused({{"topk_group", 1}, {"num_experts_per_tok", 3}}, "topk_group leaves fewer experts than num_experts_per_tok (3)");
   refused({{"qk_rope_head_dim", 3}}, "qk_rope_head_dim must be even");
   refused({{"quantization_config", {{"quant_method", "fp8"}}}}, "quantization_config is not supported (a quantized checkpoint");
+  const nlohmann::json v2{{"architectures", {"DeepseekV2ForCausalLM"}}};
+  refused(with(v2, {{"topk_method", "noaux_tc"}}), "topk_method 'noaux_tc' is not supported (greedy, group_limited_greedy)");
+  refused(with(v2, {{"mlp_bias", true}}), "mlp_bias true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
 }
 
 // The rope parameters as transformers resolves them (and Gemma 3's two: its sliding layers' and

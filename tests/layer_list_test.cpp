@@ -504,4 +504,7 @@ TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
   refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 4}, {"groups_per_token", 1}, {"experts_per_token", 3}},
           "groups_per_token: leaves fewer experts than experts_per_token (3)");
   refused({{"routed_scale", 2.0}}, "routed_scale: needs experts above 0");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"rope_pairs_kept", true}}, "rope_pairs_kept: needs rope_interleave");
+  refused({{"experts", 8}, {"expert_groups", 3}}, "expert_groups: must divide experts (8)");
+  EXPECT_EQ(build_error(block({{"experts", 8}, {"expert_groups", 8}, {"groups_per_token", 2}})), "(built)");  // DeepSeek-V2's softmax groups
 }
