@@ -125,12 +125,12 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout, double softcap) {
+                            int64_t window, DropoutImpl* dropout, double softcap, const at::Tensor& sinks) {
   const int64_t H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), offset = Tk - Tq;
   PIPETRAIN_CHECK(offset >= 0 && KV > 0 && H % KV == 0);
   const bool gqa = H != KV, windowed = window > 0 && Tk > window;
   const bool dropping = dropout && dropout->is_training() && dropout->p() > 0;
-  const bool explicit_path = dropping || softcap > 0;
+  const bool explicit_path = dropping || softcap > 0 || sinks.defined();
   if (!explicit_path && !windowed && (offset == 0 || Tq == 1))
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/Tq > 1, scale, gqa);
   // Query i is position offset + i; it sees keys j <= offset + i (and > offset + i - window).
@@ -143,6 +143,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * scale;
   if (softcap > 0) att = torch::tanh(att / softcap) * softcap;
   att = att.masked_fill(allowed.logical_not(), -INFINITY);
+  if (sinks.defined()) {  // GPT-OSS's: the sink's logit in the denominator, the softmax in the scores' type
+    const at::Tensor combined = torch::cat({att, sinks.to(att.scalar_type()).view({1, H, 1, 1}).expand({att.size(0), H, Tq, 1})}, -1);
+    const at::Tensor probs = torch::softmax(combined - std::get<0>(combined.max(-1, /*keepdim=*/true)), -1);
+    return torch::matmul(probs.narrow(-1, 0, Tk).to(vv.scalar_type()), vv);
+  }
   // The softmax in float32 for lower precisions, as transformers' eager attention takes it.
   att = c10::isReducedFloatingType(att.scalar_type()) ? torch::softmax(att, -1, torch::kFloat).to(q.scalar_type()) : torch::softmax(att, -1);
   return torch::matmul(dropping ? dropout->forward(att) : att, vv);
@@ -154,6 +159,7 @@ void LlamaAttentionImpl::reset() {
   k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
+  if (o_.attn_sinks) sinks = register_parameter("sinks", torch::zeros({o_.n_heads}));
   if (o_.qk_norm) {
     const int64_t over_q = o_.qk_norm_projection ? q : o_.head_dim, over_k = o_.qk_norm_projection ? kv : o_.head_dim;
     q_norm = register_module("q_norm", RmsNorm(std::vector<int64_t>{over_q}, o_.eps, o_.norm_scale));
@@ -182,7 +188,8 @@ void MlaAttentionImpl::reset() {
 void RouterImpl::reset() {
   weight = register_parameter("weight", torch::empty({experts_, d_model_}));
   torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));  // torch's Linear's
-  if (bias_) e_score_correction_bias = register_buffer("e_score_correction_bias", torch::zeros({experts_}));
+  if (logit_bias_) bias = register_parameter("bias", torch::zeros({experts_}));
+  if (correction_) e_score_correction_bias = register_buffer("e_score_correction_bias", torch::zeros({experts_}));
 }
 
 void GatedMlpImpl::reset() {
@@ -192,16 +199,25 @@ void GatedMlpImpl::reset() {
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
+  if (oai_alpha_ > 0) {  // GPT-OSS's, in transformers' operations: each product, then its bias
+    auto product = [](const torch::nn::Linear& l, const at::Tensor& in) {
+      const at::Tensor y = torch::matmul(in, l->weight.t());
+      return l->bias.defined() ? y + l->bias : y;
+    };
+    const at::Tensor g = product(gate_proj, x).clamp_max(oai_limit_), up = product(up_proj, x).clamp(-oai_limit_, oai_limit_);
+    return product(down_proj, (up + 1) * (g * torch::sigmoid(g * oai_alpha_)));
+  }
   const at::Tensor gate = run(gate_proj, x);
   return run(down_proj, (gelu_ ? torch::gelu(gate, "tanh") : torch::silu(gate)) * run(up_proj, x));
 }
 
 void MoeImpl::reset() {
-  gate = register_module("gate", Router(o_.experts, o_.d_model, o_.router_bias));
+  gate = register_module("gate", Router(o_.experts, o_.d_model, o_.router_bias, o_.router_logit_bias));
   experts = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < o_.experts; ++e) experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
+  for (int64_t e = 0; e < o_.experts; ++e)
+    experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
   if (o_.shared_expert > 0) {
-    shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu));
+    shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
     if (o_.shared_expert_gate)
       shared_expert_gate =
           register_module("shared_expert_gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, 1).bias(false)));
@@ -210,9 +226,16 @@ void MoeImpl::reset() {
 
 std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   const bool reduced = c10::isReducedFloatingType(h.scalar_type());
-  const at::Tensor logits = o_.router_float32 && reduced ? linear(h.to(torch::kFloat), gate->weight.to(torch::kFloat), at::Tensor())
-                                                         : linear(h, gate->weight, at::Tensor());
+  const bool wide = o_.router_float32 && reduced;
+  const at::Tensor bias = gate->bias.defined() && wide ? gate->bias.to(torch::kFloat) : gate->bias;
+  const at::Tensor logits = wide ? linear(h.to(torch::kFloat), gate->weight.to(torch::kFloat), bias) : linear(h, gate->weight, bias);
   const bool widen = c10::isReducedFloatingType(logits.scalar_type());
+  if (o_.router_top_softmax) {  // GPT-OSS's: the chosen experts' logits' softmax, in their type
+    auto [values, chosen] = logits.topk(o_.experts_per_token, -1);
+    at::Tensor top = torch::softmax(values, -1);
+    if (o_.routed_scale != 1) top = top * o_.routed_scale;
+    return {top, chosen};
+  }
   if (!o_.router_sigmoid && o_.expert_groups > 1) {
     // DeepSeek-V2's group_limited_greedy: the best experts of the groups of highest best score.
     const int64_t G = o_.expert_groups, per = o_.experts / G;
@@ -290,7 +313,7 @@ void LlamaBlockImpl::reset() {
   post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
-  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu));
+  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
   if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 
@@ -337,7 +360,7 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   if (o_.rotary) std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap);
+  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks);
 }
 
 // As transformers' DeepseekV3Attention computes it; the cache keeps the expanded keys and values.

@@ -83,8 +83,10 @@ struct KvCache {
 /// `window` positions up to itself (Mistral's sliding window). `dropout` (training, p > 0):
 /// keyed dropout of the attention weights on the explicit path; `softcap` > 0 (Gemma 2's) too:
 /// the scores through softcap * tanh(scores / softcap), the softmax in float32 at least.
+/// `sinks` ([H], GPT-OSS's): each head's learned logit joins its softmax's denominator, on the
+/// explicit path in the scores' type, as transformers computes it.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout, double softcap = 0);
+                            int64_t window, DropoutImpl* dropout, double softcap = 0, const at::Tensor& sinks = {});
 
 /// Where a decoder layer's RMSNorms sit.
 enum class NormPlacement {
@@ -106,6 +108,9 @@ struct LlamaBlockOptions {
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
+  double swiglu_alpha = 0;   // > 0: GPT-OSS's clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+  double swiglu_limit = 7;
+  bool attn_sinks = false;   // a learned logit per head in each softmax's denominator ("self_attn.sinks", GPT-OSS's)
   double attn_scale = 0;     // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5)
   double attn_softcap = 0;   // scores through cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
   bool rope_float32 = false;  // lower precisions rotate q and k in float32, then cast back (OLMo 2's)
@@ -117,6 +122,8 @@ struct LlamaBlockOptions {
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
   bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
+  bool router_top_softmax = false;  // the softmax of the chosen experts' logits alone, in their type (GPT-OSS's)
+  bool router_logit_bias = false;   // the router's logits with a trained bias ("gate.bias", GPT-OSS's)
   bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
   // The router (MoeImpl): DeepSeek-V3's sigmoid scores in the softmax's place, chosen with a
   // correction bias within the best groups, renormalized, scaled; DeepSeek-V2's softmax within
@@ -146,6 +153,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   void reset() override;
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  ///< with qk_norm only
+  at::Tensor sinks;                          ///< [n_heads], with attn_sinks only
 
  private:
   LlamaBlockOptions o_;
@@ -171,27 +179,31 @@ class MlaAttentionImpl : public torch::nn::Cloneable<MlaAttentionImpl> {
 };
 TORCH_MODULE(MlaAttention);
 
-/// A mixture of experts' router ("gate"): its weight [experts, d_model], no bias, and with
-/// router_bias the buffer e_score_correction_bias [experts] (DeepSeek-V3's: it shifts which experts
-/// are chosen, not their weights; a buffer, as transformers holds it: no gradient).
+/// A mixture of experts' router ("gate"): its weight [experts, d_model], with router_logit_bias
+/// a trained bias [experts] (GPT-OSS's), and with router_bias the buffer e_score_correction_bias
+/// [experts] (DeepSeek-V3's: it shifts which experts are chosen, not their weights; a buffer, as
+/// transformers holds it: no gradient).
 class RouterImpl : public torch::nn::Cloneable<RouterImpl> {
  public:
-  RouterImpl(int64_t experts, int64_t d_model, bool bias) : experts_(experts), d_model_(d_model), bias_(bias) { reset(); }
+  RouterImpl(int64_t experts, int64_t d_model, bool correction, bool logit_bias)
+      : experts_(experts), d_model_(d_model), correction_(correction), logit_bias_(logit_bias) {
+    reset();
+  }
   void reset() override;
-  at::Tensor weight, e_score_correction_bias;
+  at::Tensor weight, bias, e_score_correction_bias;
 
  private:
   int64_t experts_, d_model_;
-  bool bias_;
+  bool correction_, logit_bias_;
 };
 TORCH_MODULE(Router);
 
 /// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
-/// GELU in silu's place, Gemma's).
+/// GELU in silu's place, Gemma's); with `oai_alpha` > 0, GPT-OSS's clamped SwiGLU (LlamaBlockOptions).
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
-  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false)
-      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu) {
+  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false, double oai_alpha = 0, double oai_limit = 0)
+      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), oai_alpha_(oai_alpha), oai_limit_(oai_limit) {
     reset();
   }
   void reset() override;
@@ -201,6 +213,7 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  private:
   int64_t d_model_, d_ff_;
   bool bias_, gelu_;
+  double oai_alpha_, oai_limit_;
 };
 TORCH_MODULE(GatedMlp);
 

@@ -91,8 +91,12 @@ void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
 // The router: softmax (default; DeepSeek-V2's within groups) or DeepSeek-V3's sigmoid with its
 // correction bias and groups.
 void read_router(JsonReader& r, LlamaBlockOptions& o) {
-  o.router_sigmoid = r.get_choice("router", "softmax", {"softmax", "sigmoid"}) == "sigmoid";
+  const std::string router = r.get_choice("router", "softmax", {"softmax", "sigmoid", "softmax_top"});
+  o.router_sigmoid = router == "sigmoid";
+  o.router_top_softmax = router == "softmax_top";
+  o.router_logit_bias = r.get_bool("router_logit_bias", false);
   if (!o.router_sigmoid && r.has("router_bias")) r.fail("router_bias", "needs router \"sigmoid\"");
+  if (o.router_top_softmax && r.has("expert_groups")) r.fail("expert_groups", "needs router \"softmax\" or \"sigmoid\"");
   o.router_bias = r.get_bool("router_bias", false);
   o.expert_groups = r.get_int("expert_groups", 1, 1, std::max<int64_t>(o.experts, 1));
   if (o.experts % o.expert_groups || (o.router_sigmoid && o.expert_groups > 1 && o.experts / o.expert_groups < 2))
@@ -127,13 +131,22 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich"});
   o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : NormPlacement::Sandwich;
   o.norm_scale = read_rms_scale(r, "norm_scale");
-  o.gelu = r.get_choice("act", "silu", {"silu", "gelu_tanh"}) == "gelu_tanh";
+  const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai"});
+  o.gelu = act == "gelu_tanh";
+  if (act != "swiglu_oai")
+    for (const char* k : {"swiglu_alpha", "swiglu_limit"})
+      if (r.has(k)) r.fail(k, "needs act \"swiglu_oai\"");
+  if (act == "swiglu_oai") {
+    o.swiglu_alpha = r.get_number("swiglu_alpha", 1.702, 1e-6, 1e6);
+    o.swiglu_limit = r.get_number("swiglu_limit", 7.0, 1e-6, 1e6);
+  }
+  o.attn_sinks = r.get_bool("attn_sinks", false);
   o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts == 0)
     for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
-                          "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32"})
+                          "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
@@ -150,6 +163,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.mla() && o.qk_norm) r.fail("qk_norm", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.clip_qkv > 0) r.fail("clip_qkv", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && !o.rotary) r.fail("rotary", "false is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.attn_sinks) r.fail("attn_sinks", "is not supported with latent attention (kv_lora_rank)");
   return o;
 }
 
@@ -175,7 +189,8 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
   const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : 2 * d;
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
-  const double mlps = o.experts > 0 ? double(o.experts) : 1, router = o.experts > 0 ? double(o.experts) * d : 0;
+  const double mlps = o.experts > 0 ? double(o.experts) : 1;
+  const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
   const double mlp = mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms;
   if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj
@@ -185,7 +200,8 @@ double parameter_values(const LlamaBlockOptions& o) {
     const double latent = d * (kl + R) + kl + kl * H * (D - R + V) + (o.qkv_bias ? kl + R : 0);
     return queries + latent + H * V * d + (o.o_bias ? d : 0) + mlp;
   }
-  return d * (q + 2 * kv) + q * d + mlp + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms;
+  return d * (q + 2 * kv) + q * d + mlp + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms +
+         (o.attn_sinks ? double(o.n_heads) : 0);
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

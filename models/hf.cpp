@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss},
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -113,7 +113,7 @@ bool is_dir(const std::string& p) {
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kQwen2,   kQwen3,  kPhi3,     kOlmo2,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kGpt2};
   return a;
 }
 
@@ -170,7 +170,6 @@ Model build_hf(JsonReader& r) {
     used.insert(t.theirs);
     if (!w.is_floating_point())
       throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' is ", w.scalar_type(), ", not floating point"));
-    if (t.transposed && w.dim() == 2) w = w.t();
     if (t.slice >= 0) {
       const int64_t n = slices.at(t.theirs);
       if (w.dim() != p.dim() + 1 || w.size(0) != n)
@@ -178,12 +177,13 @@ Model build_hf(JsonReader& r) {
                                          ", config.json makes it a stack of ", n, " tensors of ", p.dim(), " dimensions"));
       w = w.select(0, t.slice);
     }
+    if (t.transposed && w.dim() == 2) w = w.t();
     if (t.rows > 0) {
       const int64_t whole = fused_rows.at(t.theirs);
-      if (w.dim() != 2 || w.size(0) != whole || w.size(1) != p.size(1))
+      if (w.dim() != p.dim() || w.size(0) != whole || (p.dim() == 2 && w.size(1) != p.size(1)))
         throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
-                                         ", config.json makes it [", whole, ", ", p.size(1), "]"));
-      w = w.narrow(0, t.row_offset, t.rows);
+                                         ", config.json makes it [", whole, p.dim() == 2 ? detail::concat(", ", p.size(1)) : "", "]"));
+      w = w.slice(0, t.row_offset, t.row_offset + (t.rows - 1) * t.row_step + 1, t.row_step);
     }
     if (w.sizes() != p.sizes())
       throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
@@ -211,6 +211,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   NamedTensors tensors;
   // A fused or stacked tensor's parts: by slice (one where it is no stack), each in row order.
   std::map<std::string, std::vector<std::vector<at::Tensor>>> parts;
+  std::map<std::string, const HfTensor*> part_of;  // one of a fused tensor's parts: its step and transposition
   std::set<std::string> stacked;
   at::ScalarType type = at::kFloat;
   for (const HfTensor& t : spec.tensors) {
@@ -220,12 +221,12 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
       throw ConfigError(detail::concat("export --format hf: the weights have no '", t.ours, "', which ", spec.architecture, " of ",
                                        source, " needs (was the model built from it?)"));
     at::Tensor w = it->second.detach().cpu();
-    if (t.transposed) w = w.t();
     type = w.scalar_type();
     if (t.rows == 0 && t.slice < 0) {
-      tensors.emplace_back(t.theirs, w.contiguous());
+      tensors.emplace_back(t.theirs, (t.transposed ? w.t() : w).contiguous());
       continue;
     }
+    part_of[t.theirs] = &t;
     auto& by_slice = parts[t.theirs];
     if (by_slice.empty()) tensors.emplace_back(t.theirs, at::Tensor());  // its place among the tensors; filled in below
     const size_t s = static_cast<size_t>(std::max<int64_t>(t.slice, 0));
@@ -235,8 +236,13 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   }
   for (auto& [name, w] : tensors) {
     if (w.defined()) continue;
+    // A slice's rows in order (every row_step-th interleaved), then transposed back.
+    const HfTensor& t = *part_of.at(name);
     std::vector<at::Tensor> slices;
-    for (const auto& rows : parts.at(name)) slices.push_back(torch::cat(rows, 0));
+    for (const auto& rows : parts.at(name)) {
+      const at::Tensor whole = t.row_step > 1 ? torch::stack(rows, 1).flatten(0, 1) : torch::cat(rows, 0);
+      slices.push_back(t.transposed && whole.dim() == 2 ? whole.t() : whole);
+    }
     w = (stacked.count(name) ? torch::stack(slices, 0) : slices.front()).contiguous();
   }
   if (weights.size() != spec.tensors.size())

@@ -32,8 +32,11 @@ struct HfTensor {
   /// qkv_proj and gate_up_proj), which the parts of the same name make up whole in row order.
   int64_t row_offset = 0, rows = 0;
   /// `slice` >= 0: theirs is a stack of tensors (GraniteMoE's experts, [experts, ...]) and ours is
-  /// theirs[slice], or its rows as above; the parts of the same name make it up whole in slice order.
+  /// theirs[slice] (transposed where `transposed`), or its rows as above; the parts of the same name
+  /// make it up whole in slice order.
   int64_t slice = -1;
+  /// With `rows`: every row_step-th row from row_offset (GPT-OSS's experts' gate and up, interleaved).
+  int64_t row_step = 1;
 };
 
 /// A checked config.json: the architecture, the layer list that computes the same model (the

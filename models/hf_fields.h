@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
 // Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and V3, GLM-4.5).
+// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -26,7 +26,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGraniteMoe = "GraniteMoeForCausalLM",
                          kGraniteMoeShared = "GraniteMoeSharedForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
-                         kGlm4Moe = "Glm4MoeForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {

@@ -126,9 +126,10 @@ std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_
 // layers layer_types names, by default its NoPE layers.
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
   const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
+  const bool oss = arch == kGptOss;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
-  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : 0, 0, int64_t{1} << 30);
+  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
   if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if (arch == kSmolLM3) {
     const bool typed = f.has("layer_types");
@@ -145,7 +146,7 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         window[static_cast<size_t>(i)] = sliding;
     return window;
   }
-  if ((qwen || gemma) && f.has("layer_types")) {
+  if ((qwen || gemma || oss) && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
@@ -157,8 +158,8 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
       }
     }
-  } else if (gemma) {
-    const int64_t pattern = arch == kGemma2 ? 2 : f.integer("sliding_window_pattern", 6, 1, 4096);
+  } else if (gemma || oss) {  // GPT-OSS's default: every other layer from the first, as Gemma 2's
+    const int64_t pattern = arch == kGemma3 ? f.integer("sliding_window_pattern", 6, 1, 4096) : 2;
     for (int64_t i = 0; i < n; ++i) window[static_cast<size_t>(i)] = (i + 1) % pattern ? sliding : 0;
   } else if (qwen && f.boolean("use_sliding_window", false) && sliding) {
     for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
@@ -210,7 +211,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (heads % kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", heads, ")"));
   // Gemma's tanh GELU (Gemma 1's legacy "gelu" meant it too, as transformers reads it); SiLU elsewhere.
   const std::string act_key = t.sandwich() ? "hidden_activation" : "hidden_act";
-  std::string act = f.string(act_key, t.gemma_any() ? "gelu_pytorch_tanh" : "silu");
+  std::string act = f.string(act_key, t.gemma_any() ? "gelu_pytorch_tanh" : "silu");  // GPT-OSS's "silu" names its own (below)
   if (arch == kGemma && act == "gelu") act = "gelu_pytorch_tanh";
   if (act != (t.gemma_any() ? "gelu_pytorch_tanh" : "silu"))
     f.fail(act_key, "'" + act + "' is not supported (" + (t.gemma_any() ? "GeGLU's gelu_pytorch_tanh" : "SwiGLU's silu") + ")");
@@ -218,16 +219,30 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
+  else if (arch == kGptOss) block["head_dim"] = 64;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3) &&
       f.boolean("attention_bias", false);
+  if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
+    block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
+    block["mlp_bias"] = true;  // its experts'
+    block["qk_norm"] = false;
+    block["attn_sinks"] = true;
+    block["norm_scale"] = "before_cast";
+    block["act"] = "swiglu_oai";
+    block["swiglu_alpha"] = f.number("swiglu_alpha", 1.702);
+    block["swiglu_limit"] = f.number("swiglu_limit", 7.0);
+    if (!(block["swiglu_alpha"].get<double>() > 0) || !(block["swiglu_limit"].get<double>() > 0))
+      f.fail("swiglu_alpha", "and swiglu_limit must be above 0");
+    return block;
+  }
   // GLM-4.5's attention_bias: on q, k and v, not o.
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias ||
                       (arch == kGlm4Moe && f.boolean("attention_bias", false));
@@ -339,6 +354,14 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   const bool granite = granite_moe(arch);
   if (arch == kDeepseekV3 || arch == kGlm4Moe) return sigmoid_experts(arch, f, n);
   if (arch == kDeepseekV2) return deepseek_v2_experts(f, n);
+  if (arch == kGptOss) {  // every layer: num_local_experts of intermediate_size, the top k's softmax, biases
+    const int64_t count = f.integer("num_local_experts", 128, 1, 1 << 16), k = f.integer("num_experts_per_tok", 4, 1, count);
+    if (f.boolean("output_router_logits", false))
+      f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+    x.args = {{"experts", count}, {"experts_per_token", k}, {"router", "softmax_top"}, {"router_logit_bias", true}};
+    x.layers.assign(static_cast<size_t>(n), true);
+    return x;
+  }
   if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kOlmoe && !granite) return x;
   const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
@@ -380,6 +403,21 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
 // gate and up fused in input_linear, without a gate).
 void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
                     HfSpec& spec) {
+  if (arch == kGptOss) {  // mlp.router; the experts stacked, transposed, each one's gate and up columns interleaved
+    const std::string moe = theirs + "mlp.";
+    spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.weight"});
+    spec.tensors.push_back({ours + "mlp.gate.bias", moe + "router.bias"});
+    for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e) {
+      const std::string expert = detail::concat(ours, "mlp.experts.", e, ".");
+      for (const auto& [part, offset] : std::vector<std::pair<std::string, int64_t>>{{"gate_proj", 0}, {"up_proj", 1}}) {
+        spec.tensors.push_back({expert + part + ".weight", moe + "experts.gate_up_proj", true, offset, d_ff, e, 2});
+        spec.tensors.push_back({expert + part + ".bias", moe + "experts.gate_up_proj_bias", false, offset, d_ff, e, 2});
+      }
+      spec.tensors.push_back({expert + "down_proj.weight", moe + "experts.down_proj", true, 0, 0, e});
+      spec.tensors.push_back({expert + "down_proj.bias", moe + "experts.down_proj_bias", false, 0, 0, e});
+    }
+    return;
+  }
   if (granite_moe(arch)) {
     const std::string moe = theirs + "block_sparse_moe.";
     spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.layer.weight"});
@@ -451,7 +489,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3 and GLM-4.5:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5 and GPT-OSS:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -541,6 +579,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       }
     }
     if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
+    if (arch == kGptOss) names.push_back("self_attn.sinks");
     if (experts.layers[static_cast<size_t>(i)]) {
       for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
       expert_tensors(arch, experts, ff, ours, theirs, spec);

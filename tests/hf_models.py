@@ -194,6 +194,14 @@ CASES = {
                                        num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
                                        routed_scaling_factor=1.5, first_k_dense_replace=1, use_qk_norm=True,
                                        attention_bias=True, max_position_embeddings=64, tie_word_embeddings=False)),
+    # GPT-OSS: a sink per head, biases on q, k, v and o, a window of 4 on every other layer, yarn
+    # (truncate false); 4 experts in stacked tensors (gate and up interleaved), biased, the softmax of
+    # the top 2 logits of a biased router, the clamped SwiGLU with a limit of 1 (low enough to bite)
+    "gpt-oss": ("GptOssConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=4, swiglu_limit=1.0, max_position_embeddings=64, tie_word_embeddings=False,
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                                   "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -252,7 +260,7 @@ def rope64(config, head_dim, seq_len, p=None):
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-          "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe"}
+          "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss"}
 
 
 def patch_float64():
@@ -269,7 +277,8 @@ def patch_float64():
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
-        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family == "deepseek_v2"):
+        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family == "deepseek_v2",
+                           _half=family == "gpt_oss"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
@@ -279,12 +288,14 @@ def patch_float64():
             freqs = position_ids[..., None].to(torch.float64) * inv
             if _complex:  # DeepSeek-V2's, as complex numbers
                 return torch.polar(torch.ones_like(freqs), freqs) * attention
+            if _half:  # GPT-OSS's: one angle per pair
+                return freqs.cos() * attention, freqs.sin() * attention
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * attention, emb.sin() * attention
 
         norm.forward = norm_forward
         rotary.forward = rotary_forward
-        router = getattr(module, f"{prefix}TopKRouter", None)
+        router = getattr(module, f"{prefix}TopKRouter", None) if family != "gpt_oss" else None  # GPT-OSS's runs in its type
         if router is not None:  # the routing probabilities in float64 (transformers: float32)
 
             def router_forward(self, h, _orig=router.forward, _chosen=family.startswith("granitemoe")):
@@ -393,7 +404,7 @@ def random_model(name, dtype_name, root):
     model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(DTYPES[dtype_name])
     with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
         for pname, p in model.named_parameters():
-            if p.dim() == 1:
+            if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
                 p.add_(torch.randn_like(p) * 0.1)
         for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias
             if bname.endswith("e_score_correction_bias"):

@@ -69,7 +69,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
-         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch == "glm4-moe";
+         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch == "glm4-moe" || arch == "gpt-oss";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -167,6 +167,7 @@ TEST(HfParity, DeepseekV3LatentAttentionGroupedSigmoidRouting) { check_architect
 TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deepseek-v3-lite"); }
 TEST(HfParity, DeepseekV2ComplexRopeGroupLimitedSoftmax) { check_architecture("deepseek-v2"); }
 TEST(HfParity, Glm4MoeHalfRotatedQkNormsSigmoidRouting) { check_architecture("glm4-moe"); }
+TEST(HfParity, GptOssSinksClampedSwigluStackedExperts) { check_architecture("gpt-oss"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
@@ -255,14 +256,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
-                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, llama, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
