@@ -202,7 +202,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"phi_olmo_granite_smollm", {"phi3", "phi3-longrope", "olmo2", "granite", "smollm3"}},
       {"gemma_gpt2", {"gemma", "gemma2", "gemma3", "gpt2"}},
       {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "granitemoe-shared"}},
-      {"deepseek_glm", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe"}},
+      {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
   };
   return groups;
 }

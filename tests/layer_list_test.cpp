@@ -508,3 +508,54 @@ TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
   refused({{"experts", 8}, {"expert_groups", 3}}, "expert_groups: must divide experts (8)");
   EXPECT_EQ(build_error(block({{"experts", 8}, {"expert_groups", 8}, {"groups_per_token", 2}})), "(built)");  // DeepSeek-V2's softmax groups
 }
+
+// GPT-OSS's pieces in a llama_block: a sink far below every score changes nothing; the softmax of
+// the chosen experts' logits alone is the softmax over all of them renormalized over the chosen;
+// the sinks and the router's bias are counted before they are made; the arguments are checked.
+// Against transformers: HfParity.GptOssSinksClampedSwigluStackedExperts.
+TEST(LayerList, SinksTopSoftmaxAndTheClampedSwigluAreChecked) {
+  auto block = [](json extra) {
+    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
+  };
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  models::Model sunk = build(block({{"attn_sinks", true}})), plain = build(block({}));
+  for (models::Model* m : {&sunk, &plain}) m->layers->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto p = plain.layers->named_parameters();
+    for (auto& q : sunk.layers->named_parameters())
+      if (p.contains(q.key())) q.value().copy_(p[q.key()]);
+    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(-1e4);
+  }
+  EXPECT_LE((sunk.layers->forward(x) - plain.layers->forward(x)).abs().max().item<double>(), 1e-12);
+  {
+    torch::NoGradGuard no_grad;
+    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(2.0);
+  }
+  EXPECT_FALSE(torch::allclose(sunk.layers->forward(x), plain.layers->forward(x)));
+
+  const json oss{{"experts", 4}, {"router", "softmax_top"}, {"router_logit_bias", true}, {"act", "swiglu_oai"}, {"mlp_bias", true},
+                 {"attn_sinks", true}};
+  models::Model m = build(block(oss));
+  int64_t values = 0;
+  for (const auto& p : m.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader r(block(oss)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  EXPECT_EQ(m.layers->named_parameters()["b.llama.mlp.gate.bias"].sizes(), (std::vector<int64_t>{4}));
+  models::Model top = build(block({{"experts", 4}, {"router", "softmax_top"}})), all = build(block({{"experts", 4}}));
+  for (models::Model* n : {&top, &all}) n->layers->to(torch::kDouble);
+  EXPECT_LE((top.layers->forward(x) - all.layers->forward(x)).abs().max().item<double>(), 1e-12);  // the same weights (seed)
+  EXPECT_FALSE(torch::allclose(build(block({{"act", "swiglu_oai"}})).layers->forward(x), build(block({})).layers->forward(x)));
+
+  auto refused = [&](json extra, const std::string& expected) {
+    const std::string error = build_error(block(std::move(extra)));
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"swiglu_limit", 3.0}}, "swiglu_limit: needs act \"swiglu_oai\"");
+  refused({{"experts", 4}, {"router", "softmax_top"}, {"expert_groups", 2}}, "expert_groups: needs router \"softmax\" or \"sigmoid\"");
+  refused({{"router_logit_bias", true}}, "router_logit_bias: needs experts above 0");
+  refused({{"n_kv_heads", 4}, {"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"attn_sinks", true}}, "attn_sinks: is not supported with latent attention");
+}
