@@ -224,6 +224,17 @@ void MoeImpl::reset() {
   }
 }
 
+namespace {
+// Of group_scores [N, groups], the experts of each token's `best` groups of highest score, as a
+// mask [N, experts] (transformers' DeepSeek routers' operations).
+at::Tensor best_groups(const at::Tensor& group_scores, int64_t best, int64_t experts) {
+  const int64_t G = group_scores.size(1);
+  const at::Tensor groups = std::get<1>(group_scores.topk(best, -1, /*largest=*/true, /*sorted=*/false));
+  const at::Tensor mask = torch::zeros_like(group_scores).scatter_(1, groups, 1.0);
+  return mask.unsqueeze(-1).expand({-1, G, experts / G}).reshape({-1, experts}).to(torch::kBool);
+}
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   const bool reduced = c10::isReducedFloatingType(h.scalar_type());
   const bool wide = o_.router_float32 && reduced;
@@ -238,12 +249,9 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   }
   if (!o_.router_sigmoid && o_.expert_groups > 1) {
     // DeepSeek-V2's group_limited_greedy: the best experts of the groups of highest best score.
-    const int64_t G = o_.expert_groups, per = o_.experts / G;
     const at::Tensor scores = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1);
-    const at::Tensor group_scores = scores.view({-1, G, per}).amax(-1);
-    const at::Tensor groups = std::get<1>(group_scores.topk(o_.groups_per_token, -1, /*largest=*/true, /*sorted=*/false));
-    const at::Tensor mask = torch::zeros_like(group_scores).scatter_(1, groups, 1.0);
-    const at::Tensor keep = mask.unsqueeze(-1).expand({-1, G, per}).reshape({-1, o_.experts}).to(torch::kBool);
+    const at::Tensor keep = best_groups(scores.view({-1, o_.expert_groups, o_.experts / o_.expert_groups}).amax(-1),
+                                        o_.groups_per_token, o_.experts);
     auto [top, chosen] = scores.masked_fill(keep.logical_not(), 0.0).topk(o_.experts_per_token, -1, /*largest=*/true, /*sorted=*/false);
     if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
     top = top * o_.routed_scale;
@@ -262,12 +270,8 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   const at::Tensor scores = (widen ? logits.to(torch::kFloat) : logits).sigmoid();
   at::Tensor choice = o_.router_bias ? scores + gate->e_score_correction_bias : scores;
   if (o_.expert_groups > 1) {
-    const int64_t G = o_.expert_groups, per = o_.experts / G;
-    const at::Tensor group_scores = std::get<0>(choice.view({-1, G, per}).topk(2, -1)).sum(-1);
-    const at::Tensor groups = std::get<1>(group_scores.topk(o_.groups_per_token, -1, /*largest=*/true, /*sorted=*/false));
-    const at::Tensor mask = torch::zeros_like(group_scores).scatter_(1, groups, 1.0);
-    const at::Tensor keep = mask.unsqueeze(-1).expand({-1, G, per}).reshape({-1, o_.experts}).to(torch::kBool);
-    choice = choice.masked_fill(keep.logical_not(), -INFINITY);
+    const at::Tensor group_scores = std::get<0>(choice.view({-1, o_.expert_groups, o_.experts / o_.expert_groups}).topk(2, -1)).sum(-1);
+    choice = choice.masked_fill(best_groups(group_scores, o_.groups_per_token, o_.experts).logical_not(), -INFINITY);
   }
   const at::Tensor chosen = std::get<1>(choice.topk(o_.experts_per_token, -1, /*largest=*/true, /*sorted=*/false));
   at::Tensor top = scores.gather(1, chosen);

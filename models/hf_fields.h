@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,6 +82,29 @@ class Fields {
   const nlohmann::json& j_;
   std::string where_;
 };
+
+/// GraniteMoE with or without its shared expert; any Granite (their multipliers and biases).
+inline bool granite_moe(const std::string& arch) { return arch == kGraniteMoe || arch == kGraniteMoeShared; }
+inline bool granite_any(const std::string& arch) { return arch == kGranite || granite_moe(arch); }
+
+/// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's, OLMoE's,
+/// GraniteMoE's and GPT-OSS's every layer, Qwen2-MoE's and Qwen3-MoE's every decoder_sparse_step-th
+/// but those mlp_only_layers names, the DeepSeeks' and GLM-4.5's from first_k_dense_replace on
+/// (the others dense); the shared experts.
+struct Experts {
+  nlohmann::json args;       ///< the llama_block's experts, experts_per_token, router, d_ff, shared_expert, …
+  std::vector<bool> layers;  ///< which layers
+  /// Whether any layer holds one.
+  bool any() const { return !args.empty(); }
+};
+
+/// The mixtures of experts of `arch`'s n layers as config.json describes them (hf_experts.cpp).
+Experts read_experts(const std::string& arch, const Fields& f, int64_t n);
+
+/// An expert layer's MLP tensors, ours under `ours` ("layer_3.llama.") and theirs under `theirs`
+/// ("model.layers.3."): the router, each expert's, the shared expert's (hf_experts.cpp).
+void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
+                    HfSpec& spec);
 
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.

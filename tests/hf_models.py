@@ -460,14 +460,15 @@ def make(root, only=None):
 
 
 def router_float64(model, model_dir):
-    """DeepSeek-V3's router holds its weight and bias in float32 whatever the model's dtype, so
-    from_pretrained rounds a float64 checkpoint's: here they are the checkpoint's, in float64."""
+    """The DeepSeeks' and GLM-4.5's routers hold their weight (and bias) in float32 whatever the
+    model's dtype, so from_pretrained rounds a float64 checkpoint's: here they are the
+    checkpoint's, in float64."""
     from safetensors.torch import load_file
-    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
-    wanted = [n for n in names if n.endswith(".mlp.gate.weight") or n.endswith(".mlp.gate.e_score_correction_bias")]
+    saved = load_file(os.path.join(model_dir, "model.safetensors"))
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    wanted = [n for n, t in tensors if n in saved and t.is_floating_point() and t.dtype != torch.float64]
     if not wanted:
         return
-    saved = load_file(os.path.join(model_dir, "model.safetensors"))
     model.to(torch.float64)
     with torch.no_grad():
         for n in wanted:

@@ -226,6 +226,16 @@ TEST(LayerList, TheShippedConfigPlansWithItsNamesAndTrains) {
       << bad.out;
 }
 
+// A layer list of an embedding (20 tokens of 16) and a llama_block "b" of `base`'s arguments with
+// `extra`'s over them.
+json llama_list(const json& extra, const json& base = json{{"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}}) {
+  json b{{"name", "b"}, {"type", "llama_block"}};
+  for (const auto& [k, v] : base.items()) b[k] = v;
+  for (const auto& [k, v] : extra.items()) b[k] = v;
+  return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
+              {"layers", json::array({json{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b})}};
+}
+
 }  // namespace
 
 // permute, transpose and mean: a ViT-style list (patches as a sequence, mean-pooled), whose
@@ -365,12 +375,7 @@ TEST(LayerList, OlmoAndGemmaPiecesAreListArguments) {
   no_cap["layers"][1].erase("cap");
   EXPECT_NE(build_error(no_cap).find("cap: is required"), std::string::npos) << build_error(no_cap);
 
-  auto block = [](json extra) {
-    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 32}};
-    for (auto& [k, v] : extra.items()) b[k] = v;
-    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
-                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
-  };
+  auto block = [](const json& extra) { return llama_list(extra, {{"d_model", 16}, {"n_heads", 4}, {"d_ff", 32}}); };
   auto norms_of = [&](json extra) {
     std::vector<std::string> names;
     for (const auto& p : build(block(std::move(extra))).layers->named_parameters())
@@ -393,12 +398,7 @@ TEST(LayerList, OlmoAndGemmaPiecesAreListArguments) {
 // dense MLP with its weights; it tells a CUDA graph it cannot be replayed; with more experts,
 // renormalizing the chosen experts' probabilities changes the output; the arguments are checked.
 TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
-  auto block = [](json extra) {
-    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}};
-    for (auto& [k, v] : extra.items()) b[k] = v;
-    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
-                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
-  };
+  auto block = [](const json& extra) { return llama_list(extra); };
   models::Model dense = build(block({})), moe = build(block({{"experts", 1}, {"experts_per_token", 1}}));
   dense.layers->to(torch::kDouble);
   moe.layers->to(torch::kDouble);
@@ -452,12 +452,7 @@ TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
 // model; the correction bias (a buffer) steers which experts are chosen but not their weights;
 // the arguments are checked. Both against transformers: HfParity.DeepseekV3*.
 TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
-  auto block = [](json extra) {
-    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}};
-    for (auto& [k, v] : extra.items()) b[k] = v;
-    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
-                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
-  };
+  auto block = [](const json& extra) { return llama_list(extra); };
   const json mla{{"kv_lora_rank", 8}, {"q_lora_rank", 10}, {"head_dim", 8}, {"rope_head_dim", 4}, {"v_head_dim", 5}, {"qkv_bias", true}};
   models::Model m = build(block(mla));
   auto params = m.layers->named_parameters();
@@ -514,12 +509,7 @@ TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
 // the sinks and the router's bias are counted before they are made; the arguments are checked.
 // Against transformers: HfParity.GptOssSinksClampedSwigluStackedExperts.
 TEST(LayerList, SinksTopSoftmaxAndTheClampedSwigluAreChecked) {
-  auto block = [](json extra) {
-    json b{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}};
-    for (auto& [k, v] : extra.items()) b[k] = v;
-    return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
-                {"layers", {{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b}}};
-  };
+  auto block = [](const json& extra) { return llama_list(extra, {{"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}}); };
   const at::Tensor x = torch::randint(0, 20, {3, 6});
   models::Model sunk = build(block({{"attn_sinks", true}})), plain = build(block({}));
   for (models::Model* m : {&sunk, &plain}) m->layers->to(torch::kDouble);
