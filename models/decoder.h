@@ -336,9 +336,10 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// experts_per_token, normalize_experts, router_cast, shared_expert, shared_expert_gate, router, router_bias, expert_groups,
-/// groups_per_token, routed_scale, router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave,
-/// latent_eps, rope_float32, clip_qkv, residual_scale, rotary;
+/// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, shared_expert,
+/// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
+/// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
+/// rope_float32, clip_qkv, residual_scale, rotary;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -68,6 +68,7 @@ Rope read_rope(JsonReader& r, int64_t head_dim) {
   s.finish();
   return rope;
 }
+
 // DeepSeek's multi-head latent attention: kv_lora_rank above 0 and its other keys.
 void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
   o.kv_lora_rank = r.get_int("kv_lora_rank", 0, 0, int64_t{1} << 20);
@@ -192,15 +193,15 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
-  const double mlp = mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms;
+  const double mlp_and_norms = mlps * (3 * d * f + (o.mlp_bias ? 2 * f + d : 0)) + router + shared + norms;
   if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj
     const double H = double(o.n_heads), D = double(o.head_dim), R = double(o.rope_head_dim), V = double(o.v_head_dim);
     const double ql = double(o.q_lora_rank), kl = double(o.kv_lora_rank);
     const double queries = o.q_lora_rank > 0 ? d * ql + ql + ql * H * D + (o.qkv_bias ? ql : 0) : d * H * D;
     const double latent = d * (kl + R) + kl + kl * H * (D - R + V) + (o.qkv_bias ? kl + R : 0);
-    return queries + latent + H * V * d + (o.o_bias ? d : 0) + mlp;
+    return queries + latent + H * V * d + (o.o_bias ? d : 0) + mlp_and_norms;
   }
-  return d * (q + 2 * kv) + q * d + mlp + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms +
+  return d * (q + 2 * kv) + q * d + mlp_and_norms + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms +
          (o.attn_sinks ? double(o.n_heads) : 0);
 }
 
