@@ -12,6 +12,12 @@ using json = nlohmann::json;
 
 namespace {
 
+// output_router_logits: the router's auxiliary loss would join the training loss.
+void refuse_router_logits(const Fields& f) {
+  if (f.boolean("output_router_logits", false))
+    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+}
+
 // DeepSeek-V3's and GLM-4.5's (with its own defaults): every layer from first_k_dense_replace on;
 // n_routed_experts of moe_intermediate_size chosen by sigmoid scores with their correction bias
 // within the topk_group best of n_group groups, renormalized (norm_topk_prob) and scaled
@@ -25,8 +31,7 @@ Experts sigmoid_experts(const std::string& arch, const Fields& f, int64_t n) {
   if (count % groups || (groups > 1 && count / groups < 2))
     f.fail("n_group", detail::concat("must divide n_routed_experts (", count, ") into groups of at least 2"));
   if (best * (count / groups) < k) f.fail("topk_group", detail::concat("leaves fewer experts than num_experts_per_tok (", k, ") to choose from"));
-  if (f.boolean("output_router_logits", false))
-    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  refuse_router_logits(f);
   const int64_t width = f.integer("moe_intermediate_size", glm ? 1408 : 2048, 1, big), shared = f.integer("n_shared_experts", 1, 1, 1 << 16);
   const double scale = f.number("routed_scaling_factor", glm ? 1.0 : 2.5);
   if (!(scale > 0)) f.fail("routed_scaling_factor", "must be above 0");
@@ -50,8 +55,7 @@ Experts deepseek_v2_experts(const Fields& f, int64_t n) {
   const int64_t count = f.integer("n_routed_experts", 64, 1, 1 << 16), k = f.integer("num_experts_per_tok", 0, 1, count, true);
   const std::string method = f.string("topk_method", "greedy");
   if (method != "greedy" && method != "group_limited_greedy") f.fail("topk_method", "'" + method + "' is not supported (greedy, group_limited_greedy)");
-  if (f.boolean("output_router_logits", false))
-    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  refuse_router_logits(f);
   const int64_t width = f.integer("moe_intermediate_size", 1407, 1, big), shared = f.integer("n_shared_experts", 2, 1, 1 << 16);
   const double scale = f.number("routed_scaling_factor", 1.0);
   if (!(scale > 0)) f.fail("routed_scaling_factor", "must be above 0");
@@ -92,8 +96,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   const std::string count_key = mixtral || granite || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
   const int64_t count = f.integer(count_key, mixtral || granite ? 8 : olmoe ? 64 : qwen2 ? 60 : 128, 1, 1 << 16);
   const int64_t k = f.integer("num_experts_per_tok", mixtral || granite ? 2 : qwen2 ? 4 : 8, 1, count);
-  if (f.boolean("output_router_logits", false))
-    f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+  refuse_router_logits(f);
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
   // GraniteMoE takes the softmax over the chosen experts' scores alone: the same weights as the
   // softmax over all of them renormalized over the chosen (their order is the scores' order).
