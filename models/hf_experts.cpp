@@ -84,8 +84,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   if (arch == kDeepseekV2) return deepseek_v2_experts(f, n);
   if (arch == kGptOss) {  // every layer: num_local_experts of intermediate_size, the top k's softmax, biases
     const int64_t count = f.integer("num_local_experts", 128, 1, 1 << 16), k = f.integer("num_experts_per_tok", 4, 1, count);
-    if (f.boolean("output_router_logits", false))
-      f.fail("output_router_logits", "true is not supported (the router's auxiliary loss is not part of the training loss here)");
+    refuse_router_logits(f);
     x.args = {{"experts", count}, {"experts_per_token", k}, {"router", "softmax_top"}, {"router_logit_bias", true}};
     x.layers.assign(static_cast<size_t>(n), true);
     return x;
