@@ -90,7 +90,8 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
 
 // How an architecture's layer departs from Llama's (models/decoder.h).
 struct Traits {
-  bool olmo2 = false, gemma = false, gemma2 = false, gemma3 = false;
+  bool olmo2 = false, gemma = false, gemma2 = false, gemma3 = false;  // olmo2: OLMo 2's and OLMo 3's layer
+  bool olmo3 = false;
   bool gemma_any() const { return gemma || gemma2 || gemma3; }
   bool sandwich() const { return gemma2 || gemma3; }
 };
@@ -122,10 +123,10 @@ std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_
 // layers layer_types names, by default its NoPE layers.
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
   const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
-  const bool oss = arch == kGptOss;
+  const bool oss = arch == kGptOss, olmo3 = arch == kOlmo3;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
-  const int64_t sliding = f.integer("sliding_window", gemma ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
+  const int64_t sliding = f.integer("sliding_window", gemma || olmo3 ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
   if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if (arch == kSmolLM3) {
     const bool typed = f.has("layer_types");
@@ -142,7 +143,7 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         window[static_cast<size_t>(i)] = sliding;
     return window;
   }
-  if ((qwen || gemma || oss) && f.has("layer_types")) {
+  if ((qwen || gemma || oss || olmo3) && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
@@ -154,8 +155,8 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
       }
     }
-  } else if (gemma || oss) {  // GPT-OSS's default: every other layer from the first, as Gemma 2's
-    const int64_t pattern = arch == kGemma3 ? f.integer("sliding_window_pattern", 6, 1, 4096) : 2;
+  } else if (gemma || oss || olmo3) {  // GPT-OSS's default: every other layer from the first, as Gemma 2's; OLMo 3's three of four
+    const int64_t pattern = arch == kGemma3 ? f.integer("sliding_window_pattern", 6, 1, 4096) : olmo3 ? 4 : 2;
     for (int64_t i = 0; i < n; ++i) window[static_cast<size_t>(i)] = (i + 1) % pattern ? sliding : 0;
   } else if (qwen && f.boolean("use_sliding_window", false) && sliding) {
     for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
@@ -311,13 +312,14 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5 and GPT-OSS:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS and OLMo 3:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec) {
   Traits t;
-  t.olmo2 = arch == kOlmo2;
+  t.olmo2 = arch == kOlmo2 || arch == kOlmo3;
+  t.olmo3 = arch == kOlmo3;
   t.gemma = arch == kGemma;
   t.gemma2 = arch == kGemma2;
   t.gemma3 = arch == kGemma3;
@@ -329,15 +331,18 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // The rope: Gemma 3's sliding layers have one of their own (rope_local_base_freq).
   json global = block, local = block;
   const json none = json::object();
-  const bool nested = t.gemma3 && f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention");
+  // OLMo 3's likewise (its sliding layers' rope without the scaling of the others; theta 500000).
+  const bool nested = (t.gemma3 || t.olmo3) && f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention");
+  const double theta = t.olmo3 ? 5e5 : t.gemma3 ? 1e6 : 1e4;
   if (nested) {
     const json& p = f.at("rope_parameters");
-    read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", 1e6, seq_len, global);
-    read_rope(arch, f, p.value("sliding_attention", none), "rope_parameters.sliding_attention", 1e4, seq_len, local);
+    read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", theta, seq_len, global);
+    read_rope(arch, f, p.value("sliding_attention", none), "rope_parameters.sliding_attention", t.olmo3 ? 5e5 : 1e4, seq_len, local);
   } else {
     const std::string key = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
-    read_rope(arch, f, f.has(key) ? f.at(key) : none, key, f.number("rope_theta", t.gemma3 ? 1e6 : 1e4), seq_len, global);
+    read_rope(arch, f, f.has(key) ? f.at(key) : none, key, f.number("rope_theta", theta), seq_len, global);
     if (t.gemma3) read_rope(arch, f, none, "rope_local_base_freq", f.number("rope_local_base_freq", 1e4), seq_len, local);
+    if (t.olmo3) read_rope(arch, f, none, "rope_theta", f.number("rope_theta", theta), seq_len, local);
   }
   const std::vector<int64_t> window = windows(arch, f, n);
   const std::vector<bool> rotary = rotary_layers(arch, f, n);
@@ -365,7 +370,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (logits_scaling == 0) f.fail("logits_scaling", "must not be 0");
   if (embedding_multiplier != 1.0) layers.push_back({{"name", "embed_scale"}, {"type", "scale"}, {"by", embedding_multiplier}});
   for (int64_t i = 0; i < n; ++i) {
-    json b = window[static_cast<size_t>(i)] > 0 && t.gemma3 ? local : global;
+    json b = window[static_cast<size_t>(i)] > 0 && (t.gemma3 || t.olmo3) ? local : global;
     b["name"] = detail::concat("layer_", i);
     // A window as long as the sequence changes nothing.
     if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];

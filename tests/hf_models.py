@@ -194,6 +194,12 @@ CASES = {
                                        num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
                                        routed_scaling_factor=1.5, first_k_dense_replace=1, use_qk_norm=True,
                                        attention_bias=True, max_position_embeddings=64, tie_word_embeddings=False)),
+    # OLMo 3: OLMo 2's layer with windows of 4 on three layers of four, yarn on the full layer's
+    # rope alone, every attention bias
+    "olmo3": ("Olmo3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                                  num_key_value_heads=2, sliding_window=4, max_position_embeddings=64, attention_bias=True,
+                                  tie_word_embeddings=False,
+                                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})),
     # GPT-OSS: a sink per head, biases on q, k, v and o, a window of 4 on every other layer, yarn
     # (truncate false); 4 experts in stacked tensors (gate and up interleaved), biased, the softmax of
     # the top 2 logits of a biased router, the clamped SwiGLU with a limit of 1 (low enough to bite)
@@ -258,7 +264,7 @@ def rope64(config, head_dim, seq_len, p=None):
     return inv, 1.0
 
 
-PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2",
+PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss"}
 

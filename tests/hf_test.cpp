@@ -155,6 +155,7 @@ TEST(HfParity, Phi3FusedTensorsWindowPadding) { check_architecture("phi3"); }
 TEST(HfParity, Qwen3YarnRope) { check_architecture("qwen3-yarn"); }
 TEST(HfParity, Phi3LongropePartialRotaryTied) { check_architecture("phi3-longrope"); }
 TEST(HfParity, Olmo2PostNormsProjectionQkNorms) { check_architecture("olmo2"); }
+TEST(HfParity, Olmo3WindowsAndTheFullLayersOwnRope) { check_architecture("olmo3"); }
 TEST(HfParity, GemmaScaledEmbeddingGegluPadding) { check_architecture("gemma"); }
 TEST(HfParity, Gemma2SandwichNormsSoftcapsWindows) { check_architecture("gemma2"); }
 TEST(HfParity, Gemma3QkNormsLocalRope) { check_architecture("gemma3"); }
@@ -256,7 +257,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   std::filesystem::create_directories(bert);
   std::ofstream(bert + "/config.json") << with(kLlamaConfig, {{"architectures", {"BertForMaskedLM"}}}).dump();
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                                "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, GemmaForCausalLM, "
+                                "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, GemmaForCausalLM, "
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
