@@ -362,6 +362,11 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   const int64_t offset = cache ? cache->length() : 0;
   if (o_.rotary) std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
+  if (o_.q_scale_beta > 0) {  // Ministral 3's, in transformers' operations (float32, then the queries' type)
+    const at::Tensor positions = torch::arange(offset, offset + q.size(2), torch::TensorOptions(torch::kLong).device(q.device()));
+    const at::Tensor scale = (torch::floor(positions / o_.q_scale_length) + 1).log() * o_.q_scale_beta + 1;
+    q = q * scale.view({1, 1, -1, 1}).to(q.scalar_type());
+  }
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks);

@@ -117,6 +117,8 @@ struct LlamaBlockOptions {
   double clip_qkv = 0;        // > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms (OLMoE's)
   double residual_scale = 1;  // attention's and the MLP's outputs times this before each residual add (Granite's)
   bool rotary = true;         // false: q and k not rotated, no positions at all (SmolLM3's NoPE layers)
+  double q_scale_beta = 0;    // > 0: rotated queries times 1 + beta * log(1 + floor(position / q_scale_length)) (Ministral 3's)
+  int64_t q_scale_length = 0;
   int64_t experts = 0;       // > 0: a sparse mixture of that many experts in the MLP's place (Moe)
   int64_t experts_per_token = 2;
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
@@ -339,7 +341,7 @@ TORCH_MODULE(Gpt2Block);
 /// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
-/// rope_float32, clip_qkv, residual_scale, rotary;
+/// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

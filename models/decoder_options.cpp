@@ -160,11 +160,16 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   o.residual_scale = r.get_number("residual_scale", 1.0, -1e6, 1e6);
   o.rotary = r.get_bool("rotary", true);
+  o.q_scale_beta = r.get_number("q_scale_beta", 0.0, 0.0, 1e6);
+  if (o.q_scale_beta > 0 && !r.has("q_scale_length")) r.fail("q_scale_length", "is required with q_scale_beta");
+  if (o.q_scale_beta == 0 && r.has("q_scale_length")) r.fail("q_scale_length", "needs q_scale_beta above 0");
+  o.q_scale_length = r.get_int("q_scale_length", 1, 1, int64_t{1} << 30);
   // What the latent attention does not compute.
   if (o.mla() && o.qk_norm) r.fail("qk_norm", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.clip_qkv > 0) r.fail("clip_qkv", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && !o.rotary) r.fail("rotary", "false is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.attn_sinks) r.fail("attn_sinks", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.q_scale_beta > 0) r.fail("q_scale_beta", "is not supported with latent attention (kv_lora_rank)");
   return o;
 }
 

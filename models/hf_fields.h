@@ -20,7 +20,7 @@
 namespace pipetrain::models::hf_detail {
 
 /// transformers' architecture names (config.json's `architectures`).
-inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCausalLM", kQwen2 = "Qwen2ForCausalLM",
+inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCausalLM", kMinistral3 = "Ministral3ForCausalLM", kQwen2 = "Qwen2ForCausalLM",
                          kQwen3 = "Qwen3ForCausalLM", kPhi3 = "Phi3ForCausalLM", kOlmo2 = "Olmo2ForCausalLM", kOlmo3 = "Olmo3ForCausalLM",
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",

@@ -56,6 +56,16 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
     block["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", factor}, {"original_max_position_embeddings", positions}};
     return;
   }
+  if (arch == kMinistral3) {  // its queries' scale beyond the pretraining length (llama_4_scaling_beta)
+    if (!p.has("llama_4_scaling_beta") || !p.has("original_max_position_embeddings"))
+      f.fail(key, "needs llama_4_scaling_beta and original_max_position_embeddings (Ministral 3's query scale)");
+    const double beta = get("llama_4_scaling_beta", 0.0);
+    if (!(beta >= 0)) f.fail(key + ".llama_4_scaling_beta", detail::concat("must be at least 0, got ", beta));
+    if (beta > 0) {
+      block["q_scale_beta"] = beta;
+      block["q_scale_length"] = static_cast<int64_t>(get("original_max_position_embeddings", 1.0));
+    }
+  }
   if (type == "default") return;
   // The pretraining length: Phi-3's top-level original_max_position_embeddings (4096 where
   // config.json has none) first; otherwise the rope parameters', else the positions' (a top-level
@@ -127,7 +137,7 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
   const int64_t sliding = f.integer("sliding_window", gemma || olmo3 ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
-  if (arch == kMistral || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
+  if (arch == kMistral || arch == kMinistral3 || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if (arch == kSmolLM3) {
     const bool typed = f.has("layer_types");
     const json none = json::array();
@@ -216,7 +226,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
@@ -312,7 +322,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS and OLMo 3:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3 and Ministral 3:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -353,7 +363,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // gradient (negative counts from the end, as torch.nn.Embedding's does). Where config.json
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
-  const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
+  const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;

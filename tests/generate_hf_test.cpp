@@ -198,7 +198,7 @@ struct HfGroup {
 
 const std::vector<HfGroup>& hf_groups() {
   static const std::vector<HfGroup> groups{
-      {"llama_mistral_qwen", {"llama", "llama3-tied", "mistral", "qwen2", "qwen3", "qwen3-yarn"}},
+      {"llama_mistral_qwen", {"llama", "llama3-tied", "mistral", "ministral3", "qwen2", "qwen3", "qwen3-yarn"}},
       {"phi_olmo_granite_smollm", {"phi3", "phi3-longrope", "olmo2", "olmo3", "granite", "smollm3"}},
       {"gemma_gpt2", {"gemma", "gemma2", "gemma3", "gpt2"}},
       {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "granitemoe-shared"}},

@@ -56,6 +56,14 @@ CASES = {
     "mistral": ("MistralConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
                                       tie_word_embeddings=False)),
+    # Ministral 3: yarn past a pretraining length of 4 positions, whose queries from the fifth on
+    # are scaled by 1 + 0.5 log(1 + floor(position / 4)); its default padding token (11)
+    "ministral3": ("Ministral3Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+                                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                             "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                                                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                                             "llama_4_scaling_beta": 0.5})),
     # q/k/v biases, tied head
     "qwen2": ("Qwen2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)),
@@ -264,7 +272,7 @@ def rope64(config, head_dim, seq_len, p=None):
     return inv, 1.0
 
 
-PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
+PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss"}
 

@@ -286,6 +286,9 @@ TEST(LayerList, LlamaBlockArgumentsAreChecked) {
   EXPECT_EQ(build_error(block({{"n_kv_heads", 2}})), "(built)");
   EXPECT_NE(build_error(block({{"n_kv_heads", 3}})).find("n_kv_heads: must divide n_heads (4)"), std::string::npos);
   EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "dynamic"}}}})).find("original_max_position_embeddings: is required by dynamic"), std::string::npos);
+  // Ministral 3's query scale needs the length it counts positions in.
+  EXPECT_NE(build_error(block({{"q_scale_beta", 0.1}})).find("q_scale_length: is required with q_scale_beta"), std::string::npos);
+  EXPECT_NE(build_error(block({{"q_scale_length", 4}})).find("q_scale_length: needs q_scale_beta above 0"), std::string::npos);
   // yarn and longrope need the pretraining length; longrope a factor per rotated pair (head_dim 4
   // turns 2 pairs, and partial_rotary_factor 0.5 one); the rotation turns an even count.
   EXPECT_NE(build_error(block({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}}})).find("original_max_position_embeddings: is required by yarn"),
