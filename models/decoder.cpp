@@ -236,11 +236,12 @@ at::Tensor best_groups(const at::Tensor& group_scores, int64_t best, int64_t exp
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
-  const bool reduced = c10::isReducedFloatingType(h.scalar_type());
-  const bool wide = o_.router_float32 && reduced;
+  // The logits from both operands in float32 with router_float32 in lower precisions; the scores
+  // below from them in float32 at least.
+  const bool wide = o_.router_float32 && c10::isReducedFloatingType(h.scalar_type());
   const at::Tensor bias = gate->bias.defined() && wide ? gate->bias.to(torch::kFloat) : gate->bias;
   const at::Tensor logits = wide ? linear(h.to(torch::kFloat), gate->weight.to(torch::kFloat), bias) : linear(h, gate->weight, bias);
-  const bool widen = c10::isReducedFloatingType(logits.scalar_type());
+  const at::Tensor logits32 = c10::isReducedFloatingType(logits.scalar_type()) ? logits.to(torch::kFloat) : logits;
   if (o_.router_top_softmax) {  // GPT-OSS's: the chosen experts' logits' softmax, in their type
     auto [values, chosen] = logits.topk(o_.experts_per_token, -1);
     at::Tensor top = torch::softmax(values, -1);
@@ -249,7 +250,7 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   }
   if (!o_.router_sigmoid && o_.expert_groups > 1) {
     // DeepSeek-V2's group_limited_greedy: the best experts of the groups of highest best score.
-    const at::Tensor scores = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1);
+    const at::Tensor scores = torch::softmax(logits32, -1);
     const at::Tensor keep = best_groups(scores.view({-1, o_.expert_groups, o_.experts / o_.expert_groups}).amax(-1),
                                         o_.groups_per_token, o_.experts);
     auto [top, chosen] = scores.masked_fill(keep.logical_not(), 0.0).topk(o_.experts_per_token, -1, /*largest=*/true, /*sorted=*/false);
@@ -259,7 +260,7 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
     return {top, chosen};
   }
   if (!o_.router_sigmoid) {
-    auto [top, chosen] = torch::softmax(widen ? logits.to(torch::kFloat) : logits, -1).topk(o_.experts_per_token, -1);
+    auto [top, chosen] = torch::softmax(logits32, -1).topk(o_.experts_per_token, -1);
     if (o_.normalize_experts) top = top / top.sum(-1, /*keepdim=*/true);
     if (o_.routed_scale != 1) top = top * o_.routed_scale;
     if (o_.router_cast) top = top.to(h.scalar_type());
@@ -267,7 +268,7 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
   }
   // DeepSeek-V3's, in transformers' operations: the experts chosen by the scores plus the
   // correction bias, among those of the groups_per_token groups whose two best sum highest.
-  const at::Tensor scores = (widen ? logits.to(torch::kFloat) : logits).sigmoid();
+  const at::Tensor scores = logits32.sigmoid();
   at::Tensor choice = o_.router_bias ? scores + gate->e_score_correction_bias : scores;
   if (o_.expert_groups > 1) {
     const at::Tensor group_scores = std::get<0>(choice.view({-1, o_.expert_groups, o_.experts / o_.expert_groups}).topk(2, -1)).sum(-1);

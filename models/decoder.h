@@ -42,6 +42,9 @@ struct Rope {
   double partial = 1;           // rotary positions over the first int(head_dim * partial) values of a head
 };
 
+/// transformers' yarn_get_mscale: 0.1 * m * ln(factor) + 1 for a factor above 1, else 1 (yarn's
+/// attention factor; DeepSeek's attention scale).
+double yarn_mscale(double factor, double m = 1);
 /// The values of a head the rotation turns: int(head_dim * partial), even (checked where read).
 int64_t rotary_dim(const Rope& rope, int64_t head_dim);
 /// Whether a forward whose last position is `end` - 1 takes longrope's long factors.

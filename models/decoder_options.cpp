@@ -11,8 +11,7 @@ namespace pipetrain::models {
 namespace {
 // transformers' yarn attention factor from its factor and mscales when none is given.
 double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
-  auto get = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
-  return mscale != 0 && mscale_all_dim != 0 ? get(mscale) / get(mscale_all_dim) : get(1);
+  return mscale != 0 && mscale_all_dim != 0 ? yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) : yarn_mscale(factor);
 }
 
 // rope_theta, partial_rotary_factor, and rope_scaling as transformers writes it ({"rope_type":
@@ -109,6 +108,8 @@ void read_router(JsonReader& r, LlamaBlockOptions& o) {
   o.router_float32 = r.get_bool("router_float32", false);
 }
 }  // namespace
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 LlamaBlockOptions read_llama_block(JsonReader& r) {
   LlamaBlockOptions o;

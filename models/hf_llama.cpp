@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/decoder.h"
 #include "models/hf_fields.h"
 
 namespace pipetrain::models::hf_detail {
@@ -203,8 +204,7 @@ void latent_attention_args(const std::string& arch, const Fields& f, int64_t hea
   const double all_dim = p.is_object() && p.contains("mscale_all_dim") && p.at("mscale_all_dim").is_number() ? p.at("mscale_all_dim").get<double>() : 0.0;
   if (type != "default" && all_dim != 0) {
     if (!p.contains("factor") || !p.at("factor").is_number()) f.fail("rope_parameters.factor", "is required with mscale_all_dim");
-    const double factor = p.at("factor").get<double>();
-    const double mscale = factor <= 1 ? 1.0 : 0.1 * all_dim * std::log(factor) + 1.0;
+    const double mscale = yarn_mscale(p.at("factor").get<double>(), all_dim);
     scale = scale * mscale * mscale;
   }
   block["attn_scale"] = scale;

@@ -277,6 +277,15 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss"}
 
 
+def best_groups(router, group_scores):
+    """The DeepSeek routers' mask [tokens, experts] of each token's topk_group groups of highest
+    score, in transformers' operations."""
+    best = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(group_scores).scatter_(1, best, 1)
+    per = router.num_experts // router.num_group
+    return mask.unsqueeze(-1).expand(-1, router.num_group, per).reshape(-1, router.num_experts).bool()
+
+
 def patch_float64():
     for family, prefix in PREFIX.items():
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
@@ -346,10 +355,7 @@ def patch_float64():
                 scores = logits.softmax(dim=-1)
                 if self.topk_method == "group_limited_greedy":
                     groups = scores.view(-1, self.num_group, self.num_experts // self.num_group).max(dim=-1).values
-                    best = torch.topk(groups, k=self.topk_group, dim=-1, sorted=False)[1]
-                    mask = torch.zeros_like(groups).scatter_(1, best, 1)
-                    keep = mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group).reshape(-1, self.num_experts)
-                    scores = scores.masked_fill(~keep.bool(), 0.0)
+                    scores = scores.masked_fill(~best_groups(self, groups), 0.0)
                 top, chosen = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
                 return logits, top * self.routed_scaling_factor, chosen
 
@@ -364,10 +370,7 @@ def patch_float64():
                 scores = logits.sigmoid()
                 choice = scores + self.e_score_correction_bias
                 groups = choice.view(-1, self.num_group, self.num_experts // self.num_group).topk(2, dim=-1)[0].sum(dim=-1)
-                best = torch.topk(groups, k=self.topk_group, dim=-1, sorted=False)[1]
-                mask = torch.zeros_like(groups).scatter_(1, best, 1)
-                keep = mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group).reshape(-1, self.num_experts)
-                chosen = torch.topk(choice.masked_fill(~keep.bool(), float("-inf")), k=self.top_k, dim=-1, sorted=False)[1]
+                chosen = torch.topk(choice.masked_fill(~best_groups(self, groups), float("-inf")), k=self.top_k, dim=-1, sorted=False)[1]
                 top = scores.gather(1, chosen)
                 if self.norm_topk_prob:
                     top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
