@@ -2,8 +2,8 @@
 // (`save_pretrained`: config.json and model.safetensors, or shards with
 // model.safetensors.index.json) built as the equivalent layer list carrying the checkpoint's
 // weights, and such a list's weights written back in the same form (`pipetrain export --format
-// hf`). Architectures: those hf_architectures() lists (the Llama family's, Mixtures of experts and
-// DeepSeek-V3's latent attention as llama_block, GPT-2 as gpt2_block). A config field that would change the math and
+// hf`). Architectures: those hf_architectures() lists (the Llama family's, mixtures of experts and
+// the DeepSeeks' latent attention as llama_block, GPT-2 as gpt2_block). A config field that would change the math and
 // is not supported is a one-line ConfigError naming it; never a silently different model. Tests:
 // tests/hf_test.cpp, tests/hf_models.py (against transformers).
 #pragma once
