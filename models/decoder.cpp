@@ -31,6 +31,13 @@ std::pair<at::Tensor, at::Tensor> extend(KvCache* cache, at::Tensor k, at::Tenso
   cache->v = v;
   return {k, v};
 }
+
+// Interleaved pairs (x0, x1), (x2, x3), … as halves: the even values, then the odd ones; and back.
+at::Tensor deinterleave(const at::Tensor& x) { return torch::cat({x.slice(-1, 0, std::nullopt, 2), x.slice(-1, 1, std::nullopt, 2)}, -1); }
+at::Tensor interleave(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::stack({x.narrow(-1, 0, half), x.narrow(-1, half, half)}, -1).flatten(-2);
+}
 }  // namespace
 
 int64_t rotary_dim(const Rope& rope, int64_t head_dim) { return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial); }
@@ -125,19 +132,20 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout, double softcap, const at::Tensor& sinks) {
+                            int64_t window, DropoutImpl* dropout, double softcap, const at::Tensor& sinks, int64_t chunk) {
   const int64_t H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), offset = Tk - Tq;
   PIPETRAIN_CHECK(offset >= 0 && KV > 0 && H % KV == 0);
-  const bool gqa = H != KV, windowed = window > 0 && Tk > window;
+  const bool gqa = H != KV, masked = (window > 0 && Tk > window) || (chunk > 0 && Tk > chunk);
   const bool dropping = dropout && dropout->is_training() && dropout->p() > 0;
   const bool explicit_path = dropping || softcap > 0 || sinks.defined();
-  if (!explicit_path && !windowed && (offset == 0 || Tq == 1))
+  if (!explicit_path && !masked && (offset == 0 || Tq == 1))
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/Tq > 1, scale, gqa);
   // Query i is position offset + i; it sees keys j <= offset + i (and > offset + i - window).
   const auto longs = torch::TensorOptions(torch::kLong).device(q.device());
   const at::Tensor i = torch::arange(offset, Tk, longs).unsqueeze(1), j = torch::arange(Tk, longs).unsqueeze(0);
   at::Tensor allowed = j <= i;
   if (window > 0) allowed = allowed.logical_and(j > i - window);
+  if (chunk > 0) allowed = allowed.logical_and(j.div(chunk, "floor") == i.div(chunk, "floor"));
   if (!explicit_path) return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, gqa);
   const at::Tensor kk = gqa ? k.repeat_interleave(H / KV, 1) : k, vv = gqa ? v.repeat_interleave(H / KV, 1) : v;
   at::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * scale;
@@ -248,6 +256,12 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
     if (o_.routed_scale != 1) top = top * o_.routed_scale;
     return {top, chosen};
   }
+  if (o_.router_top_sigmoid) {  // Llama 4's: the chosen experts' logits' sigmoid, in float32, then the model's type
+    auto [values, chosen] = logits.topk(o_.experts_per_token, -1);
+    at::Tensor top = (c10::isReducedFloatingType(values.scalar_type()) ? values.to(torch::kFloat) : values).sigmoid();
+    if (o_.routed_scale != 1) top = top * o_.routed_scale;
+    return {top.to(h.scalar_type()), chosen};
+  }
   if (!o_.router_sigmoid && o_.expert_groups > 1) {
     // DeepSeek-V2's group_limited_greedy: the best experts of the groups of highest best score.
     const at::Tensor scores = torch::softmax(logits32, -1);
@@ -299,7 +313,9 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
     if (count[e] == 0) continue;
     const at::Tensor picks = order.narrow(0, begin, count[e]);
     const at::Tensor rank = picks.div(N, "floor"), token = picks.remainder(N);
-    const at::Tensor y = experts[e]->as<GatedMlpImpl>()->forward(h.index_select(0, token)) * top.index({token, rank}).unsqueeze(1);
+    const at::Tensor in = h.index_select(0, token), weight = top.index({token, rank}).unsqueeze(1);
+    GatedMlpImpl& expert = *experts[e]->as<GatedMlpImpl>();
+    const at::Tensor y = o_.router_scales_input ? expert.forward(in * weight) : expert.forward(in) * weight;
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
   // In this order: it fixes the order in which the backward sums into h (bench/results/hf_parity.txt).
@@ -362,7 +378,25 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
     k = self_attn_->k_norm(k);
   }
   const int64_t offset = cache ? cache->length() : 0;
-  if (o_.rotary) std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
+  if (o_.rotary && o_.rope_interleave) {  // Llama 4's: interleaved pairs, put back in their places
+    std::tie(q, k) = rotate(deinterleave(q), deinterleave(k), D, offset, cache);
+    if (o_.rope_pairs_kept) std::tie(q, k) = std::make_pair(interleave(q), interleave(k));
+  } else if (o_.rotary) {
+    std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
+  }
+  if (o_.qk_l2_norm) {  // Llama 4's, after the rotation: no weight, in float32 for lower precisions
+    auto l2 = [&](const at::Tensor& x) {
+      const at::Tensor w = c10::isReducedFloatingType(x.scalar_type()) ? x.to(torch::kFloat) : x;
+      return (w * torch::rsqrt(w.pow(2).mean(-1, /*keepdim=*/true) + o_.eps)).to(x.scalar_type());
+    };
+    q = l2(q);
+    k = l2(k);
+  }
+  if (o_.q_temperature > 0) {  // Llama 4's NoPE layers, in transformers' operations: the scales in float32
+    const at::Tensor positions = torch::arange(offset, offset + q.size(2), torch::TensorOptions(torch::kLong).device(q.device())).to(torch::kFloat);
+    const at::Tensor scale = torch::log1p(torch::floor((positions + 1.0) / static_cast<double>(o_.q_temperature_floor))) * o_.q_temperature + 1.0;
+    q = (q * scale.view({1, 1, -1, 1})).to(q.scalar_type());
+  }
   if (o_.q_scale_beta > 0) {  // Ministral 3's, in transformers' operations (float32, then the queries' type)
     const at::Tensor positions = torch::arange(offset, offset + q.size(2), torch::TensorOptions(torch::kLong).device(q.device()));
     const at::Tensor scale = (torch::floor(positions / o_.q_scale_length) + 1).log() * o_.q_scale_beta + 1;
@@ -370,7 +404,7 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks);
+  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks, o_.attention_chunk);
 }
 
 // As transformers' DeepseekV3Attention computes it; the cache keeps the expanded keys and values.
@@ -384,16 +418,14 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
   const at::Tensor latent = mla_->kv_a_layernorm(kv[0]);
   at::Tensor q_rot = q.narrow(-1, N, R), k_rot = kv[1].view({B, 1, T, R});
   if (o_.rope_interleave) {  // pairs (x0, x1), (x2, x3), ...: the even values, then the odd ones
-    auto halves = [](const at::Tensor& x) { return torch::cat({x.slice(-1, 0, std::nullopt, 2), x.slice(-1, 1, std::nullopt, 2)}, -1); };
-    q_rot = halves(q_rot);
-    k_rot = halves(k_rot);
+    q_rot = deinterleave(q_rot);
+    k_rot = deinterleave(k_rot);
   }
   const int64_t offset = cache ? cache->length() : 0;
   std::tie(q_rot, k_rot) = rotate(q_rot, k_rot, R, offset, cache);
   if (o_.rope_interleave && o_.rope_pairs_kept) {  // DeepSeek-V2's: the pairs back in their places
-    auto pairs = [R](const at::Tensor& x) { return torch::stack({x.narrow(-1, 0, R / 2), x.narrow(-1, R / 2, R / 2)}, -1).flatten(-2); };
-    q_rot = pairs(q_rot);
-    k_rot = pairs(k_rot);
+    q_rot = interleave(q_rot);
+    k_rot = interleave(k_rot);
   }
   const at::Tensor kv_heads = run(a.kv_b_proj, latent).view({B, T, H, N + V}).transpose(1, 2);
   const at::Tensor k = torch::cat({kv_heads.narrow(-1, 0, N), k_rot.expand({B, H, T, R})}, -1);
@@ -401,7 +433,7 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   return causal_attention(torch::cat({q.narrow(-1, 0, N), q_rot}, -1), keys, values, scale, o_.sliding_window, nullptr,
-                          o_.attn_softcap);
+                          o_.attn_softcap, {}, o_.attention_chunk);
 }
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {

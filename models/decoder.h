@@ -1,7 +1,7 @@
 // Decoder blocks of today's language models, as Hugging Face's transformers computes them: the
 // Llama family's (RMSNorm, rotary positions, grouped-query attention, SwiGLU; Mistral's sliding
 // window and Qwen2's q/k/v biases as options; DeepSeek's multi-head latent attention and
-// sigmoid routing) and GPT-2's. Their submodules carry transformers'
+// sigmoid routing; Llama 4's chunked attention, unweighted q/k norms and input-scaled experts) and GPT-2's. Their submodules carry transformers'
 // names, so that a block's parameter "self_attn.q_proj.weight" is the checkpoint's
 // "model.layers.<i>.self_attn.q_proj.weight" (models/hf.cpp). Attention is
 // at::scaled_dot_product_attention, causal; attention dropout above 0 in training keeps the
@@ -83,13 +83,15 @@ struct KvCache {
 
 /// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),
 /// the queries being the last Tq of the Tk positions; with `window` > 0 a query sees only the
-/// `window` positions up to itself (Mistral's sliding window). `dropout` (training, p > 0):
+/// `window` positions up to itself (Mistral's sliding window); with `chunk` > 0 only those of its
+/// own chunk of `chunk` positions (0..chunk-1, chunk..2·chunk-1, …: Llama 4's chunked attention). `dropout` (training, p > 0):
 /// keyed dropout of the attention weights on the explicit path; `softcap` > 0 (Gemma 2's) too:
 /// the scores through softcap * tanh(scores / softcap), the softmax in float32 at least.
 /// `sinks` ([H], GPT-OSS's): each head's learned logit joins its softmax's denominator, on the
 /// explicit path in the scores' type, as transformers computes it.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout, double softcap = 0, const at::Tensor& sinks = {});
+                            int64_t window, DropoutImpl* dropout, double softcap = 0, const at::Tensor& sinks = {},
+                            int64_t chunk = 0);
 
 /// Where a decoder layer's RMSNorms sit.
 enum class NormPlacement {
@@ -122,6 +124,10 @@ struct LlamaBlockOptions {
   bool rotary = true;         // false: q and k not rotated, no positions at all (SmolLM3's NoPE layers)
   double q_scale_beta = 0;    // > 0: rotated queries times 1 + beta * log(1 + floor(position / q_scale_length)) (Ministral 3's)
   int64_t q_scale_length = 0;
+  int64_t attention_chunk = 0;  // > 0: a query sees only the keys of its chunk of that many positions (Llama 4's)
+  bool qk_l2_norm = false;      // q and k RMS-normalized over each head without a weight after the rotation, in float32 (Llama 4's L2 norm)
+  double q_temperature = 0;     // > 0: queries times 1 + q_temperature * log1p(floor((position + 1) / q_temperature_floor)) (Llama 4's NoPE layers)
+  int64_t q_temperature_floor = 8192;
   int64_t experts = 0;       // > 0: a sparse mixture of that many experts in the MLP's place (Moe)
   int64_t experts_per_token = 2;
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
@@ -129,6 +135,8 @@ struct LlamaBlockOptions {
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
   bool router_top_softmax = false;  // the softmax of the chosen experts' logits alone, in their type (GPT-OSS's)
   bool router_logit_bias = false;   // the router's logits with a trained bias ("gate.bias", GPT-OSS's)
+  bool router_top_sigmoid = false;  // the sigmoid of the chosen experts' logits, in float32, then the model's type (Llama 4's)
+  bool router_scales_input = false; // a chosen expert's weight scales its input, not its output (Llama 4's)
   bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
   // The router (MoeImpl): DeepSeek-V3's sigmoid scores in the softmax's place, chosen with a
   // correction bias within the best groups, renormalized, scaled; DeepSeek-V2's softmax within
@@ -144,7 +152,7 @@ struct LlamaBlockOptions {
   // n_kv_heads equals n_heads.
   int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: queries projected directly (q_proj)
   int64_t rope_head_dim = 0, v_head_dim = 0;
-  bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints)
+  bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints; Llama 4's, without latents)
   bool rope_pairs_kept = false;  // with rope_interleave: the rotated pairs put back interleaved (DeepSeek-V2's)
   double latent_eps = 1e-6;      // the latents' RMSNorms' epsilon
   bool mla() const { return kv_lora_rank > 0; }
@@ -227,7 +235,8 @@ TORCH_MODULE(GatedMlp);
 /// of the scores (float32 at least) picks its top `experts_per_token` experts, whose SwiGLU MLPs
 /// ("experts.<e>", GatedMlp) run on the tokens routed to them, expert by expert in ascending
 /// order, and whose outputs add up weighted by those probabilities (renormalized over the chosen
-/// with normalize_experts); with router_sigmoid, DeepSeek-V3's routing (LlamaBlockOptions). The
+/// with normalize_experts; with router_scales_input, the weights scale the experts' inputs); with
+/// router_sigmoid, DeepSeek-V3's routing; with router_top_sigmoid, Llama 4's (LlamaBlockOptions). The
 /// routing is read on the host (one sync per layer). With
 /// `shared_expert` (Qwen2-MoE's), every token also goes through one more SwiGLU MLP of that width
 /// ("shared_expert"), scaled by sigmoid(shared_expert_gate(x)) ([1, d_model], no bias; without
@@ -344,7 +353,8 @@ TORCH_MODULE(Gpt2Block);
 /// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
-/// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length;
+/// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
+/// q_temperature, q_temperature_floor, router_scales_input;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -72,7 +72,7 @@ Rope read_rope(JsonReader& r, int64_t head_dim) {
 void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
   o.kv_lora_rank = r.get_int("kv_lora_rank", 0, 0, int64_t{1} << 20);
   if (!o.mla()) {
-    for (const char* k : {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_interleave", "rope_pairs_kept", "latent_eps"})
+    for (const char* k : {"q_lora_rank", "rope_head_dim", "v_head_dim", "latent_eps"})
       if (r.has(k)) r.fail(k, "needs kv_lora_rank above 0 (latent attention)");
     return;
   }
@@ -82,21 +82,21 @@ void read_latent_attention(JsonReader& r, LlamaBlockOptions& o) {
   o.rope_head_dim = r.get_int("rope_head_dim", 0, 2, o.head_dim);
   if (o.rope_head_dim % 2) r.fail("rope_head_dim", "must be even (rotary positions turn pairs of values)");
   o.v_head_dim = r.get_int("v_head_dim", o.head_dim, 1, 1 << 16);
-  o.rope_interleave = r.get_bool("rope_interleave", false);
-  if (!o.rope_interleave && r.has("rope_pairs_kept")) r.fail("rope_pairs_kept", "needs rope_interleave");
-  o.rope_pairs_kept = r.get_bool("rope_pairs_kept", false);
   o.latent_eps = r.get_number("latent_eps", 1e-6, 1e-12, 1.0);
 }
 
 // The router: softmax (default; DeepSeek-V2's within groups) or DeepSeek-V3's sigmoid with its
 // correction bias and groups.
 void read_router(JsonReader& r, LlamaBlockOptions& o) {
-  const std::string router = r.get_choice("router", "softmax", {"softmax", "sigmoid", "softmax_top"});
+  const std::string router = r.get_choice("router", "softmax", {"softmax", "sigmoid", "softmax_top", "sigmoid_top"});
   o.router_sigmoid = router == "sigmoid";
   o.router_top_softmax = router == "softmax_top";
+  o.router_top_sigmoid = router == "sigmoid_top";
+  if (o.router_top_sigmoid && r.has("normalize_experts"))
+    r.fail("normalize_experts", "is not read with router \"sigmoid_top\" (the chosen experts' weights are their sigmoids)");
   o.router_logit_bias = r.get_bool("router_logit_bias", false);
   if (!o.router_sigmoid && r.has("router_bias")) r.fail("router_bias", "needs router \"sigmoid\"");
-  if (o.router_top_softmax && r.has("expert_groups")) r.fail("expert_groups", "needs router \"softmax\" or \"sigmoid\"");
+  if ((o.router_top_softmax || o.router_top_sigmoid) && r.has("expert_groups")) r.fail("expert_groups", "needs router \"softmax\" or \"sigmoid\"");
   o.router_bias = r.get_bool("router_bias", false);
   o.expert_groups = r.get_int("expert_groups", 1, 1, std::max<int64_t>(o.experts, 1));
   if (o.experts % o.expert_groups || (o.router_sigmoid && o.expert_groups > 1 && o.experts / o.expert_groups < 2))
@@ -106,6 +106,7 @@ void read_router(JsonReader& r, LlamaBlockOptions& o) {
     r.fail("groups_per_token", detail::concat("leaves fewer experts than experts_per_token (", o.experts_per_token, ") to choose from"));
   o.routed_scale = r.get_number("routed_scale", 1.0, 1e-6, 1e6);
   o.router_float32 = r.get_bool("router_float32", false);
+  o.router_scales_input = r.get_bool("router_scales_input", false);
 }
 }  // namespace
 
@@ -148,7 +149,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts == 0)
     for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
-                          "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias"})
+                          "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias",
+                          "router_scales_input"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
@@ -165,12 +167,24 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.q_scale_beta > 0 && !r.has("q_scale_length")) r.fail("q_scale_length", "is required with q_scale_beta");
   if (o.q_scale_beta == 0 && r.has("q_scale_length")) r.fail("q_scale_length", "needs q_scale_beta above 0");
   o.q_scale_length = r.get_int("q_scale_length", 1, 1, int64_t{1} << 30);
+  o.rope_interleave = r.get_bool("rope_interleave", false);
+  if (!o.rope_interleave && r.has("rope_pairs_kept")) r.fail("rope_pairs_kept", "needs rope_interleave");
+  o.rope_pairs_kept = r.get_bool("rope_pairs_kept", false);
+  if (o.rope_interleave && !o.mla() && (!o.rotary || o.rope.partial != 1.0))
+    r.fail("rope_interleave", "needs the whole head rotated (rotary true, partial_rotary_factor 1)");
+  o.attention_chunk = r.get_int("attention_chunk", 0, 0, int64_t{1} << 30);
+  o.qk_l2_norm = r.get_bool("qk_l2_norm", false);
+  o.q_temperature = r.get_number("q_temperature", 0.0, 0.0, 1e6);
+  if (o.q_temperature == 0 && r.has("q_temperature_floor")) r.fail("q_temperature_floor", "needs q_temperature above 0");
+  o.q_temperature_floor = r.get_int("q_temperature_floor", 8192, 1, int64_t{1} << 30);
   // What the latent attention does not compute.
   if (o.mla() && o.qk_norm) r.fail("qk_norm", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.clip_qkv > 0) r.fail("clip_qkv", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && !o.rotary) r.fail("rotary", "false is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.attn_sinks) r.fail("attn_sinks", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.q_scale_beta > 0) r.fail("q_scale_beta", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.qk_l2_norm) r.fail("qk_l2_norm", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.q_temperature > 0) r.fail("q_temperature", "is not supported with latent attention (kv_lora_rank)");
   return o;
 }
 

@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision},
                                                                 {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -109,11 +109,21 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool exists(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// Whether `name` is one of the tensors spec.ignored names (not part of the model).
+bool ignored(const HfSpec& spec, const std::string& name) {
+  return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+}
+
 }  // namespace
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGpt2};
   return a;
 }
 
@@ -131,8 +141,19 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   spec.architecture = architecture_of(spec.config, f);
   if (f.has("quantization_config"))
     f.fail("quantization_config", "is not supported (a quantized checkpoint, its weights in 8 bits or fewer: dequantize it to bfloat16 first)");
-  if (spec.architecture == kGpt2) gpt2(f, seq_len, spec);
-  else llama_family(spec.architecture, f, seq_len, spec);
+  if (spec.architecture == kGpt2) {
+    gpt2(f, seq_len, spec);
+  } else if (spec.architecture == kLlama4Vision) {
+    // Its language model, Llama4ForCausalLM under language_model.; its vision model and projector
+    // are not read (and are written back unchanged by save_hf).
+    if (!f.has("text_config") || !f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
+    if (f.boolean("tie_word_embeddings", false)) f.fail("tie_word_embeddings", "true is not supported here (text_config's is read)");
+    llama_family(kLlama4, Fields(spec.config.at("text_config"), where + ": " + file + ": text_config"), seq_len, spec);
+    for (HfTensor& t : spec.tensors) t.theirs = "language_model." + t.theirs;
+    spec.ignored = {"vision_model.", "multi_modal_projector."};
+  } else {
+    llama_family(spec.architecture, f, seq_len, spec);
+  }
   return spec;
 }
 
@@ -195,11 +216,8 @@ Model build_hf(JsonReader& r) {
     params["lm_head.linear.weight"].copy_(params[embed]);
     used.insert("lm_head.weight");
   }
-  auto skipped = [&](const std::string& name) {
-    return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
-  };
   for (const std::string& name : ck.names())
-    if (!used.count(name) && !ignorable(name) && !skipped(name))
+    if (!used.count(name) && !ignorable(name) && !ignored(spec, name))
       throw ConfigError(detail::concat(where, ": ", ck.file_of(name), ": tensor '", name, "' is not part of a ", spec.architecture,
                                        " as config.json describes it (an unsupported option would compute a different model)"));
   return m;
@@ -253,6 +271,13 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
         throw ConfigError(detail::concat("export --format hf: the weights hold '", name, "', which is not part of ", spec.architecture,
                                          " of ", source));
     }
+  // The source's tensors that are not part of the model (Llama 4's vision model, DeepSeek-V3's
+  // prediction layers): written back as the source holds them (views of its mapping until written).
+  if (!spec.ignored.empty() && (exists(source + "/" + kSafetensorsSingle) || exists(source + "/" + kSafetensorsIndex))) {
+    const SafetensorsCheckpoint ck(source);
+    for (const std::string& name : ck.names())
+      if (ignored(spec, name)) tensors.emplace_back(name, ck.get(name));
+  }
   ::mkdir(out.c_str(), 0777);
   if (!is_dir(out)) throw ConfigError("export --format hf: cannot make the directory " + out);
   save_safetensors_checkpoint(out, tensors, shard_bytes, {{"format", "pt"}});

@@ -48,7 +48,8 @@ struct HfSpec {
   std::vector<HfTensor> tensors;
   bool tied = false;  // the output head is the token embedding (tie_word_embeddings)
   /// Prefixes of the checkpoint's tensors that are not part of the model and are not read
-  /// (DeepSeek-V3's multi-token prediction layers after num_hidden_layers, as transformers skips them).
+  /// (DeepSeek-V3's multi-token prediction layers after num_hidden_layers, as transformers skips
+  /// them; Llama 4's vision model and projector beside its language model).
   std::vector<std::string> ignored;
 };
 
@@ -61,8 +62,9 @@ Model build_hf(JsonReader& model);
 
 /// Writes `weights` (our names; a merged checkpoint's or a model's parameters) as a directory
 /// `from_pretrained` loads: config.json (the source's, its dtype the weights'), model.safetensors
-/// or shards of at most `shard_bytes` with their index, and the source's tokenizer and generation
-/// files when it has them. `source` is the directory the model was built from. Returns the
+/// or shards of at most `shard_bytes` with their index, with the source's tensors that are not part
+/// of the model (HfSpec::ignored) as the source holds them, and the source's tokenizer and
+/// generation files when it has them. `source` is the directory the model was built from. Returns the
 /// tensors written.
 size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor>& weights, const std::string& out,
                uint64_t shard_bytes);

@@ -74,12 +74,40 @@ Experts deepseek_v2_experts(const Fields& f, int64_t n) {
   return x;
 }
 
+// Llama 4's: the layers moe_layers names, by default every interleave_moe_layer_step-th; each
+// token's top num_experts_per_tok of num_local_experts by the router's logits, their sigmoids
+// scaling the experts' inputs; a shared expert of intermediate_size without a gate.
+// (Llama4ForCausalLM adds no auxiliary loss, so output_router_logits changes nothing; its router
+// takes no jitter.)
+Experts llama4_experts(const Fields& f, int64_t n) {
+  Experts x;
+  const int64_t count = f.integer("num_local_experts", 16, 1, 1 << 16), k = f.integer("num_experts_per_tok", 1, 1, count);
+  const int64_t width = f.integer("intermediate_size", 8192, 1, int64_t{1} << 30);
+  x.args = {{"experts", count}, {"experts_per_token", k}, {"router", "sigmoid_top"}, {"router_scales_input", true},
+            {"d_ff", width}, {"shared_expert", width}, {"shared_expert_gate", false}};
+  x.layers.assign(static_cast<size_t>(n), false);
+  if (f.has("moe_layers")) {
+    const json& list = f.at("moe_layers");
+    if (!list.is_array()) f.fail("moe_layers", "must be a list of layer indices");
+    for (const json& i : list) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= n)
+        f.fail("moe_layers", detail::concat("holds ", i.dump(), ", not a layer in [0, ", n, ")"));
+      x.layers[i.get<size_t>()] = true;
+    }
+    return x;
+  }
+  const int64_t step = f.integer("interleave_moe_layer_step", 1, 1, 4096);
+  for (int64_t i = step - 1; i < n; i += step) x.layers[static_cast<size_t>(i)] = true;
+  return x;
+}
+
 }  // namespace
 
 Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   Experts x;
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
+  if (arch == kLlama4) return llama4_experts(f, n);
   if (arch == kDeepseekV3 || arch == kGlm4Moe) return sigmoid_experts(arch, f, n);
   if (arch == kDeepseekV2) return deepseek_v2_experts(f, n);
   if (arch == kGptOss) {  // every layer: num_local_experts of intermediate_size, the top k's softmax, biases
@@ -129,6 +157,20 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
 // gate and up fused in input_linear, without a gate).
 void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
                     HfSpec& spec) {
+  if (arch == kLlama4) {  // feed_forward.router; the experts stacked and transposed, gate's columns then up's; the shared expert
+    const std::string moe = theirs + "feed_forward.";
+    const int64_t width = x.args["d_ff"].get<int64_t>();
+    spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.weight"});
+    for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e) {
+      const std::string expert = detail::concat(ours, "mlp.experts.", e, ".");
+      spec.tensors.push_back({expert + "gate_proj.weight", moe + "experts.gate_up_proj", true, 0, width, e});
+      spec.tensors.push_back({expert + "up_proj.weight", moe + "experts.gate_up_proj", true, width, width, e});
+      spec.tensors.push_back({expert + "down_proj.weight", moe + "experts.down_proj", true, 0, 0, e});
+    }
+    for (const char* p : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+      spec.tensors.push_back({ours + "mlp.shared_expert." + p, moe + "shared_expert." + p});
+    return;
+  }
   if (arch == kGptOss) {  // mlp.router; the experts stacked, transposed, each one's gate and up columns interleaved
     const std::string moe = theirs + "mlp.";
     spec.tensors.push_back({ours + "mlp.gate.weight", moe + "router.weight"});

@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
 // Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS).
+// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -27,7 +27,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGraniteMoe = "GraniteMoeForCausalLM",
                          kGraniteMoeShared = "GraniteMoeSharedForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
-                         kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
+                         kLlama4Vision = "Llama4ForConditionalGeneration", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {
@@ -89,8 +90,9 @@ inline bool granite_any(const std::string& arch) { return arch == kGranite || gr
 
 /// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's, OLMoE's,
 /// GraniteMoE's and GPT-OSS's every layer, Qwen2-MoE's and Qwen3-MoE's every decoder_sparse_step-th
-/// but those mlp_only_layers names, the DeepSeeks' and GLM-4.5's from first_k_dense_replace on
-/// (the others dense); the shared experts.
+/// but those mlp_only_layers names, the DeepSeeks' and GLM-4.5's from first_k_dense_replace on,
+/// Llama 4's moe_layers (every interleave_moe_layer_step-th by default; the others dense); the
+/// shared experts.
 struct Experts {
   nlohmann::json args;       ///< the llama_block's experts, experts_per_token, router, d_ff, shared_expert, …
   std::vector<bool> layers;  ///< which layers

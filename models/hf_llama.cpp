@@ -107,11 +107,11 @@ struct Traits {
   bool sandwich() const { return gemma2 || gemma3; }
 };
 
-// Which layers rotate q and k: all but SmolLM3's NoPE layers (no_rope_layers: 1 rotates, 0 does
-// not; by default every no_rope_layer_interval-th layer does not).
+// Which layers rotate q and k: all but SmolLM3's and Llama 4's NoPE layers (no_rope_layers: 1
+// rotates, 0 does not; by default every no_rope_layer_interval-th layer does not).
 std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_t n) {
   std::vector<bool> rotary(static_cast<size_t>(n), true);
-  if (arch != kSmolLM3) return rotary;
+  if (arch != kSmolLM3 && arch != kLlama4) return rotary;
   if (f.has("no_rope_layers")) {
     const json& list = f.at("no_rope_layers");
     if (!list.is_array() || static_cast<int64_t>(list.size()) != n) f.fail("no_rope_layers", detail::concat("must list ", n, " layers"));
@@ -175,6 +175,31 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
   return window;
 }
 
+// Llama 4's chunks (0: none): attention_chunk_size on the layers layer_types names
+// chunked_attention, by default its rotary layers (none where attention_chunk_size is null).
+std::vector<int64_t> chunks(const std::string& arch, const Fields& f, const std::vector<bool>& rotary) {
+  const int64_t n = static_cast<int64_t>(rotary.size());
+  std::vector<int64_t> chunk(static_cast<size_t>(n), 0);
+  if (arch != kLlama4) return chunk;
+  const int64_t size = f.at_null("attention_chunk_size") ? 0 : f.integer("attention_chunk_size", 8192, 1, int64_t{1} << 30);
+  if (!f.has("layer_types")) {
+    for (int64_t i = 0; i < n; ++i) chunk[static_cast<size_t>(i)] = rotary[static_cast<size_t>(i)] ? size : 0;
+    return chunk;
+  }
+  const json& types = f.at("layer_types");
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
+  for (int64_t i = 0; i < n; ++i) {
+    const json& t = types[static_cast<size_t>(i)];
+    if (t == "chunked_attention") {
+      if (!size) f.fail("attention_chunk_size", "is required by layer_types' chunked_attention");
+      chunk[static_cast<size_t>(i)] = size;
+    } else if (t != "full_attention") {
+      f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, chunked_attention)");
+    }
+  }
+  return chunk;
+}
+
 // DeepSeek-V2's and V3's multi-head latent attention: a query and key head of qk_nope_head_dim +
 // qk_rope_head_dim values (config.json's head_dim, which its config writes as qk_rope_head_dim, is
 // not read), its scale qk_head_dim^-0.5 times yarn's mscale_all_dim correction squared where the
@@ -226,16 +251,16 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 || arch == kLlama4 ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
-  else if (arch == kQwen3 || arch == kQwen3Moe) block["head_dim"] = 128;  // Qwen3Config's default
+  else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4) block["head_dim"] = 128;  // Qwen3Config's and Llama4TextConfig's default
   else if (arch == kGptOss) block["head_dim"] = 64;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
-       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3) &&
+       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -255,6 +280,10 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
                       (arch == kGlm4Moe && f.boolean("attention_bias", false));
   block["o_bias"] = attention_bias;
   block["mlp_bias"] = (arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false);
+  if (arch == kLlama4) {  // its dense layers' width; its rotation of interleaved pairs as complex numbers in float32, left interleaved
+    block["d_ff"] = f.integer("intermediate_size_mlp", 16384, 1, big);
+    block["rope_interleave"] = block["rope_pairs_kept"] = block["rope_float32"] = true;
+  }
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 ||
@@ -310,6 +339,24 @@ void latent_attention_tensors(const json& block, std::vector<std::string>& names
   linear("o_proj", block["o_bias"].get<bool>());
 }
 
+// Llama 4's layer: its rotary layers' queries and keys RMS-normalized without a weight after the
+// rotation (use_qk_norm), its NoPE layers' queries scaled by the temperature of their positions
+// (attn_temperature_tuning: attn_scale, floor_scale) and their heads left as they are.
+void llama4_layer(const Fields& f, bool rotary, json& b) {
+  if (rotary) {
+    if (f.boolean("use_qk_norm", true)) b["qk_l2_norm"] = true;
+    return;
+  }
+  b.erase("rope_interleave");
+  b.erase("rope_pairs_kept");
+  const double scale = f.number("attn_scale", 0.1);
+  if (scale < 0) f.fail("attn_scale", detail::concat("must be at least 0, got ", scale));
+  if (f.boolean("attn_temperature_tuning", true) && scale > 0) {
+    b["q_temperature"] = scale;
+    b["q_temperature_floor"] = f.integer("floor_scale", 8192, 1, int64_t{1} << 30);
+  }
+}
+
 }  // namespace
 
 // The output head (lm_head, tied to the token embedding `embed` when `tied`) after `layers`, and
@@ -343,7 +390,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const json none = json::object();
   // OLMo 3's likewise (its sliding layers' rope without the scaling of the others; theta 500000).
   const bool nested = (t.gemma3 || t.olmo3) && f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention");
-  const double theta = t.olmo3 ? 5e5 : t.gemma3 ? 1e6 : 1e4;
+  const double theta = t.olmo3 || arch == kLlama4 ? 5e5 : t.gemma3 ? 1e6 : 1e4;
   if (nested) {
     const json& p = f.at("rope_parameters");
     read_rope(arch, f, p.at("full_attention"), "rope_parameters.full_attention", theta, seq_len, global);
@@ -356,6 +403,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   }
   const std::vector<int64_t> window = windows(arch, f, n);
   const std::vector<bool> rotary = rotary_layers(arch, f, n);
+  const std::vector<int64_t> chunk = chunks(arch, f, rotary);
   const Experts experts = read_experts(arch, f, n);
   json layers = json::array();
   json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}};
@@ -386,6 +434,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];
     if (experts.layers[static_cast<size_t>(i)]) b.update(experts.args);
     if (!rotary[static_cast<size_t>(i)]) b["rotary"] = false;
+    // A chunk holding the whole sequence changes nothing (as a window).
+    if (chunk[static_cast<size_t>(i)] > 0 && chunk[static_cast<size_t>(i)] < seq_len) b["attention_chunk"] = chunk[static_cast<size_t>(i)];
+    if (arch == kLlama4) llama4_layer(f, rotary[static_cast<size_t>(i)], b);
     layers.push_back(b);
   }
   const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
@@ -422,11 +473,12 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       expert_tensors(arch, experts, ff, ours, theirs, spec);
       continue;
     }
-    for (const char* p : {"gate", "up", "down"}) {
-      names.push_back(detail::concat("mlp.", p, "_proj.weight"));
-      if (mlp_bias) names.push_back(detail::concat("mlp.", p, "_proj.bias"));
-    }
     for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
+    const std::string mlp = arch == kLlama4 ? "feed_forward." : "mlp.";  // Llama 4's name of its MLPs
+    for (const char* p : {"gate", "up", "down"})
+      for (const char* kind : {"weight", "bias"})
+        if (kind == std::string("weight") || mlp_bias)
+          spec.tensors.push_back({detail::concat(ours, "mlp.", p, "_proj.", kind), detail::concat(theirs, mlp, p, "_proj.", kind)});
   }
   if (arch == kDeepseekV3 || arch == kGlm4Moe)  // their multi-token prediction layers, after the others: not part of the causal model
     for (int64_t i = n; i < n + f.integer("num_nextn_predict_layers", f.integer("num_mtp_layers", 1, 0, 64), 0, 64); ++i)

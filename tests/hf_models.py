@@ -216,6 +216,33 @@ CASES = {
                                      sliding_window=4, swiglu_limit=1.0, max_position_embeddings=64, tie_word_embeddings=False,
                                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                                    "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})),
+    # Llama 4: chunks of 4 positions on its three rotary layers (interleaved pairs rotated as
+    # complex numbers, Llama 3.1's scaling), their queries and keys RMS-normalized without a weight
+    # after the rotation; a NoPE last layer over every position, its queries scaled by the
+    # temperature of their positions (floor 2, scale 0.5); every other layer 4 experts of 16, the
+    # sigmoid of the top 1 logit scaling the expert's input, and a shared expert; dense layers of 48
+    "llama4": ("Llama4TextConfig", dict(hidden_size=32, intermediate_size=16, intermediate_size_mlp=48, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                        num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=4,
+                                        floor_scale=2, attn_scale=0.5, max_position_embeddings=64, tie_word_embeddings=False,
+                                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    # Llama 4 otherwise set: a NoPE middle layer (floor 3), no chunks, no q/k norms, every layer 4
+    # experts with the top 2 chosen, attention biases, tied head
+    "llama4-top2": ("Llama4TextConfig", dict(hidden_size=32, intermediate_size=16, intermediate_size_mlp=40, num_hidden_layers=3,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                             num_experts_per_tok=2, no_rope_layers=[1, 0, 1], attention_chunk_size=None,
+                                             use_qk_norm=False, floor_scale=3, attn_scale=0.5, attention_bias=True,
+                                             max_position_embeddings=64, tie_word_embeddings=True)),
+    # Llama 4 as its checkpoints are published: the language model of Llama4ForConditionalGeneration
+    # (under language_model.) beside a vision model, which is not read and is written back as it was
+    "llama4-vision": ("Llama4Config", dict(
+        text_config=dict(hidden_size=32, intermediate_size=16, intermediate_size_mlp=48, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+                         interleave_moe_layer_step=2, attention_chunk_size=4, floor_scale=2, attn_scale=0.5,
+                         no_rope_layer_interval=2, max_position_embeddings=64),
+        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vision_output_dim=16,
+                           projector_input_dim=16, projector_output_dim=16, image_size=28, patch_size=14))),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -274,7 +301,8 @@ def rope64(config, head_dim, seq_len, p=None):
 
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-          "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss"}
+          "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
+          "llama4": "Llama4Text"}
 
 
 def best_groups(router, group_scores):
@@ -300,7 +328,7 @@ def patch_float64():
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
-        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family == "deepseek_v2",
+        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family in ("deepseek_v2", "llama4"),
                            _half=family == "gpt_oss"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
@@ -309,7 +337,7 @@ def patch_float64():
             params = c.rope_parameters[layer_type] if layer_type else None
             inv, attention = rope64(c, dim, int(position_ids.max()) + 1, params)
             freqs = position_ids[..., None].to(torch.float64) * inv
-            if _complex:  # DeepSeek-V2's, as complex numbers
+            if _complex:  # DeepSeek-V2's and Llama 4's, as complex numbers
                 return torch.polar(torch.ones_like(freqs), freqs) * attention
             if _half:  # GPT-OSS's: one angle per pair
                 return freqs.cos() * attention, freqs.sin() * attention
@@ -360,6 +388,8 @@ def patch_float64():
                 return logits, top * self.routed_scaling_factor, chosen
 
             v2_router.forward = v2_forward
+        if family == "llama4":
+            patch_llama4_float64(module)
         sigmoid_router = getattr(module, f"{prefix}TopkRouter", None) if family != "deepseek_v2" else None
         if sigmoid_router is not None:  # DeepSeek-V3's routing in float64 (transformers: float32)
 
@@ -403,10 +433,54 @@ def patch_float64():
             module.eager_attention_forward = eager64
 
 
+def patch_llama4_float64(module):
+    """Llama 4's rotation, its q/k norms and its router's sigmoid in float64 (transformers: float32)."""
+    rotate = module.apply_rotary_emb
+
+    def rotate64(xq, xk, freqs_cis, _orig=rotate):
+        if xq.dtype != torch.float64:
+            return _orig(xq, xk, freqs_cis)
+        f = freqs_cis[:, :, None, :]
+        q = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2).contiguous())
+        k = torch.view_as_complex(xk.reshape(*xk.shape[:-1], -1, 2).contiguous())
+        return torch.view_as_real(q * f).flatten(3), torch.view_as_real(k * f).flatten(3)
+
+    module.apply_rotary_emb = rotate64
+    l2 = module.Llama4TextL2Norm
+
+    def l2_forward(self, x, _orig=l2.forward):
+        return _orig(self, x) if x.dtype != torch.float64 else x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    l2.forward = l2_forward
+    router = module.Llama4Router
+
+    def router_forward(self, h, _orig=router.forward):
+        if h.dtype != torch.float64:
+            return _orig(self, h)
+        logits = torch.nn.functional.linear(h, self.weight)
+        top, chosen = torch.topk(logits, self.top_k, dim=1)
+        return torch.full_like(logits, float("-inf")).scatter_(1, chosen, top).sigmoid(), logits
+
+    router.forward = router_forward
+
+
+def model_class(config):
+    """The case's transformers class: Llama 4's vision and language model where its config is
+    that one's, the causal language model otherwise."""
+    return transformers.Llama4ForConditionalGeneration if isinstance(config, transformers.Llama4Config) else AutoModelForCausalLM
+
+
+def language_model(model):
+    """What computes the logits: Llama 4's language model within its vision and language model
+    (whose own forward fails on text alone in transformers 5.24), the model itself otherwise."""
+    return getattr(model, "language_model", None) or model
+
+
 def experts_eager(config):
     """A mixture of experts runs transformers' eager experts (its loop over the experts, the
     reference its grouped_mm kernels stand in for, and which takes float64)."""
-    moe = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    text = getattr(config, "text_config", None) or config
+    moe = getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
     return {"experts_implementation": "eager"} if moe else {}
 
 
@@ -417,8 +491,13 @@ def random_model(name, dtype_name, root):
     out = os.path.join(root, f"{name}-{dtype_name}")
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(len(name))
-    config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
-    model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(DTYPES[dtype_name])
+    if "text_config" in fields:  # Llama 4's vision and language model: the sizes are its language model's
+        fields = dict(fields, text_config=dict(fields["text_config"], vocab_size=96, initializer_range=0.2))
+        config = getattr(transformers, config_class)(**fields)
+        model = transformers.Llama4ForConditionalGeneration(config).to(DTYPES[dtype_name])
+    else:
+        config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
+        model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(DTYPES[dtype_name])
     with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
         for pname, p in model.named_parameters():
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
@@ -445,28 +524,29 @@ def make(root, only=None):
             continue
         for dtype_name, dtype in DTYPES.items():
             model, config, out = random_model(name, dtype_name, root)
-            tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1))
-            if getattr(config, "pad_token_id", None) is not None:
-                tokens[:, ::3] = config.pad_token_id  # the padding row is read, and takes no gradient
+            text = getattr(config, "text_config", None) or config
+            tokens = torch.randint(0, text.vocab_size, (BATCH, SEQ + 1))
+            if getattr(text, "pad_token_id", None) is not None:
+                tokens[:, ::3] = text.pad_token_id  # the padding row is read, and takes no gradient
             np.save(os.path.join(out, "tokens.npy"), tokens.numpy())
             x, y = tokens[:, :SEQ], tokens[:, 1:]
             model.eval()
             if dtype == torch.bfloat16:
                 # The model as from_pretrained loads it: .to(bfloat16) above rounded the rotary
                 # frequencies too.
-                model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
+                model = model_class(config).from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
                 model.eval()
                 with torch.no_grad():
-                    np.save(os.path.join(out, "logits.npy"), model(x).logits.float().numpy())
+                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.float().numpy())
             else:
                 with torch.no_grad():
-                    np.save(os.path.join(out, "logits.npy"), model(x).logits.numpy())
+                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.numpy())
             model.train()
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             losses = []
             for _ in range(STEPS):
                 opt.zero_grad()
-                logits = model(x).logits
+                logits = language_model(model)(x).logits
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
                 loss.backward()
                 opt.step()
@@ -521,9 +601,10 @@ def compare(root):
         if not os.path.isdir(exported):
             continue
         dtype = DTYPES[case.rsplit("-", 1)[1]]
-        eager = experts_eager(transformers.AutoConfig.from_pretrained(exported))
-        a = AutoModelForCausalLM.from_pretrained(exported, dtype=dtype, **eager).state_dict()
-        b = AutoModelForCausalLM.from_pretrained(os.path.join(root, case, "trained"), dtype=dtype, **eager).state_dict()
+        config = transformers.AutoConfig.from_pretrained(exported)
+        eager, cls = experts_eager(config), model_class(config)
+        a = cls.from_pretrained(exported, dtype=dtype, **eager).state_dict()
+        b = cls.from_pretrained(os.path.join(root, case, "trained"), dtype=dtype, **eager).state_dict()
         if sorted(a) != sorted(b):
             result[case] = "names differ: " + str(sorted(set(a) ^ set(b)))
             continue

@@ -69,7 +69,8 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
-         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch == "glm4-moe" || arch == "gpt-oss";
+         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch == "glm4-moe" || arch == "gpt-oss" ||
+         arch.rfind("llama4", 0) == 0;
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -173,6 +174,9 @@ TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deep
 TEST(HfParity, DeepseekV2ComplexRopeGroupLimitedSoftmax) { check_architecture("deepseek-v2"); }
 TEST(HfParity, Glm4MoeHalfRotatedQkNormsSigmoidRouting) { check_architecture("glm4-moe"); }
 TEST(HfParity, GptOssSinksClampedSwigluStackedExperts) { check_architecture("gpt-oss"); }
+TEST(HfParity, Llama4ChunksNoPeTemperatureInputScaledExperts) { check_architecture("llama4"); }
+TEST(HfParity, Llama4TopTwoExpertsNoPeMiddleLayerBiasesTied) { check_architecture("llama4-top2"); }
+TEST(HfParity, Llama4LanguageModelBesideItsVisionModel) { check_architecture("llama4-vision"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
 
 // Without transformers: a directory written here in save_pretrained's form, and what the family
