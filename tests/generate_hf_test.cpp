@@ -203,6 +203,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"gemma_gpt2", {"gemma", "gemma2", "gemma3", "gpt2"}},
       {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "granitemoe-shared"}},
       {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
+      {"llama4", {"llama4", "llama4-top2", "llama4-vision"}},
   };
   return groups;
 }

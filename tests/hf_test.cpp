@@ -9,6 +9,7 @@
 // project's Python has no transformers (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -270,14 +271,15 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
-                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GPT2LMHeadModel)"),
+                                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, "
+                                "Llama4ForConditionalGeneration, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, llama, ministral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, llama, llama4, llama4_text, ministral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -354,6 +356,76 @@ TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   const nlohmann::json v2{{"architectures", {"DeepseekV2ForCausalLM"}}};
   refused(with(v2, {{"topk_method", "noaux_tc"}}), "topk_method 'noaux_tc' is not supported (greedy, group_limited_greedy)");
   refused(with(v2, {{"mlp_bias", true}}), "mlp_bias true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
+}
+
+// Llama 4 as transformers resolves its config: every fourth layer without rotary positions (its
+// queries' temperature there), chunks on the others, their q/k norms, experts on every
+// interleave_moe_layer_step-th layer in stacked tensors; its vision and language model's config
+// and tensors, whose vision model is not read and is written back unchanged; what it cannot
+// compute refused in one line.
+TEST(HfFamily, Llama4ResolvesItsLayersAndKeepsItsVisionModel) {
+  const nlohmann::json text{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 8}, {"intermediate_size_mlp", 24},
+                            {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 4},
+                            {"num_local_experts", 2}, {"interleave_moe_layer_step", 2}, {"attention_chunk_size", 4}};
+  const std::string dir = write_model("llama4", with(text, {{"architectures", {"Llama4ForCausalLM"}}}));
+  const nlohmann::json layers = models::read_hf_spec(dir, 8, "test").layers["layers"];
+  for (int i = 0; i < 4; ++i) {
+    const nlohmann::json& b = layers[1 + i];
+    EXPECT_EQ(b.value("rotary", true), i != 3) << i;
+    EXPECT_EQ(b.value("attention_chunk", 0), i != 3 ? 4 : 0) << i;
+    EXPECT_EQ(b.value("qk_l2_norm", false), i != 3) << i;
+    EXPECT_EQ(b.value("q_temperature", 0.0), i == 3 ? 0.1 : 0.0) << i;
+    EXPECT_EQ(b.value("experts", 0), i % 2 ? 2 : 0) << i;
+    EXPECT_EQ(b["d_ff"], i % 2 ? 8 : 24) << i;
+  }
+  {
+    models::SafetensorsCheckpoint ck(dir);
+    const at::Tensor gate_up = ck.get("model.layers.3.feed_forward.experts.gate_up_proj");
+    ASSERT_EQ(gate_up.sizes(), (std::vector<int64_t>{2, 16, 16}));
+    auto p = build(dir, 8).layers->named_parameters();
+    EXPECT_TRUE(torch::equal(p["layer_3.llama.mlp.experts.1.up_proj.weight"], gate_up[1].narrow(1, 8, 8).t()));
+    EXPECT_TRUE(torch::equal(p["layer_2.llama.mlp.down_proj.weight"], ck.get("model.layers.2.feed_forward.down_proj.weight")));
+  }
+  auto refused = [&](const nlohmann::json& config, const std::string& expected) {
+    std::ofstream(dir + "/config.json") << config.dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  };
+  const nlohmann::json causal = with(text, {{"architectures", {"Llama4ForCausalLM"}}});
+  refused(with(causal, {{"layer_types", {"full_attention", "sliding_attention", "full_attention", "full_attention"}}}),
+          "layer_types '\"sliding_attention\"' is not supported (full_attention, chunked_attention)");
+  refused(with(causal, {{"attention_chunk_size", nullptr}, {"layer_types", {"chunked_attention", "full_attention", "full_attention", "full_attention"}}}),
+          "attention_chunk_size is required by layer_types' chunked_attention");
+  refused(with(causal, {{"moe_layers", {1, 9}}}), "moe_layers holds 9, not a layer in [0, 4)");
+  refused({{"architectures", {"Llama4ForConditionalGeneration"}}}, "text_config must be an object (the language model's config)");
+
+  // The published form: the language model under language_model., beside a vision model.
+  const std::string vision = write_model("llama4-vision", {{"architectures", {"Llama4ForConditionalGeneration"}}, {"model_type", "llama4"},
+                                                           {"text_config", text}, {"vision_config", {{"hidden_size", 8}}}});
+  models::SafetensorsCheckpoint ck(vision);
+  EXPECT_TRUE(ck.contains("language_model.model.layers.1.feed_forward.router.weight"));
+  models::NamedTensors all;
+  for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+  const at::Tensor patch = torch::randn({8, 3}), projector = torch::randn({16, 8});
+  all.emplace_back("vision_model.patch_embedding.linear.weight", patch);
+  all.emplace_back("multi_modal_projector.linear_1.weight", projector);
+  models::save_safetensors(vision + "/model.safetensors", all);
+  models::Model m = build(vision, 8);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  models::save_hf(vision, weights, root() + "/llama4-exported", uint64_t{1} << 30);
+  models::SafetensorsCheckpoint out(root() + "/llama4-exported");
+  std::vector<std::string> names;  // the source's, the vision model's among them
+  for (const auto& t : all) names.push_back(t.first);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(out.names(), names);
+  EXPECT_TRUE(torch::equal(out.get("vision_model.patch_embedding.linear.weight"), patch));
+  EXPECT_TRUE(torch::equal(out.get("multi_modal_projector.linear_1.weight"), projector));
+  all.emplace_back("vision_tower.extra.weight", torch::zeros({2}));
+  models::save_safetensors(vision + "/model.safetensors", all);
+  EXPECT_NE(hf_error(vision).find("tensor 'vision_tower.extra.weight' is not part of a Llama4ForConditionalGeneration"), std::string::npos)
+      << hf_error(vision);
 }
 
 // The rope parameters as transformers resolves them (and Gemma 3's two: its sliding layers' and

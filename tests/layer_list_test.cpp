@@ -25,6 +25,7 @@ namespace {
 
 models::Model build(json cfg, uint64_t seed = 3) { return test::build_model_section(cfg, seed); }
 using test::build_error;
+using test::llama_list;
 
 // Same parameters in the same order (values and shapes), and the same training-mode output for
 // the same random context: the spelling is the preset.
@@ -226,15 +227,6 @@ TEST(LayerList, TheShippedConfigPlansWithItsNamesAndTrains) {
       << bad.out;
 }
 
-// A layer list of an embedding (20 tokens of 16) and a llama_block "b" of `base`'s arguments with
-// `extra`'s over them.
-json llama_list(const json& extra, const json& base = json{{"d_model", 16}, {"n_heads", 4}, {"d_ff", 24}}) {
-  json b{{"name", "b"}, {"type", "llama_block"}};
-  for (const auto& [k, v] : base.items()) b[k] = v;
-  for (const auto& [k, v] : extra.items()) b[k] = v;
-  return json{{"family", "layers"}, {"input_shape", {6}}, {"input_dtype", "long"},
-              {"layers", json::array({json{{"name", "e"}, {"type", "embedding"}, {"num_embeddings", 20}, {"embedding_dim", 16}}, b})}};
-}
 
 }  // namespace
 
@@ -448,107 +440,4 @@ TEST(LayerList, AMixtureOfOneExpertIsTheDenseMlp) {
   EXPECT_LE((2 * half - whole - alone.layers->forward(x)).abs().max().item<double>(), 1e-12);
   EXPECT_NE(build_error(block({{"experts", 3}, {"shared_expert_gate", false}})).find("shared_expert_gate: needs shared_expert above 0"),
             std::string::npos);
-}
-
-// DeepSeek's latent attention and sigmoid routing in a llama_block: the latent projections in the
-// attention's place, counted before they are made as they are; the interleaved rotation is another
-// model; the correction bias (a buffer) steers which experts are chosen but not their weights;
-// the arguments are checked. Both against transformers: HfParity.DeepseekV3*.
-TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
-  auto block = [](const json& extra) { return llama_list(extra); };
-  const json mla{{"kv_lora_rank", 8}, {"q_lora_rank", 10}, {"head_dim", 8}, {"rope_head_dim", 4}, {"v_head_dim", 5}, {"qkv_bias", true}};
-  models::Model m = build(block(mla));
-  auto params = m.layers->named_parameters();
-  EXPECT_EQ(params["b.llama.self_attn.kv_b_proj.weight"].sizes(), (std::vector<int64_t>{4 * (4 + 5), 8}));
-  EXPECT_EQ(params["b.llama.self_attn.kv_a_proj_with_mqa.bias"].sizes(), (std::vector<int64_t>{8 + 4}));
-  EXPECT_EQ(params["b.llama.self_attn.o_proj.weight"].sizes(), (std::vector<int64_t>{16, 4 * 5}));
-  EXPECT_FALSE(params.contains("b.llama.self_attn.k_proj.weight"));
-  int64_t values = 0;
-  for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
-  JsonReader r(block(mla)["layers"][1], "model.layers[1]", "test");
-  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
-  const at::Tensor x = torch::randint(0, 20, {3, 6});
-  json interleaved = mla;
-  interleaved["rope_interleave"] = true;
-  EXPECT_FALSE(torch::allclose(build(block(interleaved)).layers->forward(x), m.layers->forward(x)));  // same weights
-
-  // 8 experts in 4 groups, the best 2 groups: a large bias on experts 0 and 1 (group 0) makes them
-  // every token's two, weighted by their own sigmoid scores: 2 experts without a bias, the same.
-  models::Model steered = build(block({{"experts", 8}, {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", 4},
-                                       {"groups_per_token", 2}, {"normalize_experts", false}}));
-  models::Model two = build(block({{"experts", 2}, {"router", "sigmoid"}, {"normalize_experts", false}}));
-  EXPECT_FALSE(steered.layers->named_parameters().contains("b.llama.mlp.gate.e_score_correction_bias"));
-  {
-    torch::NoGradGuard no_grad;
-    for (models::Model* n : {&steered, &two}) n->layers->to(torch::kDouble);
-    auto s = steered.layers->named_parameters();
-    steered.layers->named_buffers()["b.llama.mlp.gate.e_score_correction_bias"].narrow(0, 0, 2).fill_(100.0);
-    for (auto& p : two.layers->named_parameters())
-      p.value().copy_(p.key() == "b.llama.mlp.gate.weight" ? s[p.key()].narrow(0, 0, 2) : s[p.key()]);
-  }
-  EXPECT_LE((steered.layers->forward(x) - two.layers->forward(x)).abs().max().item<double>(), 1e-12);
-
-  auto refused = [&](json extra, const std::string& expected) {
-    const std::string error = build_error(block(std::move(extra)));
-    EXPECT_NE(error.find(expected), std::string::npos) << error;
-  };
-  refused({{"kv_lora_rank", 8}}, "rope_head_dim: is required with kv_lora_rank");
-  refused({{"q_lora_rank", 8}}, "q_lora_rank: needs kv_lora_rank above 0");
-  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 3}}, "rope_head_dim: must be even");
-  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"n_kv_heads", 2}}, "n_kv_heads: must equal n_heads with latent attention");
-  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"qk_norm", true}}, "qk_norm: is not supported with latent attention");
-  refused({{"experts", 4}, {"router_bias", true}}, "router_bias: needs router \"sigmoid\"");
-  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 3}}, "expert_groups: must divide experts (8) into groups of at least 2");
-  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 4}, {"groups_per_token", 1}, {"experts_per_token", 3}},
-          "groups_per_token: leaves fewer experts than experts_per_token (3)");
-  refused({{"routed_scale", 2.0}}, "routed_scale: needs experts above 0");
-  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"rope_pairs_kept", true}}, "rope_pairs_kept: needs rope_interleave");
-  refused({{"experts", 8}, {"expert_groups", 3}}, "expert_groups: must divide experts (8)");
-  EXPECT_EQ(build_error(block({{"experts", 8}, {"expert_groups", 8}, {"groups_per_token", 2}})), "(built)");  // DeepSeek-V2's softmax groups
-}
-
-// GPT-OSS's pieces in a llama_block: a sink far below every score changes nothing; the softmax of
-// the chosen experts' logits alone is the softmax over all of them renormalized over the chosen;
-// the sinks and the router's bias are counted before they are made; the arguments are checked.
-// Against transformers: HfParity.GptOssSinksClampedSwigluStackedExperts.
-TEST(LayerList, SinksTopSoftmaxAndTheClampedSwigluAreChecked) {
-  auto block = [](const json& extra) { return llama_list(extra, {{"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}}); };
-  const at::Tensor x = torch::randint(0, 20, {3, 6});
-  models::Model sunk = build(block({{"attn_sinks", true}})), plain = build(block({}));
-  for (models::Model* m : {&sunk, &plain}) m->layers->to(torch::kDouble);
-  {
-    torch::NoGradGuard no_grad;
-    auto p = plain.layers->named_parameters();
-    for (auto& q : sunk.layers->named_parameters())
-      if (p.contains(q.key())) q.value().copy_(p[q.key()]);
-    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(-1e4);
-  }
-  EXPECT_LE((sunk.layers->forward(x) - plain.layers->forward(x)).abs().max().item<double>(), 1e-12);
-  {
-    torch::NoGradGuard no_grad;
-    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(2.0);
-  }
-  EXPECT_FALSE(torch::allclose(sunk.layers->forward(x), plain.layers->forward(x)));
-
-  const json oss{{"experts", 4}, {"router", "softmax_top"}, {"router_logit_bias", true}, {"act", "swiglu_oai"}, {"mlp_bias", true},
-                 {"attn_sinks", true}};
-  models::Model m = build(block(oss));
-  int64_t values = 0;
-  for (const auto& p : m.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
-  JsonReader r(block(oss)["layers"][1], "model.layers[1]", "test");
-  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
-  EXPECT_EQ(m.layers->named_parameters()["b.llama.mlp.gate.bias"].sizes(), (std::vector<int64_t>{4}));
-  models::Model top = build(block({{"experts", 4}, {"router", "softmax_top"}})), all = build(block({{"experts", 4}}));
-  for (models::Model* n : {&top, &all}) n->layers->to(torch::kDouble);
-  EXPECT_LE((top.layers->forward(x) - all.layers->forward(x)).abs().max().item<double>(), 1e-12);  // the same weights (seed)
-  EXPECT_FALSE(torch::allclose(build(block({{"act", "swiglu_oai"}})).layers->forward(x), build(block({})).layers->forward(x)));
-
-  auto refused = [&](json extra, const std::string& expected) {
-    const std::string error = build_error(block(std::move(extra)));
-    EXPECT_NE(error.find(expected), std::string::npos) << error;
-  };
-  refused({{"swiglu_limit", 3.0}}, "swiglu_limit: needs act \"swiglu_oai\"");
-  refused({{"experts", 4}, {"router", "softmax_top"}, {"expert_groups", 2}}, "expert_groups: needs router \"softmax\" or \"sigmoid\"");
-  refused({{"router_logit_bias", true}}, "router_logit_bias: needs experts above 0");
-  refused({{"n_kv_heads", 4}, {"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"attn_sinks", true}}, "attn_sinks: is not supported with latent attention");
 }

@@ -1,0 +1,208 @@
+// The llama_block's options that carry DeepSeek's, GPT-OSS's and Llama 4's layers, each checked
+// by a property of its own here (the arguments' refusals too), and against transformers in
+// tests/hf_test.cpp (HfParity.DeepseekV3*, GptOss*, Llama4*).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "models/decoder.h"
+#include "models/model.h"
+#include "tests/layer_list_helpers.h"
+
+using namespace pipetrain;
+using nlohmann::json;
+
+namespace {
+
+models::Model build(json cfg, uint64_t seed = 3) { return test::build_model_section(cfg, seed); }
+using test::build_error;
+using test::llama_list;
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+}  // namespace
+
+// DeepSeek's latent attention and sigmoid routing in a llama_block: the latent projections in the
+// attention's place, counted before they are made as they are; the interleaved rotation is another
+// model; the correction bias (a buffer) steers which experts are chosen but not their weights;
+// the arguments are checked. Both against transformers: HfParity.DeepseekV3*.
+TEST(LayerList, LatentAttentionAndSigmoidRoutingAreChecked) {
+  auto block = [](const json& extra) { return llama_list(extra); };
+  const json mla{{"kv_lora_rank", 8}, {"q_lora_rank", 10}, {"head_dim", 8}, {"rope_head_dim", 4}, {"v_head_dim", 5}, {"qkv_bias", true}};
+  models::Model m = build(block(mla));
+  auto params = m.layers->named_parameters();
+  EXPECT_EQ(params["b.llama.self_attn.kv_b_proj.weight"].sizes(), (std::vector<int64_t>{4 * (4 + 5), 8}));
+  EXPECT_EQ(params["b.llama.self_attn.kv_a_proj_with_mqa.bias"].sizes(), (std::vector<int64_t>{8 + 4}));
+  EXPECT_EQ(params["b.llama.self_attn.o_proj.weight"].sizes(), (std::vector<int64_t>{16, 4 * 5}));
+  EXPECT_FALSE(params.contains("b.llama.self_attn.k_proj.weight"));
+  int64_t values = 0;
+  for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader r(block(mla)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  json interleaved = mla;
+  interleaved["rope_interleave"] = true;
+  EXPECT_FALSE(torch::allclose(build(block(interleaved)).layers->forward(x), m.layers->forward(x)));  // same weights
+
+  // 8 experts in 4 groups, the best 2 groups: a large bias on experts 0 and 1 (group 0) makes them
+  // every token's two, weighted by their own sigmoid scores: 2 experts without a bias, the same.
+  models::Model steered = build(block({{"experts", 8}, {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", 4},
+                                       {"groups_per_token", 2}, {"normalize_experts", false}}));
+  models::Model two = build(block({{"experts", 2}, {"router", "sigmoid"}, {"normalize_experts", false}}));
+  EXPECT_FALSE(steered.layers->named_parameters().contains("b.llama.mlp.gate.e_score_correction_bias"));
+  {
+    torch::NoGradGuard no_grad;
+    for (models::Model* n : {&steered, &two}) n->layers->to(torch::kDouble);
+    auto s = steered.layers->named_parameters();
+    steered.layers->named_buffers()["b.llama.mlp.gate.e_score_correction_bias"].narrow(0, 0, 2).fill_(100.0);
+    for (auto& p : two.layers->named_parameters())
+      p.value().copy_(p.key() == "b.llama.mlp.gate.weight" ? s[p.key()].narrow(0, 0, 2) : s[p.key()]);
+  }
+  EXPECT_LE((steered.layers->forward(x) - two.layers->forward(x)).abs().max().item<double>(), 1e-12);
+
+  auto refused = [&](json extra, const std::string& expected) {
+    const std::string error = build_error(block(std::move(extra)));
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"kv_lora_rank", 8}}, "rope_head_dim: is required with kv_lora_rank");
+  refused({{"q_lora_rank", 8}}, "q_lora_rank: needs kv_lora_rank above 0");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 3}}, "rope_head_dim: must be even");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"n_kv_heads", 2}}, "n_kv_heads: must equal n_heads with latent attention");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"qk_norm", true}}, "qk_norm: is not supported with latent attention");
+  refused({{"experts", 4}, {"router_bias", true}}, "router_bias: needs router \"sigmoid\"");
+  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 3}}, "expert_groups: must divide experts (8) into groups of at least 2");
+  refused({{"experts", 8}, {"router", "sigmoid"}, {"expert_groups", 4}, {"groups_per_token", 1}, {"experts_per_token", 3}},
+          "groups_per_token: leaves fewer experts than experts_per_token (3)");
+  refused({{"routed_scale", 2.0}}, "routed_scale: needs experts above 0");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"rope_pairs_kept", true}}, "rope_pairs_kept: needs rope_interleave");
+  refused({{"experts", 8}, {"expert_groups", 3}}, "expert_groups: must divide experts (8)");
+  EXPECT_EQ(build_error(block({{"experts", 8}, {"expert_groups", 8}, {"groups_per_token", 2}})), "(built)");  // DeepSeek-V2's softmax groups
+}
+
+// GPT-OSS's pieces in a llama_block: a sink far below every score changes nothing; the softmax of
+// the chosen experts' logits alone is the softmax over all of them renormalized over the chosen;
+// the sinks and the router's bias are counted before they are made; the arguments are checked.
+// Against transformers: HfParity.GptOssSinksClampedSwigluStackedExperts.
+TEST(LayerList, SinksTopSoftmaxAndTheClampedSwigluAreChecked) {
+  auto block = [](const json& extra) { return llama_list(extra, {{"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}}); };
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  models::Model sunk = build(block({{"attn_sinks", true}})), plain = build(block({}));
+  for (models::Model* m : {&sunk, &plain}) m->layers->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto p = plain.layers->named_parameters();
+    for (auto& q : sunk.layers->named_parameters())
+      if (p.contains(q.key())) q.value().copy_(p[q.key()]);
+    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(-1e4);
+  }
+  EXPECT_LE((sunk.layers->forward(x) - plain.layers->forward(x)).abs().max().item<double>(), 1e-12);
+  {
+    torch::NoGradGuard no_grad;
+    sunk.layers->named_parameters()["b.llama.self_attn.sinks"].fill_(2.0);
+  }
+  EXPECT_FALSE(torch::allclose(sunk.layers->forward(x), plain.layers->forward(x)));
+
+  const json oss{{"experts", 4}, {"router", "softmax_top"}, {"router_logit_bias", true}, {"act", "swiglu_oai"}, {"mlp_bias", true},
+                 {"attn_sinks", true}};
+  models::Model m = build(block(oss));
+  int64_t values = 0;
+  for (const auto& p : m.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader r(block(oss)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  EXPECT_EQ(m.layers->named_parameters()["b.llama.mlp.gate.bias"].sizes(), (std::vector<int64_t>{4}));
+  models::Model top = build(block({{"experts", 4}, {"router", "softmax_top"}})), all = build(block({{"experts", 4}}));
+  for (models::Model* n : {&top, &all}) n->layers->to(torch::kDouble);
+  EXPECT_LE((top.layers->forward(x) - all.layers->forward(x)).abs().max().item<double>(), 1e-12);  // the same weights (seed)
+  EXPECT_FALSE(torch::allclose(build(block({{"act", "swiglu_oai"}})).layers->forward(x), build(block({})).layers->forward(x)));
+
+  auto refused = [&](json extra, const std::string& expected) {
+    const std::string error = build_error(block(std::move(extra)));
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"swiglu_limit", 3.0}}, "swiglu_limit: needs act \"swiglu_oai\"");
+  refused({{"experts", 4}, {"router", "softmax_top"}, {"expert_groups", 2}}, "expert_groups: needs router \"softmax\" or \"sigmoid\"");
+  refused({{"router_logit_bias", true}}, "router_logit_bias: needs experts above 0");
+  refused({{"n_kv_heads", 4}, {"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"attn_sinks", true}}, "attn_sinks: is not supported with latent attention");
+}
+
+// Llama 4's pieces in a llama_block: chunked attention is each chunk's attention alone; the q/k
+// norms without a weight make attention blind to the projections' scale; the query temperature is
+// 1 until its floor; the top-k sigmoid router's weights scale the chosen experts' inputs (or
+// their outputs without router_scales_input); the arguments are checked. Against transformers:
+// HfParity.Llama4*.
+TEST(LayerList, Llama4ChunksNormsTemperatureAndExpertsAreChecked) {
+  auto block = [](const json& extra) { return llama_list(extra); };
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  auto forward = [](models::Model& m, const at::Tensor& in) { return m.layers->forward(in); };
+  // Chunks of 3 without rotary positions: each chunk's outputs are the block's on that chunk alone.
+  models::Model chunked = build(block({{"rotary", false}, {"attention_chunk", 3}})), whole = build(block({{"rotary", false}}));
+  for (models::Model* m : {&chunked, &whole}) m->layers->to(torch::kDouble);
+  const at::Tensor out = forward(chunked, x);
+  for (int64_t c : {0, 3}) EXPECT_LE(max_diff(out.narrow(1, c, 3), forward(chunked, x.narrow(1, c, 3))), 1e-12) << c;
+  EXPECT_LE(max_diff(out.narrow(1, 0, 3), forward(whole, x).narrow(1, 0, 3)), 1e-12);
+  EXPECT_GT(max_diff(out.narrow(1, 3, 3), forward(whole, x).narrow(1, 3, 3)), 1e-3);  // the second chunk sees the first without
+
+  // Queries and keys RMS-normalized without a weight: scaling their projections changes nothing.
+  for (bool normed : {true, false}) {
+    models::Model m = build(block({{"qk_l2_norm", normed}, {"eps", 1e-12}, {"rope_interleave", true}, {"rope_pairs_kept", true}}));
+    m.layers->to(torch::kDouble);
+    const at::Tensor before = forward(m, x);
+    {
+      torch::NoGradGuard no_grad;
+      for (const char* p : {"b.llama.self_attn.q_proj.weight", "b.llama.self_attn.k_proj.weight"}) m.layers->named_parameters()[p].mul_(3.0);
+    }
+    if (normed) EXPECT_LE(max_diff(before, forward(m, x)), 1e-9);
+    else EXPECT_GT(max_diff(before, forward(m, x)), 1e-3);
+  }
+  // Interleaved pairs rotated are another model (the same weights).
+  models::Model interleaved = build(block({{"rope_interleave", true}})), halves = build(block({}));
+  EXPECT_GT(max_diff(forward(interleaved, x), forward(halves, x)), 1e-4);
+
+  // The temperature 1 + 0.5·log(1 + floor((position + 1) / floor)): 1 on 6 positions with a floor of 7.
+  auto nope = [&](const json& extra) {
+    json e = extra;
+    e["rotary"] = false;
+    models::Model m = build(block(e));
+    m.layers->to(torch::kDouble);
+    return forward(m, x);
+  };
+  EXPECT_EQ(max_diff(nope({{"q_temperature", 0.5}, {"q_temperature_floor", 7}}), nope({})), 0.0);
+  EXPECT_GT(max_diff(nope({{"q_temperature", 0.5}, {"q_temperature_floor", 2}}), nope({})), 1e-4);
+
+  // The top-k sigmoid router, its weights on the inputs and on the outputs, against the experts run by hand.
+  for (bool inputs : {true, false}) {
+    models::LlamaBlockOptions o;
+    o.d_model = 8;
+    o.d_ff = 12;
+    o.experts = 3;
+    o.experts_per_token = 2;
+    o.router_top_sigmoid = true;
+    o.router_scales_input = inputs;
+    models::Moe moe(o);
+    moe->to(torch::kDouble);
+    const at::Tensor h = torch::randn({5, 8}, torch::kDouble);
+    const auto [top, chosen] = torch::matmul(h, moe->gate->weight.t()).topk(2, -1);
+    at::Tensor expected = torch::zeros_like(h);
+    for (int64_t t = 0; t < 5; ++t)
+      for (int64_t r = 0; r < 2; ++r) {
+        auto& expert = *moe->experts[chosen[t][r].item<int64_t>()]->as<models::GatedMlpImpl>();
+        const at::Tensor s = top[t][r].sigmoid(), row = h[t].unsqueeze(0);
+        expected[t] += (inputs ? expert.forward(row * s) : expert.forward(row) * s).squeeze(0);
+      }
+    EXPECT_LE(max_diff(moe->forward(h), expected), 1e-12) << inputs;
+  }
+
+  auto refused = [&](json extra, const std::string& expected) {
+    const std::string error = build_error(block(std::move(extra)));
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"rope_interleave", true}, {"rotary", false}}, "rope_interleave: needs the whole head rotated");
+  refused({{"rope_interleave", true}, {"partial_rotary_factor", 0.5}}, "rope_interleave: needs the whole head rotated");
+  refused({{"experts", 4}, {"router", "sigmoid_top"}, {"normalize_experts", true}}, "normalize_experts: is not read with router \"sigmoid_top\"");
+  refused({{"experts", 4}, {"router", "sigmoid_top"}, {"expert_groups", 2}}, "expert_groups: needs router \"softmax\" or \"sigmoid\"");
+  refused({{"q_temperature_floor", 4}}, "q_temperature_floor: needs q_temperature above 0");
+  refused({{"router_scales_input", true}}, "router_scales_input: needs experts above 0");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"qk_l2_norm", true}}, "qk_l2_norm: is not supported with latent attention");
+  refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"q_temperature", 0.1}}, "q_temperature: is not supported with latent attention");
+}
