@@ -112,7 +112,8 @@ struct Traits {
 std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_t n) {
   std::vector<bool> rotary(static_cast<size_t>(n), true);
   if (arch != kSmolLM3 && arch != kLlama4) return rotary;
-  if (f.has("no_rope_layers")) {
+  // Llama 4's empty list (Maverick's config.json) is its default, as transformers reads it.
+  if (f.has("no_rope_layers") && !(arch == kLlama4 && f.at("no_rope_layers").empty())) {
     const json& list = f.at("no_rope_layers");
     if (!list.is_array() || static_cast<int64_t>(list.size()) != n) f.fail("no_rope_layers", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
