@@ -32,11 +32,19 @@ std::pair<at::Tensor, at::Tensor> extend(KvCache* cache, at::Tensor k, at::Tenso
   return {k, v};
 }
 
-// Interleaved pairs (x0, x1), (x2, x3), … as halves: the even values, then the odd ones; and back.
-at::Tensor deinterleave(const at::Tensor& x) { return torch::cat({x.slice(-1, 0, std::nullopt, 2), x.slice(-1, 1, std::nullopt, 2)}, -1); }
-at::Tensor interleave(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::stack({x.narrow(-1, 0, half), x.narrow(-1, half, half)}, -1).flatten(-2);
+// The first n values (all: n 0) as interleaved pairs (x0, x1), (x2, x3), … made halves: the even
+// values, then the odd ones; and back. The values past n pass through.
+at::Tensor deinterleave(const at::Tensor& x, int64_t n = 0) {
+  const int64_t D = x.size(-1);
+  n = n > 0 ? n : D;
+  const at::Tensor r = x.narrow(-1, 0, n), y = torch::cat({r.slice(-1, 0, std::nullopt, 2), r.slice(-1, 1, std::nullopt, 2)}, -1);
+  return n == D ? y : torch::cat({y, x.narrow(-1, n, D - n)}, -1);
+}
+at::Tensor interleave(const at::Tensor& x, int64_t n = 0) {
+  const int64_t D = x.size(-1);
+  n = n > 0 ? n : D;
+  const at::Tensor y = torch::stack({x.narrow(-1, 0, n / 2), x.narrow(-1, n / 2, n / 2)}, -1).flatten(-2);
+  return n == D ? y : torch::cat({y, x.narrow(-1, n, D - n)}, -1);
 }
 }  // namespace
 
@@ -146,8 +154,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor allowed = j <= i;
   if (window > 0) allowed = allowed.logical_and(j > i - window);
   if (chunk > 0) allowed = allowed.logical_and(j.div(chunk, "floor") == i.div(chunk, "floor"));
-  if (!explicit_path) return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, gqa);
-  const at::Tensor kk = gqa ? k.repeat_interleave(H / KV, 1) : k, vv = gqa ? v.repeat_interleave(H / KV, 1) : v;
+  // With a mask, each key and value head repeated for its queries' heads as transformers repeats
+  // them (repeat_kv: expanded, then reshaped), not sdpa's grouped-query path: the backward then
+  // sums each group's gradients as transformers' does (its bfloat16 training bit for bit).
+  auto repeated = [&](const at::Tensor& x) {
+    return gqa ? x.unsqueeze(2).expand({x.size(0), KV, H / KV, x.size(2), x.size(3)}).reshape({x.size(0), H, x.size(2), x.size(3)}) : x;
+  };
+  const at::Tensor kk = repeated(k), vv = repeated(v);
+  if (!explicit_path) return at::scaled_dot_product_attention(q, kk, vv, allowed, 0.0, false, scale);
   at::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * scale;
   if (softcap > 0) att = torch::tanh(att / softcap) * softcap;
   att = att.masked_fill(allowed.logical_not(), -INFINITY);
@@ -378,9 +392,10 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
     k = self_attn_->k_norm(k);
   }
   const int64_t offset = cache ? cache->length() : 0;
-  if (o_.rotary && o_.rope_interleave) {  // Llama 4's: interleaved pairs, put back in their places
-    std::tie(q, k) = rotate(deinterleave(q), deinterleave(k), D, offset, cache);
-    if (o_.rope_pairs_kept) std::tie(q, k) = std::make_pair(interleave(q), interleave(k));
+  if (o_.rotary && o_.rope_interleave) {  // Llama 4's, GLM-4's, Ernie 4.5's: interleaved pairs (of the rotated values), put back
+    const int64_t R = rotary_dim(o_.rope, D);
+    std::tie(q, k) = rotate(deinterleave(q, R), deinterleave(k, R), D, offset, cache);
+    if (o_.rope_pairs_kept) std::tie(q, k) = std::make_pair(interleave(q, R), interleave(k, R));
   } else if (o_.rotary) {
     std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
   }

@@ -88,7 +88,9 @@ struct KvCache {
 /// keyed dropout of the attention weights on the explicit path; `softcap` > 0 (Gemma 2's) too:
 /// the scores through softcap * tanh(scores / softcap), the softmax in float32 at least.
 /// `sinks` ([H], GPT-OSS's): each head's learned logit joins its softmax's denominator, on the
-/// explicit path in the scores' type, as transformers computes it.
+/// explicit path in the scores' type, as transformers computes it. Where a mask is needed (a
+/// window, a chunk, queries after cached positions), grouped key and value heads are repeated for
+/// their queries as transformers repeats them, so that the backward sums as its does.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             int64_t window, DropoutImpl* dropout, double softcap = 0, const at::Tensor& sinks = {},
                             int64_t chunk = 0);
@@ -152,7 +154,7 @@ struct LlamaBlockOptions {
   // n_kv_heads equals n_heads.
   int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: queries projected directly (q_proj)
   int64_t rope_head_dim = 0, v_head_dim = 0;
-  bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints; Llama 4's, without latents)
+  bool rope_interleave = false;  // the rotated values taken as interleaved pairs (DeepSeek-V3's checkpoints; Llama 4's, GLM-4's, Ernie 4.5's without latents)
   bool rope_pairs_kept = false;  // with rope_interleave: the rotated pairs put back interleaved (DeepSeek-V2's)
   double latent_eps = 1e-6;      // the latents' RMSNorms' epsilon
   bool mla() const { return kv_lora_rank > 0; }

@@ -170,8 +170,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.rope_interleave = r.get_bool("rope_interleave", false);
   if (!o.rope_interleave && r.has("rope_pairs_kept")) r.fail("rope_pairs_kept", "needs rope_interleave");
   o.rope_pairs_kept = r.get_bool("rope_pairs_kept", false);
-  if (o.rope_interleave && !o.mla() && (!o.rotary || o.rope.partial != 1.0))
-    r.fail("rope_interleave", "needs the whole head rotated (rotary true, partial_rotary_factor 1)");
+  if (o.rope_interleave && !o.rotary) r.fail("rope_interleave", "needs rotary true");
   o.attention_chunk = r.get_int("attention_chunk", 0, 0, int64_t{1} << 30);
   o.qk_l2_norm = r.get_bool("qk_l2_norm", false);
   o.q_temperature = r.get_number("q_temperature", 0.0, 0.0, 1e6);

@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
 // Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4).
+// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4, GLM-4, Ernie 4.5, EXAONE 4).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -28,7 +28,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kGraniteMoeShared = "GraniteMoeSharedForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
                          kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
-                         kLlama4Vision = "Llama4ForConditionalGeneration", kGpt2 = "GPT2LMHeadModel";
+                         kLlama4Vision = "Llama4ForConditionalGeneration", kGlm4 = "Glm4ForCausalLM", kErnie45 = "Ernie4_5ForCausalLM",
+                         kExaone4 = "Exaone4ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {

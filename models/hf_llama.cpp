@@ -31,9 +31,10 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   const double theta = get("rope_theta", theta_default);
   if (!(theta > 1)) f.fail("rope_theta", "must exceed 1");
   block["rope_theta"] = theta;
-  // GLM-4.5's default: half of each head rotated.
-  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", arch == kGlm4Moe ? 0.5 : 1.0));
-  if (partial != 1.0 && arch != kPhi3 && arch != kGlm4Moe)
+  // GLM-4.5's and GLM-4's default: half of each head rotated.
+  const bool glm = arch == kGlm4Moe || arch == kGlm4;
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : 1.0));
+  if (partial != 1.0 && arch != kPhi3 && !glm)
     f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
   if (partial != 1.0) block["partial_rotary_factor"] = partial;
@@ -135,10 +136,10 @@ std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_
 // layers layer_types names, by default its NoPE layers.
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
   const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
-  const bool oss = arch == kGptOss, olmo3 = arch == kOlmo3;
+  const bool oss = arch == kGptOss, olmo3 = arch == kOlmo3, exaone = arch == kExaone4;
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
-  const int64_t sliding = f.integer("sliding_window", gemma || olmo3 ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
+  const int64_t sliding = exaone && f.at_null("sliding_window") ? 0 : f.integer("sliding_window", gemma || olmo3 || exaone ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
   if (arch == kMistral || arch == kMinistral3 || arch == kMixtral || arch == kPhi3) std::fill(window.begin(), window.end(), sliding);
   if (arch == kSmolLM3) {
     const bool typed = f.has("layer_types");
@@ -155,7 +156,7 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         window[static_cast<size_t>(i)] = sliding;
     return window;
   }
-  if ((qwen || gemma || oss || olmo3) && f.has("layer_types")) {
+  if ((qwen || gemma || oss || olmo3 || exaone) && f.has("layer_types")) {
     const json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
@@ -167,8 +168,15 @@ std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n
         f.fail("layer_types", "'" + t.dump() + "' is not supported (full_attention, sliding_attention)");
       }
     }
-  } else if (gemma || oss || olmo3) {  // GPT-OSS's default: every other layer from the first, as Gemma 2's; OLMo 3's three of four
-    const int64_t pattern = arch == kGemma3 ? f.integer("sliding_window_pattern", 6, 1, 4096) : olmo3 ? 4 : 2;
+  } else if (gemma || oss || olmo3 || (exaone && sliding)) {
+    // GPT-OSS's default: every other layer from the first, as Gemma 2's; OLMo 3's three of four;
+    // EXAONE 4's sliding_window_pattern - 1 of each sliding_window_pattern (a string needs layer_types).
+    if (exaone && f.has("sliding_window_pattern") && !f.at("sliding_window_pattern").is_number_integer())
+      f.fail("sliding_window_pattern", "must be an integer where layer_types is not given, got " + f.at("sliding_window_pattern").dump());
+    const int64_t pattern = arch == kGemma3 ? f.integer("sliding_window_pattern", 6, 1, 4096)
+                            : exaone      ? f.integer("sliding_window_pattern", 4, 1, 4096)
+                            : olmo3       ? 4
+                                          : 2;
     for (int64_t i = 0; i < n; ++i) window[static_cast<size_t>(i)] = (i + 1) % pattern ? sliding : 0;
   } else if (qwen && f.boolean("use_sliding_window", false) && sliding) {
     for (int64_t i = f.integer("max_window_layers", 0, 0, 4096); i < n; ++i) window[static_cast<size_t>(i)] = sliding;
@@ -252,10 +260,11 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
-             {"eps", f.number("rms_norm_eps", t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 || arch == kLlama4 ? 1e-5 : 1e-6)}};
+             {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
+                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
-  else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4) block["head_dim"] = 128;  // Qwen3Config's and Llama4TextConfig's default
+  else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45) block["head_dim"] = 128;  // their configs' default
   else if (arch == kGptOss) block["head_dim"] = 64;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
@@ -276,18 +285,25 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
       f.fail("swiglu_alpha", "and swiglu_limit must be above 0");
     return block;
   }
-  // GLM-4.5's attention_bias: on q, k and v, not o.
+  // GLM-4.5's and GLM-4's attention_bias (GLM-4's true by default): on q, k and v, not o; Ernie 4.5's use_bias on every projection.
+  const bool ernie_bias = arch == kErnie45 && f.boolean("use_bias", false);
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias ||
-                      (arch == kGlm4Moe && f.boolean("attention_bias", false));
-  block["o_bias"] = attention_bias;
-  block["mlp_bias"] = (arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false);
+                      (arch == kGlm4Moe && f.boolean("attention_bias", false)) || (arch == kGlm4 && f.boolean("attention_bias", true)) || ernie_bias;
+  block["o_bias"] = attention_bias || ernie_bias;
+  block["mlp_bias"] = ((arch == kLlama || arch == kGranite || arch == kSmolLM3) && f.boolean("mlp_bias", false)) || ernie_bias;
+  if (arch == kGlm4 || arch == kErnie45) {  // their rotation of interleaved pairs (Ernie 4.5's in float32), left interleaved
+    block["rope_interleave"] = block["rope_pairs_kept"] = true;
+    if (arch == kErnie45) block["rope_float32"] = true;
+  }
+  if (arch == kGlm4) block["norms"] = "sandwich";  // its four norms a layer, under its own names
+  if (arch == kExaone4) block["norms"] = "post";
   if (arch == kLlama4) {  // its dense layers' width; its rotation of interleaved pairs as complex numbers in float32, left interleaved
     block["d_ff"] = f.integer("intermediate_size_mlp", 16384, 1, big);
     block["rope_interleave"] = block["rope_pairs_kept"] = block["rope_float32"] = true;
   }
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 ||
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -370,7 +386,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3 and Ministral 3:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3, Ministral 3, Llama 4, GLM-4, Ernie 4.5 and EXAONE 4:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -403,7 +419,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (t.olmo3) read_rope(arch, f, none, "rope_theta", f.number("rope_theta", theta), seq_len, local);
   }
   const std::vector<int64_t> window = windows(arch, f, n);
-  const std::vector<bool> rotary = rotary_layers(arch, f, n);
+  std::vector<bool> rotary = rotary_layers(arch, f, n);
+  if (arch == kExaone4 && std::any_of(window.begin(), window.end(), [](int64_t w) { return w > 0; }))
+    for (int64_t i = 0; i < n; ++i) rotary[static_cast<size_t>(i)] = window[static_cast<size_t>(i)] > 0;  // its full layers NoPE
   const std::vector<int64_t> chunk = chunks(arch, f, rotary);
   const Experts experts = read_experts(arch, f, n);
   json layers = json::array();
@@ -412,7 +430,8 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // gradient (negative counts from the end, as torch.nn.Embedding's does). Where config.json
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
-  const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() ? 0 : -1;
+  const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : arch == kGlm4 ? 151329
+                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
@@ -443,7 +462,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
   const int64_t D = block.contains("head_dim") ? block["head_dim"].get<int64_t>() : d / heads;
   std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
-  if (t.olmo2) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
+  if (t.olmo2 || arch == kExaone4) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
   if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -458,7 +477,12 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
         spec.tensors.push_back({ours + s, theirs + s});
       continue;
     }
-    std::vector<std::string> names = norms;
+    std::vector<std::string> names = arch == kGlm4 ? std::vector<std::string>{} : norms;
+    if (arch == kGlm4)  // Gemma 2's four norms under GLM-4's names: after attention, before and after the MLP
+      for (const auto& [mine, glms] : std::vector<std::pair<std::string, std::string>>{
+               {"input_layernorm", "input_layernorm"}, {"post_attention_layernorm", "post_self_attn_layernorm"},
+               {"pre_feedforward_layernorm", "post_attention_layernorm"}, {"post_feedforward_layernorm", "post_mlp_layernorm"}})
+        spec.tensors.push_back({ours + mine + ".weight", theirs + glms + ".weight"});
     if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {
@@ -476,6 +500,12 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     }
     for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
     const std::string mlp = arch == kLlama4 ? "feed_forward." : "mlp.";  // Llama 4's name of its MLPs
+    if (arch == kGlm4) {  // gate_up_proj: gate's rows, then up's
+      spec.tensors.push_back({ours + "mlp.gate_proj.weight", theirs + "mlp.gate_up_proj.weight", false, 0, ff});
+      spec.tensors.push_back({ours + "mlp.up_proj.weight", theirs + "mlp.gate_up_proj.weight", false, ff, ff});
+      spec.tensors.push_back({ours + "mlp.down_proj.weight", theirs + "mlp.down_proj.weight"});
+      continue;
+    }
     for (const char* p : {"gate", "up", "down"})
       for (const char* kind : {"weight", "bias"})
         if (kind == std::string("weight") || mlp_bias)
@@ -488,7 +518,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
   layers.push_back(norm);
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
-  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3), "embed.embedding.weight");
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});

@@ -197,8 +197,7 @@ TEST(LayerList, Llama4ChunksNormsTemperatureAndExpertsAreChecked) {
     const std::string error = build_error(block(std::move(extra)));
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   };
-  refused({{"rope_interleave", true}, {"rotary", false}}, "rope_interleave: needs the whole head rotated");
-  refused({{"rope_interleave", true}, {"partial_rotary_factor", 0.5}}, "rope_interleave: needs the whole head rotated");
+  refused({{"rope_interleave", true}, {"rotary", false}}, "rope_interleave: needs rotary true");
   refused({{"experts", 4}, {"router", "sigmoid_top"}, {"normalize_experts", true}}, "normalize_experts: is not read with router \"sigmoid_top\"");
   refused({{"experts", 4}, {"router", "sigmoid_top"}, {"expert_groups", 2}}, "expert_groups: needs router \"softmax\" or \"sigmoid\"");
   refused({{"q_temperature_floor", 4}}, "q_temperature_floor: needs q_temperature above 0");

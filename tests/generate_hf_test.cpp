@@ -183,9 +183,7 @@ TEST(IncrementalLayers, CachedGenerationEqualsTheWindowReRunBeyondTheWindow) {
 
 namespace {
 
-models::Model hf_model(const std::string& dir, int64_t seq_len) {
-  return build({{"family", "hf"}, {"path", dir}, {"seq_len", seq_len}});
-}
+models::Model hf_model(const std::string& dir, int64_t seq_len) { return test::hf_build(dir, seq_len); }
 
 // The cases by group, each group a test of its own (each makes its models with transformers once).
 // phi3-longrope: the cache kept with the short factors is dropped when the sequence passes 6
@@ -204,6 +202,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "granitemoe-shared"}},
       {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
       {"llama4", {"llama4", "llama4-top2", "llama4-vision"}},
+      {"glm4_ernie_exaone", {"glm4", "ernie4_5", "exaone4"}},
   };
   return groups;
 }

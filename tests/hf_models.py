@@ -243,6 +243,19 @@ CASES = {
                          no_rope_layer_interval=2, max_position_embeddings=64),
         vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vision_output_dim=16,
                            projector_input_dim=16, projector_output_dim=16, image_size=28, patch_size=14))),
+    # GLM-4: four norms a layer, half of each head rotated as interleaved pairs, q/k/v biases (none
+    # on o), gate and up in one tensor, a padding token
+    "glm4": ("Glm4Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=8, pad_token_id=5, max_position_embeddings=64, tie_word_embeddings=False)),
+    # Ernie 4.5: the whole head rotated as interleaved pairs in float32, every bias, tied head, yarn
+    "ernie4_5": ("Ernie4_5Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, use_bias=True, max_position_embeddings=64,
+                                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})),
+    # EXAONE 4: OLMo 2's norms after attention and the MLP, per-head q/k norms, windows of 4 on every
+    # other layer, the others over every position without rotary positions
+    "exaone4": ("Exaone4Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -302,7 +315,7 @@ def rope64(config, head_dim, seq_len, p=None):
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
-          "llama4": "Llama4Text"}
+          "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4"}
 
 
 def best_groups(router, group_scores):
@@ -390,6 +403,17 @@ def patch_float64():
             v2_router.forward = v2_forward
         if family == "llama4":
             patch_llama4_float64(module)
+        if family == "ernie4_5":  # its rotation in float32: in float64 here
+            ernie_rotate = module.apply_rotary_pos_emb
+
+            def ernie64(q, k, cos, sin, unsqueeze_dim=1, _orig=ernie_rotate, _turn=module.rotate_half):
+                if q.dtype != torch.float64:
+                    return _orig(q, k, cos, sin, unsqueeze_dim)
+                cos = cos.unsqueeze(unsqueeze_dim)[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+                sin = sin.unsqueeze(unsqueeze_dim)[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+                return q * cos + _turn(q) * sin, k * cos + _turn(k) * sin
+
+            module.apply_rotary_pos_emb = ernie64
         sigmoid_router = getattr(module, f"{prefix}TopkRouter", None) if family != "deepseek_v2" else None
         if sigmoid_router is not None:  # DeepSeek-V3's routing in float64 (transformers: float32)
 
@@ -418,10 +442,10 @@ def patch_float64():
         if family == "gemma2":  # its eager attention takes the softmax in float32
             eager = module.eager_attention_forward
 
-            def eager64(m, query, key, value, mask, dropout=0.0, scaling=None, softcap=None, _orig=eager, **kw):
+            def eager64(m, query, key, value, mask, dropout=0.0, scaling=None, softcap=None, _orig=eager, _repeat=module.repeat_kv, **kw):
                 if query.dtype != torch.float64:
                     return _orig(m, query, key, value, mask, dropout=dropout, scaling=scaling, softcap=softcap, **kw)
-                k, v = module.repeat_kv(key, m.num_key_value_groups), module.repeat_kv(value, m.num_key_value_groups)
+                k, v = _repeat(key, m.num_key_value_groups), _repeat(value, m.num_key_value_groups)
                 w = torch.matmul(query, k.transpose(2, 3)) * scaling
                 if softcap is not None:
                     w = torch.tanh(w / softcap) * softcap

@@ -1,6 +1,6 @@
-// Shared by the suites that check the hf family against transformers (hf_test,
-// generate_hf_test): a scratch directory, the project's Python and tests/hf_models.py, which makes
-// tiny transformers models and says what transformers computes with them.
+// Shared by the suites that check the hf family (hf_test, hf_family_test, generate_hf_test): a
+// scratch directory, the project's Python and tests/hf_models.py, which makes tiny transformers
+// models and says what transformers computes with them, and the family's model of a directory.
 #pragma once
 
 #include <unistd.h>
@@ -10,6 +10,11 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "common/json_reader.h"
+#include "models/families.h"
+#include "models/model.h"
 #include "tests/process_helpers.h"
 
 namespace pipetrain::test {
@@ -26,5 +31,12 @@ inline std::string hf_oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/te
 /// Whether the project's Python has transformers (scripts/setup.sh installs it); without it the
 /// cases that need it are skipped.
 inline bool has_transformers() { return shell(python() + " -c 'import transformers' >/dev/null 2>&1").status == 0; }
+
+/// The `hf` family's model of the directory `dir` for windows of `seq_len` tokens.
+inline models::Model hf_build(const std::string& dir, int64_t seq_len) {
+  const nlohmann::json j{{"family", "hf"}, {"path", dir}, {"seq_len", seq_len}};
+  JsonReader r(j, "model", "test");
+  return models::build(r, 0);
+}
 
 }  // namespace pipetrain::test
