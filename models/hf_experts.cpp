@@ -108,6 +108,14 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
   if (arch == kLlama4) return llama4_experts(f, n);
+  if (arch == kMiniMaxM2) {  // every layer: num_local_experts of intermediate_size chosen by sigmoid scores plus the correction bias, renormalized
+    const int64_t count = f.integer("num_local_experts", 256, 1, 1 << 16), k = f.integer("num_experts_per_tok", 8, 1, count);
+    refuse_router_logits(f);
+    if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
+    x.args = {{"experts", count}, {"experts_per_token", k}, {"router", "sigmoid"}, {"router_bias", true}};
+    x.layers.assign(static_cast<size_t>(n), true);
+    return x;
+  }
   if (arch == kDeepseekV3 || arch == kGlm4Moe) return sigmoid_experts(arch, f, n);
   if (arch == kDeepseekV2) return deepseek_v2_experts(f, n);
   if (arch == kGptOss) {  // every layer: num_local_experts of intermediate_size, the top k's softmax, biases
@@ -203,11 +211,12 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
     spec.tensors.push_back({ours + "mlp.shared_expert.down_proj.weight", shared + "output_linear.weight"});
     return;
   }
-  const bool mixtral = arch == kMixtral;
+  const bool mixtral = arch == kMixtral || arch == kMiniMaxM2;  // MiniMax-M2's under Mixtral's names, its bias beside the router
   const std::string moe = theirs + (mixtral ? "block_sparse_moe." : "mlp.");
   spec.tensors.push_back({ours + "mlp.gate.weight", moe + "gate.weight"});
   const bool sigmoid = arch == kDeepseekV3 || arch == kGlm4Moe;
   if (sigmoid) spec.tensors.push_back({ours + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"});
+  if (arch == kMiniMaxM2) spec.tensors.push_back({ours + "mlp.gate.e_score_correction_bias", moe + "e_score_correction_bias"});
   for (int64_t e = 0; e < x.args["experts"].get<int64_t>(); ++e)
     for (const auto& [mine, mixtrals] : std::vector<std::pair<std::string, std::string>>{{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}})
       spec.tensors.push_back({detail::concat(ours, "mlp.experts.", e, ".", mine, ".weight"),

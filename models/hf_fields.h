@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
 // Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4, GLM-4, Ernie 4.5, EXAONE 4).
+// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4, GLM-4, Ernie 4.5, EXAONE 4, MiniMax-M2).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -29,7 +29,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
                          kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
                          kLlama4Vision = "Llama4ForConditionalGeneration", kGlm4 = "Glm4ForCausalLM", kErnie45 = "Ernie4_5ForCausalLM",
-                         kExaone4 = "Exaone4ForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kExaone4 = "Exaone4ForCausalLM", kMiniMaxM2 = "MiniMaxM2ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {
@@ -92,8 +92,8 @@ inline bool granite_any(const std::string& arch) { return arch == kGranite || gr
 /// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's, OLMoE's,
 /// GraniteMoE's and GPT-OSS's every layer, Qwen2-MoE's and Qwen3-MoE's every decoder_sparse_step-th
 /// but those mlp_only_layers names, the DeepSeeks' and GLM-4.5's from first_k_dense_replace on,
-/// Llama 4's moe_layers (every interleave_moe_layer_step-th by default; the others dense); the
-/// shared experts.
+/// Llama 4's moe_layers (every interleave_moe_layer_step-th by default; the others dense),
+/// MiniMax-M2's every layer; the shared experts.
 struct Experts {
   nlohmann::json args;       ///< the llama_block's experts, experts_per_token, router, d_ff, shared_expert, …
   std::vector<bool> layers;  ///< which layers

@@ -33,8 +33,12 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   block["rope_theta"] = theta;
   // GLM-4.5's and GLM-4's default: half of each head rotated.
   const bool glm = arch == kGlm4Moe || arch == kGlm4;
-  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : 1.0));
-  if (partial != 1.0 && arch != kPhi3 && !glm)
+  // MiniMax-M2's checkpoints give rotary_dim, the rotated values of a head, for the factor.
+  const double rotary_dim = arch == kMiniMaxM2 && f.has("rotary_dim")
+                                ? double(f.integer("rotary_dim", 0, 2, 1 << 16)) / double(f.integer("head_dim", 128, 2, 1 << 16))
+                                : 1.0;
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : rotary_dim));
+  if (partial != 1.0 && arch != kPhi3 && !glm && arch != kMiniMaxM2)
     f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
   if (partial != 1.0) block["partial_rotary_factor"] = partial;
@@ -264,7 +268,8 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
                                                    arch == kLlama4 || arch == kErnie45 || arch == kExaone4 ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
-  else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45) block["head_dim"] = 128;  // their configs' default
+  else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
+    block["head_dim"] = 128;  // their configs' default
   else if (arch == kGptOss) block["head_dim"] = 64;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
@@ -303,9 +308,9 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 ||
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
-  if (t.olmo2 || arch == kOlmoe) block["qk_norm_over"] = "projection";
+  if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
   if (clip < 0) f.fail("clip_qkv", "must be positive");
   if (clip > 0) block["clip_qkv"] = clip;
@@ -386,7 +391,7 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3, Ministral 3, Llama 4, GLM-4, Ernie 4.5 and EXAONE 4:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3, Ministral 3, Llama 4, GLM-4, Ernie 4.5, EXAONE 4 and MiniMax-M2:
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.

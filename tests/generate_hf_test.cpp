@@ -202,7 +202,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"experts", {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "granitemoe-shared"}},
       {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
       {"llama4", {"llama4", "llama4-top2", "llama4-vision"}},
-      {"glm4_ernie_exaone", {"glm4", "ernie4_5", "exaone4"}},
+      {"glm4_ernie_exaone_minimax", {"glm4", "ernie4_5", "exaone4", "minimax-m2"}},
   };
   return groups;
 }

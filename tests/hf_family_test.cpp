@@ -115,14 +115,15 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
                                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, "
-                                "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, GPT2LMHeadModel)"),
+                                "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
+                                "GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, llama, llama4, llama4_text, ministral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -435,8 +436,9 @@ TEST(HfFamily, ExportAsHfWritesTheSourcesFormAndOnlyForTheFamily) {
 // sliding_window_pattern - 1 of each sliding_window_pattern layers, the others without rotary
 // positions, every layer rotated and none windowed where sliding_window is null, a pattern
 // written as a string only with layer_types; GLM-4's half-rotated heads as interleaved pairs and
-// its q/k/v biases on by default.
-TEST(HfFamily, Exaone4AndGlm4DefaultsAsTransformersResolveThem) {
+// its q/k/v biases on by default; MiniMax-M2's rotary_dim (its published checkpoints' spelling of
+// the rotated share of a head).
+TEST(HfFamily, Exaone4Glm4AndMiniMaxM2DefaultsAsTransformersResolveThem) {
   const std::string dir = root() + "/exaone4-defaults";
   std::filesystem::create_directories(dir);
   auto layers_of = [&](const nlohmann::json& changes) {
@@ -475,4 +477,10 @@ TEST(HfFamily, Exaone4AndGlm4DefaultsAsTransformersResolveThem) {
   EXPECT_EQ(glm["qkv_bias"], true);
   EXPECT_EQ(glm["o_bias"], false);
   EXPECT_EQ(glm["norms"], "sandwich");
+  const nlohmann::json minimax =
+      layers_of({{"architectures", {"MiniMaxM2ForCausalLM"}}, {"head_dim", 8}, {"rotary_dim", 2}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}})[2];
+  EXPECT_EQ(minimax["partial_rotary_factor"], 0.25);
+  EXPECT_EQ(minimax["qk_norm_over"], "projection");
+  EXPECT_EQ(minimax["router"], "sigmoid");
+  EXPECT_EQ(minimax["router_bias"], true);
 }

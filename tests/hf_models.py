@@ -256,6 +256,13 @@ CASES = {
     "exaone4": ("Exaone4Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
                                       num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, max_position_embeddings=64,
                                       tie_word_embeddings=False)),
+    # MiniMax-M2: q/k norms over the whole projections, half of each head rotated (rotary_dim 4 of 8);
+    # every layer 4 experts under Mixtral's names, the top 2 by sigmoid scores plus a correction
+    # bias, renormalized
+    "minimax-m2": ("MiniMaxM2Config", dict(hidden_size=32, intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=8, rotary_dim=4, num_local_experts=4,
+                                           num_experts_per_tok=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+                                           tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -315,7 +322,7 @@ def rope64(config, head_dim, seq_len, p=None):
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
-          "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4"}
+          "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2"}
 
 
 def best_groups(router, group_scores):
@@ -359,7 +366,8 @@ def patch_float64():
 
         norm.forward = norm_forward
         rotary.forward = rotary_forward
-        router = getattr(module, f"{prefix}TopKRouter", None) if family != "gpt_oss" else None  # GPT-OSS's runs in its type
+        # GPT-OSS's runs in its type; MiniMax-M2's sigmoid router is patched below
+        router = getattr(module, f"{prefix}TopKRouter", None) if family not in ("gpt_oss", "minimax_m2") else None
         if router is not None:  # the routing probabilities in float64 (transformers: float32)
 
             def router_forward(self, h, _orig=router.forward, _chosen=family.startswith("granitemoe")):
@@ -403,6 +411,19 @@ def patch_float64():
             v2_router.forward = v2_forward
         if family == "llama4":
             patch_llama4_float64(module)
+        if family == "minimax_m2":  # its sigmoid routing in float64 (transformers: float32)
+            minimax_router = module.MiniMaxM2TopKRouter
+
+            def minimax_forward(self, h, bias, _orig=minimax_router.forward):
+                if h.dtype != torch.float64:
+                    return _orig(self, h, bias)
+                logits = torch.nn.functional.linear(h.reshape(-1, self.hidden_dim), self.weight)
+                scores = logits.sigmoid()
+                chosen = torch.topk(scores + bias, self.top_k, dim=-1, sorted=False)[1]
+                top = scores.gather(1, chosen)
+                return logits, top / top.sum(dim=-1, keepdim=True), chosen
+
+            minimax_router.forward = minimax_forward
         if family == "ernie4_5":  # its rotation in float32: in float64 here
             ernie_rotate = module.apply_rotary_pos_emb
 
