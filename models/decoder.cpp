@@ -220,17 +220,23 @@ void GatedMlpImpl::reset() {
   down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff_, d_model_).bias(bias_)));
 }
 
+at::Tensor GatedMlpImpl::activate(const at::Tensor& gate, const at::Tensor& up) const {
+  if (oai_alpha_ > 0) {  // GPT-OSS's clamped SwiGLU
+    const at::Tensor g = gate.clamp_max(oai_limit_);
+    return (up.clamp(-oai_limit_, oai_limit_) + 1) * (g * torch::sigmoid(g * oai_alpha_));
+  }
+  return (gelu_ ? torch::gelu(gate, "tanh") : torch::silu(gate)) * up;
+}
+
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
   if (oai_alpha_ > 0) {  // GPT-OSS's, in transformers' operations: each product, then its bias
     auto product = [](const torch::nn::Linear& l, const at::Tensor& in) {
       const at::Tensor y = torch::matmul(in, l->weight.t());
       return l->bias.defined() ? y + l->bias : y;
     };
-    const at::Tensor g = product(gate_proj, x).clamp_max(oai_limit_), up = product(up_proj, x).clamp(-oai_limit_, oai_limit_);
-    return product(down_proj, (up + 1) * (g * torch::sigmoid(g * oai_alpha_)));
+    return product(down_proj, activate(product(gate_proj, x), product(up_proj, x)));
   }
-  const at::Tensor gate = run(gate_proj, x);
-  return run(down_proj, (gelu_ ? torch::gelu(gate, "tanh") : torch::silu(gate)) * run(up_proj, x));
+  return run(down_proj, activate(run(gate_proj, x), run(up_proj, x)));
 }
 
 void MoeImpl::reset() {
@@ -311,9 +317,19 @@ std::pair<at::Tensor, at::Tensor> MoeImpl::route(const at::Tensor& h) {
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
-  note_not_replayable("a mixture of experts reads its routing on the host (each expert's tokens) every forward");
   const at::Tensor h = x.reshape({-1, x.size(-1)});
   auto [top, chosen] = route(h);
+  const std::string why = o_.grouped_experts ? why_not_grouped(h) : "";
+  if (!why.empty()) note_not_replayable(why.c_str());
+  at::Tensor out = o_.grouped_experts && why.empty() ? grouped(h, top, chosen) : looped(h, top, chosen);
+  // In this order: it fixes the order in which the backward sums into h (bench/results/hf_parity.txt).
+  if (shared_expert && shared_expert_gate) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
+  else if (shared_expert) out = out + shared_expert->forward(h);
+  return out.view(x.sizes());
+}
+
+at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at::Tensor& chosen) {
+  note_not_replayable("a mixture of experts reads its routing on the host (each expert's tokens) every forward");
   at::Tensor out = torch::zeros_like(h);
   // Each expert's tokens in transformers' order: by their rank among the token's choices, then
   // by position (the rows of a GEMM; the sums into `out` go expert by expert). The choices in
@@ -332,10 +348,7 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
     const at::Tensor y = o_.router_scales_input ? expert.forward(in * weight) : expert.forward(in) * weight;
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
-  // In this order: it fixes the order in which the backward sums into h (bench/results/hf_parity.txt).
-  if (shared_expert && shared_expert_gate) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
-  else if (shared_expert) out = out + shared_expert->forward(h);
-  return out.view(x.sizes());
+  return out;
 }
 
 void LlamaBlockImpl::reset() {

@@ -139,6 +139,7 @@ struct LlamaBlockOptions {
   bool router_logit_bias = false;   // the router's logits with a trained bias ("gate.bias", GPT-OSS's)
   bool router_top_sigmoid = false;  // the sigmoid of the chosen experts' logits, in float32, then the model's type (Llama 4's)
   bool router_scales_input = false; // a chosen expert's weight scales its input, not its output (Llama 4's)
+  bool grouped_experts = false;     // the experts' products as grouped GEMMs over their stacked weights, no host read ("experts_kernel")
   bool shared_expert_gate = true;  // it scaled by sigmoid(shared_expert_gate(x)); false: added as is (GraniteMoeShared's)
   // The router (MoeImpl): DeepSeek-V3's sigmoid scores in the softmax's place, chosen with a
   // correction bias within the best groups, renormalized, scaled; DeepSeek-V2's softmax within
@@ -223,6 +224,8 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
   }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
+  /// The product of the activated gate's and up's outputs (their biases added), down's input.
+  at::Tensor activate(const at::Tensor& gate, const at::Tensor& up) const;
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
@@ -239,7 +242,11 @@ TORCH_MODULE(GatedMlp);
 /// order, and whose outputs add up weighted by those probabilities (renormalized over the chosen
 /// with normalize_experts; with router_scales_input, the weights scale the experts' inputs); with
 /// router_sigmoid, DeepSeek-V3's routing; with router_top_sigmoid, Llama 4's (LlamaBlockOptions). The
-/// routing is read on the host (one sync per layer). With
+/// routing is read on the host (one sync per layer); with grouped_experts, the experts' products
+/// run instead as grouped GEMMs (at::_grouped_mm) over the rows sorted by expert and their weights
+/// stacked, as transformers' "grouped_mm" experts do, with no host read (a CUDA graph can replay
+/// them), where the kernel takes the type (float32, bfloat16, float16) and rows of a multiple of
+/// 16 bytes; the loop runs otherwise. With
 /// `shared_expert` (Qwen2-MoE's), every token also goes through one more SwiGLU MLP of that width
 /// ("shared_expert"), scaled by sigmoid(shared_expert_gate(x)) ([1, d_model], no bias; without
 /// the gate where `shared_expert_gate` is false, GraniteMoeShared's), added to
@@ -257,6 +264,11 @@ class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
  private:
   // Each token's chosen experts' weights and the experts [N, experts_per_token], of h [N, d_model].
   std::pair<at::Tensor, at::Tensor> route(const at::Tensor& h);
+  // The routed experts' weighted sum [N, d_model] of h [N, d_model]: expert by expert, or grouped.
+  at::Tensor looped(const at::Tensor& h, const at::Tensor& top, const at::Tensor& chosen);
+  at::Tensor grouped(const at::Tensor& h, const at::Tensor& top, const at::Tensor& chosen);
+  // Why the grouped kernel cannot take h here ("" where it can).
+  std::string why_not_grouped(const at::Tensor& h) const;
   LlamaBlockOptions o_;
 };
 TORCH_MODULE(Moe);
@@ -356,7 +368,7 @@ TORCH_MODULE(Gpt2Block);
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
-/// q_temperature, q_temperature_floor, router_scales_input;
+/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -107,6 +107,7 @@ void read_router(JsonReader& r, LlamaBlockOptions& o) {
   o.routed_scale = r.get_number("routed_scale", 1.0, 1e-6, 1e6);
   o.router_float32 = r.get_bool("router_float32", false);
   o.router_scales_input = r.get_bool("router_scales_input", false);
+  o.grouped_experts = r.get_choice("experts_kernel", "loop", {"loop", "grouped"}) == "grouped";
 }
 }  // namespace
 
@@ -150,7 +151,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.experts == 0)
     for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
                           "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias",
-                          "router_scales_input"})
+                          "router_scales_input", "experts_kernel"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);

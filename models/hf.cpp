@@ -162,7 +162,16 @@ Model build_hf(JsonReader& r) {
   if (dir.empty()) r.fail("path", "is required: a directory written by transformers' save_pretrained");
   const int64_t seq_len = r.require_int("seq_len", 1, int64_t{1} << 24);
   const std::string where = r.where("path");
-  const HfSpec spec = read_hf_spec(dir, seq_len, where);
+  HfSpec spec = read_hf_spec(dir, seq_len, where);
+  // The mixtures of experts' products: expert by expert (transformers' "eager"), or grouped.
+  const std::string kernel = r.get_choice("experts_kernel", "loop", {"loop", "grouped"});
+  bool moe = false;
+  for (nlohmann::json& layer : spec.layers["layers"])
+    if (layer.contains("experts")) {
+      layer["experts_kernel"] = kernel;
+      moe = true;
+    }
+  if (!moe && r.has("experts_kernel")) r.fail("experts_kernel", detail::concat("needs a mixture of experts (", spec.architecture, " has none)"));
   JsonReader list(spec.layers, r.path(), dir + "/config.json");
   Model m = build_layer_list(list);
 

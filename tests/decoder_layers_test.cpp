@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/replayable.h"
 #include "models/decoder.h"
 #include "models/model.h"
 #include "tests/layer_list_helpers.h"
@@ -204,4 +205,63 @@ TEST(LayerList, Llama4ChunksNormsTemperatureAndExpertsAreChecked) {
   refused({{"router_scales_input", true}}, "router_scales_input: needs experts above 0");
   refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"qk_l2_norm", true}}, "qk_l2_norm: is not supported with latent attention");
   refused({{"kv_lora_rank", 8}, {"rope_head_dim", 2}, {"q_temperature", 0.1}}, "q_temperature: is not supported with latent attention");
+}
+
+// The experts' products as grouped GEMMs (experts_kernel "grouped") equal the expert-by-expert
+// loop, forward and every parameter's gradient, in float32 and bfloat16, for each router (the
+// softmax; DeepSeek-V3's sigmoid in groups with a shared expert; GPT-OSS's top softmax with biases
+// and its clamped SwiGLU; Llama 4's sigmoid scaling the inputs) and with experts left without a
+// token; they say nothing a CUDA graph could not replay, where the loop says it reads its routing
+// on the host; float64 (which torch's grouped GEMM does not take) and rows of a width the kernel
+// cannot take run the loop and say why.
+TEST(LayerList, GroupedExpertsEqualTheLoop) {
+  const std::vector<json> routers{
+      {{"experts", 4}},
+      {{"experts", 8}, {"router", "sigmoid"}, {"router_bias", true}, {"expert_groups", 4}, {"groups_per_token", 2}, {"shared_expert", 8}},
+      {{"experts", 4}, {"router", "softmax_top"}, {"router_logit_bias", true}, {"act", "swiglu_oai"}, {"mlp_bias", true}},
+      {{"experts", 4}, {"router", "sigmoid_top"}, {"router_scales_input", true}, {"experts_per_token", 1}},
+      {{"experts", 16}, {"experts_per_token", 1}}};  // 18 tokens, 16 experts: some without one
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  for (const json& router : routers)
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      json grouped = router;
+      grouped["experts_kernel"] = "grouped";
+      models::Model a = build(llama_list(router)), b = build(llama_list(grouped));  // the same weights (seed)
+      const std::string what = router.dump() + " " + c10::toString(type);
+      a.layers->to(type);
+      b.layers->to(type);
+      take_not_replayable();
+      const at::Tensor ya = a.layers->forward(x);
+      EXPECT_NE(take_not_replayable().find("reads its routing on the host"), std::string::npos) << what;
+      const at::Tensor yb = b.layers->forward(x);
+      EXPECT_EQ(take_not_replayable(), "") << what;
+      const double tol = type == at::kFloat ? 1e-5 : 1.0 / 32;
+      EXPECT_LE(max_diff(ya.to(at::kFloat), yb.to(at::kFloat)), tol) << what;
+      const at::Tensor g = torch::randn(ya.sizes()).to(type);
+      (ya * g).sum().backward();
+      (yb * g).sum().backward();
+      auto pb = b.layers->named_parameters();
+      int checked = 0;
+      for (const auto& p : a.layers->named_parameters()) {
+        const at::Tensor ga = p.value().grad(), gb = pb[p.key()].grad();
+        ASSERT_TRUE(gb.defined() || !ga.defined()) << what << " " << p.key();
+        const at::Tensor want = ga.defined() ? ga : torch::zeros_like(gb);  // an expert without a token
+        EXPECT_LE(max_diff(want.to(at::kFloat), gb.to(at::kFloat)), tol * std::max(1.0, want.abs().max().item<double>()))
+            << what << " " << p.key();
+        ++checked;
+      }
+      EXPECT_GT(checked, 10) << what;
+    }
+
+  json grouped{{"experts", 4}, {"experts_kernel", "grouped"}};
+  models::Model wide = build(llama_list(grouped)), loop = build(llama_list({{"experts", 4}}));
+  for (models::Model* m : {&wide, &loop}) m->layers->to(torch::kDouble);
+  take_not_replayable();
+  EXPECT_TRUE(torch::equal(wide.layers->forward(x), loop.layers->forward(x)));
+  EXPECT_NE(take_not_replayable().find("grouped experts: torch's grouped GEMM takes no Double"), std::string::npos);
+  models::Model odd = build(llama_list(grouped, {{"d_model", 16}, {"n_heads", 4}, {"d_ff", 6}}));  // 24 bytes a row
+  odd.layers->forward(x);
+  EXPECT_NE(take_not_replayable().find("needs rows of a multiple of 16 bytes (d_model 16 and d_ff 6 of Float)"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"experts_kernel", "grouped"}})).find("experts_kernel: needs experts above 0"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"experts", 4}, {"experts_kernel", "fused"}})).find("experts_kernel"), std::string::npos);
 }

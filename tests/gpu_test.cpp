@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 #include "common/rng.h"
+#include "models/decoder.h"
 #include "models/layers.h"
 #include "pipeline/pipeline.h"
 #include "profiler/profile.h"
@@ -312,5 +313,49 @@ TEST(Gpu, AStepIssuesNoHostSynchronization) {
     EXPECT_EQ(pipe.last_trace().host_reads, std::vector<int64_t>({0, 0}));
     if (graphs) EXPECT_EQ(pipe.last_trace().graphed, std::vector<int>({4, 4}));
   }
+}
+
+// A mixture of experts with its products grouped (experts_kernel "grouped") on the GPU in
+// bfloat16: two stages, each holding one, replayed from CUDA graphs after the first step, equal
+// to eager bit for bit, and a step under CUDA's sync-debug mode set to error issues no host
+// synchronization (the expert-by-expert loop reads each expert's rows on the host).
+TEST(Gpu, GroupedExpertsReplayWithoutAHostSynchronization) {
+  REQUIRE_GPU();
+  using namespace pipetrain;
+  auto experts = [] {
+    models::LlamaBlockOptions o;
+    o.d_model = 32;
+    o.d_ff = 64;
+    o.experts = 8;
+    o.experts_per_token = 2;
+    o.grouped_experts = true;
+    return models::Moe(o);
+  };
+  std::vector<std::vector<double>> losses;
+  for (const bool graphs : {false, true}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(16, 32), experts(), torch::nn::Tanh(), experts(), torch::nn::Linear(32, 4));
+    const auto piped = two_stages_on_the_gpu(model, graphs, Precision::BF16);
+    auto& pipe = *piped;
+    pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05)); });
+    torch::manual_seed(1);
+    losses.emplace_back();
+    for (int step = 0; step < 3; ++step) {
+      losses.back().push_back(pipe.train_step(torch::randn({32, 16}), torch::randint(0, 4, {32}, torch::kLong)));
+      if (graphs && step > 0) EXPECT_EQ(pipe.last_trace().graphed, std::vector<int>({4, 4})) << "step " << step;
+    }
+    const at::Tensor x = torch::randn({32, 16}), y = torch::randint(0, 4, {32}, torch::kLong);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    std::string error;
+    try {
+      pipe.forward_backward(x, y);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    EXPECT_EQ(error, "") << (graphs ? "graphs" : "eager");
+    EXPECT_EQ(pipe.last_trace().host_reads, std::vector<int64_t>({0, 0}));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
 }
 #endif

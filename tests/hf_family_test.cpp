@@ -71,6 +71,12 @@ TEST(HfFamily, AValidDirectoryBuildsWithItsWeights) {
                            ck.get("model.layers.1.self_attn.k_proj.weight")));
   EXPECT_EQ(m.classes, 40);
   EXPECT_EQ(m.sample_shape, (std::vector<int64_t>{8}));
+  try {  // the experts' kernel of a model without experts
+    test::hf_build(dir, 8, {{"experts_kernel", "grouped"}});
+    ADD_FAILURE() << "built";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("experts_kernel: needs a mixture of experts (LlamaForCausalLM has none)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
@@ -183,6 +189,9 @@ TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   models::Model m = build(dir, 8);
   EXPECT_TRUE(torch::equal(m.layers->named_buffers()["layer_1.llama.mlp.gate.e_score_correction_bias"], bias));
   EXPECT_EQ(m.layers->forward(torch::randint(0, 40, {2, 8})).sizes(), (std::vector<int64_t>{2, 8, 40}));
+  const at::Tensor tokens = torch::randint(0, 40, {2, 8});  // its experts grouped: the same logits
+  models::Model grouped = test::hf_build(dir, 8, {{"experts_kernel", "grouped"}});
+  EXPECT_LE((grouped.layers->forward(tokens) - m.layers->forward(tokens)).abs().max().item<double>(), 1e-5);
   all.emplace_back("model.layers.3.eh_proj.weight", torch::zeros({16, 32}));  // one past num_nextn_predict_layers (1)
   models::save_safetensors(dir + "/model.safetensors", all);
   EXPECT_NE(hf_error(dir).find("tensor 'model.layers.3.eh_proj.weight' is not part of a DeepseekV3ForCausalLM"), std::string::npos)

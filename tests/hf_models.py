@@ -128,6 +128,10 @@ CASES = {
     "mixtral": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
                                       num_experts_per_tok=2, tie_word_embeddings=False)),
+    # Mixtral again, transformers' grouped_mm experts against experts_kernel "grouped"
+    "mixtral-grouped": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                              num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
+                                              num_experts_per_tok=2, tie_word_embeddings=False)),
     # Qwen3-MoE: 4 experts of 16, top 2 unnormalized, the middle layer a dense MLP of 40
     # (mlp_only_layers), per-head q/k norms
     "qwen3-moe": ("Qwen3MoeConfig", dict(hidden_size=32, intermediate_size=40, moe_intermediate_size=16, num_hidden_layers=3,
@@ -521,12 +525,14 @@ def language_model(model):
     return getattr(model, "language_model", None) or model
 
 
-def experts_eager(config):
+def experts_eager(config, case="", dtype_name=""):
     """A mixture of experts runs transformers' eager experts (its loop over the experts, the
-    reference its grouped_mm kernels stand in for, and which takes float64)."""
+    reference its grouped_mm kernels stand in for, and which takes float64); a "-grouped" case's
+    its grouped_mm experts, but in float64, which torch's grouped GEMM does not take."""
     text = getattr(config, "text_config", None) or config
     moe = getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
-    return {"experts_implementation": "eager"} if moe else {}
+    grouped = case.endswith("-grouped") and dtype_name != "float64"
+    return {"experts_implementation": "grouped_mm" if grouped else "eager"} if moe else {}
 
 
 def random_model(name, dtype_name, root):
@@ -542,7 +548,7 @@ def random_model(name, dtype_name, root):
         model = transformers.Llama4ForConditionalGeneration(config).to(DTYPES[dtype_name])
     else:
         config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
-        model = AutoModelForCausalLM.from_config(config, **experts_eager(config)).to(DTYPES[dtype_name])
+        model = AutoModelForCausalLM.from_config(config, **experts_eager(config, name, dtype_name)).to(DTYPES[dtype_name])
     with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
         for pname, p in model.named_parameters():
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
@@ -579,7 +585,8 @@ def make(root, only=None):
             if dtype == torch.bfloat16:
                 # The model as from_pretrained loads it: .to(bfloat16) above rounded the rotary
                 # frequencies too.
-                model = model_class(config).from_pretrained(os.path.join(out, "model"), dtype=dtype, **experts_eager(config))
+                model = model_class(config).from_pretrained(os.path.join(out, "model"), dtype=dtype,
+                                                             **experts_eager(config, name, dtype_name))
                 model.eval()
                 with torch.no_grad():
                     np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.float().numpy())

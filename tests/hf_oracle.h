@@ -32,9 +32,10 @@ inline std::string hf_oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/te
 /// cases that need it are skipped.
 inline bool has_transformers() { return shell(python() + " -c 'import transformers' >/dev/null 2>&1").status == 0; }
 
-/// The `hf` family's model of the directory `dir` for windows of `seq_len` tokens.
-inline models::Model hf_build(const std::string& dir, int64_t seq_len) {
-  const nlohmann::json j{{"family", "hf"}, {"path", dir}, {"seq_len", seq_len}};
+/// The `hf` family's model of the directory `dir` for windows of `seq_len` tokens, `extra`'s keys added.
+inline models::Model hf_build(const std::string& dir, int64_t seq_len, const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json j{{"family", "hf"}, {"path", dir}, {"seq_len", seq_len}};
+  j.update(extra);
   JsonReader r(j, "model", "test");
   return models::build(r, 0);
 }

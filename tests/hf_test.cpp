@@ -48,7 +48,11 @@ at::Tensor ce(const at::Tensor& out, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
 
-models::Model build(const std::string& dir, int64_t seq_len) { return test::hf_build(dir, seq_len); }
+// A "-grouped" case's experts as grouped GEMMs (against transformers' grouped_mm experts).
+models::Model build(const std::string& arch, const std::string& dir, int64_t seq_len) {
+  const bool grouped = arch.size() > 8 && arch.compare(arch.size() - 8, 8, "-grouped") == 0;
+  return test::hf_build(dir, seq_len, grouped ? nlohmann::json{{"experts_kernel", "grouped"}} : nlohmann::json::object());
+}
 
 pipeline::PipelineOptions options(const models::Model& m, int stages) {
   pipeline::PipelineOptions o;
@@ -97,7 +101,7 @@ void check_architecture(const std::string& arch) {
     const int64_t T = tokens.size(1) - 1;
     const at::Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
     for (int stages : {1, 3}) {
-      models::Model m = build(dir + "/model", T);
+      models::Model m = build(arch, dir + "/model", T);
       ASSERT_EQ(m.layers->parameters()[0].scalar_type(), dtype == "float64" ? at::kDouble : at::kFloat);
       if (dtype == "bfloat16") m.layers->to(torch::kBFloat16);
       pipeline::Pipeline pipe(m.layers, options(m, stages), ce);
@@ -107,7 +111,7 @@ void check_architecture(const std::string& arch) {
       EXPECT_LE(d, tol) << arch << " " << dtype << " on " << stages << " stages";
     }
     // Training: 5 SGD steps on one batch, 3 stages, then the weights exported.
-    models::Model m = build(dir + "/model", T);
+    models::Model m = build(arch, dir + "/model", T);
     pipeline::PipelineOptions o = options(m, 3);
     if (dtype == "bfloat16") {
       m.layers->to(torch::kBFloat16);
@@ -161,6 +165,7 @@ TEST(HfParity, Gemma3QkNormsLocalRope) { check_architecture("gemma3"); }
 TEST(HfParity, GraniteMultipliersBiasesTied) { check_architecture("granite"); }
 TEST(HfParity, SmolLM3NoPeLayerWindowBiasesTied) { check_architecture("smollm3"); }
 TEST(HfParity, MixtralExperts) { check_architecture("mixtral"); }
+TEST(HfParity, MixtralGroupedExperts) { check_architecture("mixtral-grouped"); }
 TEST(HfParity, Qwen2MoeSharedExpertAndADenseLayer) { check_architecture("qwen2-moe"); }
 TEST(HfParity, Qwen3MoeExpertsAndADenseLayer) { check_architecture("qwen3-moe"); }
 TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
