@@ -128,10 +128,6 @@ CASES = {
     "mixtral": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
                                       num_experts_per_tok=2, tie_word_embeddings=False)),
-    # Mixtral again, transformers' grouped_mm experts against experts_kernel "grouped"
-    "mixtral-grouped": ("MixtralConfig", dict(hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
-                                              num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
-                                              num_experts_per_tok=2, tie_word_embeddings=False)),
     # Qwen3-MoE: 4 experts of 16, top 2 unnormalized, the middle layer a dense MLP of 40
     # (mlp_only_layers), per-head q/k norms
     "qwen3-moe": ("Qwen3MoeConfig", dict(hidden_size=32, intermediate_size=40, moe_intermediate_size=16, num_hidden_layers=3,
@@ -270,6 +266,9 @@ CASES = {
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
+# Mixtures of experts again: transformers' grouped_mm experts against experts_kernel "grouped"
+for _case in ("mixtral", "gpt-oss", "deepseek-v3"):
+    CASES[_case + "-grouped"] = CASES[_case]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 

@@ -69,7 +69,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
-         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch.rfind("glm4", 0) == 0 || arch == "gpt-oss" ||
+         arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch.rfind("glm4", 0) == 0 || arch.rfind("gpt-oss", 0) == 0 ||
          arch.rfind("llama4", 0) == 0 || arch == "minimax-m2";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
@@ -172,10 +172,12 @@ TEST(HfParity, OlmoeExpertsClippedQkv) { check_architecture("olmoe"); }
 TEST(HfParity, GraniteMoeStackedExpertsMultipliersTied) { check_architecture("granitemoe"); }
 TEST(HfParity, GraniteMoeSharedExpertWithoutAGate) { check_architecture("granitemoe-shared"); }
 TEST(HfParity, DeepseekV3LatentAttentionGroupedSigmoidRouting) { check_architecture("deepseek-v3"); }
+TEST(HfParity, DeepseekV3GroupedExperts) { check_architecture("deepseek-v3-grouped"); }
 TEST(HfParity, DeepseekV3DirectQueriesHalvesRopeTied) { check_architecture("deepseek-v3-lite"); }
 TEST(HfParity, DeepseekV2ComplexRopeGroupLimitedSoftmax) { check_architecture("deepseek-v2"); }
 TEST(HfParity, Glm4MoeHalfRotatedQkNormsSigmoidRouting) { check_architecture("glm4-moe"); }
 TEST(HfParity, GptOssSinksClampedSwigluStackedExperts) { check_architecture("gpt-oss"); }
+TEST(HfParity, GptOssGroupedExperts) { check_architecture("gpt-oss-grouped"); }
 TEST(HfParity, Llama4ChunksNoPeTemperatureInputScaledExperts) { check_architecture("llama4"); }
 TEST(HfParity, Llama4TopTwoExpertsNoPeMiddleLayerBiasesTied) { check_architecture("llama4-top2"); }
 TEST(HfParity, Llama4LanguageModelBesideItsVisionModel) { check_architecture("llama4-vision"); }
