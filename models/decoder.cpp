@@ -215,7 +215,7 @@ void RouterImpl::reset() {
 }
 
 void GatedMlpImpl::reset() {
-  gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
+  if (gated_) gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
   up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
   down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff_, d_model_).bias(bias_)));
 }
@@ -225,7 +225,11 @@ at::Tensor GatedMlpImpl::activate(const at::Tensor& gate, const at::Tensor& up) 
     const at::Tensor g = gate.clamp_max(oai_limit_);
     return (up.clamp(-oai_limit_, oai_limit_) + 1) * (g * torch::sigmoid(g * oai_alpha_));
   }
-  return (gelu_ ? torch::gelu(gate, "tanh") : torch::silu(gate)) * up;
+  return act(gate) * up;
+}
+
+at::Tensor GatedMlpImpl::act(const at::Tensor& x) const {
+  return gelu_ ? torch::gelu(x, "tanh") : relu2_ ? torch::square(torch::relu(x)) : torch::silu(x);
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
@@ -236,6 +240,7 @@ torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
     };
     return product(down_proj, activate(product(gate_proj, x), product(up_proj, x)));
   }
+  if (!gated_) return run(down_proj, act(run(up_proj, x)));
   return run(down_proj, activate(run(gate_proj, x), run(up_proj, x)));
 }
 
@@ -361,7 +366,7 @@ void LlamaBlockImpl::reset() {
   post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
-  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
+  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate));
   if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 

@@ -115,6 +115,8 @@ struct LlamaBlockOptions {
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
+  bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
+  bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
   double swiglu_alpha = 0;   // > 0: GPT-OSS's clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
   double swiglu_limit = 7;
   bool attn_sinks = false;   // a learned logit per head in each softmax's denominator ("self_attn.sinks", GPT-OSS's)
@@ -215,22 +217,28 @@ class RouterImpl : public torch::nn::Cloneable<RouterImpl> {
 TORCH_MODULE(Router);
 
 /// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
-/// GELU in silu's place, Gemma's); with `oai_alpha` > 0, GPT-OSS's clamped SwiGLU (LlamaBlockOptions).
+/// GELU in silu's place, Gemma's); with `relu2`, relu(gate(x))² in its place; with `oai_alpha` > 0,
+/// GPT-OSS's clamped SwiGLU (LlamaBlockOptions). Without `gated`, no gate: down(act(up(x))), act
+/// relu² with `relu2` (Arcee's and Nemotron's), the tanh GELU with `gelu`, SiLU otherwise.
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
-  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false, double oai_alpha = 0, double oai_limit = 0)
-      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), oai_alpha_(oai_alpha), oai_limit_(oai_limit) {
+  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false, double oai_alpha = 0, double oai_limit = 0,
+               bool relu2 = false, bool gated = true)
+      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), oai_alpha_(oai_alpha),
+        oai_limit_(oai_limit) {
     reset();
   }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   /// The product of the activated gate's and up's outputs (their biases added), down's input.
   at::Tensor activate(const at::Tensor& gate, const at::Tensor& up) const;
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  torch::nn::Linear gate_proj{nullptr};  ///< gated only
+  torch::nn::Linear up_proj{nullptr}, down_proj{nullptr};
 
  private:
+  at::Tensor act(const at::Tensor& x) const;  // the activation alone
   int64_t d_model_, d_ff_;
-  bool bias_, gelu_;
+  bool bias_, gelu_, relu2_, gated_;
   double oai_alpha_, oai_limit_;
 };
 TORCH_MODULE(GatedMlp);
@@ -368,7 +376,7 @@ TORCH_MODULE(Gpt2Block);
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
-/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel;
+/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -51,6 +51,9 @@ struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
     const at::Tensor gy = grads[0].contiguous();
     variable_list out(3 + weights.size());
     if (ctx->needs_input_grad(0)) out[0] = at::_grouped_mm(gy, stacked(weights, parts).to(gy.scalar_type()), offsets);
+    bool weighted = false;  // any expert's weight trained
+    for (size_t i = 0; i < weights.size(); ++i) weighted = weighted || ctx->needs_input_grad(3 + i);
+    if (!weighted) return out;
     // Each expert's gradient: its rows of gy^T times its rows of x, one group each (none: zeros).
     const at::Tensor gw = at::_grouped_mm(gy.t(), x, offsets);  // [E, out, in]
     for (int64_t p = 0, row = 0; p < parts; row += weights[p * E].size(0), ++p)

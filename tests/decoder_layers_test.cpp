@@ -265,3 +265,30 @@ TEST(LayerList, GroupedExpertsEqualTheLoop) {
   EXPECT_NE(build_error(llama_list({{"experts_kernel", "grouped"}})).find("experts_kernel: needs experts above 0"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"experts", 4}, {"experts_kernel", "fused"}})).find("experts_kernel"), std::string::npos);
 }
+
+// Arcee's MLP in a llama_block: without a gate (mlp_gate false) it is down(relu(up(x))²), its
+// up_proj and down_proj alone, counted before they are made; relu² in a gated MLP takes SiLU's
+// place; the arguments are checked. Against transformers: HfParity.ArceeReluSquaredMlp*.
+TEST(LayerList, AnMlpWithoutAGateAndReluSquaredAreChecked) {
+  const json plain{{"mlp_gate", false}, {"act", "relu2"}, {"mlp_bias", true}};
+  models::Model m = build(llama_list(plain));
+  auto params = m.layers->named_parameters();
+  EXPECT_FALSE(params.contains("b.llama.mlp.gate_proj.weight"));
+  EXPECT_EQ(params["b.llama.mlp.up_proj.bias"].sizes(), (std::vector<int64_t>{24}));
+  int64_t values = 0;
+  for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader r(llama_list(plain)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  const at::Tensor x = torch::randn({5, 16}, torch::kDouble);
+  models::GatedMlpImpl mlp(16, 24, /*bias=*/true, false, 0, 0, /*relu2=*/true, /*gated=*/false);
+  mlp.to(torch::kDouble);
+  const at::Tensor up = x.matmul(mlp.up_proj->weight.t()) + mlp.up_proj->bias;
+  const at::Tensor want = (up.clamp_min(0) * up.clamp_min(0)).matmul(mlp.down_proj->weight.t()) + mlp.down_proj->bias;
+  EXPECT_LE(max_diff(mlp.forward(x), want), 1e-12);
+  models::GatedMlpImpl gated(16, 24, /*bias=*/false, false, 0, 0, /*relu2=*/true);
+  gated.to(torch::kDouble);
+  const at::Tensor g = x.matmul(gated.gate_proj->weight.t());
+  EXPECT_LE(max_diff(gated.forward(x), (g.relu().square() * x.matmul(gated.up_proj->weight.t())).matmul(gated.down_proj->weight.t())), 1e-12);
+  EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"experts", 4}})).find("mlp_gate: false is not supported with experts"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"act", "swiglu_oai"}})).find("mlp_gate: false needs act"), std::string::npos);
+}

@@ -263,6 +263,11 @@ CASES = {
                                            num_key_value_heads=2, head_dim=8, rotary_dim=4, num_local_experts=4,
                                            num_experts_per_tok=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
                                            tie_word_embeddings=False)),
+    # Arcee (AFM): Llama's attention with every bias, an MLP without a gate through relu², yarn
+    "arcee": ("ArceeConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, mlp_bias=True,
+                                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                                  tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -325,7 +330,8 @@ def rope64(config, head_dim, seq_len, p=None):
 PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "Olmo2", "olmo3": "Olmo3",
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
-          "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2"}
+          "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
+          "arcee": "Arcee"}
 
 
 def best_groups(router, group_scores):

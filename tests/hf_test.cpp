@@ -185,4 +185,5 @@ TEST(HfParity, Glm4SandwichNormsInterleavedHalfRotationFusedMlp) { check_archite
 TEST(HfParity, Ernie45InterleavedRotationInFloat32BiasesTied) { check_architecture("ernie4_5"); }
 TEST(HfParity, Exaone4PostNormsQkNormsWindowsNoPeFullLayers) { check_architecture("exaone4"); }
 TEST(HfParity, MiniMaxM2ProjectionQkNormsPartialRopeSigmoidExperts) { check_architecture("minimax-m2"); }
+TEST(HfParity, ArceeReluSquaredMlpWithoutAGateYarnBiases) { check_architecture("arcee"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
