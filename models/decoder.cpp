@@ -214,10 +214,23 @@ void RouterImpl::reset() {
   if (correction_) e_score_correction_bias = register_buffer("e_score_correction_bias", torch::zeros({experts_}));
 }
 
+void XieluImpl::reset() {
+  alpha_p = register_parameter("alpha_p", torch::log(torch::expm1(torch::full({1}, 0.8))));
+  alpha_n = register_parameter("alpha_n", torch::log(torch::expm1(torch::full({1}, 0.8 - 0.5))));
+  beta = register_buffer("beta", torch::full({}, 0.5));
+  eps = register_buffer("eps", torch::full({}, -1e-6));
+}
+
+torch::Tensor XieluImpl::forward(const torch::Tensor& x) const {
+  const at::Tensor a = torch::softplus(alpha_p), b = beta + torch::softplus(alpha_n);
+  return torch::where(x > 0, a * x * x + beta * x, (torch::expm1(torch::minimum(x, eps)) - x) * b + beta * x);
+}
+
 void GatedMlpImpl::reset() {
   if (gated_) gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
   up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
   down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff_, d_model_).bias(bias_)));
+  if (xielu_) act_fn = register_module("act_fn", Xielu());
 }
 
 at::Tensor GatedMlpImpl::activate(const at::Tensor& gate, const at::Tensor& up) const {
@@ -229,6 +242,7 @@ at::Tensor GatedMlpImpl::activate(const at::Tensor& gate, const at::Tensor& up) 
 }
 
 at::Tensor GatedMlpImpl::act(const at::Tensor& x) const {
+  if (xielu_) return act_fn->forward(x);
   return gelu_ ? torch::gelu(x, "tanh") : relu2_ ? torch::square(torch::relu(x)) : torch::silu(x);
 }
 
@@ -366,7 +380,7 @@ void LlamaBlockImpl::reset() {
   post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
-  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate));
+  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));
   if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 

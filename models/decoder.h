@@ -117,6 +117,7 @@ struct LlamaBlockOptions {
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
+  bool xielu = false;        // (without a gate) the MLP's activation xIELU, with its two trained scalars (Apertus's)
   double swiglu_alpha = 0;   // > 0: GPT-OSS's clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
   double swiglu_limit = 7;
   bool attn_sinks = false;   // a learned logit per head in each softmax's denominator ("self_attn.sinks", GPT-OSS's)
@@ -216,15 +217,30 @@ class RouterImpl : public torch::nn::Cloneable<RouterImpl> {
 };
 TORCH_MODULE(Router);
 
+/// xIELU (Apertus's activation, in transformers' operations): with a = softplus(alpha_p) and
+/// b = beta + softplus(alpha_n), a·x² + beta·x where x > 0, else (expm1(min(x, eps)) − x)·b + beta·x;
+/// alpha_p and alpha_n trained ([1] each); beta (0.5) and eps (−1e-6) buffers, as transformers
+/// holds them (read from and written to a checkpoint, no gradient).
+class XieluImpl : public torch::nn::Cloneable<XieluImpl> {
+ public:
+  XieluImpl() { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) const;
+  at::Tensor alpha_p, alpha_n;  ///< [1] each
+  at::Tensor beta, eps;         ///< buffers, 0-dimensional
+};
+TORCH_MODULE(Xielu);
+
 /// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
 /// GELU in silu's place, Gemma's); with `relu2`, relu(gate(x))² in its place; with `oai_alpha` > 0,
 /// GPT-OSS's clamped SwiGLU (LlamaBlockOptions). Without `gated`, no gate: down(act(up(x))), act
-/// relu² with `relu2` (Arcee's and Nemotron's), the tanh GELU with `gelu`, SiLU otherwise.
+/// relu² with `relu2` (Arcee's and Nemotron's), xIELU with `xielu` ("act_fn", Apertus's), the tanh
+/// GELU with `gelu`, SiLU otherwise.
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
   GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false, double oai_alpha = 0, double oai_limit = 0,
-               bool relu2 = false, bool gated = true)
-      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), oai_alpha_(oai_alpha),
+               bool relu2 = false, bool gated = true, bool xielu = false)
+      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), xielu_(xielu), oai_alpha_(oai_alpha),
         oai_limit_(oai_limit) {
     reset();
   }
@@ -234,11 +250,12 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
   at::Tensor activate(const at::Tensor& gate, const at::Tensor& up) const;
   torch::nn::Linear gate_proj{nullptr};  ///< gated only
   torch::nn::Linear up_proj{nullptr}, down_proj{nullptr};
+  Xielu act_fn{nullptr};  ///< xielu only
 
  private:
   at::Tensor act(const at::Tensor& x) const;  // the activation alone
   int64_t d_model_, d_ff_;
-  bool bias_, gelu_, relu2_, gated_;
+  bool bias_, gelu_, relu2_, gated_, xielu_;
   double oai_alpha_, oai_limit_;
 };
 TORCH_MODULE(GatedMlp);

@@ -135,10 +135,12 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich"});
   o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : NormPlacement::Sandwich;
   o.norm_scale = read_rms_scale(r, "norm_scale");
-  const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2"});
+  const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2", "xielu"});
   o.gelu = act == "gelu_tanh";
   o.relu2 = act == "relu2";
   o.mlp_gate = r.get_bool("mlp_gate", true);
+  o.xielu = act == "xielu";
+  if (o.xielu && o.mlp_gate) r.fail("act", "\"xielu\" needs mlp_gate false (Apertus's MLP without a gate)");
   if (!o.mlp_gate && act == "swiglu_oai") r.fail("mlp_gate", "false needs act \"silu\", \"gelu_tanh\" or \"relu2\" (\"swiglu_oai\" is gated)");
   if (act != "swiglu_oai")
     for (const char* k : {"swiglu_alpha", "swiglu_limit"})
@@ -217,7 +219,7 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
-  const double mlp_and_norms = mlps * ((o.mlp_gate ? 3 : 2) * d * f + (o.mlp_bias ? (o.mlp_gate ? 2 : 1) * f + d : 0)) + router + shared + norms;
+  const double mlp_and_norms = mlps * ((o.mlp_gate ? 3 : 2) * d * f + (o.mlp_bias ? (o.mlp_gate ? 2 : 1) * f + d : 0) + (o.xielu ? 2 : 0)) + router + shared + norms;
   if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj
     const double H = double(o.n_heads), D = double(o.head_dim), R = double(o.rope_head_dim), V = double(o.v_head_dim);
     const double ql = double(o.q_lora_rank), kl = double(o.kv_lora_rank);

@@ -256,17 +256,17 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (heads % kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", heads, ")"));
   // Gemma's tanh GELU (Gemma 1's legacy "gelu" meant it too, as transformers reads it); SiLU elsewhere.
   const std::string act_key = t.sandwich() ? "hidden_activation" : "hidden_act";
-  const std::string want = t.gemma_any() ? "gelu_pytorch_tanh" : arch == kArcee ? "relu2" : "silu";
+  const std::string want = t.gemma_any() ? "gelu_pytorch_tanh" : arch == kArcee ? "relu2" : arch == kApertus ? "xielu" : "silu";
   std::string act = f.string(act_key, want);  // GPT-OSS's "silu" names its own (below)
   if (arch == kGemma && act == "gelu") act = "gelu_pytorch_tanh";
   if (act != want)
-    f.fail(act_key, "'" + act + "' is not supported (" + (t.gemma_any() ? "GeGLU's gelu_pytorch_tanh" : arch == kArcee ? "relu2" : "SwiGLU's silu") + ")");
+    f.fail(act_key, "'" + act + "' is not supported (" + (t.gemma_any() ? "GeGLU's gelu_pytorch_tanh" : arch == kArcee || arch == kApertus ? want : "SwiGLU's silu") + ")");
   for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})  // the last two Phi-3's
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
-                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee ? 1e-5 : 1e-6)}};
+                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
@@ -276,7 +276,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
-       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee) &&
+       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -297,8 +297,8 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
                       (arch == kGlm4Moe && f.boolean("attention_bias", false)) || (arch == kGlm4 && f.boolean("attention_bias", true)) || ernie_bias;
   block["o_bias"] = attention_bias || ernie_bias;
   block["mlp_bias"] = ((arch == kLlama || arch == kGranite || arch == kSmolLM3 || arch == kArcee) && f.boolean("mlp_bias", false)) || ernie_bias;
-  if (arch == kArcee) {  // its MLP without a gate: down(relu(up(x))²)
-    block["act"] = "relu2";
+  if (arch == kArcee || arch == kApertus) {  // their MLPs without a gate: down(relu(up(x))²), down(xielu(up(x)))
+    block["act"] = arch == kArcee ? "relu2" : "xielu";
     block["mlp_gate"] = false;
   }
   if (arch == kGlm4 || arch == kErnie45) {  // their rotation of interleaved pairs (Ernie 4.5's in float32), left interleaved
@@ -313,7 +313,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kApertus || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -473,6 +473,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   const int64_t D = block.contains("head_dim") ? block["head_dim"].get<int64_t>() : d / heads;
   std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
   if (t.olmo2 || arch == kExaone4) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
+  if (arch == kApertus) norms.clear();  // under its own names (below)
   if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -493,6 +494,11 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
                {"input_layernorm", "input_layernorm"}, {"post_attention_layernorm", "post_self_attn_layernorm"},
                {"pre_feedforward_layernorm", "post_attention_layernorm"}, {"post_feedforward_layernorm", "post_mlp_layernorm"}})
         spec.tensors.push_back({ours + mine + ".weight", theirs + glms + ".weight"});
+    if (arch == kApertus) {  // its two norms' names; its activation's two trained scalars and two buffers
+      spec.tensors.push_back({ours + "input_layernorm.weight", theirs + "attention_layernorm.weight"});
+      spec.tensors.push_back({ours + "post_attention_layernorm.weight", theirs + "feedforward_layernorm.weight"});
+      for (const char* a : {"alpha_p", "alpha_n", "beta", "eps"}) spec.tensors.push_back({ours + "mlp.act_fn." + a, theirs + "mlp.act_fn." + a});
+    }
     if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {
@@ -518,7 +524,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     }
     for (const char* p : {"gate", "up", "down"})
       for (const char* kind : {"weight", "bias"})
-        if ((kind == std::string("weight") || mlp_bias) && (arch != kArcee || p != std::string("gate")))
+        if ((kind == std::string("weight") || mlp_bias) && (!block.contains("mlp_gate") || p != std::string("gate")))
           spec.tensors.push_back({detail::concat(ours, "mlp.", p, "_proj.", kind), detail::concat(theirs, mlp, p, "_proj.", kind)});
   }
   if (arch == kDeepseekV3 || arch == kGlm4Moe)  // their multi-token prediction layers, after the others: not part of the causal model

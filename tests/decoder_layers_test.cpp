@@ -289,6 +289,22 @@ TEST(LayerList, AnMlpWithoutAGateAndReluSquaredAreChecked) {
   gated.to(torch::kDouble);
   const at::Tensor g = x.matmul(gated.gate_proj->weight.t());
   EXPECT_LE(max_diff(gated.forward(x), (g.relu().square() * x.matmul(gated.up_proj->weight.t())).matmul(gated.down_proj->weight.t())), 1e-12);
+  // xIELU (Apertus's): its two trained scalars, counted; a·x² + x/2 above 0, (expm1(min(x, eps)) − x)·b + x/2 below.
+  const json xielu{{"mlp_gate", false}, {"act", "xielu"}};
+  models::Model ap = build(llama_list(xielu));
+  values = 0;
+  for (const auto& p : ap.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  JsonReader rx(llama_list(xielu)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(rx)), double(values));
+  EXPECT_EQ(ap.layers->named_parameters()["b.llama.mlp.act_fn.alpha_p"].sizes(), (std::vector<int64_t>{1}));
+  models::Xielu act;
+  act->to(torch::kDouble);
+  const double a = std::log1p(std::exp(act->alpha_p.item<double>())), b = 0.5 + std::log1p(std::exp(act->alpha_n.item<double>()));
+  const at::Tensor v = torch::tensor({-3.0, -1e-7, 0.0, 2.0}, torch::kDouble);
+  const at::Tensor want_v = torch::tensor({(std::expm1(-3.0) + 3.0) * b - 1.5, (std::expm1(-1e-6) + 1e-7) * b - 0.5e-7, (std::expm1(-1e-6) - 0.0) * b,
+                                           a * 4 + 1.0}, torch::kDouble);
+  EXPECT_LE(max_diff(act->forward(v), want_v), 1e-12);
+  EXPECT_NE(build_error(llama_list({{"act", "xielu"}})).find("act: \"xielu\" needs mlp_gate false"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"experts", 4}})).find("mlp_gate: false is not supported with experts"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"act", "swiglu_oai"}})).find("mlp_gate: false needs act"), std::string::npos);
 }

@@ -268,6 +268,12 @@ CASES = {
                                   num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, mlp_bias=True,
                                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
                                   tie_word_embeddings=False)),
+    # Apertus: an MLP without a gate through xIELU (two trained scalars a layer), per-head q/k norms
+    # under its own norms' names, its default rope (llama3's scaling, theta 12e6), every attention
+    # bias, its padding token 3
+    "apertus": ("ApertusConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
+                                      tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -331,7 +337,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
-          "arcee": "Arcee"}
+          "arcee": "Arcee", "apertus": "Apertus"}
 
 
 def best_groups(router, group_scores):
@@ -558,8 +564,8 @@ def random_model(name, dtype_name, root):
         for pname, p in model.named_parameters():
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
                 p.add_(torch.randn_like(p) * 0.1)
-        for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias
-            if bname.endswith("e_score_correction_bias"):
+        for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias, Apertus's xIELU's beta
+            if bname.endswith(("e_score_correction_bias", "act_fn.beta")):
                 b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(os.path.join(out, "model"))
     return model, config, out

@@ -186,4 +186,5 @@ TEST(HfParity, Ernie45InterleavedRotationInFloat32BiasesTied) { check_architectu
 TEST(HfParity, Exaone4PostNormsQkNormsWindowsNoPeFullLayers) { check_architecture("exaone4"); }
 TEST(HfParity, MiniMaxM2ProjectionQkNormsPartialRopeSigmoidExperts) { check_architecture("minimax-m2"); }
 TEST(HfParity, ArceeReluSquaredMlpWithoutAGateYarnBiases) { check_architecture("arcee"); }
+TEST(HfParity, ApertusXieluMlpQkNormsLlama3RopePadding) { check_architecture("apertus"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
