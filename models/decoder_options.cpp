@@ -141,7 +141,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.mlp_gate = r.get_bool("mlp_gate", true);
   o.xielu = act == "xielu";
   if (o.xielu && o.mlp_gate) r.fail("act", "\"xielu\" needs mlp_gate false (Apertus's MLP without a gate)");
-  if (!o.mlp_gate && act == "swiglu_oai") r.fail("mlp_gate", "false needs act \"silu\", \"gelu_tanh\" or \"relu2\" (\"swiglu_oai\" is gated)");
+  if (!o.mlp_gate && act == "swiglu_oai") r.fail("mlp_gate", "false needs act \"silu\", \"gelu_tanh\", \"relu2\" or \"xielu\" (\"swiglu_oai\" is gated)");
   if (act != "swiglu_oai")
     for (const char* k : {"swiglu_alpha", "swiglu_limit"})
       if (r.has(k)) r.fail(k, "needs act \"swiglu_oai\"");
