@@ -348,7 +348,8 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
 }
 
 at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at::Tensor& chosen) {
-  note_not_replayable("a mixture of experts reads its routing on the host (each expert's tokens) every forward");
+  note_not_replayable(
+      "a mixture of experts reads its routing on the host (each expert's tokens) every forward; experts_kernel \"grouped\" does not");
   at::Tensor out = torch::zeros_like(h);
   // Each expert's tokens in transformers' order: by their rank among the token's choices, then
   // by position (the rows of a GEMM; the sums into `out` go expert by expert). The choices in
