@@ -420,7 +420,7 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   at::Tensor q = heads(qp, H, D), k = heads(kp, KV, D);
   const at::Tensor v = heads(vp, KV, D);
-  if (o_.qk_norm && !o_.qk_norm_projection) {  // over each head's values (Qwen3's, Gemma 3's)
+  if (o_.qk_norm && !o_.qk_norm_projection && !o_.qk_norm_after_rope) {  // over each head's values (Qwen3's, Gemma 3's)
     q = self_attn_->q_norm(q);
     k = self_attn_->k_norm(k);
   }
@@ -431,6 +431,10 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
     if (o_.rope_pairs_kept) std::tie(q, k) = std::make_pair(interleave(q, R), interleave(k, R));
   } else if (o_.rotary) {
     std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
+  }
+  if (o_.qk_norm && o_.qk_norm_after_rope) {  // Hunyuan's: over each rotated head's values
+    q = self_attn_->q_norm(q);
+    k = self_attn_->k_norm(k);
   }
   if (o_.qk_l2_norm) {  // Llama 4's, after the rotation: no weight, in float32 for lower precisions
     auto l2 = [&](const at::Tensor& x) {

@@ -118,6 +118,7 @@ struct LlamaBlockOptions {
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
   bool xielu = false;        // (without a gate) the MLP's activation xIELU, with its two trained scalars (Apertus's)
+  bool qk_norm_after_rope = false;  // with qk_norm over heads: the norms on the rotated queries and keys (Hunyuan's)
   double swiglu_alpha = 0;   // > 0: GPT-OSS's clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
   double swiglu_limit = 7;
   bool attn_sinks = false;   // a learned logit per head in each softmax's denominator ("self_attn.sinks", GPT-OSS's)
@@ -393,7 +394,7 @@ TORCH_MODULE(Gpt2Block);
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
-/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate;
+/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -131,6 +131,9 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.mlp_bias = r.get_bool("mlp_bias", false);
   o.qk_norm = r.get_bool("qk_norm", false);
   o.qk_norm_projection = r.get_choice("qk_norm_over", "head", {"head", "projection"}) == "projection";
+  o.qk_norm_after_rope = r.get_bool("qk_norm_after_rope", false);
+  if (o.qk_norm_after_rope && (!o.qk_norm || o.qk_norm_projection))
+    r.fail("qk_norm_after_rope", "needs qk_norm over each head (qk_norm true, qk_norm_over \"head\")");
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
   const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich"});
   o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : NormPlacement::Sandwich;

@@ -29,7 +29,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
                          kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
                          kLlama4Vision = "Llama4ForConditionalGeneration", kGlm4 = "Glm4ForCausalLM", kErnie45 = "Ernie4_5ForCausalLM",
-                         kExaone4 = "Exaone4ForCausalLM", kMiniMaxM2 = "MiniMaxM2ForCausalLM", kArcee = "ArceeForCausalLM", kApertus = "ApertusForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kExaone4 = "Exaone4ForCausalLM", kMiniMaxM2 = "MiniMaxM2ForCausalLM", kArcee = "ArceeForCausalLM", kApertus = "ApertusForCausalLM",
+                         kHunyuan = "HunYuanDenseV1ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {

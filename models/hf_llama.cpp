@@ -52,6 +52,15 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   if (arch == kPhi3 && (type == "su" || type == "yarn")) type = "longrope";  // Phi3Config's own renaming
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope" && type != "dynamic")
     f.fail(key, "rope type '" + type + "' is not supported (default, linear, llama3, yarn, longrope, dynamic)");
+  if (type == "dynamic" && arch == kHunyuan && p.has("alpha")) {
+    // Hunyuan's NTK alpha: a larger base, fixed (the default frequencies of theta·alpha^(D/(D−2))).
+    const double alpha = get("alpha", 1.0);
+    if (!(alpha > 0)) f.fail(key + ".alpha", detail::concat("must be above 0, got ", alpha));
+    if (!f.has("head_dim")) f.fail("head_dim", "is required with the alpha rope (transformers reads it)");
+    const double D = double(f.integer("head_dim", 0, 4, 1 << 16));
+    block["rope_theta"] = theta * std::pow(alpha, D / (D - 2));
+    return;
+  }
   if (type == "dynamic") {
     // Within max_position_embeddings, the default frequencies; beyond, the llama_block's dynamic
     // rope grows the base with each forward's last position (a window of seq_len: seq_len).
@@ -266,7 +275,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
-                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus ? 1e-5 : 1e-6)}};
+                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus || arch == kHunyuan ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
@@ -276,7 +285,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
-       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus) &&
+       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -313,7 +322,8 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kApertus || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
+  if (arch == kHunyuan) block["qk_norm_after_rope"] = true;  // its q/k norms on the rotated heads
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -507,7 +517,12 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
         if (std::string(p) == "o" ? o_bias : qkv_bias) names.push_back(detail::concat("self_attn.", p, "_proj.bias"));
       }
     }
-    if (qk_norm) names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
+    if (qk_norm && arch == kHunyuan) {  // under its names
+      spec.tensors.push_back({ours + "self_attn.q_norm.weight", theirs + "self_attn.query_layernorm.weight"});
+      spec.tensors.push_back({ours + "self_attn.k_norm.weight", theirs + "self_attn.key_layernorm.weight"});
+    } else if (qk_norm) {
+      names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
+    }
     if (arch == kGptOss) names.push_back("self_attn.sinks");
     if (experts.layers[static_cast<size_t>(i)]) {
       for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});

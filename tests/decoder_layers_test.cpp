@@ -308,3 +308,26 @@ TEST(LayerList, AnMlpWithoutAGateAndReluSquaredAreChecked) {
   EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"experts", 4}})).find("mlp_gate: false is not supported with experts"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"act", "swiglu_oai"}})).find("mlp_gate: false needs act"), std::string::npos);
 }
+
+// Hunyuan's q/k norms on the rotated heads (qk_norm_after_rope): without rotary positions they are
+// the norms before (the same weights), with them another model; the argument is checked. Against
+// transformers: HfParity.HunyuanQkNormsAfterTheRotation*.
+TEST(LayerList, QkNormsAfterTheRotationAreChecked) {
+  const at::Tensor x = torch::randint(0, 20, {3, 6});
+  auto forward = [&](const json& extra) {
+    models::Model m = build(llama_list(extra));  // the same weights (seed)
+    m.layers->to(torch::kDouble);
+    {
+      torch::NoGradGuard no_grad;  // norms' weights away from 1, so that their place shows
+      for (auto& p : m.layers->named_parameters())
+        if (p.key().find("_norm.weight") != std::string::npos) p.value().copy_(torch::linspace(0.5, 1.5, p.value().numel(), torch::kDouble));
+    }
+    return m.layers->forward(x);
+  };
+  EXPECT_LE(max_diff(forward({{"qk_norm", true}, {"qk_norm_after_rope", true}, {"rotary", false}}), forward({{"qk_norm", true}, {"rotary", false}})), 1e-12);
+  EXPECT_GT(max_diff(forward({{"qk_norm", true}, {"qk_norm_after_rope", true}}), forward({{"qk_norm", true}})), 1e-3);
+  EXPECT_NE(build_error(llama_list({{"qk_norm_after_rope", true}})).find("qk_norm_after_rope: needs qk_norm over each head"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"qk_norm", true}, {"qk_norm_over", "projection"}, {"qk_norm_after_rope", true}}))
+                .find("qk_norm_after_rope: needs qk_norm over each head"),
+            std::string::npos);
+}

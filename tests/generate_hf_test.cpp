@@ -203,7 +203,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
       {"llama4", {"llama4", "llama4-top2", "llama4-vision"}},
       {"glm4_ernie_exaone_minimax", {"glm4", "ernie4_5", "exaone4", "minimax-m2"}},
-      {"arcee_apertus", {"arcee", "apertus"}},
+      {"arcee_apertus_hunyuan", {"arcee", "apertus", "hunyuan"}},
   };
   return groups;
 }

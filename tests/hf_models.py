@@ -274,6 +274,13 @@ CASES = {
     "apertus": ("ApertusConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
                                       tie_word_embeddings=False)),
+    # Hunyuan (dense): per-head q/k norms on the rotated heads, its NTK alpha rope (a fixed larger
+    # base), every attention bias, tied
+    "hunyuan": ("HunYuanDenseV1Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_bias=True,
+                                             rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0,
+                                                              "factor": 1.0},
+                                             tie_word_embeddings=True)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -289,7 +296,9 @@ def rope64(config, head_dim, seq_len, p=None):
     p = p or config.rope_parameters
     dim = int(head_dim * p.get("partial_rotary_factor", 1.0))
     base = p["rope_theta"]
-    if p.get("rope_type") == "dynamic" and seq_len > config.max_position_embeddings:  # the base grown for seq_len
+    if p.get("rope_type") == "dynamic" and p.get("alpha"):  # Hunyuan's NTK alpha: a larger base, fixed
+        base = base * p["alpha"] ** (dim / (dim - 2))
+    elif p.get("rope_type") == "dynamic" and seq_len > config.max_position_embeddings:  # the base grown for seq_len
         factor = p["factor"]
         base = base * ((factor * seq_len / config.max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
     powers = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim)
@@ -337,7 +346,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
-          "arcee": "Arcee", "apertus": "Apertus"}
+          "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1"}
 
 
 def best_groups(router, group_scores):

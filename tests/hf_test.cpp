@@ -187,4 +187,5 @@ TEST(HfParity, Exaone4PostNormsQkNormsWindowsNoPeFullLayers) { check_architectur
 TEST(HfParity, MiniMaxM2ProjectionQkNormsPartialRopeSigmoidExperts) { check_architecture("minimax-m2"); }
 TEST(HfParity, ArceeReluSquaredMlpWithoutAGateYarnBiases) { check_architecture("arcee"); }
 TEST(HfParity, ApertusXieluMlpQkNormsLlama3RopePadding) { check_architecture("apertus"); }
+TEST(HfParity, HunyuanQkNormsAfterTheRotationAlphaRopeTied) { check_architecture("hunyuan"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
