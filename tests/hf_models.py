@@ -408,17 +408,7 @@ def patch_float64():
 
             router.forward = router_forward
         if family == "deepseek_v2":  # its rotation and routing in float64 (transformers: float32)
-            rotate = module.apply_rotary_emb
-
-            def rotate64(xq, xk, freqs_cis, _orig=rotate):
-                if xq.dtype != torch.float64:
-                    return _orig(xq, xk, freqs_cis)
-                f = freqs_cis.unsqueeze(1)
-                q = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2).contiguous())
-                k = torch.view_as_complex(xk.reshape(*xk.shape[:-1], -1, 2).contiguous())
-                return torch.view_as_real(q * f).flatten(3), torch.view_as_real(k * f).flatten(3)
-
-            module.apply_rotary_emb = rotate64
+            complex_rotation64(module, 1)
             v2_router = module.DeepseekV2TopkRouter
 
             def v2_forward(self, h, _orig=v2_router.forward):
@@ -502,19 +492,26 @@ def patch_float64():
             module.eager_attention_forward = eager64
 
 
-def patch_llama4_float64(module):
-    """Llama 4's rotation, its q/k norms and its router's sigmoid in float64 (transformers: float32)."""
+def complex_rotation64(module, heads_dim):
+    """DeepSeek-V2's and Llama 4's rotation of interleaved pairs as complex numbers in float64
+    (transformers: float32); the frequencies given a heads dimension at heads_dim (1: DeepSeek-V2's
+    [B, H, T, D] heads, 2: Llama 4's [B, T, H, D])."""
     rotate = module.apply_rotary_emb
 
     def rotate64(xq, xk, freqs_cis, _orig=rotate):
         if xq.dtype != torch.float64:
             return _orig(xq, xk, freqs_cis)
-        f = freqs_cis[:, :, None, :]
+        f = freqs_cis.unsqueeze(heads_dim)
         q = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2).contiguous())
         k = torch.view_as_complex(xk.reshape(*xk.shape[:-1], -1, 2).contiguous())
         return torch.view_as_real(q * f).flatten(3), torch.view_as_real(k * f).flatten(3)
 
     module.apply_rotary_emb = rotate64
+
+
+def patch_llama4_float64(module):
+    """Llama 4's rotation, its q/k norms and its router's sigmoid in float64 (transformers: float32)."""
+    complex_rotation64(module, 2)
     l2 = module.Llama4TextL2Norm
 
     def l2_forward(self, x, _orig=l2.forward):
