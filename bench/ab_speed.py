@@ -29,6 +29,17 @@ def bench(binary, spec, reps):
     return r["pipeline_samples_per_s"], r["baseline_samples_per_s"], r["baseline_all_cores_samples_per_s"]
 
 
+def side_by_side(row, what, runs, index, names):
+    """Into row: the median and range of each of the two names' runs (their index-th figure), as
+    <what>_<name>_samples_per_s and <what>_<name>_range, and <what>_<second>_over_<first>."""
+    for name in names:
+        v = [r[index] for r in runs[name]]
+        row[f"{what}_{name}_samples_per_s"] = statistics.median(v)
+        row[f"{what}_{name}_range"] = [min(v), max(v)]
+    a, b = names
+    row[f"{what}_{b}_over_{a}"] = row[f"{what}_{b}_samples_per_s"] / row[f"{what}_{a}_samples_per_s"]
+
+
 def cpu():
     for line in open("/proc/cpuinfo"):
         if line.startswith("model name"):
@@ -52,11 +63,7 @@ def main():
         for c in configs:
             row = {"config": c, "cpu": cpu(), "cores": os.cpu_count(), "repeat": repeat}
             for what, k in (("pipeline", 0), ("plain_loop", 1), ("plain_loop_all_cores", 2)):
-                for name in ("old", "new"):
-                    v = [r[k] for r in runs[(c, name)]]
-                    row[f"{what}_{name}_samples_per_s"] = statistics.median(v)
-                    row[f"{what}_{name}_range"] = [min(v), max(v)]
-                row[f"{what}_new_over_old"] = row[f"{what}_new_samples_per_s"] / row[f"{what}_old_samples_per_s"]
+                side_by_side(row, what, {n: runs[(c, n)] for n in ("old", "new")}, k, ("old", "new"))
             f.write(json.dumps(row) + "\n")
             print(f"{c}: pipeline {row['pipeline_old_samples_per_s']:.1f} -> {row['pipeline_new_samples_per_s']:.1f} "
                   f"({row['pipeline_new_over_old']:.2f}x), plain loop {row['plain_loop_old_samples_per_s']:.1f} -> "

@@ -10,11 +10,10 @@ the rounds, and grouped / loop.
 """
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_speed import bench, cpu  # noqa: E402
+from ab_speed import bench, cpu, side_by_side  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_kernels.json")
 
@@ -35,11 +34,7 @@ def main():
         for p in precisions:
             row = {"config": "bench/moe_kernels.json", "precision": p, "cpu": cpu(), "cores": os.cpu_count(), "repeat": repeat}
             for what, i in (("pipeline", 0), ("plain_loop", 1)):
-                for k in kernels:
-                    v = [r[i] for r in runs[(p, k)]]
-                    row[f"{what}_{k}_samples_per_s"] = statistics.median(v)
-                    row[f"{what}_{k}_range"] = [min(v), max(v)]
-                row[f"{what}_grouped_over_loop"] = row[f"{what}_grouped_samples_per_s"] / row[f"{what}_loop_samples_per_s"]
+                side_by_side(row, what, {k: runs[(p, k)] for k in kernels}, i, kernels)
             f.write(json.dumps(row) + "\n")
             print(f"{p}: pipeline {row['pipeline_loop_samples_per_s']:.1f} -> {row['pipeline_grouped_samples_per_s']:.1f} "
                   f"({row['pipeline_grouped_over_loop']:.2f}x), plain loop {row['plain_loop_loop_samples_per_s']:.1f} -> "

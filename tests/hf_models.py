@@ -542,7 +542,7 @@ def language_model(model):
     return getattr(model, "language_model", None) or model
 
 
-def experts_eager(config, case="", dtype_name=""):
+def experts_impl(config, case="", dtype_name=""):
     """A mixture of experts runs transformers' eager experts (its loop over the experts, the
     reference its grouped_mm kernels stand in for, and which takes float64); a "-grouped" case's
     its grouped_mm experts, but in float64, which torch's grouped GEMM does not take."""
@@ -565,7 +565,7 @@ def random_model(name, dtype_name, root):
         model = transformers.Llama4ForConditionalGeneration(config).to(DTYPES[dtype_name])
     else:
         config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
-        model = AutoModelForCausalLM.from_config(config, **experts_eager(config, name, dtype_name)).to(DTYPES[dtype_name])
+        model = AutoModelForCausalLM.from_config(config, **experts_impl(config, name, dtype_name)).to(DTYPES[dtype_name])
     with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
         for pname, p in model.named_parameters():
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
@@ -603,7 +603,7 @@ def make(root, only=None):
                 # The model as from_pretrained loads it: .to(bfloat16) above rounded the rotary
                 # frequencies too.
                 model = model_class(config).from_pretrained(os.path.join(out, "model"), dtype=dtype,
-                                                             **experts_eager(config, name, dtype_name))
+                                                             **experts_impl(config, name, dtype_name))
                 model.eval()
                 with torch.no_grad():
                     np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.float().numpy())
@@ -649,7 +649,7 @@ def generate(ids, new_tokens, *model_dirs):
         with open(os.path.join(model_dir, "config.json")) as f:
             dtype = DTYPES.get(json.load(f).get("dtype"), torch.float32)
         config = transformers.AutoConfig.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **experts_eager(config)).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **experts_impl(config)).eval()
         if dtype == torch.float64:
             router_float64(model, model_dir)
         prompt = torch.tensor([[int(i) for i in ids.split(",")]])
@@ -671,7 +671,7 @@ def compare(root):
             continue
         dtype = DTYPES[case.rsplit("-", 1)[1]]
         config = transformers.AutoConfig.from_pretrained(exported)
-        eager, cls = experts_eager(config), model_class(config)
+        eager, cls = experts_impl(config), model_class(config)
         a = cls.from_pretrained(exported, dtype=dtype, **eager).state_dict()
         b = cls.from_pretrained(os.path.join(root, case, "trained"), dtype=dtype, **eager).state_dict()
         if sorted(a) != sorted(b):
