@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -489,4 +490,38 @@ TEST(HfFamily, Exaone4Glm4AndMiniMaxM2DefaultsAsTransformersResolveThem) {
   EXPECT_EQ(minimax["qk_norm_over"], "projection");
   EXPECT_EQ(minimax["router"], "sigmoid");
   EXPECT_EQ(minimax["router_bias"], true);
+}
+
+// Hunyuan's NTK alpha rope is read as the base it fixes, theta·alpha^(D/(D−2)), its q/k norms put
+// after the rotation under their names; an alpha without head_dim (which transformers reads for
+// it) or below 0 is refused by name. Against transformers: HfParity.HunyuanQkNorms*.
+TEST(HfFamily, HunyuanAlphaRopeAndItsRefusals) {
+  const std::string dir = root() + "/hunyuan-defaults";
+  std::filesystem::create_directories(dir);
+  auto spec_of = [&](const nlohmann::json& changes) {
+    std::ofstream(dir + "/config.json") << with(kLlamaConfig, changes).dump();
+    return models::read_hf_spec(dir, 8, "test");
+  };
+  const nlohmann::json hunyuan{{"architectures", {"HunYuanDenseV1ForCausalLM"}}, {"model_type", "hunyuan_v1_dense"}, {"head_dim", 8},
+                               {"rope_parameters", {{"rope_type", "dynamic"}, {"alpha", 1000.0}, {"rope_theta", 10000.0}, {"factor", 1.0}}}};
+  const models::HfSpec spec = spec_of(hunyuan);
+  EXPECT_DOUBLE_EQ(spec.layers["layers"][1]["rope_theta"].get<double>(), 10000.0 * std::pow(1000.0, 8.0 / 6.0));
+  EXPECT_FALSE(spec.layers["layers"][1].contains("rope_scaling"));
+  EXPECT_EQ(spec.layers["layers"][1]["qk_norm_after_rope"], true);
+  EXPECT_TRUE(std::any_of(spec.tensors.begin(), spec.tensors.end(), [](const models::HfTensor& t) {
+    return t.ours == "layer_0.llama.self_attn.q_norm.weight" && t.theirs == "model.layers.0.self_attn.query_layernorm.weight";
+  }));
+  auto refused = [&](const nlohmann::json& changes, const std::string& expected) {
+    try {
+      spec_of(changes);
+      ADD_FAILURE() << "read: " << changes.dump();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json no_head_dim = hunyuan;
+  no_head_dim.erase("head_dim");
+  refused(no_head_dim, "head_dim is required with the alpha rope");
+  refused(with(hunyuan, {{"rope_parameters", {{"rope_type", "dynamic"}, {"alpha", -1.0}, {"rope_theta", 10000.0}}}}),
+          "rope_parameters.alpha must be above 0, got -1");
 }
