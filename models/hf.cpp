@@ -139,8 +139,7 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   if (!spec.config.is_object()) throw ConfigError(where + ": " + file + " is not a JSON object");
   const Fields f(spec.config, where + ": " + file);
   spec.architecture = architecture_of(spec.config, f);
-  if (f.has("quantization_config"))
-    f.fail("quantization_config", "is not supported (a quantized checkpoint, its weights in 8 bits or fewer: dequantize it to bfloat16 first)");
+  if (f.has("quantization_config")) spec.quantization = read_hf_quantization(f.at("quantization_config"), where + ": " + file);
   if (spec.architecture == kGpt2) {
     gpt2(f, seq_len, spec);
   } else if (spec.architecture == kLlama4Vision) {
@@ -176,6 +175,7 @@ Model build_hf(JsonReader& r) {
   Model m = build_layer_list(list);
 
   SafetensorsCheckpoint ck(dir);
+  const HfWeights weights(ck, spec.quantization, where);  // dequantized where quantized
   bool wide = false;  // a float64 checkpoint builds a float64 model
   for (const HfTensor& t : spec.tensors)
     if (ck.contains(t.theirs) && ck.get(t.theirs).scalar_type() == at::kDouble) wide = true;
@@ -192,18 +192,19 @@ Model build_hf(JsonReader& r) {
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
     at::Tensor p = params.at(t.ours);
-    if (!ck.contains(t.theirs)) {
+    if (!weights.contains(t.theirs)) {
       if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // the embedding, copied below
       throw ConfigError(detail::concat(where, ": ", dir, " has no tensor '", t.theirs, "' (", spec.architecture, " as config.json describes it needs one)"));
     }
-    at::Tensor w = ck.get(t.theirs);
-    used.insert(t.theirs);
+    std::vector<std::string> from;
+    at::Tensor w = weights.get(t.theirs, &from);
+    used.insert(from.begin(), from.end());
     if (!w.is_floating_point())
-      throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' is ", w.scalar_type(), ", not floating point"));
+      throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' is ", w.scalar_type(), ", not floating point"));
     if (t.slice >= 0) {
       const int64_t n = slices.at(t.theirs);
       if (w.dim() != p.dim() + 1 || w.size(0) != n)
-        throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
+        throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
                                          ", config.json makes it a stack of ", n, " tensors of ", p.dim(), " dimensions"));
       w = w.select(0, t.slice);
     }
@@ -211,12 +212,12 @@ Model build_hf(JsonReader& r) {
     if (t.rows > 0) {
       const int64_t whole = fused_rows.at(t.theirs);
       if (w.dim() != p.dim() || w.size(0) != whole || (p.dim() == 2 && w.size(1) != p.size(1)))
-        throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
+        throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
                                          ", config.json makes it [", whole, p.dim() == 2 ? detail::concat(", ", p.size(1)) : "", "]"));
       w = w.slice(0, t.row_offset, t.row_offset + (t.rows - 1) * t.row_step + 1, t.row_step);
     }
     if (w.sizes() != p.sizes())
-      throw ConfigError(detail::concat(where, ": ", ck.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
+      throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
                                        ", config.json makes it ", t.transposed ? p.t().sizes() : p.sizes()));
     p.copy_(w);
   }
@@ -291,6 +292,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   if (!is_dir(out)) throw ConfigError("export --format hf: cannot make the directory " + out);
   save_safetensors_checkpoint(out, tensors, shard_bytes, {{"format", "pt"}});
   json config = spec.config;
+  config.erase("quantization_config");  // the weights are written in their own type
   const std::string dtype = type == at::kDouble ? "float64" : type == at::kBFloat16 ? "bfloat16" : type == at::kHalf ? "float16" : "float32";
   if (config.contains("dtype") || !config.contains("torch_dtype")) config["dtype"] = dtype;
   if (config.contains("torch_dtype")) config["torch_dtype"] = dtype;

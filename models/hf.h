@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf_quantized.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 
@@ -51,6 +52,8 @@ struct HfSpec {
   /// (DeepSeek-V3's multi-token prediction layers after num_hidden_layers, as transformers skips
   /// them; Llama 4's vision model and projector beside its language model).
   std::vector<std::string> ignored;
+  /// A quantized checkpoint's method (models/hf_quantized.h): its weights are read dequantized.
+  HfQuantization quantization;
 };
 
 /// Reads and checks `dir`/config.json; `where` prefixes errors (the config key that named dir).
@@ -61,7 +64,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
 Model build_hf(JsonReader& model);
 
 /// Writes `weights` (our names; a merged checkpoint's or a model's parameters) as a directory
-/// `from_pretrained` loads: config.json (the source's, its dtype the weights'), model.safetensors
+/// `from_pretrained` loads: config.json (the source's, its dtype the weights', without a quantized
+/// source's quantization_config: the weights are written in their own type), model.safetensors
 /// or shards of at most `shard_bytes` with their index, with the source's tensors that are not part
 /// of the model (HfSpec::ignored) as the source holds them, and the source's tokenizer and
 /// generation files when it has them. `source` is the directory the model was built from. Returns the

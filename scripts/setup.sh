@@ -100,3 +100,8 @@ pip_add safetensors 'import safetensors' safetensors
 pip_add "transformers-$PIPETRAIN_TRANSFORMERS_VERSION" \
   "import transformers, tokenizers, sys; sys.exit(transformers.__version__ != '$PIPETRAIN_TRANSFORMERS_VERSION')" \
   "tokenizers==$PIPETRAIN_TOKENIZERS_VERSION" "transformers==$PIPETRAIN_TRANSFORMERS_VERSION"
+# accelerate: transformers reads a quantized checkpoint (fp8, MXFP4) only with it; the oracle
+# of the hf family's quantized cases (HfParity.*Dequantized) loads them so.
+pip_add "accelerate-$PIPETRAIN_ACCELERATE_VERSION" \
+  "import accelerate, sys; sys.exit(accelerate.__version__ != '$PIPETRAIN_ACCELERATE_VERSION')" \
+  "accelerate==$PIPETRAIN_ACCELERATE_VERSION"

@@ -35,28 +35,10 @@ const nlohmann::json kLlamaConfig{{"architectures", {"LlamaForCausalLM"}}, {"mod
 
 // `config` and its weights (random, named as transformers names them) into a fresh directory.
 std::string write_model(const std::string& name, const nlohmann::json& config, int64_t seq_len = 8) {
-  const std::string dir = root() + "/" + name;
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << config.dump(2);
-  const models::HfSpec spec = models::read_hf_spec(dir, seq_len, "test");
-  JsonReader list(spec.layers, "model", "test");
-  const models::Model m = models::build_layer_list(list);
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
-  for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();
-  models::save_hf(dir, weights, dir, uint64_t{1} << 30);
-  return dir;
+  return test::hf_write_model(root() + "/" + name, config, seq_len);
 }
 
-// The one-line error of the model section of `dir` (with `extra`'s keys), or "(built)".
-std::string hf_error(const std::string& dir, int64_t seq_len = 8, const nlohmann::json& extra = nlohmann::json::object()) {
-  try {
-    test::hf_build(dir, seq_len, extra);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(built)";
-}
+using test::hf_error;
 
 nlohmann::json with(nlohmann::json config, const nlohmann::json& changes) {
   for (auto& [k, v] : changes.items()) config[k] = v;
@@ -161,7 +143,7 @@ TEST(HfFamily, TheWeightsMustBeExactlyTheModels) {
 
 // DeepSeek-V3: its latent attention's and router's tensors read by their names (the router's
 // correction bias, a buffer, too); its multi-token prediction layer after num_hidden_layers, which
-// its published checkpoints hold, is not read; a quantized checkpoint and routing it cannot
+// its published checkpoints hold, is not read; a quantization it does not read and routing it cannot
 // compute are refused in one line, and so are DeepSeek-V2's.
 TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   const nlohmann::json config{{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"}, {"vocab_size", 40},
@@ -203,7 +185,8 @@ TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   refused({{"n_group", 3}}, "n_group must divide n_routed_experts (4) into groups of at least 2");
   refused({{"topk_group", 1}, {"num_experts_per_tok", 3}}, "topk_group leaves fewer experts than num_experts_per_tok (3)");
   refused({{"qk_rope_head_dim", 3}}, "qk_rope_head_dim must be even");
-  refused({{"quantization_config", {{"quant_method", "fp8"}}}}, "quantization_config is not supported (a quantized checkpoint");
+  refused({{"quantization_config", {{"quant_method", "bitsandbytes"}}}},
+          "quantization_config.quant_method 'bitsandbytes' is not supported (fp8 and mxfp4 are read");
   const nlohmann::json v2{{"architectures", {"DeepseekV2ForCausalLM"}}};
   refused(with(v2, {{"topk_method", "noaux_tc"}}), "topk_method 'noaux_tc' is not supported (greedy, group_limited_greedy)");
   refused(with(v2, {{"mlp_bias", true}}), "mlp_bias true is not supported for DeepseekV2ForCausalLM (its experts would have none)");

@@ -287,7 +287,16 @@ CASES = {
 # Mixtures of experts again: transformers' grouped_mm experts against experts_kernel "grouped"
 for _case in ("mixtral", "gpt-oss", "deepseek-v3"):
     CASES[_case + "-grouped"] = CASES[_case]
+# Quantized checkpoints as they are published (DeepSeek-V3's and Qwen3's fp8 blocks, GPT-OSS's MXFP4
+# experts): the case's model, its weights quantized by quantize() below, read by transformers
+# dequantized (as it reads them without a GPU): (the case, the method, fp8's block [rows, columns],
+# changes to the case's config: MXFP4's groups of 32 need inputs of a multiple of 32)
+QUANTIZED = {"qwen3-fp8": ("qwen3", "fp8", [8, 16], {}), "deepseek-v3-fp8": ("deepseek-v3", "fp8", [4, 8], {}),
+             "gpt-oss-mxfp4": ("gpt-oss", "mxfp4", None, {"intermediate_size": 32})}
+for _case, (_base, _, _, _changes) in QUANTIZED.items():
+    CASES[_case] = (CASES[_base][0], dict(CASES[_base][1], **_changes))
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def rope64(config, head_dim, seq_len, p=None):
@@ -552,6 +561,61 @@ def experts_impl(config, case="", dtype_name=""):
     return {"experts_implementation": "grouped_mm" if grouped else "eager"} if moe else {}
 
 
+def quantize(model_dir, method, block):
+    """model_dir's checkpoint rewritten as a quantized one. fp8: every projection's weight in
+    float8_e4m3fn by blocks of block[0] rows and block[1] columns (the last block of each dimension
+    may be short), each block scaled by its largest magnitude / 448, that scale beside it as
+    <weight>_scale_inv (the factor that dequantizes); the embeddings, norms, routers and head as
+    they were. mxfp4: the stacked experts' gate_up_proj and down_proj (GPT-OSS's, [experts, in,
+    out]) as <name>_blocks (two FP4 (e2m1) codes a byte, the even element in the low half, by
+    groups of 32 along the input) and <name>_scales (each group's power of two, biased by 127),
+    the nearest code of each value. config.json gains the quantization_config that says so."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(model_dir, "model.safetensors")
+    saved, out = load_file(path), {}
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    for k, v in saved.items():
+        if method == "fp8" and k.endswith("proj.weight") and v.dim() == 2:
+            rows, cols = v.shape
+            br, bc = block
+            gr, gc = -(-rows // br), -(-cols // bc)
+            padded = torch.zeros(gr * br, gc * bc, dtype=torch.float64)
+            padded[:rows, :cols] = v.double()
+            amax = padded.reshape(gr, br, gc, bc).abs().amax(dim=(1, 3)).clamp(min=1e-12)
+            scale = (amax / 448.0).float()
+            wide = scale.double().repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+            out[k] = (v.double() / wide).to(torch.float8_e4m3fn)
+            out[k + "_scale_inv"] = scale
+        elif method == "mxfp4" and k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            w = v.double().transpose(1, 2)  # [experts, out, in]: the groups run along the input
+            groups = w.reshape(*w.shape[:2], -1, 32)
+            e = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+            code = ((groups / torch.exp2(e)[..., None])[..., None] - lut).abs().argmin(-1)
+            out[k + "_blocks"] = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+            out[k + "_scales"] = (e + 127).to(torch.uint8)
+        else:
+            out[k] = v
+    save_file(out, path, metadata={"format": "pt"})
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = ({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": block} if method == "fp8" else
+                                     {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def load_kwargs(config, case="", dtype_name=""):
+    """from_pretrained's arguments for the case: its experts' implementation, and for MXFP4 the
+    dequantization transformers would choose itself without a GPU."""
+    kw = experts_impl(config, case, dtype_name)
+    q = getattr(config, "quantization_config", None)
+    if q is not None and (q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)) == "mxfp4":
+        kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    return kw
+
+
 def random_model(name, dtype_name, root):
     """The case's random model in the dtype, saved in ROOT/<case>-<dtype>/model; its config and
     directory with it."""
@@ -574,6 +638,14 @@ def random_model(name, dtype_name, root):
             if bname.endswith(("e_score_correction_bias", "act_fn.beta")):
                 b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(os.path.join(out, "model"))
+    if name in QUANTIZED:  # the model is now transformers' of the quantized checkpoint, dequantized
+        _, method, block, _ = QUANTIZED[name]
+        quantize(os.path.join(out, "model"), method, block)
+        config = transformers.AutoConfig.from_pretrained(os.path.join(out, "model"))
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=DTYPES[dtype_name],
+                                                     **load_kwargs(config, name, dtype_name))
+        if dtype_name == "float64":
+            router_float64(model, os.path.join(out, "model"))
     return model, config, out
 
 
@@ -603,7 +675,7 @@ def make(root, only=None):
                 # The model as from_pretrained loads it: .to(bfloat16) above rounded the rotary
                 # frequencies too.
                 model = model_class(config).from_pretrained(os.path.join(out, "model"), dtype=dtype,
-                                                             **experts_impl(config, name, dtype_name))
+                                                             **load_kwargs(config, name, dtype_name))
                 model.eval()
                 with torch.no_grad():
                     np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.float().numpy())

@@ -6,14 +6,18 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "common/json_reader.h"
 #include "models/families.h"
+#include "models/hf.h"
 #include "models/model.h"
 #include "tests/process_helpers.h"
 
@@ -38,6 +42,31 @@ inline models::Model hf_build(const std::string& dir, int64_t seq_len, const nlo
   j.update(extra);
   JsonReader r(j, "model", "test");
   return models::build(r, 0);
+}
+
+/// The one-line error of the `hf` model section of `dir` (with `extra`'s keys), or "(built)".
+inline std::string hf_error(const std::string& dir, int64_t seq_len = 8, const nlohmann::json& extra = nlohmann::json::object()) {
+  try {
+    hf_build(dir, seq_len, extra);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(built)";
+}
+
+/// `config` (config.json, by hand) and random weights named as transformers names them, written
+/// into `dir` (made) in save_pretrained's form; returns dir.
+inline std::string hf_write_model(const std::string& dir, const nlohmann::json& config, int64_t seq_len = 8) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const models::HfSpec spec = models::read_hf_spec(dir, seq_len, "test");
+  JsonReader list(spec.layers, "model", "test");
+  const models::Model m = models::build_layer_list(list);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();
+  models::save_hf(dir, weights, dir, uint64_t{1} << 30);
+  return dir;
 }
 
 }  // namespace pipetrain::test

@@ -188,4 +188,7 @@ TEST(HfParity, MiniMaxM2ProjectionQkNormsPartialRopeSigmoidExperts) { check_arch
 TEST(HfParity, ArceeReluSquaredMlpWithoutAGateYarnBiases) { check_architecture("arcee"); }
 TEST(HfParity, ApertusXieluMlpQkNormsLlama3RopePadding) { check_architecture("apertus"); }
 TEST(HfParity, HunyuanQkNormsAfterTheRotationAlphaRopeTied) { check_architecture("hunyuan"); }
+TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
+TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
+TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }

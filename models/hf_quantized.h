@@ -1,0 +1,83 @@
+// Quantized Hugging Face checkpoints, dequantized as they are read: the `hf` family (models/hf.h)
+// trains and exports weights in a floating-point type, and reads the two forms in which the
+// largest open models are published with weights of 8 bits or fewer:
+//
+// - "fp8" (transformers' FineGrainedFP8Config; DeepSeek-V3 and R1, the Qwen3 -FP8 checkpoints,
+//   MiniMax-M2): a weight `W` in float8_e4m3fn beside `W_scale_inv`, one float per block of
+//   weight_block_size [rows, columns] (the last block of each dimension may be short: the grid is
+//   ceil(rows / block rows) x ceil(columns / block columns), as DeepSeek's own dequantization reads
+//   it), or one for the whole tensor where weight_block_size is null. W = float32(q) * scale,
+//   rounded once in float32 (transformers' and DeepSeek's dequantization).
+// - "mxfp4" (transformers' Mxfp4Config; gpt-oss-20b and 120b): the stacked experts `E` [experts,
+//   in, out] held as `E_blocks` [experts, out, in / 32, 16] (two FP4 e2m1 codes a byte, the even
+//   element in the low half) and `E_scales` [experts, out, in / 32] (a power of two a group of 32,
+//   biased by 127), transposed back to transformers' layout: exact in float32.
+//
+// What a tensor is read as follows from what the checkpoint holds (a weight with scales beside it,
+// blocks with scales), so modules_to_not_convert needs no reading. A tensor in 8-bit floats
+// without its scales, scales of the wrong grid, and any other quantization method are one-line
+// ConfigErrors naming the file and the tensor or the field. Tests: tests/hf_quantized_test.cpp,
+// tests/hf_test.cpp (HfParity.*Fp8*, *Mxfp4*: against transformers' dequantized models).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+
+namespace pipetrain::models {
+
+/// config.json's quantization_config, checked.
+struct HfQuantization {
+  std::string method;          ///< "" (none), "fp8" or "mxfp4"
+  std::vector<int64_t> block;  ///< fp8: weight_block_size {rows, columns}; empty: one scale per tensor
+  /// Whether the checkpoint is quantized.
+  bool any() const { return !method.empty(); }
+};
+
+/// Checks `q` (config.json's quantization_config; `where` names it in errors): quant_method "fp8"
+/// (fmt "e4m3", activation_scheme "dynamic": weights alone are quantized, the activations are not
+/// rescaled by stored factors) or "mxfp4"; anything else is a ConfigError naming the field.
+HfQuantization read_hf_quantization(const nlohmann::json& q, const std::string& where);
+
+/// The checkpoint's tensors as a model reads them: a tensor as stored, or dequantized (float32)
+/// from its quantized form.
+class HfWeights {
+ public:
+  /// Reads `ck` (which must outlive this) as `q` says; `where` prefixes errors.
+  HfWeights(const SafetensorsCheckpoint& ck, HfQuantization q, std::string where);
+  /// Whether `name` is stored, or stored in a quantized form (`name`_blocks and `name`_scales).
+  bool contains(const std::string& name) const;
+  /// The tensor `name`, dequantized where quantized; `from` (if not null) gains the checkpoint's
+  /// names it was read from (the tensor, its scales, its blocks). ConfigError naming the file and
+  /// the tensor for 8-bit floats without their scales or a grid of scales that does not fit. The
+  /// last few tensors dequantized are kept, so that a stack read expert by expert (a slice each)
+  /// is dequantized once.
+  at::Tensor get(const std::string& name, std::vector<std::string>* from = nullptr) const;
+  /// The file that holds `name` (or its blocks).
+  const std::string& file_of(const std::string& name) const;
+
+ private:
+  const SafetensorsCheckpoint& ck_;
+  HfQuantization q_;
+  std::string where_;
+  at::Tensor read(const std::string& name, std::vector<std::string>* from) const;
+  mutable std::vector<std::pair<std::string, at::Tensor>> recent_;  // dequantized, newest last
+};
+
+/// The fp8 weight `q` [..., rows, columns] times its scales `scale` [..., ceil(rows / block[0]),
+/// ceil(columns / block[1])] (one scale of any shape holding one element where `block` is empty),
+/// in float32. Scales stored as bytes are powers of two biased by 127 (UE8M0). `what` names the
+/// tensor in a ConfigError when the grid does not fit.
+at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scale, const std::vector<int64_t>& block, const std::string& what);
+
+/// MXFP4 `blocks` [..., rows, groups, 16] (bytes) and `scales` [..., rows, groups] (bytes) as
+/// float32 [..., rows, groups * 32]; `what` names the tensor in a ConfigError when they do not fit.
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, const std::string& what);
+
+}  // namespace pipetrain::models
