@@ -177,7 +177,8 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 void LlamaAttentionImpl::reset() {
   const int64_t d = o_.d_model, q = o_.n_heads * o_.head_dim, kv = o_.n_kv_heads * o_.head_dim;
-  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(d, q).bias(o_.qkv_bias)));
+  // With attn_output_gate, each head's queries then its gate (Qwen3-Next's).
+  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(d, o_.attn_output_gate ? 2 * q : q).bias(o_.qkv_bias)));
   k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
@@ -376,7 +377,8 @@ void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
   auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
   if (o_.norms != NormPlacement::Post) input_layernorm_ = norm("input_layernorm");
-  if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
+  if (o_.gated_deltanet()) linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
+  else if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
   else self_attn_ = register_module("self_attn", LlamaAttention(o_));
   post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
@@ -407,7 +409,12 @@ std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tenso
 at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   if (o_.mla()) return latent_attention(h, cache);
   const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim;
-  at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h);
+  at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h), gate;
+  if (o_.attn_output_gate) {  // Qwen3-Next's: each head's queries, then its gate
+    const auto parts = qp.view({h.size(0), h.size(1), H, 2 * D}).chunk(2, -1);
+    qp = parts[0].reshape({h.size(0), h.size(1), H * D});
+    gate = parts[1].transpose(1, 2);  // [B, H, T, D], as attention's output
+  }
   if (o_.qk_norm && o_.qk_norm_projection) {  // OLMo 2's: over the whole projection
     qp = self_attn_->q_norm(qp);
     kp = self_attn_->k_norm(kp);
@@ -456,7 +463,8 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  return causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks, o_.attention_chunk);
+  const at::Tensor out = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks, o_.attention_chunk);
+  return gate.defined() ? out * torch::sigmoid(gate) : out;
 }
 
 // As transformers' DeepseekV3Attention computes it; the cache keeps the expanded keys and values.
@@ -490,7 +498,7 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
-  const at::Tensor a = run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
+  const at::Tensor a = linear_attn_ ? linear_attn_(h) : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
   auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };

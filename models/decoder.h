@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
@@ -163,6 +164,11 @@ struct LlamaBlockOptions {
   bool rope_pairs_kept = false;  // with rope_interleave: the rotated pairs put back interleaved (DeepSeek-V2's)
   double latent_eps = 1e-6;      // the latents' RMSNorms' epsilon
   bool mla() const { return kv_lora_rank > 0; }
+  bool attn_output_gate = false;  // q_proj also gives a gate per head; attention's output times its sigmoid (Qwen3-Next's)
+  // Qwen3-Next's gated DeltaNet (GatedDeltaNetImpl) in attention's place where linear_key_heads > 0.
+  int64_t linear_key_heads = 0, linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;
+  int64_t linear_conv_kernel = 4;
+  bool gated_deltanet() const { return linear_key_heads > 0; }
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -198,6 +204,39 @@ class MlaAttentionImpl : public torch::nn::Cloneable<MlaAttentionImpl> {
   LlamaBlockOptions o_;
 };
 TORCH_MODULE(MlaAttention);
+
+/// Qwen3-Next's gated DeltaNet ("linear_attn"), as transformers computes it: in_proj_qkvz gives,
+/// for each of linear_key_heads groups, a query and a key of linear_key_head_dim and the values and
+/// output gates z of its linear_value_heads / linear_key_heads value heads of linear_value_head_dim;
+/// in_proj_ba a write strength b and a decay input a per value head. Queries, keys and values go
+/// through a causal depthwise convolution of linear_conv_kernel positions (conv1d, no bias) and
+/// SiLU; the gated delta rule (queries and keys L2-normalized, queries scaled by
+/// 1/sqrt(linear_key_head_dim), beta = sigmoid(b), decay g = -exp(A_log) * softplus(a + dt_bias))
+/// runs by chunks of 64 positions in float32 at least (float64 stays float64), as transformers'
+/// torch fallback runs it; its output goes through an RMSNorm (norm, weight as Llama's) times
+/// silu(z), then out_proj. It mixes positions without a cache: a block holding it generates by
+/// running the window again.
+class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
+ public:
+  explicit GatedDeltaNetImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  /// h [B, T, d_model] (input_layernorm's output) to the layer's output [B, T, d_model].
+  torch::Tensor forward(const torch::Tensor& h);
+  torch::nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr}, out_proj{nullptr};
+  torch::nn::Conv1d conv1d{nullptr};  ///< depthwise over the queries', keys' and values' channels
+  at::Tensor dt_bias, A_log;          ///< [linear_value_heads] each
+  RmsNorm norm{nullptr};              ///< [linear_value_head_dim]
+
+ private:
+  LlamaBlockOptions o_;
+};
+TORCH_MODULE(GatedDeltaNet);
+
+/// The gated delta rule by chunks of `chunk` positions, as transformers' torch_chunk_gated_delta_rule
+/// computes it (its operations, in float32 at least): q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (Hk
+/// divides Hv: each query and key serves Hv / Hk consecutive value heads), g and beta [B, T, Hv];
+/// queries and keys L2-normalized (eps 1e-6), queries scaled by Dk^-1/2. Returns [B, T, Hv, Dv] in q's type.
+at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta, int64_t chunk = 64);
 
 /// A mixture of experts' router ("gate"): its weight [experts, d_model], with router_logit_bias
 /// a trained bias [experts] (GPT-OSS's), and with router_bias the buffer e_score_correction_bias
@@ -324,6 +363,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   RmsNorm pre_feedforward_layernorm_{nullptr}, post_feedforward_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
   MlaAttention mla_{nullptr};  // in self_attn_'s place where options().mla()
+  GatedDeltaNet linear_attn_{nullptr};  // in their place where options().gated_deltanet()
   GatedMlp mlp_{nullptr};
   Moe moe_{nullptr};  // in mlp_'s place where options().experts > 0
   // rope_inv_freq on the device the block last ran on, for the dtype it ran in (and longrope's
@@ -394,7 +434,8 @@ TORCH_MODULE(Gpt2Block);
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
-/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope;
+/// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
+/// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -109,6 +109,29 @@ void read_router(JsonReader& r, LlamaBlockOptions& o) {
   o.router_scales_input = r.get_bool("router_scales_input", false);
   o.grouped_experts = r.get_choice("experts_kernel", "loop", {"loop", "grouped"}) == "grouped";
 }
+
+// Qwen3-Next's gated DeltaNet in attention's place: its heads, their sizes, its convolution's width.
+void read_gated_deltanet(JsonReader& r, LlamaBlockOptions& o) {
+  const int64_t big = int64_t{1} << 20;
+  o.linear_key_heads = r.get_int("linear_key_heads", 0, 0, big);
+  if (o.linear_key_heads == 0) {
+    for (const char* k : {"linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel"})
+      if (r.has(k)) r.fail(k, "needs linear_key_heads above 0 (the gated DeltaNet)");
+    return;
+  }
+  o.linear_value_heads = r.get_int("linear_value_heads", o.linear_key_heads, 1, big);
+  if (o.linear_value_heads % o.linear_key_heads)
+    r.fail("linear_value_heads", detail::concat("must be a multiple of linear_key_heads (", o.linear_key_heads, ")"));
+  o.linear_key_head_dim = r.require_int("linear_key_head_dim", 1, big);
+  o.linear_value_head_dim = r.require_int("linear_value_head_dim", 1, big);
+  o.linear_conv_kernel = r.get_int("linear_conv_kernel", 4, 1, 1024);
+  if (o.mla()) r.fail("linear_key_heads", "cannot be set with kv_lora_rank (the gated DeltaNet replaces attention)");
+  const std::pair<const char*, bool> attention_only[] = {{"attn_sinks", o.attn_sinks}, {"attn_output_gate", o.attn_output_gate},
+      {"sliding_window", o.sliding_window > 0}, {"attention_chunk", o.attention_chunk > 0}, {"attn_softcap", o.attn_softcap > 0},
+      {"qk_norm", o.qk_norm}, {"qk_l2_norm", o.qk_l2_norm}};
+  for (const auto& [key, set] : attention_only)
+    if (set) r.fail(key, "does not apply to the gated DeltaNet (linear_key_heads above 0 replaces attention)");
+}
 }  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
@@ -153,6 +176,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
     o.swiglu_limit = r.get_number("swiglu_limit", 7.0, 1e-6, 1e6);
   }
   o.attn_sinks = r.get_bool("attn_sinks", false);
+  o.attn_output_gate = r.get_bool("attn_output_gate", false);
   o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
@@ -194,6 +218,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.mla() && o.q_scale_beta > 0) r.fail("q_scale_beta", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.qk_l2_norm) r.fail("qk_l2_norm", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.q_temperature > 0) r.fail("q_temperature", "is not supported with latent attention (kv_lora_rank)");
+  if (o.mla() && o.attn_output_gate) r.fail("attn_output_gate", "is not supported with latent attention (kv_lora_rank)");
+  read_gated_deltanet(r, o);
   return o;
 }
 
@@ -230,8 +256,14 @@ double parameter_values(const LlamaBlockOptions& o) {
     const double latent = d * (kl + R) + kl + kl * H * (D - R + V) + (o.qkv_bias ? kl + R : 0);
     return queries + latent + H * V * d + (o.o_bias ? d : 0) + mlp_and_norms;
   }
-  return d * (q + 2 * kv) + q * d + mlp_and_norms + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? d : 0) + qk_norms +
-         (o.attn_sinks ? double(o.n_heads) : 0);
+  if (o.gated_deltanet()) {  // in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj
+    const double keys = double(o.linear_key_heads * o.linear_key_head_dim), values = double(o.linear_value_heads * o.linear_value_head_dim);
+    const double hv = double(o.linear_value_heads);
+    return d * (2 * keys + 2 * values) + d * 2 * hv + (2 * keys + values) * double(o.linear_conv_kernel) + 2 * hv +
+           double(o.linear_value_head_dim) + values * d + mlp_and_norms;
+  }
+  return d * ((o.attn_output_gate ? 2 : 1) * q + 2 * kv) + q * d + mlp_and_norms + (o.qkv_bias ? (o.attn_output_gate ? 2 : 1) * q + 2 * kv : 0) +
+         (o.o_bias ? d : 0) + qk_norms + (o.attn_sinks ? double(o.n_heads) : 0);
 }
 
 double parameter_values(const Gpt2BlockOptions& o) {

@@ -37,8 +37,9 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   const double rotary_dim = arch == kMiniMaxM2 && f.has("rotary_dim")
                                 ? double(f.integer("rotary_dim", 0, 2, 1 << 16)) / double(f.integer("head_dim", 128, 2, 1 << 16))
                                 : 1.0;
-  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : rotary_dim));
-  if (partial != 1.0 && arch != kPhi3 && !glm && arch != kMiniMaxM2)
+  // Qwen3-Next's default: a quarter of each head rotated.
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : arch == kQwen3Next ? 0.25 : rotary_dim));
+  if (partial != 1.0 && arch != kPhi3 && !glm && arch != kMiniMaxM2 && arch != kQwen3Next)
     f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
   if (partial != 1.0) block["partial_rotary_factor"] = partial;
@@ -281,11 +282,13 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
     block["head_dim"] = 128;  // their configs' default
   else if (arch == kGptOss) block["head_dim"] = 64;
+  else if (arch == kQwen3Next) block["head_dim"] = 256;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
-       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan) &&
+       t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan ||
+       arch == kQwen3Next) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -323,7 +326,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
   if (arch == kHunyuan) block["qk_norm_after_rope"] = true;  // its q/k norms on the rotated heads
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kQwen3Next || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -337,6 +340,10 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (t.gemma_any()) {
     block["norm_scale"] = "one_plus";
     block["act"] = "gelu_tanh";
+  }
+  if (arch == kQwen3Next) {  // its norms' (1 + weight); its attention's output gate
+    block["norm_scale"] = "one_plus";
+    block["attn_output_gate"] = true;
   }
   if (t.sandwich()) {
     block["norms"] = "sandwich";
@@ -406,7 +413,8 @@ void with_head(HfSpec& spec, json& layers, int64_t d, int64_t vocab, int64_t seq
   if (tied) spec.layers["ties"] = json::array({json::array({embed, "lm_head.linear.weight"})});
 }
 
-// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3, Ministral 3, Llama 4, GLM-4, Ernie 4.5, EXAONE 4 and MiniMax-M2:
+// Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2 and Gemma 3, Granite, GraniteMoE (and its shared expert), SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, OLMo 3, Ministral 3, Llama 4, GLM-4, Ernie 4.5, EXAONE 4, MiniMax-M2 and Qwen3-Next
+// (its gated DeltaNet layers, hf_linear.cpp):
 // embed (Granite's embed_scale), layer_0..n-1 (llama_block), norm, lm_head (and Gemma 2's softcap,
 // Granite's logits_scale). Phi-3 is Llama's math with q, k and v in
 // one tensor and gate and up in another.
@@ -444,6 +452,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     for (int64_t i = 0; i < n; ++i) rotary[static_cast<size_t>(i)] = window[static_cast<size_t>(i)] > 0;  // its full layers NoPE
   const std::vector<int64_t> chunk = chunks(arch, f, rotary);
   const Experts experts = read_experts(arch, f, n);
+  const LinearLayers linear = read_linear_layers(arch, f, n);
   json layers = json::array();
   json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}};
   // transformers' embedding takes pad_token_id as its padding_idx: that token's row takes no
@@ -477,6 +486,11 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     // A chunk holding the whole sequence changes nothing (as a window).
     if (chunk[static_cast<size_t>(i)] > 0 && chunk[static_cast<size_t>(i)] < seq_len) b["attention_chunk"] = chunk[static_cast<size_t>(i)];
     if (arch == kLlama4) llama4_layer(f, rotary[static_cast<size_t>(i)], b);
+    if (linear.layers[static_cast<size_t>(i)]) {  // the gated DeltaNet in attention's place
+      b.update(linear.args);
+      b.erase("qk_norm");
+      b.erase("attn_output_gate");
+    }
     layers.push_back(b);
   }
   const bool qkv_bias = block["qkv_bias"], o_bias = block["o_bias"], mlp_bias = block["mlp_bias"], qk_norm = block["qk_norm"];
@@ -509,7 +523,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       spec.tensors.push_back({ours + "post_attention_layernorm.weight", theirs + "feedforward_layernorm.weight"});
       for (const char* a : {"alpha_p", "alpha_n", "beta", "eps"}) spec.tensors.push_back({ours + "mlp.act_fn." + a, theirs + "mlp.act_fn." + a});
     }
-    if (arch == kDeepseekV2 || arch == kDeepseekV3) {
+    if (linear.layers[static_cast<size_t>(i)]) {
+      linear_attention_tensors(ours, theirs, spec);
+    } else if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {
       for (const char* p : {"q", "k", "v", "o"}) {
@@ -520,7 +536,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     if (qk_norm && arch == kHunyuan) {  // under its names
       spec.tensors.push_back({ours + "self_attn.q_norm.weight", theirs + "self_attn.query_layernorm.weight"});
       spec.tensors.push_back({ours + "self_attn.k_norm.weight", theirs + "self_attn.key_layernorm.weight"});
-    } else if (qk_norm) {
+    } else if (qk_norm && !linear.layers[static_cast<size_t>(i)]) {
       names.insert(names.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
     }
     if (arch == kGptOss) names.push_back("self_attn.sinks");

@@ -281,6 +281,16 @@ CASES = {
                                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0,
                                                               "factor": 1.0},
                                              tie_word_embeddings=True)),
+    # Qwen3-Next: gated DeltaNet layers (2 key heads, 4 value heads of other sizes, a convolution
+    # of 4) around a gated attention layer (a quarter of each head rotated, q/k norms), every norm's
+    # (1 + weight); 4 experts top 2 renormalized with a gated shared expert, the last layer dense
+    "qwen3-next": ("Qwen3NextConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                                           layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                           linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
+                                           num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                                           mlp_only_layers=[2], tie_word_embeddings=False)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -355,7 +365,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
-          "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1"}
+          "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next"}
 
 
 def best_groups(router, group_scores):
@@ -372,7 +382,7 @@ def patch_float64():
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding")
-        gemma = family.startswith("gemma")
+        gemma = family.startswith("gemma") or family == "qwen3_next"  # their norms' (1 + weight)
 
         def norm_forward(self, h, _orig=norm.forward, _gemma=gemma):
             if h.dtype != torch.float64:
@@ -434,6 +444,8 @@ def patch_float64():
             v2_router.forward = v2_forward
         if family == "llama4":
             patch_llama4_float64(module)
+        if family == "qwen3_next":
+            patch_deltanet_float64(module)
         if family == "minimax_m2":  # its sigmoid routing in float64 (transformers: float32)
             minimax_router = module.MiniMaxM2TopKRouter
 
@@ -475,7 +487,7 @@ def patch_float64():
                 return logits, top * self.routed_scaling_factor, chosen
 
             sigmoid_router.forward = sigmoid_forward
-        if gemma:  # the embedding's scale a float32 value, as from_config makes its buffer
+        if family.startswith("gemma"):  # the embedding's scale a float32 value, as from_config makes its buffer
             embedding = getattr(module, f"{prefix}TextScaledWordEmbedding", None) or getattr(module, f"{prefix}ScaledWordEmbedding")
 
             def embed_forward(self, ids, _orig=embedding.forward):
@@ -537,6 +549,57 @@ def patch_llama4_float64(module):
         return torch.full_like(logits, float("-inf")).scatter_(1, chosen, top).sigmoid(), logits
 
     router.forward = router_forward
+
+
+def delta_rule64(q, k, v, g, beta):
+    """The gated delta rule token by token in float64 (transformers' chunked form runs in float32):
+    q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv]; queries and keys L2-normalized,
+    queries scaled by Dk^-1/2; the state S [B, Hv, Dk, Dv] decays by exp(g), then takes
+    beta (v - S^T k) k^T, and the output is S^T q."""
+    r = v.size(2) // k.size(2)
+    q, k = q.repeat_interleave(r, 2), k.repeat_interleave(r, 2)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * q.size(-1) ** -0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    state = torch.zeros(v.size(0), v.size(2), k.size(3), v.size(3), dtype=torch.float64)
+    out = []
+    for t in range(v.size(1)):
+        state = state * g[:, t].exp()[..., None, None]
+        read = (state * k[:, t, :, :, None]).sum(-2)
+        state = state + k[:, t, :, :, None] * ((v[:, t] - read) * beta[:, t, :, None])[:, :, None, :]
+        out.append((state * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(out, 1)
+
+
+def patch_deltanet_float64(module):
+    """Qwen3-Next's gated DeltaNet and its gated norm in float64 (transformers: the delta rule, the
+    decay and the norm in float32), the delta rule token by token (delta_rule64)."""
+    gated = module.Qwen3NextRMSNormGated
+
+    def gated_forward(self, h, gate, _orig=gated.forward):
+        if h.dtype != torch.float64:
+            return _orig(self, h, gate)
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * normed * torch.nn.functional.silu(gate)
+
+    gated.forward = gated_forward
+    net = module.Qwen3NextGatedDeltaNet
+
+    def net_forward(self, hidden_states, cache=None, attention_mask=None, _orig=net.forward, **kw):  # without a cache (make's forwards)
+        if hidden_states.dtype != torch.float64 or cache is not None:
+            return _orig(self, hidden_states, cache=cache, attention_mask=attention_mask, **kw)
+        B, T = hidden_states.shape[:2]
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+        mixed = torch.cat([x.reshape(B, T, -1) for x in (q, k, v)], -1).transpose(1, 2)
+        mixed = torch.nn.functional.conv1d(mixed, self.conv1d.weight, padding=self.conv_kernel_size - 1, groups=mixed.size(1))
+        mixed = torch.nn.functional.silu(mixed[..., :T]).transpose(1, 2)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], -1)
+        g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)
+        out = delta_rule64(q.reshape(B, T, -1, self.head_k_dim), k.reshape(B, T, -1, self.head_k_dim),
+                           v.reshape(B, T, -1, self.head_v_dim), g, b.sigmoid())
+        out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(out.reshape(B, T, -1))
+
+    net.forward = net_forward
 
 
 def model_class(config):
@@ -634,6 +697,12 @@ def random_model(name, dtype_name, root):
         for pname, p in model.named_parameters():
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
                 p.add_(torch.randn_like(p) * 0.1)
+        for pname, p in model.named_parameters():  # Qwen3-Next's decays as Mamba 2 draws them: A in [1, 16], dt in [0.001, 0.1]
+            if pname.endswith("linear_attn.A_log"):
+                p.copy_(torch.empty_like(p).uniform_(1, 16).log())
+            if pname.endswith("linear_attn.dt_bias"):
+                dt = torch.empty_like(p).uniform_(math.log(1e-3), math.log(0.1)).exp()
+                p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus's inverse
         for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias, Apertus's xIELU's beta
             if bname.endswith(("e_score_correction_bias", "act_fn.beta")):
                 b.add_(torch.randn_like(b) * 0.1)
@@ -678,16 +747,16 @@ def make(root, only=None):
                                                              **load_kwargs(config, name, dtype_name))
                 model.eval()
                 with torch.no_grad():
-                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.float().numpy())
+                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x, use_cache=False).logits.float().numpy())
             else:
                 with torch.no_grad():
-                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x).logits.numpy())
+                    np.save(os.path.join(out, "logits.npy"), language_model(model)(x, use_cache=False).logits.numpy())
             model.train()
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             losses = []
             for _ in range(STEPS):
                 opt.zero_grad()
-                logits = language_model(model)(x).logits
+                logits = language_model(model)(x, use_cache=False).logits
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
                 loss.backward()
                 opt.step()

@@ -70,7 +70,7 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
          arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch.rfind("glm4", 0) == 0 || arch.rfind("gpt-oss", 0) == 0 ||
-         arch.rfind("llama4", 0) == 0 || arch == "minimax-m2";
+         arch.rfind("llama4", 0) == 0 || arch == "minimax-m2" || arch == "qwen3-next";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -87,7 +87,15 @@ double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 :
 // experts' sums too), at most 0.109 (GPT-OSS's losses, from the third step on) and 0.045 (GPT-OSS's
 // weights, one bfloat16 step apart in most tensors after the first).
 double bfloat16_loss_bound(const std::string& arch) { return fused(arch) ? 1.0 / 4 : 1.0 / 16; }
-double bfloat16_weight_bound(const std::string& arch) { return fused(arch) ? 1.0 / 8 : 1.0 / 32; }
+// Qwen3-Next's gated DeltaNet: its L2-normalized keys take large steps in this tiny random model
+// (5 SGD steps of lr 0.1 move its convolution's weights by 1.6), which carry float32's last-bit
+// differences (2.5e-6 in the first logits) to 1.1e-3 in the losses and 2.0e-3 in the weights, and
+// bfloat16's (logits bit for bit) to 0.094 and 0.18 (AMD EPYC); in float64 the same steps agree to
+// 5.4e-13 and 4.7e-12 (within 1e-10: the math is the same). Its training bounds: 1e-2 in float32,
+// 1/4 for bfloat16's weights.
+bool delta_rule(const std::string& arch) { return arch == "qwen3-next"; }
+double float32_training_bound(const std::string& arch) { return delta_rule(arch) ? 1e-2 : float32_bound(arch); }
+double bfloat16_weight_bound(const std::string& arch) { return delta_rule(arch) ? 1.0 / 4 : fused(arch) ? 1.0 / 8 : 1.0 / 32; }
 
 // Every check of one architecture, both precisions.
 void check_architecture(const std::string& arch) {
@@ -126,7 +134,7 @@ void check_architecture(const std::string& arch) {
       worst = std::max(worst, std::abs(loss - losses[s].item<double>()));
     }
     std::printf("parity %s %s stages=3 sgd5-loss=%.3g\n", arch.c_str(), dtype.c_str(), worst);
-    EXPECT_LE(worst, dtype == "float64" ? 1e-10 : dtype == "bfloat16" ? bfloat16_loss_bound(arch) : float32_bound(arch)) << arch << " " << dtype << " losses";
+    EXPECT_LE(worst, dtype == "float64" ? 1e-10 : dtype == "bfloat16" ? bfloat16_loss_bound(arch) : float32_training_bound(arch)) << arch << " " << dtype << " losses";
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
     for (const auto& b : m.layers->named_buffers()) weights[b.key()] = b.value();  // DeepSeek-V3's router's bias
@@ -140,7 +148,7 @@ void check_architecture(const std::string& arch) {
     ASSERT_TRUE(result.contains(name) && result[name].is_number()) << compared.out;
     const double d = result[name].get<double>();
     std::printf("parity %s %s exported-vs-trained=%.3g\n", arch.c_str(), dtype.c_str(), d);
-    EXPECT_LE(d, dtype == "float64" ? 1e-10 : dtype == "bfloat16" ? bfloat16_weight_bound(arch) : float32_bound(arch)) << name;
+    EXPECT_LE(d, dtype == "float64" ? 1e-10 : dtype == "bfloat16" ? bfloat16_weight_bound(arch) : float32_training_bound(arch)) << name;
   }
 }
 
@@ -188,6 +196,7 @@ TEST(HfParity, MiniMaxM2ProjectionQkNormsPartialRopeSigmoidExperts) { check_arch
 TEST(HfParity, ArceeReluSquaredMlpWithoutAGateYarnBiases) { check_architecture("arcee"); }
 TEST(HfParity, ApertusXieluMlpQkNormsLlama3RopePadding) { check_architecture("apertus"); }
 TEST(HfParity, HunyuanQkNormsAfterTheRotationAlphaRopeTied) { check_architecture("hunyuan"); }
+TEST(HfParity, Qwen3NextGatedDeltaNetGatedAttentionSharedExpert) { check_architecture("qwen3-next"); }
 TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
 TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
 TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }
