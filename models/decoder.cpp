@@ -498,7 +498,7 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
-  const at::Tensor a = linear_attn_ ? linear_attn_(h) : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
+  const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache) : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
   auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };

@@ -75,11 +75,15 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 /// (undefined before the first call).
 struct KvCache {
   at::Tensor k, v;
+  /// A gated DeltaNet layer's instead: the last linear_conv_kernel - 1 inputs of its convolution
+  /// [B, channels, K - 1] and the delta rule's state [B, value heads, key head_dim, value head_dim].
+  at::Tensor conv, state;
+  int64_t positions = 0;  ///< how many positions conv and state stand for
   /// Set by a call whose positions the kept ones no longer match: longrope's first forward past
   /// its pretraining length, which rotates every position by the long factors. Generation then
   /// runs the whole window again (as transformers' generate drops its cache there).
   bool stale = false;
-  int64_t length() const { return k.defined() ? k.size(2) : 0; }
+  int64_t length() const { return k.defined() ? k.size(2) : positions; }
 };
 
 /// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),
@@ -214,14 +218,17 @@ TORCH_MODULE(MlaAttention);
 /// 1/sqrt(linear_key_head_dim), beta = sigmoid(b), decay g = -exp(A_log) * softplus(a + dt_bias))
 /// runs by chunks of 64 positions in float32 at least (float64 stays float64), as transformers'
 /// torch fallback runs it; its output goes through an RMSNorm (norm, weight as Llama's) times
-/// silu(z), then out_proj. It mixes positions without a cache: a block holding it generates by
-/// running the window again.
+/// silu(z), then out_proj. In generation it keeps its convolution's last inputs and the rule's
+/// state (KvCache::conv, KvCache::state) in place of keys and values.
 class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
  public:
   explicit GatedDeltaNetImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
   void reset() override;
-  /// h [B, T, d_model] (input_layernorm's output) to the layer's output [B, T, d_model].
-  torch::Tensor forward(const torch::Tensor& h);
+  /// h [B, T, d_model] (input_layernorm's output) to the layer's output [B, T, d_model]; with
+  /// `cache`, h holds the positions after those the cache's convolution inputs and state stand
+  /// for, which it carries on (one position at a time: the rule step by step, as transformers'
+  /// generation runs it).
+  torch::Tensor forward(const torch::Tensor& h, KvCache* cache = nullptr);
   torch::nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr}, out_proj{nullptr};
   torch::nn::Conv1d conv1d{nullptr};  ///< depthwise over the queries', keys' and values' channels
   at::Tensor dt_bias, A_log;          ///< [linear_value_heads] each
@@ -236,7 +243,14 @@ TORCH_MODULE(GatedDeltaNet);
 /// computes it (its operations, in float32 at least): q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (Hk
 /// divides Hv: each query and key serves Hv / Hk consecutive value heads), g and beta [B, T, Hv];
 /// queries and keys L2-normalized (eps 1e-6), queries scaled by Dk^-1/2. Returns [B, T, Hv, Dv] in q's type.
-at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta, int64_t chunk = 64);
+/// `state` (if given) [B, Hv, Dk, Dv]: the state before the first position, replaced by the one
+/// after the last (in the computation's type).
+at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta, int64_t chunk = 64,
+                                  at::Tensor* state = nullptr);
+/// The same rule position by position, as transformers' torch_recurrent_gated_delta_rule computes
+/// it (generation's steps); `state` as above.
+at::Tensor recurrent_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta,
+                                      at::Tensor* state = nullptr);
 
 /// A mixture of experts' router ("gate"): its weight [experts, d_model], with router_logit_bias
 /// a trained bias [experts] (GPT-OSS's), and with router_bias the buffer e_score_correction_bias

@@ -26,20 +26,34 @@ at::Tensor l2norm(const at::Tensor& x) { return x * torch::rsqrt((x * x).sum(-1,
 
 }  // namespace
 
-at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta, int64_t chunk) {
+namespace {
+
+// The rule's inputs as both forms take them: each key head repeated for its value heads, every
+// tensor [B, H, T, ...] in the computation's type, queries and keys L2-normalized.
+struct RuleInputs {
+  at::Tensor q, k, v, beta, decay;
+  at::ScalarType out_type;
+};
+
+RuleInputs rule_inputs(at::Tensor q, at::Tensor k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta) {
   const at::ScalarType out_type = q.scalar_type(), type = compute_type(out_type);
-  const int64_t B = k.size(0), T = k.size(1), Hk = k.size(2), Dk = k.size(3), Hv = v.size(2), Dv = v.size(3);
+  const int64_t Hk = k.size(2), Hv = v.size(2);
   PIPETRAIN_CHECK(Hv % Hk == 0);
   if (Hk != Hv) {
     q = q.repeat_interleave(Hv / Hk, 2);
     k = k.repeat_interleave(Hv / Hk, 2);
   }
-  q = l2norm(by_head(q, type));
-  k = l2norm(by_head(k, type));
-  v = by_head(v, type);
-  beta = beta.transpose(1, 2).to(type).contiguous();
-  at::Tensor decay = g.transpose(1, 2).to(type).contiguous();
-  q = q * std::pow(static_cast<double>(Dk), -0.5);
+  return {l2norm(by_head(q, type)), l2norm(by_head(k, type)), by_head(v, type), beta.transpose(1, 2).to(type).contiguous(),
+          g.transpose(1, 2).to(type).contiguous(), out_type};
+}
+
+}  // namespace
+
+at::Tensor chunk_gated_delta_rule(at::Tensor q0, at::Tensor k0, at::Tensor v0, at::Tensor g, at::Tensor beta0, int64_t chunk,
+                                  at::Tensor* state_io) {
+  RuleInputs in = rule_inputs(q0, k0, v0, g, beta0);
+  const int64_t B = in.v.size(0), Hv = in.v.size(1), T = in.v.size(2), Dk = in.k.size(3), Dv = in.v.size(3);
+  at::Tensor q = in.q * std::pow(static_cast<double>(Dk), -0.5), k = in.k, v = in.v, beta = in.beta, decay = in.decay;
   const int64_t pad = (chunk - T % chunk) % chunk, L = T + pad, n = L / chunk;
   q = torch::constant_pad_nd(q, {0, 0, 0, pad});
   k = torch::constant_pad_nd(k, {0, 0, 0, pad});
@@ -60,7 +74,7 @@ at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::
   const at::Tensor decayed_k_beta = k_beta * cum.exp().unsqueeze(-1);
   const at::Tensor values = torch::linalg_solve_triangular(ut, vb, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
   const at::Tensor k_cumdecay = torch::linalg_solve_triangular(ut, decayed_k_beta, false, true, true);
-  at::Tensor state = torch::zeros({B, Hv, Dk, Dv}, values.options());
+  at::Tensor state = state_io && state_io->defined() ? state_io->to(values.scalar_type()) : torch::zeros({B, Hv, Dk, Dv}, values.options());
   const at::Tensor qd = q * cum.exp().unsqueeze(-1);
   const at::Tensor kd = k * (cum.index({"...", Slice(-1, torch::indexing::None)}) - cum).exp().unsqueeze(-1);
   const at::Tensor chunk_decay = cum.select(-1, chunk - 1).exp().unsqueeze(-1).unsqueeze(-1);
@@ -72,8 +86,28 @@ at::Tensor chunk_gated_delta_rule(at::Tensor q, at::Tensor k, at::Tensor v, at::
     out.push_back(inter + torch::matmul(intra.select(2, i), v_new));
     state = state * chunk_decay.select(2, i) + torch::matmul(kd.select(2, i).transpose(-1, -2), v_new);
   }
+  if (state_io) *state_io = state;
   const at::Tensor o = torch::stack(out, 2).reshape({B, Hv, -1, Dv}).narrow(2, 0, T);
-  return o.transpose(1, 2).to(out_type).contiguous();
+  return o.transpose(1, 2).to(in.out_type).contiguous();
+}
+
+at::Tensor recurrent_gated_delta_rule(at::Tensor q0, at::Tensor k0, at::Tensor v0, at::Tensor g, at::Tensor beta0, at::Tensor* state_io) {
+  RuleInputs in = rule_inputs(q0, k0, v0, g, beta0);
+  const int64_t B = in.v.size(0), Hv = in.v.size(1), T = in.v.size(2), Dk = in.k.size(3), Dv = in.v.size(3);
+  const at::Tensor q = in.q / std::sqrt(static_cast<double>(Dk));
+  at::Tensor state = state_io && state_io->defined() ? state_io->to(in.v.scalar_type()) : torch::zeros({B, Hv, Dk, Dv}, in.v.options());
+  std::vector<at::Tensor> out;
+  out.reserve(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const at::Tensor kt = in.k.select(2, t).unsqueeze(-1);
+    state = state * in.decay.select(2, t).exp().unsqueeze(-1).unsqueeze(-1);
+    const at::Tensor read = (state * kt).sum(-2);
+    const at::Tensor delta = (in.v.select(2, t) - read) * in.beta.select(2, t).unsqueeze(-1);
+    state = state + kt * delta.unsqueeze(-2);
+    out.push_back((state * q.select(2, t).unsqueeze(-1)).sum(-2));
+  }
+  if (state_io) *state_io = state;
+  return torch::stack(out, 2).transpose(1, 2).contiguous().to(in.out_type);
 }
 
 void GatedDeltaNetImpl::reset() {
@@ -93,24 +127,37 @@ void GatedDeltaNetImpl::reset() {
   out_proj = lin("out_proj", Hv * Dv, d);
 }
 
-torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& h) {
+torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& h, KvCache* cache) {
   const int64_t B = h.size(0), T = h.size(1), Hk = o_.linear_key_heads, Hv = o_.linear_value_heads;
-  const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, r = Hv / Hk;
+  const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, r = Hv / Hk, K = o_.linear_conv_kernel;
   // Each key head's group: its query, its key, its r value heads' values and output gates.
   const auto qkvz = run(in_proj_qkvz, h).view({B, T, Hk, 2 * Dk + 2 * r * Dv}).split_with_sizes({Dk, Dk, r * Dv, r * Dv}, 3);
   const auto ba = run(in_proj_ba, h).view({B, T, Hk, 2 * r}).split_with_sizes({r, r}, 3);
   const at::Tensor z = qkvz[3].reshape({B, T, Hv, Dv});
   const at::Tensor b = ba[0].reshape({B, T, Hv}), a = ba[1].reshape({B, T, Hv});
-  const at::Tensor mixed = torch::cat({qkvz[0].reshape({B, T, -1}), qkvz[1].reshape({B, T, -1}), qkvz[2].reshape({B, T, -1})}, -1);
-  const int64_t channels = mixed.size(-1);
-  at::Tensor conv = torch::conv1d(mixed.transpose(1, 2), conv1d->weight, {}, 1, o_.linear_conv_kernel - 1, 1, channels);
-  conv = torch::silu(conv.narrow(2, 0, T)).transpose(1, 2);
+  const at::Tensor mixed = torch::cat({qkvz[0].reshape({B, T, -1}), qkvz[1].reshape({B, T, -1}), qkvz[2].reshape({B, T, -1})}, -1).transpose(1, 2);
+  const int64_t channels = mixed.size(1);
+  at::Tensor conv;
+  if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these
+    const at::Tensor full = torch::cat({cache->conv.to(mixed.scalar_type()), mixed}, -1);
+    conv = torch::conv1d(full, conv1d->weight, {}, 1, int64_t{0}, 1, channels);
+    cache->conv = full.narrow(-1, full.size(-1) - (K - 1), K - 1);
+  } else {
+    conv = torch::conv1d(mixed, conv1d->weight, {}, 1, K - 1, 1, channels).narrow(2, 0, T);
+    if (cache) cache->conv = torch::constant_pad_nd(mixed, {std::max<int64_t>(K - 1 - T, 0), 0}).narrow(-1, std::max<int64_t>(T - (K - 1), 0), K - 1);
+  }
+  conv = torch::silu(conv).transpose(1, 2);
   const auto qkv = conv.split_with_sizes({Hk * Dk, Hk * Dk, Hv * Dv}, -1);
   const at::Tensor q = qkv[0].reshape({B, T, Hk, Dk}), k = qkv[1].reshape({B, T, Hk, Dk}), v = qkv[2].reshape({B, T, Hv, Dv});
   const at::ScalarType wide = compute_type(h.scalar_type());
   const at::Tensor beta = b.sigmoid();
   const at::Tensor g = -A_log.to(wide).exp() * torch::softplus(a.to(wide) + dt_bias);
-  const at::Tensor core = chunk_gated_delta_rule(q, k, v, g, beta).reshape({-1, Dv});
+  // Generation's steps (a cached state, one position) position by position, as transformers'; chunks otherwise.
+  at::Tensor* state = cache ? &cache->state : nullptr;
+  if (cache) cache->positions += T;
+  const at::Tensor core = (state && state->defined() && T == 1 ? recurrent_gated_delta_rule(q, k, v, g, beta, state)
+                                                               : chunk_gated_delta_rule(q, k, v, g, beta, 64, state))
+                              .reshape({-1, Dv});
   // The norm (Llama's RMSNorm), times silu(z) in float32 at least, back in the model's type.
   const at::Tensor gated = (norm(core) * torch::silu(z.reshape({-1, Dv}).to(wide))).to(h.scalar_type());
   return run(out_proj, gated.reshape({B, T, Hv * Dv}));

@@ -302,7 +302,6 @@ Built llama_block(LayerContext& c) {
   const LlamaBlockOptions o = read_llama_block(c.r);
   Built b;
   decoder_block<LlamaBlockImpl>(c, b, o, "llama", [o] { return LlamaBlock(o).ptr(); });
-  if (o.gated_deltanet()) b.step = nullptr;  // it keeps no state between calls: generation runs the window again
   return b;
 }
 

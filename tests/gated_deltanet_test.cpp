@@ -1,8 +1,8 @@
 // Qwen3-Next's pieces of a llama_block (models/decoder.h): the gated delta rule by chunks against
 // the rule written token by token (several chunks, a short last one, grouped value heads; the
 // gradients too), the gated DeltaNet layer's parameters counted before they are made, the
-// gated attention's gate, the arguments checked, and a block with the DeltaNet generating by
-// running its window again. Against transformers: HfParity.Qwen3Next*.
+// gated attention's gate, the arguments checked, and a block with the DeltaNet generating from
+// its kept state. Against transformers: HfParity.Qwen3Next*.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 
 #include "models/decoder.h"
 #include "models/generate.h"
+#include "models/incremental.h"
 #include "models/model.h"
 #include "tests/layer_list_helpers.h"
 
@@ -70,11 +71,22 @@ TEST(LayerList, GatedDeltaRuleByChunksIsTheRecurrence) {
                                                       beta.to(torch::kFloat));
   EXPECT_EQ(f.scalar_type(), at::kFloat);
   EXPECT_LE((f.to(torch::kDouble) - want).abs().max().item<double>(), 1e-4);
+  // Position by position (generation's steps), and the state carried from one call to the next.
+  EXPECT_LE((models::recurrent_gated_delta_rule(q, k, v, g, beta) - want).abs().max().item<double>(), 1e-12);
+  at::Tensor state;
+  const at::Tensor first = models::chunk_gated_delta_rule(q.narrow(1, 0, 70), k.narrow(1, 0, 70), v.narrow(1, 0, 70), g.narrow(1, 0, 70),
+                                                          beta.narrow(1, 0, 70), 64, &state);
+  const at::Tensor step = models::recurrent_gated_delta_rule(q.narrow(1, 70, 1), k.narrow(1, 70, 1), v.narrow(1, 70, 1), g.narrow(1, 70, 1),
+                                                             beta.narrow(1, 70, 1), &state);
+  const at::Tensor rest = models::chunk_gated_delta_rule(q.narrow(1, 71, 79), k.narrow(1, 71, 79), v.narrow(1, 71, 79), g.narrow(1, 71, 79),
+                                                         beta.narrow(1, 71, 79), 64, &state);
+  EXPECT_LE((torch::cat({first, step, rest}, 1) - want).abs().max().item<double>(), 1e-12);
+  EXPECT_EQ(state.sizes(), (std::vector<int64_t>{2, 4, 4, 3}));
 }
 
 // The layer: its parameters (as transformers names them) counted before they are made; a
 // position's output depends on the earlier positions (a token mixer) and not on the later ones
-// (causal); a block holding it generates by running the window again.
+// (causal); generation's steps through its kept state equal the whole window.
 TEST(LayerList, GatedDeltaNetLayerIsCausalCountedAndChecked) {
   const json cfg = test::llama_list(deltanet());
   models::Model m = test::build_model_section(cfg);
@@ -97,7 +109,20 @@ TEST(LayerList, GatedDeltaNetLayerIsCausalCountedAndChecked) {
   const at::Tensor y = m.layers->forward(ids);
   EXPECT_TRUE(torch::equal(y.narrow(1, 0, 5), m.layers->forward(later).narrow(1, 0, 5)));  // causal
   EXPECT_GT((y.narrow(1, 1, 5) - m.layers->forward(earlier).narrow(1, 1, 5)).abs().max().item<double>(), 0);
-  EXPECT_FALSE(models::generates_incrementally(m.layers));  // no cache: the window runs again
+  // Generation's steps: the kept convolution inputs and state, position by position (the rule's
+  // steps), give the whole window's outputs.
+  ASSERT_TRUE(models::generates_incrementally(m.layers));
+  m.layers->to(torch::kDouble);
+  const at::Tensor whole = m.layers->forward(ids);
+  std::vector<models::KvCache> caches(2);
+  std::vector<at::Tensor> parts;
+  for (const auto& [from, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 1}, {3, 1}, {4, 2}}) {
+    at::Tensor x = ids.narrow(1, from, n);
+    size_t i = 0;
+    for (const auto& layer : m.layers->children()) x = dynamic_cast<models::IncrementalLayer*>(layer.get())->forward_at(x, from, caches[i++]);
+    parts.push_back(x);
+  }
+  EXPECT_LE((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-12);
   // The gated attention: q_proj twice as wide (a gate per head), counted.
   const json gated = test::llama_list({{"attn_output_gate", true}, {"qkv_bias", true}});
   models::Model ga = test::build_model_section(gated);

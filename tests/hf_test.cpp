@@ -81,11 +81,11 @@ double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 :
 // within two bfloat16 steps at 4 (1/16), the trained weights (below 1) within 1/32; where
 // products are fused apart, whose backward rounds twice in bfloat16 where transformers rounds once
 // (the gradient of a fused matrix's input: two products each rounded, then added), and which the
-// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 18 of the 37 cases (windowed
+// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 23 of the 47 cases (windowed
 // attention among them: its masked path repeats key and value heads as transformers does); where
 // nothing is fused apart, GPT-2's attention alone rounds otherwise (0 and 0.0078); fused apart (the
-// experts' sums too), at most 0.109 (GPT-OSS's losses, from the third step on) and 0.045 (GPT-OSS's
-// weights, one bfloat16 step apart in most tensors after the first).
+// experts' sums too), at most 0.156 and 0.061 (GPT-OSS with MXFP4 experts; unquantized 0.109, its
+// losses from the third step on, and 0.045, its weights one bfloat16 step apart in most tensors).
 double bfloat16_loss_bound(const std::string& arch) { return fused(arch) ? 1.0 / 4 : 1.0 / 16; }
 // Qwen3-Next's gated DeltaNet: its L2-normalized keys take large steps in this tiny random model
 // (5 SGD steps of lr 0.1 move its convolution's weights by 1.6), which carry float32's last-bit
