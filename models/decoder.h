@@ -172,6 +172,7 @@ struct LlamaBlockOptions {
   // Qwen3-Next's gated DeltaNet (GatedDeltaNetImpl) in attention's place where linear_key_heads > 0.
   int64_t linear_key_heads = 0, linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;
   int64_t linear_conv_kernel = 4;
+  bool linear_split = false;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (Qwen3.5's), not in_proj_qkvz and in_proj_ba
   bool gated_deltanet() const { return linear_key_heads > 0; }
 };
 
@@ -214,7 +215,8 @@ TORCH_MODULE(MlaAttention);
 /// output gates z of its linear_value_heads / linear_key_heads value heads of linear_value_head_dim;
 /// in_proj_ba a write strength b and a decay input a per value head. Queries, keys and values go
 /// through a causal depthwise convolution of linear_conv_kernel positions (conv1d, no bias) and
-/// SiLU; the gated delta rule (queries and keys L2-normalized, queries scaled by
+/// SiLU (with linear_split, Qwen3.5's: in_proj_qkv gives every head's query, then key, then value,
+/// in_proj_z the output gates, in_proj_b and in_proj_a b and a); the gated delta rule (queries and keys L2-normalized, queries scaled by
 /// 1/sqrt(linear_key_head_dim), beta = sigmoid(b), decay g = -exp(A_log) * softplus(a + dt_bias))
 /// runs by chunks of 64 positions in float32 at least (float64 stays float64), as transformers'
 /// torch fallback runs it; its output goes through an RMSNorm (norm, weight as Llama's) times
@@ -230,6 +232,7 @@ class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
   /// generation runs it).
   torch::Tensor forward(const torch::Tensor& h, KvCache* cache = nullptr);
   torch::nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr}, out_proj{nullptr};
+  torch::nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr};  ///< linear_split's
   torch::nn::Conv1d conv1d{nullptr};  ///< depthwise over the queries', keys' and values' channels
   at::Tensor dt_bias, A_log;          ///< [linear_value_heads] each
   RmsNorm norm{nullptr};              ///< [linear_value_head_dim]
@@ -449,7 +452,7 @@ TORCH_MODULE(Gpt2Block);
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
 /// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
-/// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel;
+/// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

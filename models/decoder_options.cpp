@@ -115,7 +115,7 @@ void read_gated_deltanet(JsonReader& r, LlamaBlockOptions& o) {
   const int64_t big = int64_t{1} << 20;
   o.linear_key_heads = r.get_int("linear_key_heads", 0, 0, big);
   if (o.linear_key_heads == 0) {
-    for (const char* k : {"linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel"})
+    for (const char* k : {"linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel", "linear_projections"})
       if (r.has(k)) r.fail(k, "needs linear_key_heads above 0 (the gated DeltaNet)");
     return;
   }
@@ -125,6 +125,7 @@ void read_gated_deltanet(JsonReader& r, LlamaBlockOptions& o) {
   o.linear_key_head_dim = r.require_int("linear_key_head_dim", 1, big);
   o.linear_value_head_dim = r.require_int("linear_value_head_dim", 1, big);
   o.linear_conv_kernel = r.get_int("linear_conv_kernel", 4, 1, 1024);
+  o.linear_split = r.get_choice("linear_projections", "fused", {"fused", "split"}) == "split";
   if (o.mla()) r.fail("linear_key_heads", "cannot be set with kv_lora_rank (the gated DeltaNet replaces attention)");
   const std::pair<const char*, bool> attention_only[] = {{"attn_sinks", o.attn_sinks}, {"attn_output_gate", o.attn_output_gate},
       {"sliding_window", o.sliding_window > 0}, {"attention_chunk", o.attention_chunk > 0}, {"attn_softcap", o.attn_softcap > 0},

@@ -1,5 +1,5 @@
-// Qwen3-Next's gated DeltaNet (models/decoder.h), in transformers' operations and order, so that a
-// float32 forward gives its bits.
+// Qwen3-Next's and Qwen3.5's gated DeltaNet (models/decoder.h), in transformers' operations and
+// order, so that a float32 forward gives its bits.
 #include <cmath>
 #include <vector>
 
@@ -118,8 +118,15 @@ void GatedDeltaNetImpl::reset() {
   auto lin = [&](const char* name, int64_t in, int64_t out) {
     return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
   };
-  in_proj_qkvz = lin("in_proj_qkvz", d, 2 * Hk * Dk + 2 * Hv * Dv);
-  in_proj_ba = lin("in_proj_ba", d, 2 * Hv);
+  if (o_.linear_split) {
+    in_proj_qkv = lin("in_proj_qkv", d, channels);
+    in_proj_z = lin("in_proj_z", d, Hv * Dv);
+    in_proj_b = lin("in_proj_b", d, Hv);
+    in_proj_a = lin("in_proj_a", d, Hv);
+  } else {
+    in_proj_qkvz = lin("in_proj_qkvz", d, 2 * Hk * Dk + 2 * Hv * Dv);
+    in_proj_ba = lin("in_proj_ba", d, 2 * Hv);
+  }
   conv1d = register_module("conv1d", torch::nn::Conv1d(torch::nn::Conv1dOptions(channels, channels, K).groups(channels).bias(false).padding(K - 1)));
   dt_bias = register_parameter("dt_bias", torch::ones({Hv}));
   A_log = register_parameter("A_log", torch::log(torch::empty({Hv}).uniform_(0.01, 16)));
@@ -130,12 +137,20 @@ void GatedDeltaNetImpl::reset() {
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& h, KvCache* cache) {
   const int64_t B = h.size(0), T = h.size(1), Hk = o_.linear_key_heads, Hv = o_.linear_value_heads;
   const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, r = Hv / Hk, K = o_.linear_conv_kernel;
-  // Each key head's group: its query, its key, its r value heads' values and output gates.
-  const auto qkvz = run(in_proj_qkvz, h).view({B, T, Hk, 2 * Dk + 2 * r * Dv}).split_with_sizes({Dk, Dk, r * Dv, r * Dv}, 3);
-  const auto ba = run(in_proj_ba, h).view({B, T, Hk, 2 * r}).split_with_sizes({r, r}, 3);
-  const at::Tensor z = qkvz[3].reshape({B, T, Hv, Dv});
-  const at::Tensor b = ba[0].reshape({B, T, Hv}), a = ba[1].reshape({B, T, Hv});
-  const at::Tensor mixed = torch::cat({qkvz[0].reshape({B, T, -1}), qkvz[1].reshape({B, T, -1}), qkvz[2].reshape({B, T, -1})}, -1).transpose(1, 2);
+  at::Tensor mixed, z, b, a;  // [B, channels, T]; [B, T, Hv, Dv]; [B, T, Hv] each
+  if (o_.linear_split) {  // Qwen3.5's: every query, then every key, then every value
+    mixed = run(in_proj_qkv, h).transpose(1, 2);
+    z = run(in_proj_z, h).reshape({B, T, Hv, Dv});
+    b = run(in_proj_b, h);
+    a = run(in_proj_a, h);
+  } else {  // Qwen3-Next's: each key head's group, its query, its key, its r value heads' values and output gates
+    const auto qkvz = run(in_proj_qkvz, h).view({B, T, Hk, 2 * Dk + 2 * r * Dv}).split_with_sizes({Dk, Dk, r * Dv, r * Dv}, 3);
+    const auto ba = run(in_proj_ba, h).view({B, T, Hk, 2 * r}).split_with_sizes({r, r}, 3);
+    z = qkvz[3].reshape({B, T, Hv, Dv});
+    b = ba[0].reshape({B, T, Hv});
+    a = ba[1].reshape({B, T, Hv});
+    mixed = torch::cat({qkvz[0].reshape({B, T, -1}), qkvz[1].reshape({B, T, -1}), qkvz[2].reshape({B, T, -1})}, -1).transpose(1, 2);
+  }
   const int64_t channels = mixed.size(1);
   at::Tensor conv;
   if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these

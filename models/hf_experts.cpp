@@ -125,18 +125,20 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
     x.layers.assign(static_cast<size_t>(n), true);
     return x;
   }
-  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kQwen3Next && arch != kOlmoe && !granite) return x;
-  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, next = arch == kQwen3Next, qwen2 = arch == kQwen2Moe || next;
+  if (arch != kMixtral && arch != kQwen2Moe && arch != kQwen3Moe && arch != kQwen3Next && arch != kQwen35Moe && arch != kOlmoe && !granite) return x;
+  // Qwen3-Next's and Qwen3.5-MoE's: Qwen2-MoE's gated shared expert, their own defaults.
+  const bool q35 = arch == kQwen35Moe, next = arch == kQwen3Next || q35;
+  const bool mixtral = arch == kMixtral, olmoe = arch == kOlmoe, qwen2 = arch == kQwen2Moe || next;
   // Qwen3-MoE's num_experts, which transformers' config writes back as num_local_experts.
   const std::string count_key = mixtral || granite || f.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  const int64_t count = f.integer(count_key, mixtral || granite ? 8 : olmoe ? 64 : next ? 512 : qwen2 ? 60 : 128, 1, 1 << 16);
-  const int64_t k = f.integer("num_experts_per_tok", mixtral || granite ? 2 : next ? 10 : qwen2 ? 4 : 8, 1, count);
+  const int64_t count = f.integer(count_key, mixtral || granite ? 8 : olmoe ? 64 : q35 ? 256 : next ? 512 : qwen2 ? 60 : 128, 1, 1 << 16);
+  const int64_t k = f.integer("num_experts_per_tok", mixtral || granite ? 2 : q35 ? 8 : next ? 10 : qwen2 ? 4 : 8, 1, count);
   refuse_router_logits(f);
   if (f.number("router_jitter_noise", 0.0) != 0.0) f.fail("router_jitter_noise", "above 0 is not supported (set it to 0.0)");
   // GraniteMoE takes the softmax over the chosen experts' scores alone: the same weights as the
   // softmax over all of them renormalized over the chosen (their order is the scores' order).
   x.args = {{"experts", count}, {"experts_per_token", k},
-            {"normalize_experts", mixtral || granite || f.boolean("norm_topk_prob", next)}, {"router_cast", !mixtral}};
+            {"normalize_experts", mixtral || granite || q35 || f.boolean("norm_topk_prob", next)}, {"router_cast", !mixtral}};
   if (!mixtral && !olmoe && !granite) x.args["d_ff"] = f.integer("moe_intermediate_size", next ? 512 : qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", next ? 512 : 5632, 1, int64_t{1} << 30);
   // GraniteMoeShared's shared MLP (none where shared_intermediate_size is 0), added without a gate.
@@ -146,7 +148,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
     x.args["shared_expert_gate"] = false;
   }
   std::vector<bool> dense(static_cast<size_t>(n), false);
-  if ((qwen2 || arch == kQwen3Moe) && f.has("mlp_only_layers")) {
+  if (((qwen2 && !q35) || arch == kQwen3Moe) && f.has("mlp_only_layers")) {
     const json& only = f.at("mlp_only_layers");
     if (!only.is_array()) f.fail("mlp_only_layers", "must be a list of layer indices");
     for (const json& i : only) {
@@ -154,7 +156,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
       dense[i.get<size_t>()] = true;
     }
   }
-  const int64_t step = mixtral || olmoe || granite ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
+  const int64_t step = mixtral || olmoe || granite || q35 ? 1 : f.integer("decoder_sparse_step", 1, 1, 4096);
   for (int64_t i = 0; i < n; ++i) x.layers[static_cast<size_t>(i)] = !dense[static_cast<size_t>(i)] && (i + 1) % step == 0;
   return x;
 }

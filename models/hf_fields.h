@@ -1,7 +1,7 @@
 // The parts of the `hf` family (models/hf.h) its two files share: the architectures' names, a
 // checked reader of config.json's fields, and the Llama family's layer list (hf_llama.cpp: Llama,
 // Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma, Gemma 2, Gemma 3, Granite, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4, GLM-4, Ernie 4.5, EXAONE 4, MiniMax-M2, Qwen3-Next).
+// OLMoE, DeepSeek-V2 and V3, GLM-4.5, GPT-OSS, Llama 4, GLM-4, Ernie 4.5, EXAONE 4, MiniMax-M2, Qwen3-Next, Qwen3.5).
 // Not an API:
 // programs read models/hf.h.
 #pragma once
@@ -30,7 +30,13 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
                          kLlama4Vision = "Llama4ForConditionalGeneration", kGlm4 = "Glm4ForCausalLM", kErnie45 = "Ernie4_5ForCausalLM",
                          kExaone4 = "Exaone4ForCausalLM", kMiniMaxM2 = "MiniMaxM2ForCausalLM", kArcee = "ArceeForCausalLM", kApertus = "ApertusForCausalLM",
-                         kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM",
+                         kQwen35 = "Qwen3_5ForCausalLM", kQwen35Moe = "Qwen3_5MoeForCausalLM",
+                         kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
+                         kGpt2 = "GPT2LMHeadModel";
+
+/// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
+inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {
@@ -110,8 +116,8 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n);
 void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, const std::string& ours, const std::string& theirs,
                     HfSpec& spec);
 
-/// Qwen3-Next's layers of gated DeltaNet in attention's place (layer_types' linear_attention; by
-/// default all but every fourth) and their llama_block arguments (hf_linear.cpp).
+/// Qwen3-Next's and Qwen3.5's layers of gated DeltaNet in attention's place (layer_types'
+/// linear_attention; by default all but every fourth) and their llama_block arguments (hf_linear.cpp).
 struct LinearLayers {
   std::vector<bool> layers;
   nlohmann::json args;  ///< linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel
@@ -119,8 +125,8 @@ struct LinearLayers {
 LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_t n);
 
 /// A gated DeltaNet layer's tensors, ours under `ours` ("layer_0.llama.") and theirs under
-/// `theirs` ("model.layers.0.") (hf_linear.cpp).
-void linear_attention_tensors(const std::string& ours, const std::string& theirs, HfSpec& spec);
+/// `theirs` ("model.layers.0."), in `arch`'s layout (hf_linear.cpp).
+void linear_attention_tensors(const std::string& arch, const std::string& ours, const std::string& theirs, HfSpec& spec);
 
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.

@@ -1,6 +1,5 @@
-// Qwen3-Next's gated DeltaNet layers (the `hf` family, models/hf_fields.h): which layers hold
-// one, their arguments and their tensors, as transformers' Qwen3NextConfig and its checkpoints
-// name them.
+// Qwen3-Next's and Qwen3.5's gated DeltaNet layers (the `hf` family, models/hf_fields.h): which
+// layers hold one, their arguments and their tensors, as transformers' configs and checkpoints name them.
 #include <string>
 #include <vector>
 
@@ -11,7 +10,7 @@ namespace pipetrain::models::hf_detail {
 LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_t n) {
   LinearLayers x;
   x.layers.assign(static_cast<size_t>(n), false);
-  if (arch != kQwen3Next) return x;
+  if (!qwen_hybrid(arch)) return x;
   if (f.has("layer_types")) {
     const nlohmann::json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
@@ -31,12 +30,15 @@ LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_
             {"linear_key_head_dim", f.integer("linear_key_head_dim", 128, 1, big)},
             {"linear_value_head_dim", f.integer("linear_value_head_dim", 128, 1, big)},
             {"linear_conv_kernel", f.integer("linear_conv_kernel_dim", 4, 1, 1024)}};
+  if (arch != kQwen3Next) x.args["linear_projections"] = "split";  // Qwen3.5's
   return x;
 }
 
-void linear_attention_tensors(const std::string& ours, const std::string& theirs, HfSpec& spec) {
-  for (const char* p : {"in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"})
-    spec.tensors.push_back({ours + "linear_attn." + p, theirs + "linear_attn." + p});
+void linear_attention_tensors(const std::string& arch, const std::string& ours, const std::string& theirs, HfSpec& spec) {
+  std::vector<std::string> names{"conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"};
+  if (arch == kQwen3Next) names.insert(names.begin(), {"in_proj_qkvz.weight", "in_proj_ba.weight"});
+  else names.insert(names.begin(), {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"});
+  for (const std::string& p : names) spec.tensors.push_back({ours + "linear_attn." + p, theirs + "linear_attn." + p});
 }
 
 }  // namespace pipetrain::models::hf_detail

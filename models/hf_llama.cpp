@@ -37,9 +37,9 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   const double rotary_dim = arch == kMiniMaxM2 && f.has("rotary_dim")
                                 ? double(f.integer("rotary_dim", 0, 2, 1 << 16)) / double(f.integer("head_dim", 128, 2, 1 << 16))
                                 : 1.0;
-  // Qwen3-Next's default: a quarter of each head rotated.
-  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : arch == kQwen3Next ? 0.25 : rotary_dim));
-  if (partial != 1.0 && arch != kPhi3 && !glm && arch != kMiniMaxM2 && arch != kQwen3Next)
+  // Qwen3-Next's and Qwen3.5's default: a quarter of each head rotated.
+  const double partial = get("partial_rotary_factor", f.number("partial_rotary_factor", glm ? 0.5 : qwen_hybrid(arch) ? 0.25 : rotary_dim));
+  if (partial != 1.0 && arch != kPhi3 && !glm && arch != kMiniMaxM2 && !qwen_hybrid(arch))
     f.fail("partial_rotary_factor", detail::concat(partial, " is not supported for ", arch, " (its rotation turns the whole head)"));
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", detail::concat("must be in (0, 1], got ", partial));
   if (partial != 1.0) block["partial_rotary_factor"] = partial;
@@ -274,7 +274,8 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})  // the last two Phi-3's
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
-  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", f.integer("intermediate_size", 0, 1, big, true)},
+  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", arch == kQwen35Moe ? f.integer("moe_intermediate_size", 512, 1, big)  // experts on every layer: no dense width
+                                                                                                                : f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
                                                    arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus || arch == kHunyuan ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
@@ -282,13 +283,13 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
     block["head_dim"] = 128;  // their configs' default
   else if (arch == kGptOss) block["head_dim"] = 64;
-  else if (arch == kQwen3Next) block["head_dim"] = 256;
+  else if (qwen_hybrid(arch)) block["head_dim"] = 256;
   else if (t.gemma_any()) block["head_dim"] = 256;   // Gemma's
   else if (d % heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", d, ") when head_dim is not given"));
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan ||
-       arch == kQwen3Next) &&
+       qwen_hybrid(arch)) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -326,7 +327,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   if (arch == kDeepseekV2 && f.boolean("mlp_bias", false))  // on its dense MLPs but not its experts
     f.fail("mlp_bias", "true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
   if (arch == kHunyuan) block["qk_norm_after_rope"] = true;  // its q/k norms on the rotated heads
-  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || arch == kQwen3Next || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
+  block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || qwen_hybrid(arch) || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
@@ -341,7 +342,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
     block["norm_scale"] = "one_plus";
     block["act"] = "gelu_tanh";
   }
-  if (arch == kQwen3Next) {  // its norms' (1 + weight); its attention's output gate
+  if (qwen_hybrid(arch)) {  // their norms' (1 + weight); their attention's output gate
     block["norm_scale"] = "one_plus";
     block["attn_output_gate"] = true;
   }
@@ -524,7 +525,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       for (const char* a : {"alpha_p", "alpha_n", "beta", "eps"}) spec.tensors.push_back({ours + "mlp.act_fn." + a, theirs + "mlp.act_fn." + a});
     }
     if (linear.layers[static_cast<size_t>(i)]) {
-      linear_attention_tensors(ours, theirs, spec);
+      linear_attention_tensors(arch, ours, theirs, spec);
     } else if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {

@@ -102,7 +102,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "MixtralForCausalLM, "
                                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, "
                                 "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
-                                "ArceeForCausalLM, ApertusForCausalLM, HunYuanDenseV1ForCausalLM, GPT2LMHeadModel)"),
+                                "ArceeForCausalLM, ApertusForCausalLM, HunYuanDenseV1ForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
+                                "Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);

@@ -291,6 +291,31 @@ CASES = {
                                            linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
                                            num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
                                            mlp_only_layers=[2], tie_word_embeddings=False)),
+    # Qwen3.5's text models: Qwen3-Next's layers with the DeltaNet's projections split (every
+    # query, key and value in one, the output gates, b and a apart); dense, and with 4 experts top 2
+    # and a gated shared expert on every layer
+    "qwen3.5": ("Qwen3_5TextConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                                          layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                          linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                          linear_value_head_dim=6, linear_conv_kernel_dim=4, tie_word_embeddings=True)),
+    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                 head_dim=16, max_position_embeddings=64,
+                                                 layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                                 linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
+                                                 num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                                                 tie_word_embeddings=False)),
+    # Qwen3.5-MoE as published: its language model (as qwen3.5-moe) within
+    # Qwen3_5MoeForConditionalGeneration beside a vision model, its head tied by the outer config
+    "qwen3.5-moe-vision": ("Qwen3_5MoeConfig", dict(
+        tie_word_embeddings=True,
+        text_config=dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=64, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+                         linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=24),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32))),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
                                 attn_pdrop=0.0)),
 }
@@ -365,7 +390,8 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3", "granite": "Granite", "granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared", "smollm3": "SmolLM3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
-          "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next"}
+          "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
+          "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe"}
 
 
 def best_groups(router, group_scores):
@@ -381,8 +407,8 @@ def patch_float64():
     for family, prefix in PREFIX.items():
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         norm = getattr(module, f"{prefix}RMSNorm")
-        rotary = getattr(module, f"{prefix}RotaryEmbedding")
-        gemma = family.startswith("gemma") or family == "qwen3_next"  # their norms' (1 + weight)
+        rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding")
+        gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
         def norm_forward(self, h, _orig=norm.forward, _gemma=gemma):
             if h.dtype != torch.float64:
@@ -396,6 +422,8 @@ def patch_float64():
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
+            if position_ids.dim() == 3:  # Qwen3.5's three grids' positions, equal for text
+                position_ids = position_ids[0]
             dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
             params = c.rope_parameters[layer_type] if layer_type else None
             inv, attention = rope64(c, dim, int(position_ids.max()) + 1, params)
@@ -444,8 +472,8 @@ def patch_float64():
             v2_router.forward = v2_forward
         if family == "llama4":
             patch_llama4_float64(module)
-        if family == "qwen3_next":
-            patch_deltanet_float64(module)
+        if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+            patch_deltanet_float64(module, prefix)
         if family == "minimax_m2":  # its sigmoid routing in float64 (transformers: float32)
             minimax_router = module.MiniMaxM2TopKRouter
 
@@ -570,10 +598,10 @@ def delta_rule64(q, k, v, g, beta):
     return torch.stack(out, 1)
 
 
-def patch_deltanet_float64(module):
-    """Qwen3-Next's gated DeltaNet and its gated norm in float64 (transformers: the delta rule, the
-    decay and the norm in float32), the delta rule token by token (delta_rule64)."""
-    gated = module.Qwen3NextRMSNormGated
+def patch_deltanet_float64(module, prefix):
+    """Qwen3-Next's and Qwen3.5's gated DeltaNet and its gated norm in float64 (transformers: the
+    delta rule, the decay and the norm in float32), the delta rule token by token (delta_rule64)."""
+    gated = getattr(module, f"{prefix}RMSNormGated")
 
     def gated_forward(self, h, gate, _orig=gated.forward):
         if h.dtype != torch.float64:
@@ -582,14 +610,19 @@ def patch_deltanet_float64(module):
         return self.weight * normed * torch.nn.functional.silu(gate)
 
     gated.forward = gated_forward
-    net = module.Qwen3NextGatedDeltaNet
+    net = getattr(module, f"{prefix}GatedDeltaNet")
 
     def net_forward(self, hidden_states, cache=None, attention_mask=None, _orig=net.forward, **kw):  # without a cache (make's forwards)
         if hidden_states.dtype != torch.float64 or cache is not None:
             return _orig(self, hidden_states, cache=cache, attention_mask=attention_mask, **kw)
         B, T = hidden_states.shape[:2]
-        q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
-        mixed = torch.cat([x.reshape(B, T, -1) for x in (q, k, v)], -1).transpose(1, 2)
+        if hasattr(self, "in_proj_qkvz"):  # Qwen3-Next's grouped projections
+            q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+            mixed = torch.cat([x.reshape(B, T, -1) for x in (q, k, v)], -1).transpose(1, 2)
+        else:  # Qwen3.5's
+            mixed = self.in_proj_qkv(hidden_states).transpose(1, 2)
+            z = self.in_proj_z(hidden_states).reshape(B, T, -1, self.head_v_dim)
+            b, a = self.in_proj_b(hidden_states), self.in_proj_a(hidden_states)
         mixed = torch.nn.functional.conv1d(mixed, self.conv1d.weight, padding=self.conv_kernel_size - 1, groups=mixed.size(1))
         mixed = torch.nn.functional.silu(mixed[..., :T]).transpose(1, 2)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], -1)
@@ -603,9 +636,11 @@ def patch_deltanet_float64(module):
 
 
 def model_class(config):
-    """The case's transformers class: Llama 4's vision and language model where its config is
-    that one's, the causal language model otherwise."""
-    return transformers.Llama4ForConditionalGeneration if isinstance(config, transformers.Llama4Config) else AutoModelForCausalLM
+    """The case's transformers class: Llama 4's and Qwen3.5-MoE's vision and language models where
+    the config is theirs, the causal language model otherwise."""
+    if isinstance(config, transformers.Llama4Config):
+        return transformers.Llama4ForConditionalGeneration
+    return transformers.Qwen3_5MoeForConditionalGeneration if isinstance(config, transformers.Qwen3_5MoeConfig) else AutoModelForCausalLM
 
 
 def language_model(model):
@@ -686,10 +721,10 @@ def random_model(name, dtype_name, root):
     out = os.path.join(root, f"{name}-{dtype_name}")
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(len(name))
-    if "text_config" in fields:  # Llama 4's vision and language model: the sizes are its language model's
+    if "text_config" in fields:  # a vision and language model: the sizes are its language model's
         fields = dict(fields, text_config=dict(fields["text_config"], vocab_size=96, initializer_range=0.2))
         config = getattr(transformers, config_class)(**fields)
-        model = transformers.Llama4ForConditionalGeneration(config).to(DTYPES[dtype_name])
+        model = model_class(config)._from_config(config, **experts_impl(config, name, dtype_name)).to(DTYPES[dtype_name])
     else:
         config = getattr(transformers, config_class)(vocab_size=96, initializer_range=0.2, **fields)
         model = AutoModelForCausalLM.from_config(config, **experts_impl(config, name, dtype_name)).to(DTYPES[dtype_name])
