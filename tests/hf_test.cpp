@@ -87,11 +87,12 @@ double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 :
 // experts' sums too), at most 0.156 and 0.061 (GPT-OSS with MXFP4 experts; unquantized 0.109, its
 // losses from the third step on, and 0.045, its weights one bfloat16 step apart in most tensors).
 double bfloat16_loss_bound(const std::string& arch) { return fused(arch) ? 1.0 / 4 : 1.0 / 16; }
-// Qwen3-Next's gated DeltaNet: its L2-normalized keys take large steps in this tiny random model
-// (5 SGD steps of lr 0.1 move its convolution's weights by 1.6), which carry float32's last-bit
-// differences (2.5e-6 in the first logits) to 1.1e-3 in the losses and 2.0e-3 in the weights, and
-// bfloat16's (logits bit for bit) to 0.094 and 0.18 (AMD EPYC); in float64 the same steps agree to
-// 5.4e-13 and 4.7e-12 (within 1e-10: the math is the same). Its training bounds: 1e-2 in float32,
+// Qwen3-Next's and Qwen3.5's gated DeltaNet: its L2-normalized keys take large steps in these tiny
+// random models (5 SGD steps of lr 0.1 move Qwen3-Next's convolution weights by 1.6), which carry
+// float32's last-bit differences (at most 3.3e-6 in the first logits) to at most 1.1e-3 in the
+// losses and 2.9e-3 in the weights, and bfloat16's (logits bit for bit) to 0.094 and 0.18
+// (Qwen3-Next; dense Qwen3.5's bit for bit) (AMD EPYC); in float64 the same steps agree within
+// 8.0e-11 and 6.8e-11 (within 1e-10: the math is the same). Their training bounds: 1e-2 in float32,
 // 1/4 for bfloat16's weights.
 bool delta_rule(const std::string& arch) { return arch.rfind("qwen3-next", 0) == 0 || arch.rfind("qwen3.5", 0) == 0; }
 // Qwen3.5-MoE's bfloat16 steps drift apart (0.77 in the losses, 1.3 in the weights) where its
