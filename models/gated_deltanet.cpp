@@ -24,10 +24,6 @@ at::Tensor by_head(const at::Tensor& x, at::ScalarType type) { return x.transpos
 
 at::Tensor l2norm(const at::Tensor& x) { return x * torch::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6); }
 
-}  // namespace
-
-namespace {
-
 // The rule's inputs as both forms take them: each key head repeated for its value heads, every
 // tensor [B, H, T, ...] in the computation's type, queries and keys L2-normalized.
 struct RuleInputs {

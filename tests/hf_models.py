@@ -403,8 +403,17 @@ def best_groups(router, group_scores):
     return mask.unsqueeze(-1).expand(-1, router.num_group, per).reshape(-1, router.num_experts).bool()
 
 
-def patch_float64():
+def family_of(config_class):
+    """The transformers family (its models/ folder) a config class belongs to."""
+    return config_class.__module__.split(".")[2]
+
+
+def patch_float64(families=None):
+    """Patches the named families (PREFIX's keys; all where None): importing every family's
+    modeling file costs seconds that each case would pay."""
     for family, prefix in PREFIX.items():
+        if families is not None and family not in families:
+            continue
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding")
@@ -762,7 +771,7 @@ def models(root, only):
 
 
 def make(root, only=None):
-    patch_float64()
+    patch_float64(None if not only else {family_of(getattr(transformers, CASES[n][0])) for n in only.split(",")})
     for name in CASES:
         if only and name not in only.split(","):
             continue
@@ -819,7 +828,7 @@ def router_float64(model, model_dir):
 
 
 def generate(ids, new_tokens, *model_dirs):
-    patch_float64()
+    patch_float64({family_of(type(transformers.AutoConfig.from_pretrained(d))) for d in model_dirs})
     result = {}
     for model_dir in model_dirs:
         with open(os.path.join(model_dir, "config.json")) as f:
