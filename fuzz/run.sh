@@ -17,9 +17,16 @@ build=${PIPETRAIN_FUZZ_BUILD:-$root/build-fuzz}
 cxx=${PIPETRAIN_FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$cxx" ] || { echo "fuzz: clang++ not found (scripts/setup.sh installs clang)" >&2; exit 1; }
 torch_cmake=$(pipetrain_torch_cmake)
+# ccache, where installed, as scripts/build.sh uses it: a second clone builds the instrumented
+# targets from the cache outside the clone.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 mkdir -p "$build"
 cmake -S "$root/fuzz" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$torch_cmake" \
-  -DTorch_DIR="$torch_cmake/Torch" >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; exit 1; }
+  -DTorch_DIR="$torch_cmake/Torch" "${launcher[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; exit 1; }
 # ucx_address_fuzz exists only where UCX and spdlog are installed (fuzz/CMakeLists.txt).
 if ! cmake --build "$build" --target help 2>/dev/null | grep -q ucx_address_fuzz; then
   kept=()
