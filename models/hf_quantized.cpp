@@ -103,15 +103,15 @@ const std::string& HfWeights::file_of(const std::string& name) const {
 at::Tensor HfWeights::get(const std::string& name, std::vector<std::string>* from) const {
   std::vector<std::string> names;
   if (!from) from = &names;
-  for (const auto& [n, t] : recent_)
-    if (n == name) {
-      *from = ck_.contains(name) ? std::vector<std::string>{name, name + "_scale_inv"} : std::vector<std::string>{name + "_blocks", name + "_scales"};
-      return t;
+  for (const Recent& r : recent_)
+    if (r.name == name) {
+      *from = r.from;
+      return r.tensor;
     }
   at::Tensor w = read(name, from);
   if (from->size() > 1) {  // dequantized: kept a while
     if (recent_.size() == 4) recent_.erase(recent_.begin());
-    recent_.emplace_back(name, w);
+    recent_.push_back({name, w, *from});
   }
   return w;
 }

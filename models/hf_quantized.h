@@ -22,7 +22,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -67,7 +66,12 @@ class HfWeights {
   HfQuantization q_;
   std::string where_;
   at::Tensor read(const std::string& name, std::vector<std::string>* from) const;
-  mutable std::vector<std::pair<std::string, at::Tensor>> recent_;  // dequantized, newest last
+  struct Recent {  // a dequantized tensor and the checkpoint's names it was read from
+    std::string name;
+    at::Tensor tensor;
+    std::vector<std::string> from;
+  };
+  mutable std::vector<Recent> recent_;  // newest last
 };
 
 /// The fp8 weight `q` [..., rows, columns] times its scales `scale` [..., ceil(rows / block[0]),
