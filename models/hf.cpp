@@ -238,7 +238,7 @@ Model build_hf(JsonReader& r) {
     used.insert("lm_head.weight");
   }
   for (const std::string& name : ck.names())
-    if (!used.count(name) && !ignorable(name) && !ignored(spec, name))
+    if (!used.count(name) && !ignorable(name) && !ignored(spec, name) && !weights.inert(name))
       throw ConfigError(detail::concat(where, ": ", ck.file_of(name), ": tensor '", name, "' is not part of a ", spec.architecture,
                                        " as config.json describes it (an unsupported option would compute a different model)"));
   return m;

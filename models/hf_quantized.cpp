@@ -32,11 +32,13 @@ HfQuantization read_hf_quantization(const json& q, const std::string& where) {
   if (!q.is_object()) fail("quantization_config", "must be an object, got " + q.dump());
   const std::string at = "quantization_config.";
   const auto method = q.find("quant_method");
-  if (method == q.end() || !method->is_string()) fail(at + "quant_method", "must name the method (fp8 or mxfp4)");
+  if (method == q.end() || !method->is_string()) fail(at + "quant_method", "must name the method (fp8, mxfp4 or compressed-tensors)");
   HfQuantization out;
   out.method = method->get<std::string>();
+  if (out.method == "compressed-tensors") return read_compressed_tensors(q, where);
   if (out.method != "fp8" && out.method != "mxfp4")
-    fail(at + "quant_method", "'" + out.method + "' is not supported (fp8 and mxfp4 are read, dequantized; dequantize others to bfloat16 first)");
+    fail(at + "quant_method", "'" + out.method +
+                                  "' is not supported (fp8, mxfp4 and compressed-tensors are read, dequantized; dequantize others to bfloat16 first)");
   if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null() && !q["modules_to_not_convert"].is_array())
     fail(at + "modules_to_not_convert", "must be a list of module names, got " + q["modules_to_not_convert"].dump());
   if (out.method == "mxfp4") return out;
@@ -80,24 +82,39 @@ at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, 
   if (blocks.dim() < 2 || blocks.size(-1) != 16 || blocks.sizes().slice(0, blocks.dim() - 1) != scales.sizes())
     throw ConfigError(detail::concat(what, ": MXFP4 blocks of shape ", blocks.sizes(), " and scales of shape ", scales.sizes(),
                                      " (blocks [..., groups, 16] beside scales [..., groups])"));
+  const at::Tensor out = fp4_values(blocks) * torch::exp2(scales.to(torch::kFloat) - 127.0).unsqueeze(-1);
+  return out.flatten(-2);
+}
+
+at::Tensor fp4_values(const at::Tensor& bytes) {
   static const float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   const at::Tensor lut = torch::from_blob(const_cast<float*>(kFp4), {16}, torch::kFloat).clone();
-  const at::Tensor b = blocks.to(torch::kLong);
+  const at::Tensor b = bytes.to(torch::kLong);
   // Each byte's low half is the even element, its high half the odd one.
-  const at::Tensor values = torch::stack({lut.index({b.bitwise_and(15)}), lut.index({b.bitwise_right_shift(4)})}, -1).flatten(-2);
-  const at::Tensor out = values * torch::exp2(scales.to(torch::kFloat) - 127.0).unsqueeze(-1);
-  return out.flatten(-2);
+  return torch::stack({lut.index({b.bitwise_and(15)}), lut.index({b.bitwise_right_shift(4)})}, -1).flatten(-2);
 }
 
 HfWeights::HfWeights(const SafetensorsCheckpoint& ck, HfQuantization q, std::string where)
     : ck_(ck), q_(std::move(q)), where_(std::move(where)) {}
 
 bool HfWeights::contains(const std::string& name) const {
-  return ck_.contains(name) || (q_.method == "mxfp4" && ck_.contains(name + "_blocks"));
+  return ck_.contains(name) || (q_.method == "mxfp4" && ck_.contains(name + "_blocks")) ||
+         (q_.method == "compressed-tensors" && ck_.contains(name + "_packed"));
 }
 
 const std::string& HfWeights::file_of(const std::string& name) const {
-  return ck_.file_of(ck_.contains(name) || q_.method != "mxfp4" ? name : name + "_blocks");
+  if (ck_.contains(name)) return ck_.file_of(name);
+  return ck_.file_of(q_.method == "mxfp4" ? name + "_blocks" : q_.method == "compressed-tensors" ? name + "_packed" : name);
+}
+
+bool HfWeights::inert(const std::string& name) const {
+  if (q_.method != "compressed-tensors") return false;
+  for (const char* s : {".input_scale", ".input_zero_point", ".input_global_scale", ".output_scale", ".output_zero_point", ".k_scale",
+                        ".v_scale", ".q_scale"}) {
+    const size_t n = std::char_traits<char>::length(s);
+    if (name.size() > n && name.compare(name.size() - n, n, s) == 0) return true;
+  }
+  return false;
 }
 
 at::Tensor HfWeights::get(const std::string& name, std::vector<std::string>* from) const {
@@ -131,9 +148,12 @@ at::Tensor HfWeights::read(const std::string& name, std::vector<std::string>* fr
     // [experts, out, in] as held, transposed back to transformers' [experts, in, out].
     return dequantize_mxfp4(b, ck_.get(scales), what(blocks)).transpose(1, 2).contiguous();
   }
+  if (q_.method == "compressed-tensors" && compressed_in(ck_, name)) return read_compressed(ck_, q_, name, from, where_);
   const at::Tensor w = ck_.get(name);
   *from = {name};
   if (!float8(w.scalar_type())) return w;
+  if (q_.method == "compressed-tensors")
+    throw ConfigError(detail::concat(what(name), " is ", w.scalar_type(), " and its '", name, "_scale' is missing"));
   if (q_.method != "fp8")
     throw ConfigError(detail::concat(what(name), " is ", w.scalar_type(), ": 8-bit floats need scales, and config.json has no fp8 quantization_config"));
   const std::string scale = name + "_scale_inv";

@@ -105,3 +105,8 @@ pip_add "transformers-$PIPETRAIN_TRANSFORMERS_VERSION" \
 pip_add "accelerate-$PIPETRAIN_ACCELERATE_VERSION" \
   "import accelerate, sys; sys.exit(accelerate.__version__ != '$PIPETRAIN_ACCELERATE_VERSION')" \
   "accelerate==$PIPETRAIN_ACCELERATE_VERSION"
+# compressed-tensors: transformers reads llm-compressor's checkpoints (W4A16, W8A8, FP8, NVFP4)
+# with it; the oracle writes the hf family's compressed cases with its compressors.
+pip_add "compressed-tensors-$PIPETRAIN_COMPRESSED_TENSORS_VERSION" \
+  "import compressed_tensors, sys; sys.exit(compressed_tensors.__version__ != '$PIPETRAIN_COMPRESSED_TENSORS_VERSION')" \
+  "compressed-tensors==$PIPETRAIN_COMPRESSED_TENSORS_VERSION"

@@ -330,6 +330,27 @@ QUANTIZED = {"qwen3-fp8": ("qwen3", "fp8", [8, 16], {}), "deepseek-v3-fp8": ("de
              "gpt-oss-mxfp4": ("gpt-oss", "mxfp4", None, {"intermediate_size": 32})}
 for _case, (_base, _, _, _changes) in QUANTIZED.items():
     CASES[_case] = (CASES[_base][0], dict(CASES[_base][1], **_changes))
+# compressed-tensors checkpoints (llm-compressor's, which vLLM serves), written by
+# compressed-tensors' own compressors in compress() below and read by transformers dequantized:
+# (the case, the format, the weights' quantization, the inputs', the kv cache's). W4A16 with zero
+# points (asymmetric groups of 16, packed into int32); W8A8 in int8 by rows on Phi-3's fused
+# matrices (the activations' dynamic quantization, as transformers' dequantized model, not
+# applied); fp8 by blocks of 8x16 with static input and kv-cache scales stored (not read); NVFP4
+# (e2m1 codes by groups of 16, float8 scales, a global scale).
+COMPRESSED = {
+    "llama-w4a16-asymmetric": ("llama", "pack-quantized",
+                               dict(num_bits=4, type="int", strategy="group", group_size=16, symmetric=False), None, None),
+    "phi3-w8a8-int8": ("phi3", "int-quantized", dict(num_bits=8, type="int", strategy="channel", symmetric=True),
+                       dict(num_bits=8, type="int", strategy="token", dynamic=True, symmetric=True), None),
+    "qwen3-fp8-blocks-static": ("qwen3", "float-quantized", dict(num_bits=8, type="float", strategy="block", block_structure=[8, 16]),
+                                dict(num_bits=8, type="float", strategy="tensor", dynamic=False),
+                                dict(num_bits=8, type="float", strategy="tensor", dynamic=False)),
+    "mistral-nvfp4": ("mistral", "nvfp4-pack-quantized",
+                      dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, scale_dtype="torch.float8_e4m3fn"),
+                      dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, dynamic="local"), None),
+}
+for _case, (_base, *_) in COMPRESSED.items():
+    CASES[_case] = CASES[_base]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -713,6 +734,62 @@ def quantize(model_dir, method, block):
         json.dump(config, f, indent=2)
 
 
+def compress(model_dir, fmt, weights, inputs, kv_cache):
+    """model_dir's checkpoint rewritten by compressed-tensors' compressor for fmt: every
+    projection's weight quantized as `weights` says (its scales and zero points from the weight's
+    own range: compressed-tensors' calculate_qparams, NVFP4's global scale its generate_gparam),
+    the embeddings, norms and head as they were; static input scales (and the kv cache's, on the
+    attention) stored as ones. config.json gains the quantization_config that says so."""
+    from safetensors.torch import load_file, save_file
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    path = os.path.join(model_dir, "model.safetensors")
+    saved, out = load_file(path), {}
+    wargs = QuantizationArgs(**weights)
+    iargs = QuantizationArgs(**inputs) if inputs else None
+    scheme = QuantizationScheme(targets=["Linear"], weights=wargs, input_activations=iargs, format=fmt)
+    compressor = BaseCompressor.get_value_from_registry(fmt)
+    for k, v in saved.items():
+        if not (k.endswith("proj.weight") and v.dim() == 2):
+            out[k] = v
+            continue
+        w = v.double() if v.dtype == torch.float64 else v.float()
+        rows, cols = w.shape
+        if wargs.strategy in ("group", "tensor_group"):
+            g = w.reshape(rows, cols // wargs.group_size, wargs.group_size)
+            lo, hi = g.amin(-1), g.amax(-1)
+        elif wargs.strategy == "block":
+            br, bc = wargs.block_structure
+            g = w.reshape(rows // br, br, cols // bc, bc)
+            lo, hi = g.amin(dim=(1, 3)), g.amax(dim=(1, 3))
+        else:
+            lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        gs = generate_gparam(w.min(), w.max()).reshape(1) if wargs.strategy == "tensor_group" else None
+        scale, zp = calculate_qparams(lo, hi, wargs, global_scale=gs)
+        parts = {"weight": v, "weight_scale": scale if wargs.scale_dtype else scale.to(v.dtype), "weight_zero_point": zp}
+        if gs is not None:
+            parts["weight_global_scale"] = gs
+        base = k[: -len("weight")]
+        for n, t in compressor.compress(parts, scheme).items():
+            out[base + n] = t
+        if iargs is not None and fmt.startswith("nvfp4"):
+            out[base + "input_global_scale"] = torch.ones(1)
+        elif iargs is not None and not iargs.dynamic:
+            out[base + "input_scale"] = torch.ones(1, dtype=v.dtype)
+        if kv_cache and k.endswith("self_attn.k_proj.weight"):
+            out[k.replace("k_proj.weight", "k_scale")] = torch.ones(1, dtype=v.dtype)
+            out[k.replace("k_proj.weight", "v_scale")] = torch.ones(1, dtype=v.dtype)
+    save_file(out, path, metadata={"format": "pt"})
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    q = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, quantization_status="compressed", ignore=["lm_head"],
+                           kv_cache_scheme=QuantizationArgs(**kv_cache) if kv_cache else None)
+    config["quantization_config"] = q.to_dict()
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def load_kwargs(config, case="", dtype_name=""):
     """from_pretrained's arguments for the case: its experts' implementation, and for MXFP4 the
     dequantization transformers would choose itself without a GPU."""
@@ -720,6 +797,8 @@ def load_kwargs(config, case="", dtype_name=""):
     q = getattr(config, "quantization_config", None)
     if q is not None and (q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)) == "mxfp4":
         kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    if q is not None and (q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)) == "compressed-tensors":
+        kw["quantization_config"] = transformers.CompressedTensorsConfig(dequantize=True)
     return kw
 
 
@@ -751,9 +830,11 @@ def random_model(name, dtype_name, root):
             if bname.endswith(("e_score_correction_bias", "act_fn.beta")):
                 b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(os.path.join(out, "model"))
-    if name in QUANTIZED:  # the model is now transformers' of the quantized checkpoint, dequantized
-        _, method, block, _ = QUANTIZED[name]
-        quantize(os.path.join(out, "model"), method, block)
+    if name in QUANTIZED or name in COMPRESSED:  # the model is now transformers' of the quantized checkpoint, dequantized
+        if name in QUANTIZED:
+            quantize(os.path.join(out, "model"), QUANTIZED[name][1], QUANTIZED[name][2])
+        else:
+            compress(os.path.join(out, "model"), *COMPRESSED[name][1:])
         config = transformers.AutoConfig.from_pretrained(os.path.join(out, "model"))
         model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model"), dtype=DTYPES[dtype_name],
                                                      **load_kwargs(config, name, dtype_name))

@@ -209,4 +209,8 @@ TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architect
 TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
 TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
 TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }
+TEST(HfParity, LlamaCompressedW4A16AsymmetricGroupsPacked) { check_architecture("llama-w4a16-asymmetric"); }
+TEST(HfParity, Phi3CompressedW8A8Int8ByRowsFused) { check_architecture("phi3-w8a8-int8"); }
+TEST(HfParity, Qwen3CompressedFp8BlocksStaticScalesNotRead) { check_architecture("qwen3-fp8-blocks-static"); }
+TEST(HfParity, MistralCompressedNvfp4GlobalScale) { check_architecture("mistral-nvfp4"); }
 TEST(HfParity, Gpt2) { check_architecture("gpt2"); }
