@@ -187,7 +187,7 @@ TEST(HfFamily, DeepseekV3ReadsItsLatentsSkipsItsPredictionLayer) {
   refused({{"topk_group", 1}, {"num_experts_per_tok", 3}}, "topk_group leaves fewer experts than num_experts_per_tok (3)");
   refused({{"qk_rope_head_dim", 3}}, "qk_rope_head_dim must be even");
   refused({{"quantization_config", {{"quant_method", "bitsandbytes"}}}},
-          "quantization_config.quant_method 'bitsandbytes' is not supported (fp8 and mxfp4 are read");
+          "quantization_config.quant_method 'bitsandbytes' is not supported (fp8, mxfp4 and compressed-tensors are read");
   const nlohmann::json v2{{"architectures", {"DeepseekV2ForCausalLM"}}};
   refused(with(v2, {{"topk_method", "noaux_tc"}}), "topk_method 'noaux_tc' is not supported (greedy, group_limited_greedy)");
   refused(with(v2, {{"mlp_bias", true}}), "mlp_bias true is not supported for DeepseekV2ForCausalLM (its experts would have none)");
