@@ -10,7 +10,7 @@
 PIPETRAIN_TORCH_VERSION=${PIPETRAIN_TORCH_VERSION:-2.11.0}
 # UCX with CUDA from PyPI (libucx-cu13), pinned.
 PIPETRAIN_UCX_WHEEL_VERSION=${PIPETRAIN_UCX_WHEEL_VERSION:-1.22.0}
-# transformers, tokenizers and accelerate from PyPI (scripts/setup.sh): the hf family's test oracle and example.
+# transformers, tokenizers, accelerate and compressed-tensors from PyPI (scripts/setup.sh): the hf family's test oracle and example.
 PIPETRAIN_TRANSFORMERS_VERSION=${PIPETRAIN_TRANSFORMERS_VERSION:-5.24.0}
 PIPETRAIN_TOKENIZERS_VERSION=${PIPETRAIN_TOKENIZERS_VERSION:-0.23.3}
 PIPETRAIN_ACCELERATE_VERSION=${PIPETRAIN_ACCELERATE_VERSION:-1.15.0}
