@@ -378,6 +378,7 @@ void LlamaBlockImpl::reset() {
   auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
   if (o_.norms != NormPlacement::Post) input_layernorm_ = norm("input_layernorm");
   if (o_.gated_deltanet()) linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
+  else if (o_.mamba()) mamba_ = register_module("mamba", Mamba2Mixer(o_));
   else if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
   else self_attn_ = register_module("self_attn", LlamaAttention(o_));
   post_attention_layernorm_ = norm("post_attention_layernorm");
@@ -498,7 +499,9 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
-  const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache) : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
+  const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache)
+                       : mamba_    ? mamba_->forward(h, cache)
+                                   : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
   auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };

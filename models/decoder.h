@@ -10,6 +10,7 @@
 // values it kept (a KvCache), for generation (models/generate.h).
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 struct KvCache {
   at::Tensor k, v;
   /// A gated DeltaNet layer's instead: the last linear_conv_kernel - 1 inputs of its convolution
-  /// [B, channels, K - 1] and the delta rule's state [B, value heads, key head_dim, value head_dim].
+  /// [B, channels, K - 1] and the delta rule's state [B, value heads, key head_dim, value head_dim];
+  /// a Mamba 2 mixer's: its convolution's last inputs and the scan's state [B, heads, head_dim, state].
   at::Tensor conv, state;
   int64_t positions = 0;  ///< how many positions conv and state stand for
   /// Set by a call whose positions the kept ones no longer match: longrope's first forward past
@@ -174,6 +176,11 @@ struct LlamaBlockOptions {
   int64_t linear_conv_kernel = 4;
   bool linear_split = false;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (Qwen3.5's), not in_proj_qkvz and in_proj_ba
   bool gated_deltanet() const { return linear_key_heads > 0; }
+  // Mamba 2's mixer (Mamba2MixerImpl) in attention's place where mamba_heads > 0 (Granite 4.0-H's).
+  int64_t mamba_heads = 0, mamba_head_dim = 0, mamba_state = 0, mamba_groups = 1, mamba_conv_kernel = 4, mamba_chunk = 256;
+  bool mamba_conv_bias = true, mamba_proj_bias = false;
+  double mamba_dt_min = 0, mamba_dt_max = std::numeric_limits<double>::infinity();  // the steps' clamp
+  bool mamba() const { return mamba_heads > 0; }
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -241,6 +248,45 @@ class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
   LlamaBlockOptions o_;
 };
 TORCH_MODULE(GatedDeltaNet);
+
+/// Mamba 2's mixer ("mamba"), as transformers' torch path computes it (Granite 4.0-H's):
+/// in_proj gives the gate z [mamba_heads·mamba_head_dim = I], the convolution's input xBC (I
+/// values, then B and C of mamba_groups·mamba_state each) and dt [mamba_heads]; xBC goes through a
+/// causal depthwise convolution of mamba_conv_kernel positions (conv1d, with a bias where
+/// mamba_conv_bias) and SiLU; dt = clamp(softplus(dt + dt_bias)), A = -exp(A_log); the scan
+/// (mamba2_chunk_scan) by chunks of mamba_chunk positions in float32 at least; its output times
+/// silu(z), RMS-normalized by groups of I / mamba_groups (norm.weight), then out_proj. In
+/// generation it keeps its convolution's last inputs and the scan's state (KvCache::conv,
+/// KvCache::state), stepping one position at a time.
+class Mamba2MixerImpl : public torch::nn::Cloneable<Mamba2MixerImpl> {
+ public:
+  explicit Mamba2MixerImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  void reset() override;
+  /// h [B, T, d_model] (input_layernorm's output) to the layer's output [B, T, d_model]; with
+  /// `cache`, h holds the positions after those the cache stands for, which it carries on.
+  torch::Tensor forward(const torch::Tensor& h, KvCache* cache = nullptr);
+  torch::nn::Linear in_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Conv1d conv1d{nullptr};  ///< depthwise over xBC's channels
+  at::Tensor dt_bias, A_log, D;       ///< [mamba_heads] each
+  RmsNorm norm{nullptr};              ///< its weight [mamba_heads·mamba_head_dim] (the gated norm by groups)
+
+ private:
+  LlamaBlockOptions o_;
+};
+TORCH_MODULE(Mamba2Mixer);
+
+/// Mamba 2's scan (the state space duality's chunked form) as transformers' torch_forward computes
+/// it, its operations in its order: x [B, T, H, P], dt [B, T, H] (the steps, after softplus and
+/// the clamp), A [H] (negative), Bm and C [B, T, G, N] (G divides H: each group serves H / G
+/// consecutive heads), D [H]. The state S [B, H, P, N] of each head takes S·exp(dt·A) + dt·x·Bᵀ at
+/// each position and gives y = S·C + D·x. In float32 for float32 and lower (transformers'), float64
+/// for float64; returns [B, T, H, P] in that type. `state` (if given): the state before the first
+/// position where defined, replaced by the one after the last. mamba2_recurrent_scan: the same
+/// position by position (generation's steps; the float64 reference of the tests).
+at::Tensor mamba2_chunk_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& Bm, const at::Tensor& C,
+                             const at::Tensor& D, int64_t chunk, at::Tensor* state = nullptr);
+at::Tensor mamba2_recurrent_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& Bm, const at::Tensor& C,
+                                 const at::Tensor& D, at::Tensor* state = nullptr);
 
 /// The gated delta rule by chunks of `chunk` positions, as transformers' torch_chunk_gated_delta_rule
 /// computes it (its operations, in float32 at least): q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (Hk
@@ -381,6 +427,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   LlamaAttention self_attn_{nullptr};
   MlaAttention mla_{nullptr};  // in self_attn_'s place where options().mla()
   GatedDeltaNet linear_attn_{nullptr};  // in their place where options().gated_deltanet()
+  Mamba2Mixer mamba_{nullptr};          // or options().mamba()
   GatedMlp mlp_{nullptr};
   Moe moe_{nullptr};  // in mlp_'s place where options().experts > 0
   // rope_inv_freq on the device the block last ran on, for the dtype it ran in (and longrope's
@@ -452,7 +499,9 @@ TORCH_MODULE(Gpt2Block);
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
 /// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
-/// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections;
+/// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections,
+/// mamba_heads, mamba_head_dim, mamba_state, mamba_groups, mamba_conv_kernel, mamba_chunk, mamba_conv_bias, mamba_proj_bias,
+/// mamba_dt_min, mamba_dt_max;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

@@ -133,6 +133,37 @@ void read_gated_deltanet(JsonReader& r, LlamaBlockOptions& o) {
   for (const auto& [key, set] : attention_only)
     if (set) r.fail(key, "does not apply to the gated DeltaNet (linear_key_heads above 0 replaces attention)");
 }
+
+// Mamba 2's mixer in attention's place: its heads, their sizes, its state, groups, convolution, chunks.
+void read_mamba(JsonReader& r, LlamaBlockOptions& o) {
+  const int64_t big = int64_t{1} << 20;
+  o.mamba_heads = r.get_int("mamba_heads", 0, 0, big);
+  if (o.mamba_heads == 0) {
+    for (const char* k : {"mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv_kernel", "mamba_chunk", "mamba_conv_bias",
+                          "mamba_proj_bias", "mamba_dt_min", "mamba_dt_max"})
+      if (r.has(k)) r.fail(k, "needs mamba_heads above 0 (Mamba 2's mixer)");
+    return;
+  }
+  o.mamba_head_dim = r.require_int("mamba_head_dim", 1, big);
+  o.mamba_state = r.require_int("mamba_state", 1, big);
+  o.mamba_groups = r.get_int("mamba_groups", 1, 1, big);
+  if (o.mamba_heads % o.mamba_groups) r.fail("mamba_groups", detail::concat("must divide mamba_heads (", o.mamba_heads, ")"));
+  o.mamba_conv_kernel = r.get_int("mamba_conv_kernel", 4, 1, 1024);
+  o.mamba_chunk = r.get_int("mamba_chunk", 256, 1, big);
+  o.mamba_conv_bias = r.get_bool("mamba_conv_bias", true);
+  o.mamba_proj_bias = r.get_bool("mamba_proj_bias", false);
+  o.mamba_dt_min = r.get_number("mamba_dt_min", 0.0, 0.0, 1e30);
+  o.mamba_dt_max = r.has("mamba_dt_max") ? r.get_number("mamba_dt_max", 1e30, 0.0, 1e30) : std::numeric_limits<double>::infinity();
+  if (o.mamba_dt_max < o.mamba_dt_min) r.fail("mamba_dt_max", detail::concat("must be at least mamba_dt_min (", o.mamba_dt_min, ")"));
+  if (o.mla() || o.gated_deltanet())
+    r.fail("mamba_heads", "cannot be set with kv_lora_rank or linear_key_heads (Mamba 2's mixer replaces attention)");
+  const std::pair<const char*, bool> attention_only[] = {{"attn_sinks", o.attn_sinks}, {"attn_output_gate", o.attn_output_gate},
+      {"sliding_window", o.sliding_window > 0}, {"attention_chunk", o.attention_chunk > 0}, {"attn_softcap", o.attn_softcap > 0},
+      {"qk_norm", o.qk_norm}, {"qk_l2_norm", o.qk_l2_norm}};
+  for (const auto& [key, set] : attention_only)
+    if (set) r.fail(key, "does not apply to Mamba 2's mixer (mamba_heads above 0 replaces attention)");
+}
+
 }  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
@@ -221,6 +252,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.mla() && o.q_temperature > 0) r.fail("q_temperature", "is not supported with latent attention (kv_lora_rank)");
   if (o.mla() && o.attn_output_gate) r.fail("attn_output_gate", "is not supported with latent attention (kv_lora_rank)");
   read_gated_deltanet(r, o);
+  read_mamba(r, o);
   return o;
 }
 
@@ -262,6 +294,12 @@ double parameter_values(const LlamaBlockOptions& o) {
     const double hv = double(o.linear_value_heads);
     return d * (2 * keys + 2 * values) + d * 2 * hv + (2 * keys + values) * double(o.linear_conv_kernel) + 2 * hv +
            double(o.linear_value_head_dim) + values * d + mlp_and_norms;
+  }
+  if (o.mamba()) {  // in_proj, conv1d, dt_bias, A_log, D, norm, out_proj
+    const double I = double(o.mamba_heads * o.mamba_head_dim), channels = I + 2 * double(o.mamba_groups * o.mamba_state);
+    const double H = double(o.mamba_heads), K = double(o.mamba_conv_kernel);
+    return d * (I + channels + H) + (o.mamba_proj_bias ? I + channels + H + d : 0) + channels * K + (o.mamba_conv_bias ? channels : 0) +
+           3 * H + I + I * d + mlp_and_norms;
   }
   return d * ((o.attn_output_gate ? 2 : 1) * q + 2 * kv) + q * d + mlp_and_norms + (o.qkv_bias ? (o.attn_output_gate ? 2 : 1) * q + 2 * kv : 0) +
          (o.o_bias ? d : 0) + qk_norms + (o.attn_sinks ? double(o.n_heads) : 0);

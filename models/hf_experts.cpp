@@ -108,6 +108,7 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   x.layers.assign(static_cast<size_t>(n), false);
   const bool granite = granite_moe(arch);
   if (arch == kLlama4) return llama4_experts(f, n);
+  if (arch == kGraniteMoeHybrid && f.integer("num_local_experts", 8, 0, 1 << 16) == 0) return x;  // its shared MLP alone: dense
   if (arch == kMiniMaxM2) {  // every layer: num_local_experts of intermediate_size chosen by sigmoid scores plus the correction bias, renormalized
     const int64_t count = f.integer("num_local_experts", 256, 1, 1 << 16), k = f.integer("num_experts_per_tok", 8, 1, count);
     refuse_router_logits(f);
@@ -142,7 +143,9 @@ Experts read_experts(const std::string& arch, const Fields& f, int64_t n) {
   if (!mixtral && !olmoe && !granite) x.args["d_ff"] = f.integer("moe_intermediate_size", next ? 512 : qwen2 ? 1408 : 768, 1, int64_t{1} << 30);  // OLMoE's: intermediate_size
   if (qwen2) x.args["shared_expert"] = f.integer("shared_expert_intermediate_size", next ? 512 : 5632, 1, int64_t{1} << 30);
   // GraniteMoeShared's shared MLP (none where shared_intermediate_size is 0), added without a gate.
-  const int64_t shared = arch == kGraniteMoeShared ? f.integer("shared_intermediate_size", 0, 0, int64_t{1} << 30) : 0;
+  const int64_t shared = arch == kGraniteMoeShared ? f.integer("shared_intermediate_size", 0, 0, int64_t{1} << 30)
+                         : arch == kGraniteMoeHybrid ? f.integer("shared_intermediate_size", 1024, 1, int64_t{1} << 30)
+                                                     : 0;
   if (shared > 0) {
     x.args["shared_expert"] = shared;
     x.args["shared_expert_gate"] = false;
@@ -232,6 +235,13 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
   for (const char* p : {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",
                         "shared_expert_gate.weight"})
     spec.tensors.push_back({ours + "mlp." + p, moe + p});
+}
+
+void granite_dense_mlp_tensors(int64_t d_ff, const std::string& ours, const std::string& theirs, HfSpec& spec) {
+  const std::string shared = theirs + "shared_mlp.";
+  spec.tensors.push_back({ours + "mlp.gate_proj.weight", shared + "input_linear.weight", false, 0, d_ff});
+  spec.tensors.push_back({ours + "mlp.up_proj.weight", shared + "input_linear.weight", false, d_ff, d_ff});
+  spec.tensors.push_back({ours + "mlp.down_proj.weight", shared + "output_linear.weight"});
 }
 
 }  // namespace pipetrain::models::hf_detail

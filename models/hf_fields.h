@@ -25,7 +25,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kGemma = "GemmaForCausalLM", kGemma2 = "Gemma2ForCausalLM", kGemma3 = "Gemma3ForCausalLM",
                          kMixtral = "MixtralForCausalLM", kQwen3Moe = "Qwen3MoeForCausalLM", kOlmoe = "OlmoeForCausalLM",
                          kQwen2Moe = "Qwen2MoeForCausalLM", kGranite = "GraniteForCausalLM", kGraniteMoe = "GraniteMoeForCausalLM",
-                         kGraniteMoeShared = "GraniteMoeSharedForCausalLM",
+                         kGraniteMoeShared = "GraniteMoeSharedForCausalLM", kGraniteMoeHybrid = "GraniteMoeHybridForCausalLM",
                          kSmolLM3 = "SmolLM3ForCausalLM", kDeepseekV2 = "DeepseekV2ForCausalLM", kDeepseekV3 = "DeepseekV3ForCausalLM",
                          kGlm4Moe = "Glm4MoeForCausalLM", kGptOss = "GptOssForCausalLM", kLlama4 = "Llama4ForCausalLM",
                          kLlama4Vision = "Llama4ForConditionalGeneration", kGlm4 = "Glm4ForCausalLM", kErnie45 = "Ernie4_5ForCausalLM",
@@ -93,7 +93,7 @@ class Fields {
 };
 
 /// GraniteMoE with or without its shared expert; any Granite (their multipliers and biases).
-inline bool granite_moe(const std::string& arch) { return arch == kGraniteMoe || arch == kGraniteMoeShared; }
+inline bool granite_moe(const std::string& arch) { return arch == kGraniteMoe || arch == kGraniteMoeShared || arch == kGraniteMoeHybrid; }
 inline bool granite_any(const std::string& arch) { return arch == kGranite || granite_moe(arch); }
 
 /// The layers whose MLP is a sparse mixture of experts, and its arguments: Mixtral's, OLMoE's,
@@ -117,16 +117,26 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
                     HfSpec& spec);
 
 /// Qwen3-Next's and Qwen3.5's layers of gated DeltaNet in attention's place (layer_types'
-/// linear_attention; by default all but every fourth) and their llama_block arguments (hf_linear.cpp).
+/// linear_attention; by default all but every fourth), Granite 4.0-H's of Mamba 2 (layer_types'
+/// mamba or linear_attention; by default every layer), and their llama_block arguments (hf_linear.cpp).
 struct LinearLayers {
   std::vector<bool> layers;
   nlohmann::json args;  ///< linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel
 };
 LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_t n);
 
-/// A gated DeltaNet layer's tensors, ours under `ours` ("layer_0.llama.") and theirs under
-/// `theirs` ("model.layers.0."), in `arch`'s layout (hf_linear.cpp).
-void linear_attention_tensors(const std::string& arch, const std::string& ours, const std::string& theirs, HfSpec& spec);
+/// A gated DeltaNet or Mamba 2 layer's tensors, ours under `ours` ("layer_0.llama.") and theirs
+/// under `theirs` ("model.layers.0."), in `arch`'s layout (hf_linear.cpp); `x` as read.
+void linear_attention_tensors(const std::string& arch, const LinearLayers& x, const std::string& ours, const std::string& theirs,
+                              HfSpec& spec);
+
+/// Granite 4.0-H's layers without experts: their MLP is shared_mlp (gate's rows, then up's, in
+/// input_linear; output_linear), of `d_ff` (hf_experts.cpp).
+void granite_dense_mlp_tensors(int64_t d_ff, const std::string& ours, const std::string& theirs, HfSpec& spec);
+
+/// Which layers rotate q and k in Granite 4.0-H: every one where position_embedding_type is
+/// "rope", none where it is null or "nope" (hf_linear.cpp).
+bool granite_hybrid_rotary(const Fields& f);
 
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.

@@ -125,7 +125,7 @@ struct Traits {
 // Which layers rotate q and k: all but SmolLM3's and Llama 4's NoPE layers (no_rope_layers: 1
 // rotates, 0 does not; by default every no_rope_layer_interval-th layer does not).
 std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_t n) {
-  std::vector<bool> rotary(static_cast<size_t>(n), true);
+  std::vector<bool> rotary(static_cast<size_t>(n), arch != kGraniteMoeHybrid || granite_hybrid_rotary(f));
   if (arch != kSmolLM3 && arch != kLlama4) return rotary;
   // Llama 4's empty list (Maverick's config.json) is its default, as transformers reads it.
   if (f.has("no_rope_layers") && !(arch == kLlama4 && f.at("no_rope_layers").empty())) {
@@ -274,8 +274,12 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})  // the last two Phi-3's
     if (f.number(k, 0.0) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0)");
   if (f.boolean("use_bidirectional_attention", false)) f.fail("use_bidirectional_attention", "true is not supported (causal attention)");
-  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", arch == kQwen35Moe ? f.integer("moe_intermediate_size", 512, 1, big)  // experts on every layer: no dense width
-                                                                                                                : f.integer("intermediate_size", 0, 1, big, true)},
+  // Qwen3.5-MoE's experts on every layer: no dense width; Granite 4.0-H's without experts: its shared MLP's.
+  const bool granite_dense = arch == kGraniteMoeHybrid && f.integer("num_local_experts", 8, 0, 1 << 16) == 0;
+  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv},
+             {"d_ff", arch == kQwen35Moe ? f.integer("moe_intermediate_size", 512, 1, big)
+                      : granite_dense    ? f.integer("shared_intermediate_size", 1024, 1, big)
+                                         : f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
                                                    arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus || arch == kHunyuan ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
@@ -525,7 +529,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       for (const char* a : {"alpha_p", "alpha_n", "beta", "eps"}) spec.tensors.push_back({ours + "mlp.act_fn." + a, theirs + "mlp.act_fn." + a});
     }
     if (linear.layers[static_cast<size_t>(i)]) {
-      linear_attention_tensors(arch, ours, theirs, spec);
+      linear_attention_tensors(arch, linear, ours, theirs, spec);
     } else if (arch == kDeepseekV2 || arch == kDeepseekV3) {
       latent_attention_tensors(block, names);
     } else {
@@ -547,6 +551,10 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       continue;
     }
     for (const std::string& s : names) spec.tensors.push_back({ours + s, theirs + s});
+    if (arch == kGraniteMoeHybrid) {
+      granite_dense_mlp_tensors(ff, ours, theirs, spec);
+      continue;
+    }
     const std::string mlp = arch == kLlama4 ? "feed_forward." : "mlp.";  // Llama 4's name of its MLPs
     if (arch == kGlm4) {  // gate_up_proj: gate's rows, then up's
       spec.tensors.push_back({ours + "mlp.gate_proj.weight", theirs + "mlp.gate_up_proj.weight", false, 0, ff});

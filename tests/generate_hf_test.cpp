@@ -205,6 +205,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"glm4_ernie_exaone_minimax", {"glm4", "ernie4_5", "exaone4", "minimax-m2"}},
       {"arcee_apertus_hunyuan", {"arcee", "apertus", "hunyuan"}},
       {"qwen3_next_qwen3_5", {"qwen3-next", "qwen3.5", "qwen3.5-moe"}},
+      {"granite_hybrid", {"granitemoehybrid", "granitemoehybrid-dense"}},
   };
   return groups;
 }

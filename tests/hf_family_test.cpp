@@ -98,7 +98,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   EXPECT_NE(hf_error(bert).find("architectures 'BertForMaskedLM' is not supported (LlamaForCausalLM, MistralForCausalLM, Ministral3ForCausalLM, "
                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, GemmaForCausalLM, "
                                 "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM, "
-                                "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM, "
+                                "GraniteMoeSharedForCausalLM, GraniteMoeHybridForCausalLM, SmolLM3ForCausalLM, "
                                 "MixtralForCausalLM, "
                                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, "
                                 "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
@@ -110,7 +110,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -508,4 +508,53 @@ TEST(HfFamily, HunyuanAlphaRopeAndItsRefusals) {
   refused(no_head_dim, "head_dim is required with the alpha rope");
   refused(with(hunyuan, {{"rope_parameters", {{"rope_type", "dynamic"}, {"alpha", -1.0}, {"rope_theta", 10000.0}}}}),
           "rope_parameters.alpha must be above 0, got -1");
+}
+
+// Granite 4.0-H (GraniteMoeHybrid): its layer_types (the legacy "mamba"/"attention" and the new
+// names), its Mamba 2 arguments as transformers resolves them (mamba_d_head "auto", time_step_limit
+// with Infinity as transformers writes it), no positions without position_embedding_type "rope",
+// its shared MLP the dense one without experts, and what it refuses.
+TEST(HfFamily, GraniteHybridResolvesItsMambaLayersAndRefusals) {
+  const nlohmann::json config{{"architectures", {"GraniteMoeHybridForCausalLM"}}, {"model_type", "granitemoehybrid"}, {"vocab_size", 40},
+                              {"hidden_size", 16}, {"intermediate_size", 24}, {"shared_intermediate_size", 20}, {"num_hidden_layers", 3},
+                              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_local_experts", 0},
+                              {"layer_types", {"mamba", "attention", "linear_attention"}}, {"mamba_n_heads", 4}, {"mamba_d_head", "auto"},
+                              {"mamba_d_state", 8}, {"mamba_n_groups", 2}, {"mamba_chunk_size", 4},
+                              {"time_step_limit", {0.0, {{"__float__", "Infinity"}}}}, {"position_embedding_type", nullptr}};
+  const std::string dir = write_model("granite_hybrid", config);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& layers = spec.layers["layers"];
+  const nlohmann::json& mamba = layers[1];  // after the embedding
+  EXPECT_EQ(mamba["mamba_heads"], 4);
+  EXPECT_EQ(mamba["mamba_head_dim"], 8);  // 2 x hidden_size / heads
+  EXPECT_EQ(mamba["mamba_groups"], 2);
+  EXPECT_FALSE(mamba.contains("mamba_dt_max"));  // Infinity: no clamp above
+  EXPECT_EQ(mamba["d_ff"], 20);                  // the shared MLP's width: no experts
+  EXPECT_EQ(mamba["rotary"], false);
+  EXPECT_FALSE(layers[2].contains("mamba_heads"));
+  EXPECT_EQ(layers[2]["rotary"], false);
+  EXPECT_TRUE(layers[3].contains("mamba_heads"));
+  models::Model m = build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  auto params = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(params["layer_0.llama.mamba.in_proj.weight"], ck.get("model.layers.0.mamba.in_proj.weight")));
+  EXPECT_TRUE(torch::equal(params["layer_1.llama.mlp.up_proj.weight"], ck.get("model.layers.1.shared_mlp.input_linear.weight").narrow(0, 20, 20)));
+  // Rotary positions with "rope"; a finite clamp of the steps.
+  const std::string rope = write_model("granite_hybrid_rope", with(config, {{"position_embedding_type", "rope"}, {"time_step_limit", {0.001, 0.1}}}));
+  const nlohmann::json roped = models::read_hf_spec(rope, 8, "test").layers["layers"];
+  EXPECT_FALSE(roped[2].contains("rotary"));
+  EXPECT_EQ(roped[1]["mamba_dt_min"], 0.001);
+  EXPECT_EQ(roped[1]["mamba_dt_max"], 0.1);
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
+    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(what), std::string::npos) << error;
+  };
+  refused({{"layer_types", {"mamba", "sliding_attention", "mamba"}}}, "layer_types '\"sliding_attention\"' is not supported (mamba, attention");
+  refused({{"layer_types", {"mamba"}}}, "layer_types must list 3 layers");
+  refused({{"position_embedding_type", "alibi"}}, "position_embedding_type 'alibi' is not supported (rope, nope or null)");
+  refused({{"mamba_d_head", 6}}, "mamba_d_head 6 x mamba_n_heads (4) is not mamba_expand x hidden_size (32)");
+  refused({{"mamba_n_groups", 3}}, "mamba_n_groups must divide mamba_n_heads (4)");
+  refused({{"time_step_limit", {0.0, "inf"}}}, "time_step_limit must hold numbers (or Infinity), got \"inf\"");
+  refused({{"time_step_limit", {0.5, 0.1}}}, "time_step_limit must be 0 <= min <= max");
 }

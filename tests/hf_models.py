@@ -159,6 +159,28 @@ CASES = {
                                                          max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
                                                          embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.3,
                                                          logits_scaling=3.0, tie_word_embeddings=False)),
+    # Granite 4.0-H: Mamba 2 layers (4 heads of 16 in 2 groups, a state of 8, chunks of 4: two a
+    # window) around an attention layer without positions, GraniteMoeShared's experts and shared MLP
+    # on every layer, Granite's multipliers
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(hidden_size=32, intermediate_size=24, shared_intermediate_size=20,
+                                                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                        max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                                                        layer_types=["mamba", "attention", "mamba"], mamba_n_heads=4,
+                                                        mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4,
+                                                        mamba_chunk_size=4, position_embedding_type="nope",
+                                                        embedding_multiplier=6.0, attention_multiplier=0.2,
+                                                        residual_multiplier=0.3, logits_scaling=3.0, tie_word_embeddings=False)),
+    # Granite 4.0-H without experts (its shared MLP the dense one), rotary positions on its
+    # attention layer, chunks of 3 (the last one short), one group, biases on the Mamba projections
+    # and none on its convolution, a tied head
+    "granitemoehybrid-dense": ("GraniteMoeHybridConfig", dict(hidden_size=32, intermediate_size=24, shared_intermediate_size=40,
+                                                              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                              max_position_embeddings=64, num_local_experts=0,
+                                                              layer_types=["attention", "mamba", "mamba"], mamba_n_heads=8,
+                                                              mamba_n_groups=1, mamba_d_state=6, mamba_d_head=8, mamba_d_conv=3,
+                                                              mamba_chunk_size=3, mamba_proj_bias=True, mamba_conv_bias=False,
+                                                              position_embedding_type="rope", attention_multiplier=0.25,
+                                                              tie_word_embeddings=True)),
     # DeepSeek-V3: multi-head latent attention (queries through a latent of 24, keys and values of
     # 16; 8 values of each query and key head unrotated, 4 rotated as interleaved pairs, values of
     # 12), yarn with mscale and mscale_all_dim (which scale attention too), attention biases; after
@@ -412,7 +434,8 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "olmoe": "Olmoe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe", "gpt_oss": "GptOss",
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
-          "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe"}
+          "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
+          "granitemoehybrid": "GraniteMoeHybrid"}
 
 
 def best_groups(router, group_scores):
@@ -504,6 +527,8 @@ def patch_float64(families=None):
             patch_llama4_float64(module)
         if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
             patch_deltanet_float64(module, prefix)
+        if family == "granitemoehybrid":
+            patch_mamba_float64(module, prefix)
         if family == "minimax_m2":  # its sigmoid routing in float64 (transformers: float32)
             minimax_router = module.MiniMaxM2TopKRouter
 
@@ -665,6 +690,44 @@ def patch_deltanet_float64(module, prefix):
     net.forward = net_forward
 
 
+def mamba64(x, dt, A, B, C, D):
+    """Mamba 2's scan position by position in float64 (transformers' chunked form runs in float32):
+    x [b, T, H, P], dt [b, T, H], A [H], B and C [b, T, G, N] (each group's for H / G heads), D [H];
+    each head's state S [b, H, P, N] takes S exp(dt A) + dt x B^T, and the output is S C + D x."""
+    r = x.size(2) // B.size(2)
+    B, C = B.repeat_interleave(r, 2), C.repeat_interleave(r, 2)
+    state = torch.zeros(x.size(0), x.size(2), x.size(3), B.size(3), dtype=torch.float64)
+    out = []
+    for t in range(x.size(1)):
+        state = state * (dt[:, t] * A).exp()[..., None, None] + dt[:, t, :, None, None] * x[:, t, :, :, None] * B[:, t, :, None, :]
+        out.append((state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t])
+    return torch.stack(out, 1)
+
+
+def patch_mamba_float64(module, prefix):
+    """Granite 4.0-H's Mamba 2 layers in float64 (transformers: the scan, the decays and the gated
+    norm in float32), the scan position by position (mamba64)."""
+    layer = getattr(module, f"{prefix}MambaLayer")
+
+    def mamba_forward(self, hidden_states, cache=None, attention_mask=None, _orig=layer.forward, **kw):  # without a cache (make's forwards)
+        if hidden_states.dtype != torch.float64 or cache is not None:
+            return _orig(self, hidden_states, cache=cache, attention_mask=attention_mask, **kw)
+        b, T = hidden_states.shape[:2]
+        H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
+        gate, xbc, dt = self.in_proj(hidden_states).split([self.intermediate_size, self.conv_dim, H], -1)
+        xbc = torch.nn.functional.conv1d(xbc.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+                                         padding=self.conv_kernel_size - 1, groups=self.conv_dim)
+        xbc = torch.nn.functional.silu(xbc[..., :T]).transpose(1, 2)
+        x, B, C = torch.split(xbc, [self.intermediate_size, G * N, G * N], -1)
+        dt = torch.clamp(torch.nn.functional.softplus(dt + self.dt_bias), *self.time_step_limit)
+        y = mamba64(x.reshape(b, T, H, P), dt, -self.A_log.exp(), B.reshape(b, T, G, N), C.reshape(b, T, G, N), self.D)
+        y = (y.reshape(b, T, -1) * torch.nn.functional.silu(gate)).view(b, T, G, -1)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.norm.variance_epsilon)
+        return self.out_proj(self.norm.weight * y.view(b, T, -1))
+
+    layer.forward = mamba_forward
+
+
 def model_class(config):
     """The case's transformers class: Llama 4's and Qwen3.5-MoE's vision and language models where
     the config is theirs, the causal language model otherwise."""
@@ -821,9 +884,9 @@ def random_model(name, dtype_name, root):
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
                 p.add_(torch.randn_like(p) * 0.1)
         for pname, p in model.named_parameters():  # Qwen3-Next's decays as Mamba 2 draws them: A in [1, 16], dt in [0.001, 0.1]
-            if pname.endswith("linear_attn.A_log"):
+            if pname.endswith(("linear_attn.A_log", "mamba.A_log")):
                 p.copy_(torch.empty_like(p).uniform_(1, 16).log())
-            if pname.endswith("linear_attn.dt_bias"):
+            if pname.endswith(("linear_attn.dt_bias", "mamba.dt_bias")):
                 dt = torch.empty_like(p).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus's inverse
         for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias, Apertus's xIELU's beta

@@ -206,6 +206,8 @@ TEST(HfParity, HunyuanQkNormsAfterTheRotationAlphaRopeTied) { check_architecture
 TEST(HfParity, Qwen3NextGatedDeltaNetGatedAttentionSharedExpert) { check_architecture("qwen3-next"); }
 TEST(HfParity, Qwen35SplitDeltaNetProjectionsTied) { check_architecture("qwen3.5"); }
 TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3.5-moe-vision"); }
+TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
+TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
 TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
 TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
 TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }
