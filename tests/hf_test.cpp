@@ -81,7 +81,7 @@ double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 :
 // within two bfloat16 steps at 4 (1/16), the trained weights (below 1) within 1/32; where
 // products are fused apart, whose backward rounds twice in bfloat16 where transformers rounds once
 // (the gradient of a fused matrix's input: two products each rounded, then added), and which the
-// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 23 of the 47 cases (windowed
+// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 27 of the 55 cases (windowed
 // attention among them: its masked path repeats key and value heads as transformers does); where
 // nothing is fused apart, GPT-2's attention alone rounds otherwise (0 and 0.0078); fused apart (the
 // experts' sums too), at most 0.156 and 0.061 (GPT-OSS with MXFP4 experts; unquantized 0.109, its
@@ -99,7 +99,12 @@ bool delta_rule(const std::string& arch) { return arch.rfind("qwen3-next", 0) ==
 // text model alone, another seed) where its bfloat16 logits are bit for bit and its float64 steps
 // agree to 1.2e-12 (weights 4.3e-11): its bfloat16 training is printed, not compared.
 bool bfloat16_training_compared(const std::string& arch) { return arch.rfind("qwen3.5-moe", 0) != 0; }
-double float32_training_bound(const std::string& arch) { return delta_rule(arch) ? 1e-2 : float32_bound(arch); }
+// Granite 4.0-H's Mamba 2 layers: the dense case's 5 steps move fast (its loss from 5.6 to 2.8),
+// carrying float32's last-bit differences of its fused shared MLP (2.2e-6 in the first logits) to
+// 2.5e-5 in the losses and 1.4e-5 in the weights (AMD EPYC), half of the fused bound; another CPU's
+// kernels round otherwise, so their float32 training bound is 1e-3 (float64 agrees to 1.3e-15).
+bool mamba_hybrid(const std::string& arch) { return arch.rfind("granitemoehybrid", 0) == 0; }
+double float32_training_bound(const std::string& arch) { return delta_rule(arch) ? 1e-2 : mamba_hybrid(arch) ? 1e-3 : float32_bound(arch); }
 double bfloat16_weight_bound(const std::string& arch) { return delta_rule(arch) ? 1.0 / 4 : fused(arch) ? 1.0 / 8 : 1.0 / 32; }
 
 // Every check of one architecture, both precisions.
