@@ -263,9 +263,10 @@ void MoeImpl::reset() {
   gate = register_module("gate", Router(o_.experts, o_.d_model, o_.router_bias, o_.router_logit_bias));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < o_.experts; ++e)
-    experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
+    experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate));
   if (o_.shared_expert > 0) {
-    shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit));
+    shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu, o_.swiglu_alpha,
+                                                              o_.swiglu_limit, o_.relu2, o_.mlp_gate));
     if (o_.shared_expert_gate)
       shared_expert_gate =
           register_module("shared_expert_gate", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, 1).bias(false)));
@@ -351,7 +352,9 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
 at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at::Tensor& chosen) {
   note_not_replayable(
       "a mixture of experts reads its routing on the host (each expert's tokens) every forward; experts_kernel \"grouped\" does not");
-  at::Tensor out = torch::zeros_like(h);
+  // Summed in float32 with experts_sum_float32 in lower precisions, then cast back (below).
+  const bool wide = o_.experts_sum_float32 && c10::isReducedFloatingType(h.scalar_type());
+  at::Tensor out = wide ? torch::zeros_like(h, torch::kFloat) : torch::zeros_like(h);
   // Each expert's tokens in transformers' order: by their rank among the token's choices, then
   // by position (the rows of a GEMM; the sums into `out` go expert by expert). The choices in
   // that order (rank * N + token), sorted stably by expert; the counts read once.
@@ -369,19 +372,21 @@ at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at:
     const at::Tensor y = o_.router_scales_input ? expert.forward(in * weight) : expert.forward(in) * weight;
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
-  return out;
+  return wide ? out.to(h.scalar_type()) : out;
 }
 
 void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && (o_.mla() ? o_.rope_head_dim : o_.head_dim) % 2 == 0);
   PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
   auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
-  if (o_.norms != NormPlacement::Post) input_layernorm_ = norm("input_layernorm");
-  if (o_.gated_deltanet()) linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
+  if (o_.norms != NormPlacement::Post && !o_.no_mixer) input_layernorm_ = norm("input_layernorm");
+  if (o_.no_mixer) {
+  } else if (o_.gated_deltanet()) linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
   else if (o_.mamba()) mamba_ = register_module("mamba", Mamba2Mixer(o_));
   else if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
   else self_attn_ = register_module("self_attn", LlamaAttention(o_));
-  post_attention_layernorm_ = norm("post_attention_layernorm");
+  if (!o_.no_mlp) post_attention_layernorm_ = norm("post_attention_layernorm");
+  if (o_.no_mlp) return;
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
   else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));
@@ -498,11 +503,16 @@ at::Tensor LlamaBlockImpl::latent_attention(const at::Tensor& h, KvCache* cache)
 }
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* cache) {
+  auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
+  if (o_.no_mixer) {  // Nemotron-H's MLP and MoE blocks: each position alone (the cache counts them)
+    if (cache) cache->positions += x.size(1);
+    return x + mlp(post_attention_layernorm_(x));
+  }
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
   const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache)
                        : mamba_    ? mamba_->forward(h, cache)
                                    : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
-  auto mlp = [&](const at::Tensor& in) { return moe_ ? moe_(in) : mlp_(in); };
+  if (o_.no_mlp) return x + a;  // Nemotron-H's mixer blocks
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };
   if (o_.norms == NormPlacement::Pre) {

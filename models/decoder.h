@@ -145,6 +145,7 @@ struct LlamaBlockOptions {
   int64_t experts_per_token = 2;
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
   bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
+  bool experts_sum_float32 = false;  // lower precisions sum the routed experts' outputs in float32, then cast (Nemotron-H's)
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
   bool router_top_softmax = false;  // the softmax of the chosen experts' logits alone, in their type (GPT-OSS's)
   bool router_logit_bias = false;   // the router's logits with a trained bias ("gate.bias", GPT-OSS's)
@@ -181,6 +182,9 @@ struct LlamaBlockOptions {
   bool mamba_conv_bias = true, mamba_proj_bias = false;
   double mamba_dt_min = 0, mamba_dt_max = std::numeric_limits<double>::infinity();  // the steps' clamp
   bool mamba() const { return mamba_heads > 0; }
+  // Nemotron-H's blocks of one part: without a token mixer (x + mlp(post_attention_layernorm(x)))
+  // or without an MLP (x + mixer(input_layernorm(x))).
+  bool no_mixer = false, no_mlp = false;
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -494,14 +498,14 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, shared_expert,
+/// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
 /// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
 /// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections,
 /// mamba_heads, mamba_head_dim, mamba_state, mamba_groups, mamba_conv_kernel, mamba_chunk, mamba_conv_bias, mamba_proj_bias,
-/// mamba_dt_min, mamba_dt_max;
+/// mamba_dt_min, mamba_dt_max, mixer, mlp;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

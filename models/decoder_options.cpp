@@ -212,15 +212,18 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
-  if (o.experts > 0 && !o.mlp_gate) r.fail("mlp_gate", "false is not supported with experts (their MLPs are gated)");
+  if (o.experts > 0 && !o.mlp_gate && !o.relu2) r.fail("mlp_gate", "false with experts needs act \"relu2\" (Nemotron-H's experts)");
   if (o.experts == 0)
     for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
                           "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias",
-                          "router_scales_input", "experts_kernel"})
+                          "router_scales_input", "experts_kernel", "experts_sum_float32"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
+  o.experts_sum_float32 = r.get_bool("experts_sum_float32", false);
+  if (o.experts_sum_float32 && r.get_choice("experts_kernel", "loop", {"loop", "grouped"}) == "grouped")
+    r.fail("experts_sum_float32", "needs experts_kernel \"loop\"");
   o.shared_expert = r.get_int("shared_expert", 0, 0, int64_t{1} << 30);
   if (o.shared_expert == 0 && r.has("shared_expert_gate")) r.fail("shared_expert_gate", "needs shared_expert above 0");
   o.shared_expert_gate = r.get_bool("shared_expert_gate", true);
@@ -253,6 +256,14 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.mla() && o.attn_output_gate) r.fail("attn_output_gate", "is not supported with latent attention (kv_lora_rank)");
   read_gated_deltanet(r, o);
   read_mamba(r, o);
+  o.no_mixer = !r.get_bool("mixer", true);
+  o.no_mlp = !r.get_bool("mlp", true);
+  if (o.no_mixer && o.no_mlp) r.fail("mlp", "false needs a mixer (mixer false and mlp false leave nothing)");
+  if ((o.no_mixer || o.no_mlp) && o.norms != NormPlacement::Pre) r.fail(o.no_mixer ? "mixer" : "mlp", "false needs norms \"pre\"");
+  if (o.no_mixer && (o.mamba() || o.gated_deltanet() || o.mla()))
+    r.fail("mixer", "false cannot be set with mamba_heads, linear_key_heads or kv_lora_rank (the mixers)");
+  if (o.no_mlp && o.experts > 0) r.fail("mlp", "false cannot be set with experts");
+  if (o.grouped_experts && !o.mlp_gate) r.fail("experts_kernel", "\"grouped\" needs gated experts (mlp_gate true)");
   return o;
 }
 
@@ -280,8 +291,11 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
-  const double s = double(o.shared_expert), shared = o.shared_expert > 0 ? 3 * d * s + (o.mlp_bias ? 2 * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
-  const double mlp_and_norms = mlps * ((o.mlp_gate ? 3 : 2) * d * f + (o.mlp_bias ? (o.mlp_gate ? 2 : 1) * f + d : 0) + (o.xielu ? 2 : 0)) + router + shared + norms;
+  const double s = double(o.shared_expert), gates = o.mlp_gate ? 3 : 2, biases = o.mlp_gate ? 2 : 1;
+  const double shared = o.shared_expert > 0 ? gates * d * s + (o.mlp_bias ? biases * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
+  const double mlp = o.no_mlp ? 0 : mlps * (gates * d * f + (o.mlp_bias ? biases * f + d : 0) + (o.xielu ? 2 : 0)) + router + shared;
+  const double mlp_and_norms = mlp + (o.no_mixer || o.no_mlp ? d : norms);
+  if (o.no_mixer) return mlp_and_norms;
   if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj
     const double H = double(o.n_heads), D = double(o.head_dim), R = double(o.rope_head_dim), V = double(o.v_head_dim);
     const double ql = double(o.q_lora_rank), kl = double(o.kv_lora_rank);

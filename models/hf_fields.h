@@ -33,7 +33,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM",
                          kQwen35 = "Qwen3_5ForCausalLM", kQwen35Moe = "Qwen3_5MoeForCausalLM",
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
-                         kGpt2 = "GPT2LMHeadModel";
+                         kNemotronH = "NemotronHForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -141,6 +141,10 @@ bool granite_hybrid_rotary(const Fields& f);
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.
 void with_head(HfSpec& spec, nlohmann::json& layers, int64_t d, int64_t vocab, int64_t seq_len, bool tied, const std::string& embed);
+
+/// Nemotron-H's spec: embed, layer_0..n-1 (llama_blocks of one part each: Mamba 2, attention
+/// without positions, a relu² MLP or relu² experts), norm, lm_head (hf_nemotron.cpp).
+void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec);
 
 /// The Llama family's spec (`arch` one of its architectures): embed, layer_0..n-1 (llama_block),
 /// norm, lm_head (and Gemma 2's softcap, Granite's scales), with every parameter's two names.

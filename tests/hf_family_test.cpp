@@ -558,3 +558,50 @@ TEST(HfFamily, GraniteHybridResolvesItsMambaLayersAndRefusals) {
   refused({{"time_step_limit", {0.0, "inf"}}}, "time_step_limit must hold numbers (or Infinity), got \"inf\"");
   refused({{"time_step_limit", {0.5, 0.1}}}, "time_step_limit must be 0 <= min <= max");
 }
+
+// Nemotron-H: its blocks as layers_block_type names them (new and old names) or as
+// hybrid_override_pattern spells them, each block one part under backbone., its Mamba settings
+// under their names and their older ones, and what it refuses.
+TEST(HfFamily, NemotronHResolvesItsBlocksAndRefusals) {
+  const nlohmann::json config{{"architectures", {"NemotronHForCausalLM"}}, {"model_type", "nemotron_h"}, {"vocab_size", 40},
+                              {"hidden_size", 16}, {"hybrid_override_pattern", "M-*E"}, {"num_hidden_layers", 4},
+                              {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8}, {"intermediate_size", 24},
+                              {"mamba_num_heads", 4}, {"mamba_head_dim", 4}, {"ssm_state_size", 4}, {"mamba_n_groups", 2},
+                              {"mamba_d_conv", 3}, {"n_routed_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8},
+                              {"moe_shared_expert_intermediate_size", 6}, {"n_group", 2}, {"topk_group", 1}, {"time_step_min", 0.002}};
+  const std::string dir = write_model("nemotron_h", config);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& layers = spec.layers["layers"];
+  EXPECT_EQ(layers[1]["mamba_groups"], 2);  // mamba_n_groups, the older name
+  EXPECT_EQ(layers[1]["mamba_conv_kernel"], 3);
+  EXPECT_EQ(layers[1]["mamba_dt_min"], 0.002);
+  EXPECT_EQ(layers[1]["mlp"], false);
+  EXPECT_EQ(layers[2]["mixer"], false);
+  EXPECT_EQ(layers[3]["mlp"], false);
+  EXPECT_EQ(layers[3]["rotary"], false);
+  EXPECT_EQ(layers[4]["experts"], 4);
+  EXPECT_EQ(layers[4]["experts_sum_float32"], true);
+  models::Model m = build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  auto params = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(params["layer_0.llama.input_layernorm.weight"], ck.get("backbone.layers.0.norm.weight")));
+  EXPECT_TRUE(torch::equal(params["layer_1.llama.post_attention_layernorm.weight"], ck.get("backbone.layers.1.norm.weight")));
+  EXPECT_TRUE(torch::equal(params["layer_3.llama.mlp.experts.2.up_proj.weight"], ck.get("backbone.layers.3.mixer.experts.2.up_proj.weight")));
+  EXPECT_FALSE(params.contains("layer_1.llama.input_layernorm.weight"));
+  // The same blocks by layers_block_type's new names.
+  const nlohmann::json typed = with(config, {{"layers_block_type", {"linear_attention", "mlp", "full_attention", "moe"}}});
+  EXPECT_EQ(models::read_hf_spec(write_model("nemotron_h_typed", typed), 8, "test").layers, spec.layers);
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
+    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(what), std::string::npos) << error;
+  };
+  refused({{"hybrid_override_pattern", "M-X"}}, "hybrid_override_pattern holds 'X', not M, *, - or E");
+  refused({{"num_hidden_layers", 5}}, "num_hidden_layers must equal the 4 blocks the types name");
+  refused({{"tie_word_embeddings", true}}, "tie_word_embeddings true is not supported for NemotronHForCausalLM (transformers does not tie");
+  refused({{"moe_latent_size", 8}}, "moe_latent_size is not supported");
+  refused({{"num_nextn_predict_layers", 1}}, "num_nextn_predict_layers above 0 is not supported");
+  refused({{"mlp_hidden_act", "silu"}}, "mlp_hidden_act 'silu' is not supported (relu2)");
+  refused({{"mamba_n_groups", 3}}, "n_groups must divide mamba_num_heads (4)");
+  refused({{"sliding_window", 4}}, "sliding_window is not supported");
+}

@@ -21,6 +21,7 @@ meant for half precisions); the float64 cases run them in float64, as the float3
 in float32, so that float64 compares the same math at float64's precision (and attention is
 transformers' sdpa: its eager path takes the softmax in float32).
 """
+import functools
 import importlib
 import json
 import math
@@ -181,6 +182,21 @@ CASES = {
                                                               mamba_chunk_size=3, mamba_proj_bias=True, mamba_conv_bias=False,
                                                               position_embedding_type="rope", attention_multiplier=0.25,
                                                               tie_word_embeddings=True)),
+    # Nemotron-H: blocks of one part each (Mamba 2 of 4 heads in 2 groups, chunks of 4; attention
+    # without positions; a relu² MLP; 4 relu² experts in 2 groups, DeepSeek-V3's sigmoid routing with
+    # a shared expert), its layer types as layers_block_type names them
+    "nemotron-h": ("NemotronHConfig", dict(hidden_size=32, layers_block_type=["mamba", "attention", "mlp", "moe", "mamba", "mlp"],
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
+                                           mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, chunk_size=4,
+                                           n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                           moe_shared_expert_intermediate_size=20, n_group=2, topk_group=1,
+                                           routed_scaling_factor=1.5, max_position_embeddings=64, tie_word_embeddings=False)),
+    # Nemotron-H as Nemotron Nano 2 (its pattern "M-M*-" as hybrid_override_pattern spells it,
+    # dense): chunks of 3 (the last short), biases on the Mamba projections, a floor of 0.01 on the steps
+    "nemotron-h-dense": ("NemotronHConfig", dict(hidden_size=32, hybrid_override_pattern="M-M*-", num_attention_heads=4,
+                                                 num_key_value_heads=4, head_dim=8, intermediate_size=48, mamba_num_heads=8,
+                                                 mamba_head_dim=8, ssm_state_size=6, n_groups=1, chunk_size=3, use_bias=True,
+                                                 time_step_min=0.01, max_position_embeddings=64, tie_word_embeddings=False)),
     # DeepSeek-V3: multi-head latent attention (queries through a latent of 24, keys and values of
     # 16; 8 values of each query and key head unrotated, 4 rotated as interleaved pairs, values of
     # 12), yarn with mscale and mscale_all_dim (which scale attention too), attention biases; after
@@ -435,7 +451,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH"}
 
 
 def best_groups(router, group_scores):
@@ -460,7 +476,7 @@ def patch_float64(families=None):
             continue
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         norm = getattr(module, f"{prefix}RMSNorm")
-        rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding")
+        rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding", None)
         gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
         def norm_forward(self, h, _orig=norm.forward, _gemma=gemma):
@@ -470,7 +486,7 @@ def patch_float64(families=None):
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
-        def rotary_forward(self, x, position_ids, layer_type=None, _orig=rotary.forward, _complex=family in ("deepseek_v2", "llama4"),
+        def rotary_forward(self, x, position_ids, layer_type=None, _orig=getattr(rotary, "forward", None), _complex=family in ("deepseek_v2", "llama4"),
                            _half=family == "gpt_oss"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
@@ -489,7 +505,8 @@ def patch_float64(families=None):
             return emb.cos() * attention, emb.sin() * attention
 
         norm.forward = norm_forward
-        rotary.forward = rotary_forward
+        if rotary is not None:  # Nemotron-H has none
+            rotary.forward = rotary_forward
         # GPT-OSS's runs in its type; MiniMax-M2's sigmoid router is patched below
         router = getattr(module, f"{prefix}TopKRouter", None) if family not in ("gpt_oss", "minimax_m2") else None
         if router is not None:  # the routing probabilities in float64 (transformers: float32)
@@ -527,8 +544,19 @@ def patch_float64(families=None):
             patch_llama4_float64(module)
         if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
             patch_deltanet_float64(module, prefix)
-        if family == "granitemoehybrid":
+        if family in ("granitemoehybrid", "nemotron_h"):
             patch_mamba_float64(module, prefix)
+        if family == "nemotron_h":  # its logits cast to float32 (.float()): in float64 here
+            causal = module.NemotronHForCausalLM
+
+            @functools.wraps(causal.forward)  # its signature, which generate reads
+            def causal_forward(self, input_ids=None, _orig=causal.forward, **kw):
+                if self.lm_head.weight.dtype != torch.float64 or kw.get("use_cache", True) is not False:
+                    return _orig(self, input_ids=input_ids, **kw)
+                hidden = self.model(input_ids=input_ids, use_cache=False)[0]
+                return transformers.modeling_outputs.MoeCausalLMOutputWithPast(logits=self.lm_head(hidden))
+
+            causal.forward = causal_forward
         if family == "minimax_m2":  # its sigmoid routing in float64 (transformers: float32)
             minimax_router = module.MiniMaxM2TopKRouter
 
@@ -705,9 +733,9 @@ def mamba64(x, dt, A, B, C, D):
 
 
 def patch_mamba_float64(module, prefix):
-    """Granite 4.0-H's Mamba 2 layers in float64 (transformers: the scan, the decays and the gated
+    """Granite 4.0-H's and Nemotron-H's Mamba 2 layers in float64 (transformers: the scan, the decays and the gated
     norm in float32), the scan position by position (mamba64)."""
-    layer = getattr(module, f"{prefix}MambaLayer")
+    layer = getattr(module, f"{prefix}MambaLayer", None) or getattr(module, f"{prefix}Mamba2Mixer")
 
     def mamba_forward(self, hidden_states, cache=None, attention_mask=None, _orig=layer.forward, **kw):  # without a cache (make's forwards)
         if hidden_states.dtype != torch.float64 or cache is not None:
@@ -884,9 +912,9 @@ def random_model(name, dtype_name, root):
             if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
                 p.add_(torch.randn_like(p) * 0.1)
         for pname, p in model.named_parameters():  # Qwen3-Next's decays as Mamba 2 draws them: A in [1, 16], dt in [0.001, 0.1]
-            if pname.endswith(("linear_attn.A_log", "mamba.A_log")):
+            if pname.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log")):
                 p.copy_(torch.empty_like(p).uniform_(1, 16).log())
-            if pname.endswith(("linear_attn.dt_bias", "mamba.dt_bias")):
+            if pname.endswith(("linear_attn.dt_bias", "mamba.dt_bias", "mixer.dt_bias")):
                 dt = torch.empty_like(p).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus's inverse
         for bname, b in model.named_buffers():  # DeepSeek-V3's router's correction bias, Apertus's xIELU's beta
@@ -960,6 +988,9 @@ def router_float64(model, model_dir):
     checkpoint's, in float64."""
     from safetensors.torch import load_file
     saved = load_file(os.path.join(model_dir, "model.safetensors"))
+    for k in list(saved):  # Nemotron-H's checkpoint names under backbone., its model's under model.
+        if k.startswith("backbone."):
+            saved["model." + k[len("backbone."):]] = saved[k]
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     wanted = [n for n, t in tensors if n in saved and t.is_floating_point() and t.dtype != torch.float64]
     if not wanted:

@@ -47,6 +47,12 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor ce(const at::Tensor& out, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
+// Nemotron-H's transformers model casts its logits to float32 (.float()), so the oracle's loss is
+// taken on float32 logits in lower precisions: here too.
+at::Tensor ce_float32(const at::Tensor& out, const at::Tensor& target) {
+  return ce(c10::isReducedFloatingType(out.scalar_type()) ? out.to(torch::kFloat) : out, target);
+}
+bool float32_logits(const std::string& arch) { return arch.rfind("nemotron-h", 0) == 0; }
 
 // A "-grouped" case's experts as grouped GEMMs (against transformers' grouped_mm experts).
 models::Model build(const std::string& arch, const std::string& dir, int64_t seq_len) {
@@ -64,13 +70,14 @@ pipeline::PipelineOptions options(const models::Model& m, int stages) {
 
 // float32's bound. Phi-3's q, k and v come from one fused matrix product in transformers and from
 // three here (gate and up from one and two; the experts' gate and up of Mixtral, Qwen3-MoE,
-// GraniteMoE, DeepSeek-V3, GLM-4.5 and Llama 4 likewise): the sums round apart in float32's last bits from the first logits on (2.9e-6 here),
+// GraniteMoE, DeepSeek-V3, GLM-4.5, Llama 4 and Nemotron-H likewise): the sums round apart in float32's last bits from the first logits on (2.9e-6 here),
 // which 5 SGD steps of lr 0.1 carry into the weights (6.4e-6 here, AMD EPYC; another CPU's
 // kernels block the sums otherwise).
 bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
          arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch.rfind("glm4", 0) == 0 || arch.rfind("gpt-oss", 0) == 0 ||
-         arch.rfind("llama4", 0) == 0 || arch == "minimax-m2" || arch == "qwen3-next" || arch.rfind("qwen3.5-moe", 0) == 0;
+         arch.rfind("llama4", 0) == 0 || arch == "minimax-m2" || arch == "qwen3-next" || arch.rfind("qwen3.5-moe", 0) == 0 ||
+         arch == "nemotron-h";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -135,7 +142,7 @@ void check_architecture(const std::string& arch) {
       m.layers->to(torch::kBFloat16);
       o.micro_batches = 1;
     }
-    pipeline::Pipeline pipe(m.layers, o, ce);
+    pipeline::Pipeline pipe(m.layers, o, float32_logits(arch) ? ce_float32 : ce);
     pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); });
     const at::Tensor losses = load_npy(dir + "/losses.npy");
     double worst = 0;
@@ -213,6 +220,8 @@ TEST(HfParity, Qwen35SplitDeltaNetProjectionsTied) { check_architecture("qwen3.5
 TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3.5-moe-vision"); }
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
+TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
+TEST(HfParity, NemotronHDenseShortChunksProjectionBiasesTied) { check_architecture("nemotron-h-dense"); }
 TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
 TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
 TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }

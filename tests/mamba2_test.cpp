@@ -1,8 +1,9 @@
 // Granite 4.0-H's piece of a llama_block (models/decoder.h): Mamba 2's scan by chunks against the
 // recurrence written position by position here (several chunks, a short last one, grouped B and
 // C; the gradients too; the state carried from call to call), the mixer's parameters counted
-// before they are made, its causality, generation from its kept state, and its arguments checked.
-// Against transformers: HfParity.GraniteMoeHybrid*.
+// before they are made, its causality, generation from its kept state, and its arguments checked;
+// Nemotron-H's blocks of one part and its experts without a gate.
+// Against transformers: HfParity.GraniteMoeHybrid*, HfParity.NemotronH*.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -128,4 +129,67 @@ TEST(LayerList, Mamba2LayerIsCausalCountedAndChecked) {
   json no_state = mamba();
   no_state.erase("mamba_state");
   refused(no_state, "mamba_state");
+}
+
+namespace {
+int64_t block_values(const models::Model& m) {
+  int64_t values = 0;
+  for (const auto& p : m.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
+  return values;
+}
+}  // namespace
+
+// Nemotron-H's blocks of one part: an MLP alone (position by position, its norm
+// post_attention_layernorm's) or a mixer alone (input_layernorm's), their parameters counted;
+// experts without a gate (relu²), their outputs summed in float32 in bfloat16; the refusals.
+TEST(LayerList, BlocksOfOnePartAndExpertsWithoutAGate) {
+  for (const json& extra : {json{{"mixer", false}, {"act", "relu2"}, {"mlp_gate", false}}, json{{"mlp", false}},
+                            json{{"mlp", false}, {"mamba_heads", 2}, {"mamba_head_dim", 4}, {"mamba_state", 3}}}) {
+    const json cfg = test::llama_list(extra);
+    models::Model m = test::build_model_section(cfg);
+    auto params = m.layers->named_parameters();
+    const bool mlp_only = extra.contains("mixer");
+    EXPECT_EQ(params.contains("b.llama.input_layernorm.weight"), !mlp_only) << extra;
+    EXPECT_EQ(params.contains("b.llama.post_attention_layernorm.weight"), mlp_only) << extra;
+    EXPECT_EQ(params.contains("b.llama.mlp.up_proj.weight"), mlp_only) << extra;
+    EXPECT_FALSE(params.contains("b.llama.mlp.gate_proj.weight"));
+    JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
+    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(block_values(m))) << extra;
+    m.layers->eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor ids = torch::randint(0, 20, {2, 6});
+    at::Tensor earlier = ids.clone();
+    earlier.index_put_({torch::indexing::Slice(), 0}, (ids.select(1, 0) + 1) % 20);
+    const double moved = (m.layers->forward(ids).narrow(1, 1, 5) - m.layers->forward(earlier).narrow(1, 1, 5)).abs().max().item<double>();
+    if (mlp_only) EXPECT_EQ(moved, 0.0) << "an MLP alone mixes no positions";
+    else EXPECT_GT(moved, 0.0) << extra;
+  }
+  // Experts without a gate and a shared one, summed in float32 in bfloat16.
+  const json experts{{"experts", 4}, {"experts_per_token", 2}, {"mlp_gate", false}, {"act", "relu2"}, {"shared_expert", 6},
+                     {"shared_expert_gate", false}, {"experts_sum_float32", true}, {"mixer", false}};
+  const json cfg = test::llama_list(experts);
+  models::Model m = test::build_model_section(cfg);
+  auto params = m.layers->named_parameters();
+  EXPECT_FALSE(params.contains("b.llama.mlp.experts.0.gate_proj.weight"));
+  EXPECT_EQ(params["b.llama.mlp.shared_expert.up_proj.weight"].sizes(), (std::vector<int64_t>{6, 16}));
+  JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(block_values(m)));
+  torch::NoGradGuard no_grad;
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  const at::Tensor wide = m.layers->forward(ids);
+  m.layers->to(torch::kBFloat16);
+  EXPECT_LE((m.layers->forward(ids).to(torch::kFloat) - wide).abs().max().item<double>(), 0.1);
+  auto refused = [](const json& extra, const std::string& what) {
+    const std::string e = test::build_error(test::llama_list(extra));
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  };
+  refused({{"mixer", false}, {"mlp", false}}, "mlp: false needs a mixer");
+  refused({{"mixer", false}, {"norms", "post"}}, "mixer: false needs norms \"pre\"");
+  refused(mamba({{"mixer", false}}), "mixer: false cannot be set with mamba_heads");
+  refused({{"mlp", false}, {"experts", 4}}, "mlp: false cannot be set with experts");
+  json grouped = experts;
+  grouped.erase("experts_sum_float32");
+  grouped["experts_kernel"] = "grouped";
+  refused(grouped, "experts_kernel: \"grouped\" needs gated experts");
+  refused({{"experts", 4}, {"experts_sum_float32", true}, {"experts_kernel", "grouped"}}, "experts_sum_float32: needs experts_kernel \"loop\"");
 }
