@@ -96,41 +96,20 @@ TEST(LayerList, GatedDeltaNetLayerIsCausalCountedAndChecked) {
   EXPECT_EQ(params["b.llama.linear_attn.conv1d.weight"].sizes(), (std::vector<int64_t>{8 + 8 + 12, 1, 3}));
   EXPECT_EQ(params["b.llama.linear_attn.norm.weight"].sizes(), (std::vector<int64_t>{3}));
   EXPECT_FALSE(params.contains("b.llama.self_attn.q_proj.weight"));
-  int64_t values = 0;
-  for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
   JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
-  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
   m.layers->eval();
-  torch::NoGradGuard no_grad;
   const at::Tensor ids = torch::randint(0, 20, {2, 6});
-  at::Tensor later = ids.clone(), earlier = ids.clone();
-  later.index_put_({torch::indexing::Slice(), 5}, (ids.select(1, 5) + 1) % 20);
-  earlier.index_put_({torch::indexing::Slice(), 0}, (ids.select(1, 0) + 1) % 20);
-  const at::Tensor y = m.layers->forward(ids);
-  EXPECT_TRUE(torch::equal(y.narrow(1, 0, 5), m.layers->forward(later).narrow(1, 0, 5)));  // causal
-  EXPECT_GT((y.narrow(1, 1, 5) - m.layers->forward(earlier).narrow(1, 1, 5)).abs().max().item<double>(), 0);
+  test::expect_causal_mixer(m, ids, 1);
   // Generation's steps: the kept convolution inputs and state, position by position (the rule's
   // steps), give the whole window's outputs.
-  ASSERT_TRUE(models::generates_incrementally(m.layers));
-  m.layers->to(torch::kDouble);
-  const at::Tensor whole = m.layers->forward(ids);
-  std::vector<models::KvCache> caches(2);
-  std::vector<at::Tensor> parts;
-  for (const auto& [from, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 1}, {3, 1}, {4, 2}}) {
-    at::Tensor x = ids.narrow(1, from, n);
-    size_t i = 0;
-    for (const auto& layer : m.layers->children()) x = dynamic_cast<models::IncrementalLayer*>(layer.get())->forward_at(x, from, caches[i++]);
-    parts.push_back(x);
-  }
-  EXPECT_LE((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-12);
+  EXPECT_LE(test::incremental_gap(m, ids, {{0, 2}, {2, 1}, {3, 1}, {4, 2}}), 1e-12);
   // The gated attention: q_proj twice as wide (a gate per head), counted.
   const json gated = test::llama_list({{"attn_output_gate", true}, {"qkv_bias", true}});
   models::Model ga = test::build_model_section(gated);
   EXPECT_EQ(ga.layers->named_parameters()["b.llama.self_attn.q_proj.weight"].sizes(), (std::vector<int64_t>{32, 16}));
-  values = 0;
-  for (const auto& p : ga.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
   JsonReader rg(gated["layers"][1], "model.layers[1]", "test");
-  EXPECT_EQ(models::parameter_values(models::read_llama_block(rg)), double(values));
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(rg)), double(test::block_values(ga)));
   // Refused, each by name.
   auto refused = [](const json& extra, const std::string& what) {
     const std::string e = test::build_error(test::llama_list(extra));

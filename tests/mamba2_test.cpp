@@ -91,31 +91,12 @@ TEST(LayerList, Mamba2LayerIsCausalCountedAndChecked) {
     EXPECT_EQ(params["b.llama.mamba.norm.weight"].sizes(), (std::vector<int64_t>{12}));
     EXPECT_EQ(params["b.llama.mamba.D"].sizes(), (std::vector<int64_t>{4}));
     EXPECT_FALSE(params.contains("b.llama.self_attn.q_proj.weight"));
-    int64_t values = 0;
-    for (const auto& p : params) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
     JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
-    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
+    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
     m.layers->eval();
-    torch::NoGradGuard no_grad;
     const at::Tensor ids = torch::randint(0, 20, {2, 6});
-    at::Tensor later = ids.clone(), earlier = ids.clone();
-    later.index_put_({torch::indexing::Slice(), 5}, (ids.select(1, 5) + 1) % 20);
-    earlier.index_put_({torch::indexing::Slice(), 0}, (ids.select(1, 0) + 1) % 20);
-    const at::Tensor y = m.layers->forward(ids);
-    EXPECT_TRUE(torch::equal(y.narrow(1, 0, 5), m.layers->forward(later).narrow(1, 0, 5)));  // causal
-    EXPECT_GT((y.narrow(1, 3, 3) - m.layers->forward(earlier).narrow(1, 3, 3)).abs().max().item<double>(), 0);  // past the kernel
-    ASSERT_TRUE(models::generates_incrementally(m.layers));
-    m.layers->to(torch::kDouble);
-    const at::Tensor whole = m.layers->forward(ids);
-    std::vector<models::KvCache> caches(2);
-    std::vector<at::Tensor> parts;
-    for (const auto& [from, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 3}, {4, 1}, {5, 1}}) {
-      at::Tensor x = ids.narrow(1, from, n);
-      size_t i = 0;
-      for (const auto& layer : m.layers->children()) x = dynamic_cast<models::IncrementalLayer*>(layer.get())->forward_at(x, from, caches[i++]);
-      parts.push_back(x);
-    }
-    EXPECT_LE((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-12);
+    test::expect_causal_mixer(m, ids, 3);  // past the kernel: through the state
+    EXPECT_LE(test::incremental_gap(m, ids, {{0, 1}, {1, 3}, {4, 1}, {5, 1}}), 1e-12);
   }
   auto refused = [](const json& extra, const std::string& what) {
     const std::string e = test::build_error(test::llama_list(extra));
@@ -130,14 +111,6 @@ TEST(LayerList, Mamba2LayerIsCausalCountedAndChecked) {
   no_state.erase("mamba_state");
   refused(no_state, "mamba_state");
 }
-
-namespace {
-int64_t block_values(const models::Model& m) {
-  int64_t values = 0;
-  for (const auto& p : m.layers->named_parameters()) values += p.key().rfind("b.", 0) == 0 ? p.value().numel() : 0;
-  return values;
-}
-}  // namespace
 
 // Nemotron-H's blocks of one part: an MLP alone (position by position, its norm
 // post_attention_layernorm's) or a mixer alone (input_layernorm's), their parameters counted;
@@ -154,7 +127,7 @@ TEST(LayerList, BlocksOfOnePartAndExpertsWithoutAGate) {
     EXPECT_EQ(params.contains("b.llama.mlp.up_proj.weight"), mlp_only) << extra;
     EXPECT_FALSE(params.contains("b.llama.mlp.gate_proj.weight"));
     JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
-    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(block_values(m))) << extra;
+    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m))) << extra;
     m.layers->eval();
     torch::NoGradGuard no_grad;
     const at::Tensor ids = torch::randint(0, 20, {2, 6});
@@ -173,7 +146,7 @@ TEST(LayerList, BlocksOfOnePartAndExpertsWithoutAGate) {
   EXPECT_FALSE(params.contains("b.llama.mlp.experts.0.gate_proj.weight"));
   EXPECT_EQ(params["b.llama.mlp.shared_expert.up_proj.weight"].sizes(), (std::vector<int64_t>{6, 16}));
   JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
-  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(block_values(m)));
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
   torch::NoGradGuard no_grad;
   const at::Tensor ids = torch::randint(0, 20, {2, 6});
   const at::Tensor wide = m.layers->forward(ids);
