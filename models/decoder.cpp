@@ -262,8 +262,13 @@ torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
 void MoeImpl::reset() {
   gate = register_module("gate", Router(o_.experts, o_.d_model, o_.router_bias, o_.router_logit_bias));
   experts = register_module("experts", torch::nn::ModuleList());
+  const int64_t in = o_.experts_latent > 0 ? o_.experts_latent : o_.d_model;  // Nemotron-H's latent experts
+  if (o_.experts_latent > 0) {
+    fc1_latent_proj = register_module("fc1_latent_proj", torch::nn::Linear(torch::nn::LinearOptions(o_.d_model, in).bias(o_.mlp_bias)));
+    fc2_latent_proj = register_module("fc2_latent_proj", torch::nn::Linear(torch::nn::LinearOptions(in, o_.d_model).bias(o_.mlp_bias)));
+  }
   for (int64_t e = 0; e < o_.experts; ++e)
-    experts->push_back(GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate));
+    experts->push_back(GatedMlp(in, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate));
   if (o_.shared_expert > 0) {
     shared_expert = register_module("shared_expert", GatedMlp(o_.d_model, o_.shared_expert, o_.mlp_bias, o_.gelu, o_.swiglu_alpha,
                                                               o_.swiglu_limit, o_.relu2, o_.mlp_gate));
@@ -342,7 +347,9 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x) {
   auto [top, chosen] = route(h);
   const std::string why = o_.grouped_experts ? why_not_grouped(h) : "";
   if (!why.empty()) note_not_replayable(why.c_str());
-  at::Tensor out = o_.grouped_experts && why.empty() ? grouped(h, top, chosen) : looped(h, top, chosen);
+  at::Tensor out = o_.grouped_experts && why.empty() ? grouped(h, top, chosen)
+                   : o_.experts_latent > 0          ? run(fc2_latent_proj, looped(run(fc1_latent_proj, h), top, chosen))
+                                                    : looped(h, top, chosen);
   // In this order: it fixes the order in which the backward sums into h (bench/results/hf_parity.txt).
   if (shared_expert && shared_expert_gate) out = out + torch::sigmoid(run(shared_expert_gate, h)) * shared_expert->forward(h);
   else if (shared_expert) out = out + shared_expert->forward(h);

@@ -146,6 +146,7 @@ struct LlamaBlockOptions {
   bool normalize_experts = true;  // the chosen experts' probabilities renormalized to sum to 1
   bool router_cast = false;       // the routing weights cast to the model's type before they scale (Qwen's)
   bool experts_sum_float32 = false;  // lower precisions sum the routed experts' outputs in float32, then cast (Nemotron-H's)
+  int64_t experts_latent = 0;        // > 0: the routed experts work on a latent of this size (fc1_latent_proj in, fc2_latent_proj out)
   int64_t shared_expert = 0;      // > 0 (with experts): Qwen2-MoE's shared expert of that width beside them
   bool router_top_softmax = false;  // the softmax of the chosen experts' logits alone, in their type (GPT-OSS's)
   bool router_logit_bias = false;   // the router's logits with a trained bias ("gate.bias", GPT-OSS's)
@@ -392,6 +393,7 @@ class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
   torch::nn::ModuleList experts{nullptr};
   GatedMlp shared_expert{nullptr};               ///< with shared_expert only
   torch::nn::Linear shared_expert_gate{nullptr};  ///< with shared_expert and shared_expert_gate only
+  torch::nn::Linear fc1_latent_proj{nullptr}, fc2_latent_proj{nullptr};  ///< with experts_latent only: into and out of the latent
 
  private:
   // Each token's chosen experts' weights and the experts [N, experts_per_token], of h [N, d_model].
@@ -498,7 +500,7 @@ TORCH_MODULE(Gpt2Block);
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
 /// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
-/// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, shared_expert,
+/// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, experts_latent, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
 /// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,

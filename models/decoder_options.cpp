@@ -216,12 +216,15 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.experts == 0)
     for (const char* k : {"experts_per_token", "normalize_experts", "router_cast", "shared_expert", "shared_expert_gate", "router",
                           "router_bias", "expert_groups", "groups_per_token", "routed_scale", "router_float32", "router_logit_bias",
-                          "router_scales_input", "experts_kernel", "experts_sum_float32"})
+                          "router_scales_input", "experts_kernel", "experts_sum_float32", "experts_latent"})
       if (r.has(k)) r.fail(k, "needs experts above 0");
   o.experts_per_token = r.get_int("experts_per_token", std::min<int64_t>(2, std::max<int64_t>(o.experts, 1)), 1, std::max<int64_t>(o.experts, 1));
   o.normalize_experts = r.get_bool("normalize_experts", true);
   o.router_cast = r.get_bool("router_cast", false);
   o.experts_sum_float32 = r.get_bool("experts_sum_float32", false);
+  o.experts_latent = r.get_int("experts_latent", 0, 0, int64_t{1} << 24);
+  if (o.experts_latent > 0 && r.get_choice("experts_kernel", "loop", {"loop", "grouped"}) == "grouped")
+    r.fail("experts_latent", "needs experts_kernel \"loop\"");
   if (o.experts_sum_float32 && r.get_choice("experts_kernel", "loop", {"loop", "grouped"}) == "grouped")
     r.fail("experts_sum_float32", "needs experts_kernel \"loop\"");
   o.shared_expert = r.get_int("shared_expert", 0, 0, int64_t{1} << 30);
@@ -293,7 +296,9 @@ double parameter_values(const LlamaBlockOptions& o) {
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), gates = o.mlp_gate ? 3 : 2, biases = o.mlp_gate ? 2 : 1;
   const double shared = o.shared_expert > 0 ? gates * d * s + (o.mlp_bias ? biases * s + d : 0) + (o.shared_expert_gate ? d : 0) : 0;
-  const double mlp = o.no_mlp ? 0 : mlps * (gates * d * f + (o.mlp_bias ? biases * f + d : 0) + (o.xielu ? 2 : 0)) + router + shared;
+  const double e = o.experts_latent > 0 ? double(o.experts_latent) : d;  // the experts' width in and out
+  const double latent = o.experts_latent > 0 ? 2 * d * e + (o.mlp_bias ? d + e : 0) : 0;
+  const double mlp = o.no_mlp ? 0 : mlps * (gates * e * f + (o.mlp_bias ? biases * f + e : 0) + (o.xielu ? 2 : 0)) + router + shared + latent;
   const double mlp_and_norms = mlp + (o.no_mixer || o.no_mlp ? d : norms);
   if (o.no_mixer) return mlp_and_norms;
   if (o.mla()) {  // q_proj (or q_a_proj, its norm, q_b_proj), kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj

@@ -65,7 +65,6 @@ void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec) {
   if (!f.at_null("sliding_window") && f.integer("sliding_window", 0, 0, big) > 0) f.fail("sliding_window", "is not supported (null)");
   if (f.string("mlp_hidden_act", "relu2") != "relu2") f.fail("mlp_hidden_act", "'" + f.string("mlp_hidden_act", "") + "' is not supported (relu2)");
   if (f.string("mamba_hidden_act", "silu") != "silu") f.fail("mamba_hidden_act", "'" + f.string("mamba_hidden_act", "") + "' is not supported (silu)");
-  if (f.has("moe_latent_size") && !f.at_null("moe_latent_size")) f.fail("moe_latent_size", "is not supported (null: the experts on the hidden size)");
   if (f.integer("num_nextn_predict_layers", 0, 0, 64) > 0) f.fail("num_nextn_predict_layers", "above 0 is not supported (multi-token prediction)");
   const bool bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
   const int64_t heads = f.integer("num_attention_heads", 32, 1, 1 << 16);
@@ -96,6 +95,7 @@ void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec) {
                      {"expert_groups", expert_groups}, {"groups_per_token", f.integer("topk_group", 1, 1, expert_groups)},
                      {"d_ff", f.integer("moe_intermediate_size", 7688, 1, big)},
                      {"shared_expert", f.integer("moe_shared_expert_intermediate_size", 7688, 1, big)}, {"shared_expert_gate", false}};
+  const int64_t latent = f.has("moe_latent_size") && !f.at_null("moe_latent_size") ? f.integer("moe_latent_size", 0, 1, big) : 0;
   json layers = json::array({{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d}}});
   spec.tensors.push_back({"embed.embedding.weight", "backbone.embeddings.weight"});
   for (size_t i = 0; i < types.size(); ++i) {
@@ -125,6 +125,10 @@ void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec) {
     } else {
       b.update(experts);
       names = {{"mlp.gate.weight", "gate.weight"}, {"mlp.gate.e_score_correction_bias", "gate.e_score_correction_bias"}};
+      if (latent > 0) {  // the experts on a latent: into it and out of it
+        b["experts_latent"] = latent;
+        names.insert(names.end(), {{"mlp.fc1_latent_proj.weight", "fc1_latent_proj.weight"}, {"mlp.fc2_latent_proj.weight", "fc2_latent_proj.weight"}});
+      }
       for (int64_t e = 0; e < count; ++e)
         for (const char* p : {"up_proj", "down_proj"})
           names.push_back({detail::concat("mlp.experts.", e, ".", p, ".weight"), detail::concat("experts.", e, ".", p, ".weight")});

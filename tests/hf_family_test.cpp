@@ -599,7 +599,6 @@ TEST(HfFamily, NemotronHResolvesItsBlocksAndRefusals) {
   refused({{"hybrid_override_pattern", "M-X"}}, "hybrid_override_pattern holds 'X', not M, *, - or E");
   refused({{"num_hidden_layers", 5}}, "num_hidden_layers must equal the 4 blocks the types name");
   refused({{"tie_word_embeddings", true}}, "tie_word_embeddings true is not supported for NemotronHForCausalLM (transformers does not tie");
-  refused({{"moe_latent_size", 8}}, "moe_latent_size is not supported");
   refused({{"num_nextn_predict_layers", 1}}, "num_nextn_predict_layers above 0 is not supported");
   refused({{"mlp_hidden_act", "silu"}}, "mlp_hidden_act 'silu' is not supported (relu2)");
   refused({{"mamba_n_groups", 3}}, "n_groups must divide mamba_num_heads (4)");

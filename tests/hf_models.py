@@ -191,6 +191,14 @@ CASES = {
                                            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                            moe_shared_expert_intermediate_size=20, n_group=2, topk_group=1,
                                            routed_scaling_factor=1.5, max_position_embeddings=64, tie_word_embeddings=False)),
+    # Nemotron-H's latent experts: the routed experts on a latent of 16 (into it and out of it),
+    # the router and the shared expert on the hidden state
+    "nemotron-h-latent": ("NemotronHConfig", dict(hidden_size=32, layers_block_type=["moe", "mamba", "moe"], num_attention_heads=4,
+                                                  num_key_value_heads=2, head_dim=8, intermediate_size=40, mamba_num_heads=4,
+                                                  mamba_head_dim=16, ssm_state_size=8, n_groups=2, chunk_size=4, n_routed_experts=4,
+                                                  num_experts_per_tok=2, moe_intermediate_size=24, moe_latent_size=16,
+                                                  moe_shared_expert_intermediate_size=20, max_position_embeddings=64,
+                                                  tie_word_embeddings=False)),
     # Nemotron-H as Nemotron Nano 2 (its pattern "M-M*-" as hybrid_override_pattern spells it,
     # dense): chunks of 3 (the last short), biases on the Mamba projections, a floor of 0.01 on the steps
     "nemotron-h-dense": ("NemotronHConfig", dict(hidden_size=32, hybrid_override_pattern="M-M*-", num_attention_heads=4,

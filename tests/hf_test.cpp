@@ -77,7 +77,7 @@ bool fused(const std::string& arch) {
   return arch.rfind("phi3", 0) == 0 || arch == "mixtral" || arch == "qwen2-moe" || arch == "qwen3-moe" || arch == "olmoe" ||
          arch.rfind("granitemoe", 0) == 0 || arch.rfind("deepseek", 0) == 0 || arch.rfind("glm4", 0) == 0 || arch.rfind("gpt-oss", 0) == 0 ||
          arch.rfind("llama4", 0) == 0 || arch == "minimax-m2" || arch == "qwen3-next" || arch.rfind("qwen3.5-moe", 0) == 0 ||
-         arch == "nemotron-h";
+         arch == "nemotron-h" || arch == "nemotron-h-latent";
 }
 double float32_bound(const std::string& arch) { return fused(arch) ? 5e-5 : 1e-5; }
 // bfloat16's bound on the logits (of at most 4 in magnitude here): one bfloat16 step in [2, 4),
@@ -221,7 +221,8 @@ TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architect
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
-TEST(HfParity, NemotronHDenseShortChunksProjectionBiasesTied) { check_architecture("nemotron-h-dense"); }
+TEST(HfParity, NemotronHDenseShortChunksProjectionBiasesStepFloor) { check_architecture("nemotron-h-dense"); }
+TEST(HfParity, NemotronHLatentExperts) { check_architecture("nemotron-h-latent"); }
 TEST(HfParity, Qwen3Fp8BlocksDequantized) { check_architecture("qwen3-fp8"); }
 TEST(HfParity, DeepseekV3Fp8BlocksDequantized) { check_architecture("deepseek-v3-fp8"); }
 TEST(HfParity, GptOssMxfp4ExpertsDequantized) { check_architecture("gpt-oss-mxfp4"); }

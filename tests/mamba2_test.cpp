@@ -147,6 +147,16 @@ TEST(LayerList, BlocksOfOnePartAndExpertsWithoutAGate) {
   EXPECT_EQ(params["b.llama.mlp.shared_expert.up_proj.weight"].sizes(), (std::vector<int64_t>{6, 16}));
   JsonReader r(cfg["layers"][1], "model.layers[1]", "test");
   EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
+  // On a latent of 8: the experts' inputs and outputs of 8, into and out of it, counted.
+  json on_latent = experts;
+  on_latent["experts_latent"] = 8;
+  models::Model lm = test::build_model_section(test::llama_list(on_latent));
+  auto lp = lm.layers->named_parameters();
+  EXPECT_EQ(lp["b.llama.mlp.experts.1.up_proj.weight"].sizes(), (std::vector<int64_t>{24, 8}));
+  EXPECT_EQ(lp["b.llama.mlp.fc1_latent_proj.weight"].sizes(), (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(lp["b.llama.mlp.fc2_latent_proj.weight"].sizes(), (std::vector<int64_t>{16, 8}));
+  JsonReader rl(test::llama_list(on_latent)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(rl)), double(test::block_values(lm)));
   torch::NoGradGuard no_grad;
   const at::Tensor ids = torch::randint(0, 20, {2, 6});
   const at::Tensor wide = m.layers->forward(ids);
@@ -165,4 +175,6 @@ TEST(LayerList, BlocksOfOnePartAndExpertsWithoutAGate) {
   grouped["experts_kernel"] = "grouped";
   refused(grouped, "experts_kernel: \"grouped\" needs gated experts");
   refused({{"experts", 4}, {"experts_sum_float32", true}, {"experts_kernel", "grouped"}}, "experts_sum_float32: needs experts_kernel \"loop\"");
+  refused({{"experts", 4}, {"experts_latent", 8}, {"experts_kernel", "grouped"}}, "experts_latent: needs experts_kernel \"loop\"");
+  refused({{"experts_latent", 8}}, "experts_latent: needs experts above 0");
 }
