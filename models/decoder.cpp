@@ -387,13 +387,18 @@ void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
   auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
   if (o_.norms != NormPlacement::Post && !o_.no_mixer) input_layernorm_ = norm("input_layernorm");
-  if (o_.no_mixer) {
-  } else if (o_.gated_deltanet()) linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
-  else if (o_.mamba()) mamba_ = register_module("mamba", Mamba2Mixer(o_));
-  else if (o_.mla()) mla_ = register_module("self_attn", MlaAttention(o_));
-  else self_attn_ = register_module("self_attn", LlamaAttention(o_));
-  if (!o_.no_mlp) post_attention_layernorm_ = norm("post_attention_layernorm");
-  if (o_.no_mlp) return;
+  if (o_.no_mixer) {  // an MLP alone (Nemotron-H's)
+  } else if (o_.gated_deltanet()) {
+    linear_attn_ = register_module("linear_attn", GatedDeltaNet(o_));
+  } else if (o_.mamba()) {
+    mamba_ = register_module("mamba", Mamba2Mixer(o_));
+  } else if (o_.mla()) {
+    mla_ = register_module("self_attn", MlaAttention(o_));
+  } else {
+    self_attn_ = register_module("self_attn", LlamaAttention(o_));
+  }
+  if (o_.no_mlp) return;  // a mixer alone (Nemotron-H's)
+  post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
   else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));

@@ -254,6 +254,12 @@ class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
 };
 TORCH_MODULE(GatedDeltaNet);
 
+/// The causal depthwise convolution of x [B, channels, T] by weight [channels, 1, K] (and bias,
+/// where defined), [B, channels, T]: the DeltaNet's and Mamba 2's. With `cache`, x holds the
+/// positions after those whose last K - 1 inputs the cache keeps (KvCache::conv), which it
+/// replaces by the last K - 1 of these.
+at::Tensor causal_depthwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, KvCache* cache);
+
 /// Mamba 2's mixer ("mamba"), as transformers' torch path computes it (Granite 4.0-H's):
 /// in_proj gives the gate z [mamba_heads·mamba_head_dim = I], the convolution's input xBC (I
 /// values, then B and C of mamba_groups·mamba_state each) and dt [mamba_heads]; xBC goes through a

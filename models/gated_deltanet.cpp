@@ -106,6 +106,17 @@ at::Tensor recurrent_gated_delta_rule(at::Tensor q0, at::Tensor k0, at::Tensor v
   return torch::stack(out, 2).transpose(1, 2).contiguous().to(in.out_type);
 }
 
+at::Tensor causal_depthwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, KvCache* cache) {
+  const int64_t T = x.size(2), channels = x.size(1), K = weight.size(-1);
+  if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these
+    const at::Tensor full = torch::cat({cache->conv.to(x.scalar_type()), x}, -1);
+    cache->conv = full.narrow(-1, full.size(-1) - (K - 1), K - 1);
+    return torch::conv1d(full, weight, bias, 1, int64_t{0}, 1, channels);
+  }
+  if (cache) cache->conv = torch::constant_pad_nd(x, {std::max<int64_t>(K - 1 - T, 0), 0}).narrow(-1, std::max<int64_t>(T - (K - 1), 0), K - 1);
+  return torch::conv1d(x, weight, bias, 1, K - 1, 1, channels).narrow(2, 0, T);
+}
+
 void GatedDeltaNetImpl::reset() {
   const int64_t d = o_.d_model, Hk = o_.linear_key_heads, Hv = o_.linear_value_heads;
   const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, K = o_.linear_conv_kernel;
@@ -132,7 +143,7 @@ void GatedDeltaNetImpl::reset() {
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& h, KvCache* cache) {
   const int64_t B = h.size(0), T = h.size(1), Hk = o_.linear_key_heads, Hv = o_.linear_value_heads;
-  const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, r = Hv / Hk, K = o_.linear_conv_kernel;
+  const int64_t Dk = o_.linear_key_head_dim, Dv = o_.linear_value_head_dim, r = Hv / Hk;
   at::Tensor mixed, z, b, a;  // [B, channels, T]; [B, T, Hv, Dv]; [B, T, Hv] each
   if (o_.linear_split) {  // Qwen3.5's: every query, then every key, then every value
     mixed = run(in_proj_qkv, h).transpose(1, 2);
@@ -147,17 +158,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& h, KvCache* cache)
     a = ba[1].reshape({B, T, Hv});
     mixed = torch::cat({qkvz[0].reshape({B, T, -1}), qkvz[1].reshape({B, T, -1}), qkvz[2].reshape({B, T, -1})}, -1).transpose(1, 2);
   }
-  const int64_t channels = mixed.size(1);
-  at::Tensor conv;
-  if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these
-    const at::Tensor full = torch::cat({cache->conv.to(mixed.scalar_type()), mixed}, -1);
-    conv = torch::conv1d(full, conv1d->weight, {}, 1, int64_t{0}, 1, channels);
-    cache->conv = full.narrow(-1, full.size(-1) - (K - 1), K - 1);
-  } else {
-    conv = torch::conv1d(mixed, conv1d->weight, {}, 1, K - 1, 1, channels).narrow(2, 0, T);
-    if (cache) cache->conv = torch::constant_pad_nd(mixed, {std::max<int64_t>(K - 1 - T, 0), 0}).narrow(-1, std::max<int64_t>(T - (K - 1), 0), K - 1);
-  }
-  conv = torch::silu(conv).transpose(1, 2);
+  const at::Tensor conv = torch::silu(causal_depthwise_conv(mixed, conv1d->weight, {}, cache)).transpose(1, 2);
   const auto qkv = conv.split_with_sizes({Hk * Dk, Hk * Dk, Hv * Dv}, -1);
   const at::Tensor q = qkv[0].reshape({B, T, Hk, Dk}), k = qkv[1].reshape({B, T, Hk, Dk}), v = qkv[2].reshape({B, T, Hv, Dv});
   const at::ScalarType wide = compute_type(h.scalar_type());

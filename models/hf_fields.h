@@ -130,6 +130,10 @@ LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_
 void linear_attention_tensors(const std::string& arch, const LinearLayers& x, const std::string& ours, const std::string& theirs,
                               HfSpec& spec);
 
+/// A Mamba 2 mixer's tensors under "mamba." (ours) and transformers' mixer: in_proj, conv1d,
+/// dt_bias, A_log, D, norm, out_proj, and the biases `args` (a llama_block's mamba_*) give it (hf_linear.cpp).
+std::vector<std::string> mamba_tensor_names(const nlohmann::json& args);
+
 /// Granite 4.0-H's layers without experts: their MLP is shared_mlp (gate's rows, then up's, in
 /// input_linear; output_linear), of `d_ff` (hf_experts.cpp).
 void granite_dense_mlp_tensors(int64_t d_ff, const std::string& ours, const std::string& theirs, HfSpec& spec);

@@ -61,6 +61,13 @@ LinearLayers granite_mamba_layers(const Fields& f, int64_t n) {
 
 }  // namespace
 
+std::vector<std::string> mamba_tensor_names(const nlohmann::json& args) {
+  std::vector<std::string> names{"in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"};
+  if (args.value("mamba_conv_bias", true)) names.push_back("conv1d.bias");
+  if (args.value("mamba_proj_bias", false)) names.insert(names.end(), {"in_proj.bias", "out_proj.bias"});
+  return names;
+}
+
 bool granite_hybrid_rotary(const Fields& f) {
   if (!f.has("position_embedding_type") || f.at_null("position_embedding_type")) return false;
   const std::string type = f.string("position_embedding_type", "nope");
@@ -99,10 +106,7 @@ LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_
 void linear_attention_tensors(const std::string& arch, const LinearLayers& x, const std::string& ours, const std::string& theirs,
                               HfSpec& spec) {
   if (arch == kGraniteMoeHybrid) {  // mamba.*
-    std::vector<std::string> names{"in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"};
-    if (x.args.value("mamba_conv_bias", true)) names.push_back("conv1d.bias");
-    if (x.args.value("mamba_proj_bias", false)) names.insert(names.end(), {"in_proj.bias", "out_proj.bias"});
-    for (const std::string& p : names) spec.tensors.push_back({ours + "mamba." + p, theirs + "mamba." + p});
+    for (const std::string& p : mamba_tensor_names(x.args)) spec.tensors.push_back({ours + "mamba." + p, theirs + "mamba." + p});
     return;
   }
   std::vector<std::string> names{"conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"};

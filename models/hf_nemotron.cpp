@@ -110,9 +110,7 @@ void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec) {
     std::vector<std::pair<std::string, std::string>> names;  // ours, theirs (under the block)
     if (type == "mamba") {
       b.update(mamba);
-      for (const char* p : {"in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"}) names.push_back({std::string("mamba.") + p, p});
-      if (mamba["mamba_conv_bias"].get<bool>()) names.push_back({"mamba.conv1d.bias", "conv1d.bias"});
-      if (mamba["mamba_proj_bias"].get<bool>()) names.insert(names.end(), {{"mamba.in_proj.bias", "in_proj.bias"}, {"mamba.out_proj.bias", "out_proj.bias"}});
+      for (const std::string& p : mamba_tensor_names(mamba)) names.push_back({"mamba." + p, p});
     } else if (type == "attention") {
       for (const char* p : {"q", "k", "v", "o"}) {
         names.push_back({detail::concat("self_attn.", p, "_proj.weight"), detail::concat(p, "_proj.weight")});

@@ -122,21 +122,12 @@ void Mamba2MixerImpl::reset() {
 
 torch::Tensor Mamba2MixerImpl::forward(const torch::Tensor& h, KvCache* cache) {
   const int64_t Bsz = h.size(0), T = h.size(1), H = o_.mamba_heads, P = o_.mamba_head_dim, N = o_.mamba_state, G = o_.mamba_groups;
-  const int64_t I = H * P, channels = I + 2 * G * N, K = o_.mamba_conv_kernel;
+  const int64_t I = H * P, channels = I + 2 * G * N;
   const auto parts = run(in_proj, h).split_with_sizes({I, channels, H}, -1);
   const at::Tensor& gate = parts[0];
   const at::Tensor xbc = parts[1].transpose(1, 2).to(conv1d->weight.scalar_type());  // [B, channels, T]
   const at::Tensor bias = o_.mamba_conv_bias ? conv1d->bias : at::Tensor();
-  at::Tensor conv;
-  if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these
-    const at::Tensor full = torch::cat({cache->conv.to(xbc.scalar_type()), xbc}, -1);
-    conv = torch::conv1d(full, conv1d->weight, bias, 1, int64_t{0}, 1, channels);
-    cache->conv = full.narrow(-1, full.size(-1) - (K - 1), K - 1);
-  } else {
-    conv = torch::conv1d(xbc, conv1d->weight, bias, 1, K - 1, 1, channels).narrow(2, 0, T);
-    if (cache) cache->conv = torch::constant_pad_nd(xbc, {std::max<int64_t>(K - 1 - T, 0), 0}).narrow(-1, std::max<int64_t>(T - (K - 1), 0), K - 1);
-  }
-  conv = torch::silu(conv).to(h.scalar_type()).transpose(1, 2);
+  const at::Tensor conv = torch::silu(causal_depthwise_conv(xbc, conv1d->weight, bias, cache)).to(h.scalar_type()).transpose(1, 2);
   const auto xs = conv.split_with_sizes({I, G * N, G * N}, -1);
   const at::Tensor dt = torch::softplus(parts[2] + dt_bias.to(parts[2].scalar_type())).clamp(o_.mamba_dt_min, o_.mamba_dt_max);
   const at::ScalarType wide = compute_type(h.scalar_type());
