@@ -40,10 +40,7 @@ std::string write_model(const std::string& name, const nlohmann::json& config, i
 
 using test::hf_error;
 
-nlohmann::json with(nlohmann::json config, const nlohmann::json& changes) {
-  for (auto& [k, v] : changes.items()) config[k] = v;
-  return config;
-}
+using test::with;
 
 }  // namespace
 

@@ -25,10 +25,7 @@ models::Model build(const std::string& dir, int64_t seq_len) { return test::hf_b
 
 using test::hf_error;
 
-nlohmann::json with(nlohmann::json config, const nlohmann::json& changes) {
-  for (auto& [k, v] : changes.items()) config[k] = v;
-  return config;
-}
+using test::with;
 
 }  // namespace
 

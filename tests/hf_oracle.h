@@ -69,4 +69,10 @@ inline std::string hf_write_model(const std::string& dir, const nlohmann::json& 
   return dir;
 }
 
+/// `config` with `changes`' keys set over it (a config.json edited).
+inline nlohmann::json with(nlohmann::json config, const nlohmann::json& changes) {
+  for (auto& [k, v] : changes.items()) config[k] = v;
+  return config;
+}
+
 }  // namespace pipetrain::test
