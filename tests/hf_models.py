@@ -15,6 +15,9 @@ written by transformers' save_pretrained, and what transformers computes with th
                               the new ids and the end-of-text id it stops at (-1: none in the vocabulary)
   hf_models.py compare ROOT   loads every ROOT/<case>/exported with from_pretrained and prints, as
                               JSON, its largest difference from ROOT/<case>/trained per case
+  hf_models.py start DIR / stop DIR  a server that runs these commands with its imports done once
+                              (tests/hf_oracle_server.py; where PIPETRAIN_HF_ORACLE names DIR, the
+                              commands above are handed to it)
 
 transformers computes RMSNorm and the rotary tables in float32 even in a float64 model (an upcast
 meant for half precisions); the float64 cases run them in float64, as the float32 cases run them
@@ -27,6 +30,20 @@ import json
 import math
 import os
 import sys
+
+if __name__ == "__main__":
+    import importlib.util
+    import hf_oracle_server  # beside this file
+    if sys.argv[1:2] == ["start"] and importlib.util.find_spec("transformers") is None:
+        print("no transformers here: no oracle's server (each test that needs it is skipped)")
+        sys.exit(0)
+    if sys.argv[1:2] not in (["start"], ["stop"]):
+        hf_oracle_server.relay(sys.argv[1:])  # returns where no server takes the command
+
+# OpenMP's threads wait passively: the tests run two at a time on two cores, and OpenMP's spinning
+# waits let two processes' threads starve each other (a run of small float64 products: 0.1 s alone,
+# 40 s beside a second one, AMD EPYC, 2 cores). Where they wait changes no result.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
@@ -1049,5 +1066,24 @@ def compare(root):
     print(json.dumps(result))
 
 
+def run(argv):
+    {"make": make, "models": models, "generate": generate, "compare": compare}[argv[0]](*argv[1:])
+
+
+def warm():
+    """The server's imports beyond this file's: every case's modeling module, and what reads
+    quantized checkpoints."""
+    for config_class, _ in CASES.values():
+        importlib.import_module(getattr(transformers, config_class).__module__.replace(".configuration_", ".modeling_"))
+    importlib.import_module("safetensors.torch")
+    if importlib.util.find_spec("compressed_tensors"):
+        importlib.import_module("compressed_tensors")
+
+
 if __name__ == "__main__":
-    {"make": make, "models": models, "generate": generate, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    if sys.argv[1] == "start":
+        hf_oracle_server.start(run, sys.argv[2], warm)
+    elif sys.argv[1] == "stop":
+        hf_oracle_server.stop(sys.argv[2])
+    else:
+        run(sys.argv[1:])

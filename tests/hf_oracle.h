@@ -31,10 +31,15 @@ inline std::string scratch_dir(const std::string& name) {
 }
 
 inline std::string python() { return PIPETRAIN_PYTHON; }
+/// Under ctest its commands go to a server with transformers imported once (PIPETRAIN_HF_ORACLE,
+/// the fixture `hf_oracle` of tests/CMakeLists.txt); run by hand, each starts its own Python.
 inline std::string hf_oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/tests/hf_models.py"; }
 /// Whether the project's Python has transformers (scripts/setup.sh installs it); without it the
-/// cases that need it are skipped.
-inline bool has_transformers() { return shell(python() + " -c 'import transformers' >/dev/null 2>&1").status == 0; }
+/// cases that need it are skipped. Found, not imported: an import takes seconds, and a broken one
+/// fails the oracle's command loudly.
+inline bool has_transformers() {
+  return shell(python() + " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"transformers\") is None)' >/dev/null 2>&1").status == 0;
+}
 
 /// The `hf` family's model of the directory `dir` for windows of `seq_len` tokens, `extra`'s keys added.
 inline models::Model hf_build(const std::string& dir, int64_t seq_len, const nlohmann::json& extra = nlohmann::json::object()) {
