@@ -33,10 +33,13 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM",
                          kQwen35 = "Qwen3_5ForCausalLM", kQwen35Moe = "Qwen3_5MoeForCausalLM",
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
-                         kNemotronH = "NemotronHForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
+
+/// Granite 4.0-H and Bamba: Mamba 2 layers around attention, their mixers under "mamba.".
+inline bool mamba_hybrid(const std::string& arch) { return arch == kGraniteMoeHybrid || arch == kBamba; }
 
 /// config.json's fields, each checked for its type; a problem names the file and the field.
 class Fields {
@@ -118,7 +121,8 @@ void expert_tensors(const std::string& arch, const Experts& x, int64_t d_ff, con
 
 /// Qwen3-Next's and Qwen3.5's layers of gated DeltaNet in attention's place (layer_types'
 /// linear_attention; by default all but every fourth), Granite 4.0-H's of Mamba 2 (layer_types'
-/// mamba or linear_attention; by default every layer), and their llama_block arguments (hf_linear.cpp).
+/// mamba or linear_attention; by default every layer), Bamba's (all but attn_layer_indices), and
+/// their llama_block arguments (hf_linear.cpp).
 struct LinearLayers {
   std::vector<bool> layers;
   nlohmann::json args;  ///< linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel
@@ -141,6 +145,10 @@ void granite_dense_mlp_tensors(int64_t d_ff, const std::string& ours, const std:
 /// Which layers rotate q and k in Granite 4.0-H: every one where position_embedding_type is
 /// "rope", none where it is null or "nope" (hf_linear.cpp).
 bool granite_hybrid_rotary(const Fields& f);
+
+/// Bamba's names of what Llama names otherwise: its MLP under feed_forward., the norm before it
+/// pre_ff_layernorm, the last norm model.final_layernorm (hf_linear.cpp).
+void bamba_names(HfSpec& spec);
 
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.

@@ -1,6 +1,6 @@
-// Qwen3-Next's and Qwen3.5's gated DeltaNet layers and Granite 4.0-H's Mamba 2 layers (the `hf`
-// family, models/hf_fields.h): which layers hold one, their arguments and their tensors, as
-// transformers' configs and checkpoints name them.
+// Qwen3-Next's and Qwen3.5's gated DeltaNet layers and Granite 4.0-H's and Bamba's Mamba 2 layers
+// (the `hf` family, models/hf_fields.h): which layers hold one, their arguments and their tensors,
+// as transformers' configs and checkpoints name them.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -25,11 +25,22 @@ double step_limit(const Fields& f, size_t i, double fallback) {
   return fallback;
 }
 
-// Granite 4.0-H's Mamba 2 layers and their arguments.
-LinearLayers granite_mamba_layers(const Fields& f, int64_t n) {
+// Granite 4.0-H's and Bamba's Mamba 2 layers and their arguments.
+LinearLayers mamba_layers(const std::string& arch, const Fields& f, int64_t n) {
   LinearLayers x;
   x.layers.assign(static_cast<size_t>(n), true);  // transformers' default: every layer
-  if (f.has("layer_types")) {
+  if (arch == kBamba && f.has("attn_layer_indices")) {  // Bamba's attention layers; Mamba 2 in the others
+    const nlohmann::json& list = f.at("attn_layer_indices");
+    if (!list.is_array()) f.fail("attn_layer_indices", "must list layer indices, got " + list.dump());
+    for (const nlohmann::json& i : list) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= n)
+        f.fail("attn_layer_indices", detail::concat("holds ", i.dump(), ", not a layer index in [0, ", n, ")"));
+      x.layers[i.get<size_t>()] = false;
+    }
+  }
+  if (arch == kBamba && f.number("z_loss_coefficient", 0.0) != 0.0)  // a loss term transformers adds in training
+    f.fail("z_loss_coefficient", "above 0 is not supported (the loss is cross-entropy alone; set it to 0.0)");
+  if (arch == kGraniteMoeHybrid && f.has("layer_types")) {
     const nlohmann::json& types = f.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != n) f.fail("layer_types", detail::concat("must list ", n, " layers"));
     for (int64_t i = 0; i < n; ++i) {
@@ -76,7 +87,7 @@ bool granite_hybrid_rotary(const Fields& f) {
 }
 
 LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_t n) {
-  if (arch == kGraniteMoeHybrid) return granite_mamba_layers(f, n);
+  if (mamba_hybrid(arch)) return mamba_layers(arch, f, n);
   LinearLayers x;
   x.layers.assign(static_cast<size_t>(n), false);
   if (!qwen_hybrid(arch)) return x;
@@ -105,7 +116,7 @@ LinearLayers read_linear_layers(const std::string& arch, const Fields& f, int64_
 
 void linear_attention_tensors(const std::string& arch, const LinearLayers& x, const std::string& ours, const std::string& theirs,
                               HfSpec& spec) {
-  if (arch == kGraniteMoeHybrid) {  // mamba.*
+  if (mamba_hybrid(arch)) {  // mamba.*
     for (const std::string& p : mamba_tensor_names(x.args)) spec.tensors.push_back({ours + "mamba." + p, theirs + "mamba." + p});
     return;
   }
@@ -113,6 +124,20 @@ void linear_attention_tensors(const std::string& arch, const LinearLayers& x, co
   if (arch == kQwen3Next) names.insert(names.begin(), {"in_proj_qkvz.weight", "in_proj_ba.weight"});
   else names.insert(names.begin(), {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"});
   for (const std::string& p : names) spec.tensors.push_back({ours + "linear_attn." + p, theirs + "linear_attn." + p});
+}
+
+void bamba_names(HfSpec& spec) {
+  auto rename = [](std::string& name, const std::string& from, const std::string& to) {
+    const size_t at = name.find(from);
+    if (at != std::string::npos) name.replace(at, from.size(), to);
+  };
+  for (HfTensor& t : spec.tensors) {
+    if (t.theirs.rfind("model.layers.", 0) == 0) {
+      rename(t.theirs, ".post_attention_layernorm.", ".pre_ff_layernorm.");
+      rename(t.theirs, ".mlp.", ".feed_forward.");
+    }
+    if (t.theirs == "model.norm.weight") t.theirs = "model.final_layernorm.weight";
+  }
 }
 
 }  // namespace pipetrain::models::hf_detail

@@ -31,8 +31,8 @@ void read_rope(const std::string& arch, const Fields& f, const json& params, con
   const double theta = get("rope_theta", theta_default);
   if (!(theta > 1)) f.fail("rope_theta", "must exceed 1");
   block["rope_theta"] = theta;
-  // GLM-4.5's and GLM-4's default: half of each head rotated.
-  const bool glm = arch == kGlm4Moe || arch == kGlm4;
+  // GLM-4.5's, GLM-4's and Bamba's default: half of each head rotated.
+  const bool glm = arch == kGlm4Moe || arch == kGlm4 || arch == kBamba;
   // MiniMax-M2's checkpoints give rotary_dim, the rotated values of a head, for the factor.
   const double rotary_dim = arch == kMiniMaxM2 && f.has("rotary_dim")
                                 ? double(f.integer("rotary_dim", 0, 2, 1 << 16)) / double(f.integer("head_dim", 128, 2, 1 << 16))
@@ -281,7 +281,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
                       : granite_dense    ? f.integer("shared_intermediate_size", 1024, 1, big)
                                          : f.integer("intermediate_size", 0, 1, big, true)},
              {"eps", f.number("rms_norm_eps", arch == kGlm4 ? 1.5625e-7 : t.olmo2 || arch == kOlmoe || arch == kGlm4Moe || arch == kGptOss || arch == kMinistral3 ||
-                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus || arch == kHunyuan ? 1e-5 : 1e-6)}};
+                                                   arch == kLlama4 || arch == kErnie45 || arch == kExaone4 || arch == kArcee || arch == kApertus || arch == kHunyuan || arch == kBamba ? 1e-5 : 1e-6)}};
   if (arch == kDeepseekV2 || arch == kDeepseekV3) latent_attention_args(arch, f, heads, block);
   else if (f.has("head_dim")) block["head_dim"] = f.integer("head_dim", 0, 2, 1 << 16);
   else if (arch == kQwen3 || arch == kQwen3Moe || arch == kLlama4 || arch == kGlm4 || arch == kErnie45 || arch == kMiniMaxM2)
@@ -293,7 +293,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan ||
-       qwen_hybrid(arch)) &&
+       qwen_hybrid(arch) || arch == kBamba) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -313,7 +313,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   block["qkv_bias"] = arch == kQwen2 || (arch == kQwen2Moe && f.boolean("qkv_bias", true)) || attention_bias ||
                       (arch == kGlm4Moe && f.boolean("attention_bias", false)) || (arch == kGlm4 && f.boolean("attention_bias", true)) || ernie_bias;
   block["o_bias"] = attention_bias || ernie_bias;
-  block["mlp_bias"] = ((arch == kLlama || arch == kGranite || arch == kSmolLM3 || arch == kArcee) && f.boolean("mlp_bias", false)) || ernie_bias;
+  block["mlp_bias"] = ((arch == kLlama || arch == kGranite || arch == kSmolLM3 || arch == kArcee || arch == kBamba) && f.boolean("mlp_bias", false)) || ernie_bias;
   if (arch == kArcee || arch == kApertus) {  // their MLPs without a gate: down(relu(up(x))²), down(xielu(up(x)))
     block["act"] = arch == kArcee ? "relu2" : "xielu";
     block["mlp_gate"] = false;
@@ -465,7 +465,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
   const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : arch == kGlm4 ? 151329
-                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 ? 0 : -1;
+                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 || arch == kBamba ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
@@ -574,6 +574,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
   layers.push_back(norm);
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
+  if (arch == kBamba) bamba_names(spec);
   with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));

@@ -199,6 +199,13 @@ CASES = {
                                                               mamba_chunk_size=3, mamba_proj_bias=True, mamba_conv_bias=False,
                                                               position_embedding_type="rope", attention_multiplier=0.25,
                                                               tie_word_embeddings=True)),
+    # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
+    # around an attention layer rotating half of each head, every attention and MLP bias, padding
+    # rows, a tied head
+    "bamba": ("BambaConfig", dict(hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=64, attn_layer_indices=[1], mamba_n_heads=4,
+                                  mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4, mamba_chunk_size=4,
+                                  time_step_limit=(0.0, 0.05), attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
     # Nemotron-H: blocks of one part each (Mamba 2 of 4 heads in 2 groups, chunks of 4; attention
     # without positions; a relu² MLP; 4 relu² experts in 2 groups, DeepSeek-V3's sigmoid routing with
     # a shared expert), its layer types as layers_block_type names them
@@ -476,7 +483,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba"}
 
 
 def best_groups(router, group_scores):
@@ -569,7 +576,7 @@ def patch_float64(families=None):
             patch_llama4_float64(module)
         if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
             patch_deltanet_float64(module, prefix)
-        if family in ("granitemoehybrid", "nemotron_h"):
+        if family in ("granitemoehybrid", "nemotron_h", "bamba"):
             patch_mamba_float64(module, prefix)
         if family == "nemotron_h":  # its logits cast to float32 (.float()): in float64 here
             causal = module.NemotronHForCausalLM
@@ -758,9 +765,9 @@ def mamba64(x, dt, A, B, C, D):
 
 
 def patch_mamba_float64(module, prefix):
-    """Granite 4.0-H's and Nemotron-H's Mamba 2 layers in float64 (transformers: the scan, the decays and the gated
+    """Granite 4.0-H's, Nemotron-H's and Bamba's Mamba 2 layers in float64 (transformers: the scan, the decays and the gated
     norm in float32), the scan position by position (mamba64)."""
-    layer = getattr(module, f"{prefix}MambaLayer", None) or getattr(module, f"{prefix}Mamba2Mixer")
+    layer = getattr(module, f"{prefix}MambaLayer", None) or getattr(module, f"{prefix}Mamba2Mixer", None) or getattr(module, f"{prefix}Mixer")
 
     def mamba_forward(self, hidden_states, cache=None, attention_mask=None, _orig=layer.forward, **kw):  # without a cache (make's forwards)
         if hidden_states.dtype != torch.float64 or cache is not None:

@@ -110,7 +110,7 @@ bool bfloat16_training_compared(const std::string& arch) { return arch.rfind("qw
 // carrying float32's last-bit differences of its fused shared MLP (2.2e-6 in the first logits) to
 // 2.5e-5 in the losses and 1.4e-5 in the weights (AMD EPYC), half of the fused bound; another CPU's
 // kernels round otherwise, so their float32 training bound is 1e-3 (float64 agrees to 1.3e-15).
-bool mamba_hybrid(const std::string& arch) { return arch.rfind("granitemoehybrid", 0) == 0; }
+bool mamba_hybrid(const std::string& arch) { return arch.rfind("granitemoehybrid", 0) == 0 || arch == "bamba"; }
 double float32_training_bound(const std::string& arch) { return delta_rule(arch) ? 1e-2 : mamba_hybrid(arch) ? 1e-3 : float32_bound(arch); }
 double bfloat16_weight_bound(const std::string& arch) { return delta_rule(arch) ? 1.0 / 4 : fused(arch) ? 1.0 / 8 : 1.0 / 32; }
 
@@ -220,6 +220,7 @@ TEST(HfParity, Qwen35SplitDeltaNetProjectionsTied) { check_architecture("qwen3.5
 TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3.5-moe-vision"); }
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
+TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
 TEST(HfParity, NemotronHDenseShortChunksProjectionBiasesStepFloor) { check_architecture("nemotron-h-dense"); }
 TEST(HfParity, NemotronHLatentExperts) { check_architecture("nemotron-h-latent"); }
