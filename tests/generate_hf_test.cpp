@@ -209,7 +209,7 @@ const std::vector<HfGroup>& hf_groups() {
       // steps without it (mamba2_selective_state_update takes no limit) where its forward clamps:
       // its greedy tokens part from its own without a cache after 12 (float32); ours keep the floor
       // and equal its greedy tokens without a cache.
-      {"granite_hybrid_nemotron_h", {"granitemoehybrid", "granitemoehybrid-dense", "nemotron-h"}},
+      {"mamba_hybrids", {"granitemoehybrid", "granitemoehybrid-dense", "nemotron-h", "bamba"}},
   };
   return groups;
 }

@@ -1,7 +1,7 @@
-// The hf family's Mamba 2 hybrids without transformers (Granite 4.0-H, Nemotron-H): a directory
+// The hf family's Mamba 2 hybrids without transformers (Granite 4.0-H, Nemotron-H, Bamba): a directory
 // written here in save_pretrained's form, how its config resolves into blocks, and what it
 // refuses, each in one line naming the field. Against transformers: hf_test.cpp
-// (HfParity.GraniteMoeHybrid*, HfParity.NemotronH*).
+// (HfParity.GraniteMoeHybrid*, HfParity.NemotronH*, HfParity.Bamba*).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -122,4 +122,44 @@ TEST(HfFamily, NemotronHResolvesItsBlocksAndRefusals) {
   refused({{"mlp_hidden_act", "silu"}}, "mlp_hidden_act 'silu' is not supported (relu2)");
   refused({{"mamba_n_groups", 3}}, "n_groups must divide mamba_num_heads (4)");
   refused({{"sliding_window", 4}}, "sliding_window is not supported");
+}
+
+// Bamba: attention on attn_layer_indices (none: Mamba 2 everywhere), half of each head rotated
+// unless rope_parameters says otherwise, its names (feed_forward, pre_ff_layernorm,
+// final_layernorm), and what it refuses.
+TEST(HfFamily, BambaResolvesItsLayersNamesAndRefusals) {
+  const nlohmann::json config{{"architectures", {"BambaForCausalLM"}}, {"model_type", "bamba"}, {"vocab_size", 40}, {"hidden_size", 16},
+                              {"intermediate_size", 24}, {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                              {"attn_layer_indices", {2}}, {"mamba_n_heads", 4}, {"mamba_d_head", "auto"}, {"mamba_d_state", 8},
+                              {"mamba_n_groups", 2}, {"mamba_chunk_size", 4}, {"time_step_limit", {0.0, {{"__float__", "Infinity"}}}}};
+  const std::string dir = write_model("bamba", config);
+  const nlohmann::json layers = models::read_hf_spec(dir, 8, "test").layers["layers"];
+  EXPECT_EQ(layers[0]["padding_idx"], 0);  // transformers' default pad_token_id
+  EXPECT_EQ(layers[1]["mamba_head_dim"], 8);
+  EXPECT_TRUE(layers[2].contains("mamba_heads"));
+  EXPECT_FALSE(layers[3].contains("mamba_heads"));
+  EXPECT_EQ(layers[3]["partial_rotary_factor"], 0.5);
+  EXPECT_EQ(layers[3]["eps"], 1e-5);
+  models::Model m = build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  auto params = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(params["layer_0.llama.mamba.A_log"], ck.get("model.layers.0.mamba.A_log")));
+  EXPECT_TRUE(torch::equal(params["layer_2.llama.mlp.gate_proj.weight"], ck.get("model.layers.2.feed_forward.gate_proj.weight")));
+  EXPECT_TRUE(torch::equal(params["layer_2.llama.post_attention_layernorm.weight"], ck.get("model.layers.2.pre_ff_layernorm.weight")));
+  EXPECT_TRUE(torch::equal(params["norm.rms.weight"], ck.get("model.final_layernorm.weight")));
+  const std::string whole = write_model("bamba_whole", with(config, {{"attn_layer_indices", nullptr},
+                                                                      {"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 1.0}}}}));
+  const nlohmann::json all_mamba = models::read_hf_spec(whole, 8, "test").layers["layers"];
+  for (int i = 1; i <= 3; ++i) EXPECT_TRUE(all_mamba[static_cast<size_t>(i)].contains("mamba_heads")) << i;
+  const std::string full = write_model("bamba_full", with(config, {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 1.0}}}}));
+  EXPECT_FALSE(models::read_hf_spec(full, 8, "test").layers["layers"][3].contains("partial_rotary_factor"));
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
+    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
+    const std::string error = hf_error(dir);
+    EXPECT_NE(error.find(what), std::string::npos) << error;
+  };
+  refused({{"attn_layer_indices", {3}}}, "attn_layer_indices holds 3, not a layer index in [0, 3)");
+  refused({{"attn_layer_indices", 1}}, "attn_layer_indices must list layer indices, got 1");
+  refused({{"z_loss_coefficient", 0.01}}, "z_loss_coefficient above 0 is not supported (the loss is cross-entropy alone");
+  refused({{"mamba_n_groups", 3}}, "mamba_n_groups must divide mamba_n_heads (4)");
 }
