@@ -385,7 +385,7 @@ at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at:
 void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && (o_.mla() ? o_.rope_head_dim : o_.head_dim) % 2 == 0);
   PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
-  auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale)); };
+  auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale, o_.norm_center)); };
   if (o_.norms != NormPlacement::Post && !o_.no_mixer) input_layernorm_ = norm("input_layernorm");
   if (o_.no_mixer) {  // an MLP alone (Nemotron-H's)
   } else if (o_.gated_deltanet()) {
@@ -398,11 +398,11 @@ void LlamaBlockImpl::reset() {
     self_attn_ = register_module("self_attn", LlamaAttention(o_));
   }
   if (o_.no_mlp) return;  // a mixer alone (Nemotron-H's)
-  post_attention_layernorm_ = norm("post_attention_layernorm");
+  if (o_.norms != NormPlacement::Parallel) post_attention_layernorm_ = norm("post_attention_layernorm");
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
   else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));
-  if (o_.norms != NormPlacement::Pre) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
+  if (o_.norms == NormPlacement::Post || o_.norms == NormPlacement::Sandwich) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tensor k, int64_t head_dim, int64_t offset,
@@ -420,7 +420,8 @@ std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tenso
   if (cache && offset > 0 && long_factors != rope_long(o_.rope, offset)) cache->stale = true;
   const at::Tensor& inv = long_factors ? rope_inv_long_ : rope_inv_;
   const at::ScalarType type = q.scalar_type(), tables = o_.rope_float32 && c10::isReducedFloatingType(type) ? at::kFloat : type;
-  const auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
+  auto [cos, sin] = rope_tables(inv, offset, T, tables, o_.rope.attention_factor);
+  if (o_.rope_tables_rounded && tables != type) std::tie(cos, sin) = std::make_pair(cos.to(type).to(tables), sin.to(type).to(tables));
   return {apply_rope(q, cos, sin).to(type), apply_rope(k, cos, sin).to(type)};
 }
 
@@ -527,6 +528,7 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   if (o_.no_mlp) return x + a;  // Nemotron-H's mixer blocks
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };
+  if (o_.norms == NormPlacement::Parallel) return x + branch(a) + branch(mlp(h));  // Cohere's: one norm, both branches
   if (o_.norms == NormPlacement::Pre) {
     const at::Tensor h1 = x + branch(a);
     return h1 + branch(mlp(post_attention_layernorm_(h1)));

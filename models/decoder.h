@@ -107,6 +107,7 @@ enum class NormPlacement {
   Pre,       ///< input_layernorm before attention, post_attention_layernorm before the MLP (Llama)
   Post,      ///< post_attention_layernorm on attention's output, post_feedforward_layernorm on the MLP's (OLMo 2)
   Sandwich,  ///< both: input_, post_attention_, pre_feedforward_ and post_feedforward_layernorm (Gemma 2 and 3)
+  Parallel,  ///< input_layernorm alone, feeding attention and the MLP side by side: x + attn(n(x)) + mlp(n(x)) (Cohere)
 };
 
 struct LlamaBlockOptions {
@@ -121,6 +122,7 @@ struct LlamaBlockOptions {
   int64_t sliding_window = 0;  // 0: none
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
+  bool norm_center = false;  // the block's norms (not q/k's) subtract the mean first: LayerNorms without a bias (Cohere's)
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
@@ -132,6 +134,7 @@ struct LlamaBlockOptions {
   double attn_scale = 0;     // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5)
   double attn_softcap = 0;   // scores through cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
   bool rope_float32 = false;  // lower precisions rotate q and k in float32, then cast back (OLMo 2's)
+  bool rope_tables_rounded = false;  // with rope_float32: the cos and sin tables rounded to the type first (Cohere's)
   double clip_qkv = 0;        // > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms (OLMoE's)
   double residual_scale = 1;  // attention's and the MLP's outputs times this before each residual add (Granite's)
   bool rotary = true;         // false: q and k not rotated, no positions at all (SmolLM3's NoPE layers)
@@ -505,11 +508,11 @@ TORCH_MODULE(Gpt2Block);
 
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
-/// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, act, attn_scale, attn_softcap, experts,
+/// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, norm_center, act, attn_scale, attn_softcap, experts,
 /// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, experts_latent, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,
-/// rope_float32, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
+/// rope_float32, rope_tables_rounded, clip_qkv, residual_scale, rotary, q_scale_beta, q_scale_length, attention_chunk, qk_l2_norm,
 /// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
 /// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections,
 /// mamba_heads, mamba_head_dim, mamba_state, mamba_groups, mamba_conv_kernel, mamba_chunk, mamba_conv_bias, mamba_proj_bias,

@@ -190,8 +190,9 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.qk_norm_after_rope && (!o.qk_norm || o.qk_norm_projection))
     r.fail("qk_norm_after_rope", "needs qk_norm over each head (qk_norm true, qk_norm_over \"head\")");
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
-  const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich"});
-  o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : NormPlacement::Sandwich;
+  const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich", "parallel"});
+  o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : norms == "sandwich" ? NormPlacement::Sandwich : NormPlacement::Parallel;
+  o.norm_center = r.get_bool("norm_center", false);
   o.norm_scale = read_rms_scale(r, "norm_scale");
   const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2", "xielu"});
   o.gelu = act == "gelu_tanh";
@@ -232,6 +233,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.shared_expert_gate = r.get_bool("shared_expert_gate", true);
   read_router(r, o);
   o.rope_float32 = r.get_bool("rope_float32", false);
+  o.rope_tables_rounded = r.get_bool("rope_tables_rounded", false);
+  if (o.rope_tables_rounded && !o.rope_float32) r.fail("rope_tables_rounded", "needs rope_float32 true");
   o.clip_qkv = r.get_number("clip_qkv", 0.0, 0.0, 1e9);
   o.residual_scale = r.get_number("residual_scale", 1.0, -1e6, 1e6);
   o.rotary = r.get_bool("rotary", true);
@@ -290,7 +293,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
-  const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : 2 * d;
+  const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d;
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;

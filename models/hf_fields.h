@@ -33,7 +33,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM",
                          kQwen35 = "Qwen3_5ForCausalLM", kQwen35Moe = "Qwen3_5MoeForCausalLM",
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
-                         kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM",
+                         kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -149,6 +150,14 @@ bool granite_hybrid_rotary(const Fields& f);
 /// Bamba's names of what Llama names otherwise: its MLP under feed_forward., the norm before it
 /// pre_ff_layernorm, the last norm model.final_layernorm (hf_linear.cpp).
 void bamba_names(HfSpec& spec);
+
+/// Cohere's llama_block arguments over Llama's: one norm feeding attention and the MLP side by
+/// side, centered (LayerNorms without a bias) and scaled before the cast, layer_norm_eps, the
+/// rotation of interleaved pairs; use_qk_norm refused (hf_cohere.cpp).
+void cohere_args(const Fields& f, nlohmann::json& block);
+
+/// Cohere's logit_scale (0.0625 by default) as a scale layer after the head (hf_cohere.cpp).
+void cohere_logit_scale(const Fields& f, HfSpec& spec);
 
 /// Appends the output head (lm_head, tied to the token embedding parameter `embed` when `tied`)
 /// to `layers`, and makes spec.layers the list for windows of `seq_len` tokens.

@@ -293,7 +293,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan ||
-       qwen_hybrid(arch) || arch == kBamba) &&
+       qwen_hybrid(arch) || arch == kBamba || arch == kCohere) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -324,6 +324,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kGlm4) block["norms"] = "sandwich";  // its four norms a layer, under its own names
   if (arch == kExaone4) block["norms"] = "post";
+  if (arch == kCohere) cohere_args(f, block);
   if (arch == kLlama4) {  // its dense layers' width; its rotation of interleaved pairs as complex numbers in float32, left interleaved
     block["d_ff"] = f.integer("intermediate_size_mlp", 16384, 1, big);
     block["rope_interleave"] = block["rope_pairs_kept"] = block["rope_float32"] = true;
@@ -465,7 +466,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
   const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : arch == kGlm4 ? 151329
-                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 || arch == kBamba ? 0 : -1;
+                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 || arch == kBamba || arch == kCohere ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
@@ -503,6 +504,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
   if (t.olmo2 || arch == kExaone4) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
   if (arch == kApertus) norms.clear();  // under its own names (below)
+  if (arch == kCohere) norms = {"input_layernorm.weight"};  // one norm a layer
   if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -572,15 +574,17 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       spec.ignored.push_back(detail::concat("model.layers.", i, "."));
   json norm{{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", block["eps"]}};
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
+  if (block.contains("norm_center")) norm["center"] = block["norm_center"];
   layers.push_back(norm);
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
   if (arch == kBamba) bamba_names(spec);
-  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45), "embed.embedding.weight");
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45 || arch == kCohere), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});
   if (logits_scaling != 1.0)
     spec.layers["layers"].push_back({{"name", "logits_scale"}, {"type", "scale"}, {"by", logits_scaling}, {"op", "divide"}});
+  if (arch == kCohere) cohere_logit_scale(f, spec);
 }
 
 }  // namespace pipetrain::models::hf_detail

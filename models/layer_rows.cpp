@@ -214,7 +214,8 @@ Built norm(LayerContext& c) {
   } else {
     b.module_name = "rms";
     const RmsScale scale = read_rms_scale(r, "scale");
-    b.make = [=] { return RmsNorm(shape, eps, scale).ptr(); };
+    const bool center = r.get_bool("center", false);
+    b.make = [=] { return RmsNorm(shape, eps, scale, center).ptr(); };
     b.run = through<RmsNormImpl>();
   }
   return b;

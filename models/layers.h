@@ -188,10 +188,11 @@ enum class RmsScale { AfterCast, BeforeCast, OnePlus };
 
 // RMS normalization over the trailing dimensions `shape`, with a learned scale ("weight", ones
 // at the start but for RmsScale::OnePlus), as torch.nn.RMSNorm and transformers' RMSNorms:
-// computed in float32 for lower precisions.
+// computed in float32 for lower precisions. With `center`, the mean is subtracted first: a
+// LayerNorm without a bias (Cohere's).
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast);
+  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
@@ -200,6 +201,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   std::vector<int64_t> shape_;
   double eps_;
   RmsScale scale_;
+  bool center_;
 };
 TORCH_MODULE(RmsNorm);
 

@@ -1,6 +1,6 @@
-// The llama_block's options that carry DeepSeek's, GPT-OSS's and Llama 4's layers, each checked
+// The llama_block's options that carry DeepSeek's, GPT-OSS's, Llama 4's and Cohere's layers, each checked
 // by a property of its own here (the arguments' refusals too), and against transformers in
-// tests/hf_test.cpp (HfParity.DeepseekV3*, GptOss*, Llama4*).
+// tests/hf_test.cpp (HfParity.DeepseekV3*, GptOss*, Llama4*, Cohere*).
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -330,4 +330,57 @@ TEST(LayerList, QkNormsAfterTheRotationAreChecked) {
   EXPECT_NE(build_error(llama_list({{"qk_norm", true}, {"qk_norm_over", "projection"}, {"qk_norm_after_rope", true}}))
                 .find("qk_norm_after_rope: needs qk_norm over each head"),
             std::string::npos);
+}
+
+// Cohere's block: one norm feeding attention and the MLP side by side (norms "parallel"), the
+// block's norms centered (norm_center: LayerNorms without a bias), counted before they are made.
+// The parallel block is the attention block plus the MLP block of the same weights, less the input
+// they share; a centered rmsnorm is torch's layer_norm without a bias; the rotation's tables
+// rounded to the type before the float32 products (rope_tables_rounded) change nothing in float64
+// and round otherwise in bfloat16. Against transformers: HfParity.Cohere*.
+TEST(LayerList, ParallelBlocksCenteredNormsAndRoundedTablesAreChecked) {
+  const json centered{{"norm_center", true}, {"norm_scale", "before_cast"}};
+  json parallel = centered;
+  parallel["norms"] = "parallel";
+  models::Model p = build(llama_list(parallel));
+  EXPECT_FALSE(p.layers->named_parameters().contains("b.llama.post_attention_layernorm.weight"));
+  JsonReader r(llama_list(parallel)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(p)));
+  json mixer_alone = centered, mlp_alone = centered;
+  mixer_alone["mlp"] = false;
+  mlp_alone["mixer"] = false;
+  models::Model attention = build(llama_list(mixer_alone)), mlp = build(llama_list(mlp_alone));
+  for (models::Model* m : {&p, &attention, &mlp}) m->layers->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = p.layers->named_parameters();
+    from["b.llama.input_layernorm.weight"].copy_(torch::linspace(0.5, 1.5, 16, torch::kDouble));  // away from 1
+    for (models::Model* m : {&attention, &mlp})
+      for (auto& q : m->layers->named_parameters()) {
+        const std::string key = q.key() == "b.llama.post_attention_layernorm.weight" ? "b.llama.input_layernorm.weight" : q.key();
+        ASSERT_TRUE(from.contains(key)) << key;
+        q.value().copy_(from[key]);
+      }
+  }
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  const at::Tensor embedded = p.layers->named_parameters()["e.embedding.weight"].index_select(0, ids.flatten()).view({2, 6, 16});
+  EXPECT_LE(max_diff(p.layers->forward(ids) + embedded, attention.layers->forward(ids) + mlp.layers->forward(ids)), 1e-12);
+  models::RmsNormImpl norm(std::vector<int64_t>{16}, 1e-5, models::RmsScale::AfterCast, /*center=*/true);
+  norm.to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    norm.weight.copy_(torch::linspace(0.5, 1.5, 16, torch::kDouble));
+  }
+  const at::Tensor v = torch::randn({3, 16}, torch::kDouble) * 3 + 2;
+  EXPECT_LE(max_diff(norm.forward(v), at::layer_norm(v, {16}, norm.weight, {}, 1e-5)), 1e-12);
+  auto forward = [&](const json& extra, at::ScalarType type) {
+    models::Model m = build(llama_list(extra));  // the same weights (seed)
+    m.layers->to(type);
+    return m.layers->forward(ids).to(torch::kDouble);
+  };
+  const json float32_rotation{{"rope_float32", true}}, rounded{{"rope_float32", true}, {"rope_tables_rounded", true}};
+  EXPECT_TRUE(torch::equal(forward(rounded, torch::kDouble), forward(float32_rotation, torch::kDouble)));
+  EXPECT_GT(max_diff(forward(rounded, torch::kBFloat16), forward(float32_rotation, torch::kBFloat16)), 0);
+  EXPECT_NE(build_error(llama_list({{"rope_tables_rounded", true}})).find("rope_tables_rounded: needs rope_float32 true"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"norms", "parallel"}, {"mixer", false}})).find("mixer: false needs norms \"pre\""), std::string::npos);
 }

@@ -101,14 +101,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
                                 "ArceeForCausalLM, ApertusForCausalLM, HunYuanDenseV1ForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
                                 "Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, NemotronHForCausalLM, "
-                                "BambaForCausalLM, GPT2LMHeadModel)"),
+                                "BambaForCausalLM, CohereForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, bamba, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, bamba, cohere, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -508,3 +508,36 @@ TEST(HfFamily, HunyuanAlphaRopeAndItsRefusals) {
           "rope_parameters.alpha must be above 0, got -1");
 }
 
+
+// Cohere (Command R, Aya): one centered norm a layer feeding attention and the MLP side by side,
+// layer_norm_eps, the rotation of interleaved pairs in float32 from tables in the model's type,
+// the logits times logit_scale (0.0625 by default), a tied head and padding row by default; Command
+// R+'s q/k LayerNorms refused.
+TEST(HfFamily, CohereResolvesItsParallelLayersAndRefusals) {
+  nlohmann::json cohere = with(kLlamaConfig, {{"architectures", {"CohereForCausalLM"}}, {"model_type", "cohere"}, {"layer_norm_eps", 1e-4}});
+  cohere.erase("tie_word_embeddings");
+  const std::string dir = write_model("cohere", cohere);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& layers = spec.layers["layers"];
+  EXPECT_EQ(layers[0]["padding_idx"], 0);
+  const nlohmann::json& b = layers[1];
+  EXPECT_EQ(b["norms"], "parallel");
+  EXPECT_EQ(b["norm_center"], true);
+  EXPECT_EQ(b["eps"], 1e-4);
+  EXPECT_EQ(b["rope_interleave"], true);
+  EXPECT_EQ(b["rope_tables_rounded"], true);
+  EXPECT_EQ(layers[3]["center"], true);  // the last norm
+  EXPECT_EQ(layers.back()["type"], "scale");
+  EXPECT_EQ(layers.back()["by"], 0.0625);
+  EXPECT_TRUE(spec.tied);
+  EXPECT_FALSE(std::any_of(spec.tensors.begin(), spec.tensors.end(),
+                           [](const models::HfTensor& t) { return t.theirs.find("post_attention_layernorm") != std::string::npos; }));
+  models::Model m = build(dir, 8);
+  EXPECT_EQ(m.layers->forward(torch::randint(0, 40, {2, 8})).sizes(), (std::vector<int64_t>{2, 8, 40}));
+  std::ofstream(dir + "/config.json") << with(cohere, {{"logit_scale", 1.0}}).dump();
+  EXPECT_NE(models::read_hf_spec(dir, 8, "test").layers["layers"].back()["type"], "scale");
+  std::ofstream(dir + "/config.json") << with(cohere, {{"use_qk_norm", true}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("use_qk_norm true is not supported"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << with(cohere, {{"logit_scale", 0.0}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("logit_scale must not be 0"), std::string::npos) << test::hf_error(dir);
+}

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -26,6 +29,24 @@ models::Model build(const std::string& dir, int64_t seq_len) { return test::hf_b
 using test::hf_error;
 
 using test::with;
+
+// The model built from `dir` holds each of `pairs`' checkpoint tensors (theirs) under our name.
+void expect_read_as(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& pairs) {
+  models::Model m = build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  auto params = m.layers->named_parameters();
+  for (const auto& [ours, theirs] : pairs) {
+    ASSERT_TRUE(params.contains(ours)) << ours;
+    EXPECT_TRUE(torch::equal(params[ours], ck.get(theirs))) << ours << " <- " << theirs;
+  }
+}
+
+// `config` written into `dir` is refused with an error holding `what`.
+void expect_refused(const std::string& dir, const nlohmann::json& config, const std::string& what) {
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const std::string error = hf_error(dir);
+  EXPECT_NE(error.find(what), std::string::npos) << error;
+}
 
 }  // namespace
 
@@ -64,11 +85,7 @@ TEST(HfFamily, GraniteHybridResolvesItsMambaLayersAndRefusals) {
   EXPECT_FALSE(roped[2].contains("rotary"));
   EXPECT_EQ(roped[1]["mamba_dt_min"], 0.001);
   EXPECT_EQ(roped[1]["mamba_dt_max"], 0.1);
-  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
-    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
-    const std::string error = hf_error(dir);
-    EXPECT_NE(error.find(what), std::string::npos) << error;
-  };
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) { expect_refused(dir, with(config, changes), what); };
   refused({{"layer_types", {"mamba", "sliding_attention", "mamba"}}}, "layer_types '\"sliding_attention\"' is not supported (mamba, attention");
   refused({{"layer_types", {"mamba"}}}, "layer_types must list 3 layers");
   refused({{"position_embedding_type", "alibi"}}, "position_embedding_type 'alibi' is not supported (rope, nope or null)");
@@ -100,21 +117,14 @@ TEST(HfFamily, NemotronHResolvesItsBlocksAndRefusals) {
   EXPECT_EQ(layers[3]["rotary"], false);
   EXPECT_EQ(layers[4]["experts"], 4);
   EXPECT_EQ(layers[4]["experts_sum_float32"], true);
-  models::Model m = build(dir, 8);
-  models::SafetensorsCheckpoint ck(dir);
-  auto params = m.layers->named_parameters();
-  EXPECT_TRUE(torch::equal(params["layer_0.llama.input_layernorm.weight"], ck.get("backbone.layers.0.norm.weight")));
-  EXPECT_TRUE(torch::equal(params["layer_1.llama.post_attention_layernorm.weight"], ck.get("backbone.layers.1.norm.weight")));
-  EXPECT_TRUE(torch::equal(params["layer_3.llama.mlp.experts.2.up_proj.weight"], ck.get("backbone.layers.3.mixer.experts.2.up_proj.weight")));
-  EXPECT_FALSE(params.contains("layer_1.llama.input_layernorm.weight"));
+  expect_read_as(dir, {{"layer_0.llama.input_layernorm.weight", "backbone.layers.0.norm.weight"},
+                       {"layer_1.llama.post_attention_layernorm.weight", "backbone.layers.1.norm.weight"},
+                       {"layer_3.llama.mlp.experts.2.up_proj.weight", "backbone.layers.3.mixer.experts.2.up_proj.weight"}});
+  EXPECT_FALSE(build(dir, 8).layers->named_parameters().contains("layer_1.llama.input_layernorm.weight"));
   // The same blocks by layers_block_type's new names.
   const nlohmann::json typed = with(config, {{"layers_block_type", {"linear_attention", "mlp", "full_attention", "moe"}}});
   EXPECT_EQ(models::read_hf_spec(write_model("nemotron_h_typed", typed), 8, "test").layers, spec.layers);
-  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
-    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
-    const std::string error = hf_error(dir);
-    EXPECT_NE(error.find(what), std::string::npos) << error;
-  };
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) { expect_refused(dir, with(config, changes), what); };
   refused({{"hybrid_override_pattern", "M-X"}}, "hybrid_override_pattern holds 'X', not M, *, - or E");
   refused({{"num_hidden_layers", 5}}, "num_hidden_layers must equal the 4 blocks the types name");
   refused({{"tie_word_embeddings", true}}, "tie_word_embeddings true is not supported for NemotronHForCausalLM (transformers does not tie");
@@ -140,24 +150,17 @@ TEST(HfFamily, BambaResolvesItsLayersNamesAndRefusals) {
   EXPECT_FALSE(layers[3].contains("mamba_heads"));
   EXPECT_EQ(layers[3]["partial_rotary_factor"], 0.5);
   EXPECT_EQ(layers[3]["eps"], 1e-5);
-  models::Model m = build(dir, 8);
-  models::SafetensorsCheckpoint ck(dir);
-  auto params = m.layers->named_parameters();
-  EXPECT_TRUE(torch::equal(params["layer_0.llama.mamba.A_log"], ck.get("model.layers.0.mamba.A_log")));
-  EXPECT_TRUE(torch::equal(params["layer_2.llama.mlp.gate_proj.weight"], ck.get("model.layers.2.feed_forward.gate_proj.weight")));
-  EXPECT_TRUE(torch::equal(params["layer_2.llama.post_attention_layernorm.weight"], ck.get("model.layers.2.pre_ff_layernorm.weight")));
-  EXPECT_TRUE(torch::equal(params["norm.rms.weight"], ck.get("model.final_layernorm.weight")));
+  expect_read_as(dir, {{"layer_0.llama.mamba.A_log", "model.layers.0.mamba.A_log"},
+                       {"layer_2.llama.mlp.gate_proj.weight", "model.layers.2.feed_forward.gate_proj.weight"},
+                       {"layer_2.llama.post_attention_layernorm.weight", "model.layers.2.pre_ff_layernorm.weight"},
+                       {"norm.rms.weight", "model.final_layernorm.weight"}});
   const std::string whole = write_model("bamba_whole", with(config, {{"attn_layer_indices", nullptr},
                                                                       {"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 1.0}}}}));
   const nlohmann::json all_mamba = models::read_hf_spec(whole, 8, "test").layers["layers"];
   for (int i = 1; i <= 3; ++i) EXPECT_TRUE(all_mamba[static_cast<size_t>(i)].contains("mamba_heads")) << i;
   const std::string full = write_model("bamba_full", with(config, {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 1.0}}}}));
   EXPECT_FALSE(models::read_hf_spec(full, 8, "test").layers["layers"][3].contains("partial_rotary_factor"));
-  auto refused = [&](const nlohmann::json& changes, const std::string& what) {
-    std::ofstream(dir + "/config.json") << with(config, changes).dump(2);
-    const std::string error = hf_error(dir);
-    EXPECT_NE(error.find(what), std::string::npos) << error;
-  };
+  auto refused = [&](const nlohmann::json& changes, const std::string& what) { expect_refused(dir, with(config, changes), what); };
   refused({{"attn_layer_indices", {3}}}, "attn_layer_indices holds 3, not a layer index in [0, 3)");
   refused({{"attn_layer_indices", 1}}, "attn_layer_indices must list layer indices, got 1");
   refused({{"z_loss_coefficient", 0.01}}, "z_loss_coefficient above 0 is not supported (the loss is cross-entropy alone");

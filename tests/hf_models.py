@@ -199,6 +199,11 @@ CASES = {
                                                               mamba_chunk_size=3, mamba_proj_bias=True, mamba_conv_bias=False,
                                                               position_embedding_type="rope", attention_multiplier=0.25,
                                                               tie_word_embeddings=True)),
+    # Cohere (Command R, Aya): one LayerNorm without a bias feeding attention and the MLP side by
+    # side, the rotation of interleaved pairs, attention biases, the logits scaled by 0.25, tied
+    "cohere": ("CohereConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=64, logit_scale=0.25, attention_bias=True,
+                                    tie_word_embeddings=True)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -483,7 +488,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere"}
 
 
 def best_groups(router, group_scores):
@@ -507,19 +512,20 @@ def patch_float64(families=None):
         if families is not None and family not in families:
             continue
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        norm = getattr(module, f"{prefix}RMSNorm")
+        norm = getattr(module, f"{prefix}RMSNorm", None) or getattr(module, f"{prefix}LayerNorm")  # Cohere's LayerNorm
         rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding", None)
         gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
-        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma):
+        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma, _center=family == "cohere"):
             if h.dtype != torch.float64:
                 return _orig(self, h)
             eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+            h = h - h.mean(-1, keepdim=True) if _center else h
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
         def rotary_forward(self, x, position_ids, layer_type=None, _orig=getattr(rotary, "forward", None), _complex=family in ("deepseek_v2", "llama4"),
-                           _half=family == "gpt_oss"):
+                           _half=family == "gpt_oss", _interleaved=family == "cohere"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
@@ -533,7 +539,7 @@ def patch_float64(families=None):
                 return torch.polar(torch.ones_like(freqs), freqs) * attention
             if _half:  # GPT-OSS's: one angle per pair
                 return freqs.cos() * attention, freqs.sin() * attention
-            emb = torch.cat((freqs, freqs), dim=-1)
+            emb = torch.repeat_interleave(freqs, 2, dim=-1) if _interleaved else torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * attention, emb.sin() * attention
 
         norm.forward = norm_forward
@@ -613,6 +619,16 @@ def patch_float64(families=None):
                 return q * cos + _turn(q) * sin, k * cos + _turn(k) * sin
 
             module.apply_rotary_pos_emb = ernie64
+        if family == "cohere":  # its rotation in float32 (q.float()): in float64 here
+            cohere_rotate = module.apply_rotary_pos_emb
+
+            def cohere64(q, k, cos, sin, unsqueeze_dim=1, _orig=cohere_rotate, _turn=module.rotate_half):
+                if q.dtype != torch.float64:
+                    return _orig(q, k, cos, sin, unsqueeze_dim)
+                cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+                return q * cos + _turn(q) * sin, k * cos + _turn(k) * sin
+
+            module.apply_rotary_pos_emb = cohere64
         sigmoid_router = getattr(module, f"{prefix}TopkRouter", None) if family != "deepseek_v2" else None
         if sigmoid_router is not None:  # DeepSeek-V3's routing in float64 (transformers: float32)
 

@@ -220,6 +220,7 @@ TEST(HfParity, Qwen35SplitDeltaNetProjectionsTied) { check_architecture("qwen3.5
 TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3.5-moe-vision"); }
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
+TEST(HfParity, CohereParallelCenteredNormsInterleavedRotationLogitScaleTied) { check_architecture("cohere"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
 TEST(HfParity, NemotronHDenseShortChunksProjectionBiasesStepFloor) { check_architecture("nemotron-h-dense"); }
