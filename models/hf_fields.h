@@ -33,11 +33,14 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kHunyuan = "HunYuanDenseV1ForCausalLM", kQwen3Next = "Qwen3NextForCausalLM",
                          kQwen35 = "Qwen3_5ForCausalLM", kQwen35Moe = "Qwen3_5MoeForCausalLM",
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
-                         kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM",
+                         kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM", kCohere2 = "Cohere2ForCausalLM",
                          kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
+
+/// Cohere's Command R and Aya, and Cohere 2's Command R7B and A (its windows, full layers without positions).
+inline bool cohere_any(const std::string& arch) { return arch == kCohere || arch == kCohere2; }
 
 /// Granite 4.0-H and Bamba: Mamba 2 layers around attention, their mixers under "mamba.".
 inline bool mamba_hybrid(const std::string& arch) { return arch == kGraniteMoeHybrid || arch == kBamba; }

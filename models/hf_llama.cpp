@@ -150,7 +150,7 @@ std::vector<bool> rotary_layers(const std::string& arch, const Fields& f, int64_
 // layers layer_types names, by default its NoPE layers.
 std::vector<int64_t> windows(const std::string& arch, const Fields& f, int64_t n) {
   const bool qwen = arch == kQwen2 || arch == kQwen2Moe || arch == kQwen3 || arch == kQwen3Moe, gemma = arch == kGemma2 || arch == kGemma3;
-  const bool oss = arch == kGptOss, olmo3 = arch == kOlmo3, exaone = arch == kExaone4;
+  const bool oss = arch == kGptOss, olmo3 = arch == kOlmo3, exaone = arch == kExaone4 || arch == kCohere2;  // Cohere 2's as EXAONE 4's
   std::vector<int64_t> window(static_cast<size_t>(n), 0);
   // 0: none (Qwen2-MoE's config writes 0 without use_sliding_window).
   const int64_t sliding = exaone && f.at_null("sliding_window") ? 0 : f.integer("sliding_window", gemma || olmo3 || exaone ? 4096 : oss ? 128 : 0, 0, int64_t{1} << 30);
@@ -293,7 +293,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   const bool attention_bias =
       (arch == kLlama || granite_any(arch) || arch == kSmolLM3 || arch == kQwen3 || arch == kQwen3Moe || arch == kOlmoe || t.olmo2 ||
        t.gemma_any() || arch == kDeepseekV2 || arch == kDeepseekV3 || arch == kLlama4 || arch == kArcee || arch == kApertus || arch == kHunyuan ||
-       qwen_hybrid(arch) || arch == kBamba || arch == kCohere) &&
+       qwen_hybrid(arch) || arch == kBamba || cohere_any(arch)) &&
       f.boolean("attention_bias", false);
   if (arch == kGptOss) {  // biases on q, k, v and o by default, a sink per head, its norms' scale before the cast
     block["qkv_bias"] = block["o_bias"] = f.boolean("attention_bias", true);
@@ -324,7 +324,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kGlm4) block["norms"] = "sandwich";  // its four norms a layer, under its own names
   if (arch == kExaone4) block["norms"] = "post";
-  if (arch == kCohere) cohere_args(f, block);
+  if (cohere_any(arch)) cohere_args(f, block);
   if (arch == kLlama4) {  // its dense layers' width; its rotation of interleaved pairs as complex numbers in float32, left interleaved
     block["d_ff"] = f.integer("intermediate_size_mlp", 16384, 1, big);
     block["rope_interleave"] = block["rope_pairs_kept"] = block["rope_float32"] = true;
@@ -454,7 +454,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   }
   const std::vector<int64_t> window = windows(arch, f, n);
   std::vector<bool> rotary = rotary_layers(arch, f, n);
-  if (arch == kExaone4 && std::any_of(window.begin(), window.end(), [](int64_t w) { return w > 0; }))
+  if ((arch == kExaone4 || arch == kCohere2) && std::any_of(window.begin(), window.end(), [](int64_t w) { return w > 0; }))
     for (int64_t i = 0; i < n; ++i) rotary[static_cast<size_t>(i)] = window[static_cast<size_t>(i)] > 0;  // its full layers NoPE
   const std::vector<int64_t> chunk = chunks(arch, f, rotary);
   const Experts experts = read_experts(arch, f, n);
@@ -466,7 +466,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   // has none, the architecture's default (Phi-3's 32000, OLMo 2's 1, Gemma's 0) if the
   // vocabulary holds it.
   const int64_t pad_default = arch == kPhi3 ? 32000 : arch == kSmolLM3 ? 128004 : arch == kMinistral3 ? 11 : arch == kGlm4 ? 151329
-                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 || arch == kBamba || arch == kCohere ? 0 : -1;
+                              : t.olmo2 || arch == kOlmoe ? 1 : t.gemma_any() || arch == kErnie45 || arch == kBamba || cohere_any(arch) ? 0 : -1;
   if (f.has("pad_token_id")) {
     const int64_t pad = f.integer("pad_token_id", 0, -vocab, vocab - 1);
     embed["padding_idx"] = pad < 0 ? pad + vocab : pad;
@@ -488,7 +488,11 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
     // A window as long as the sequence changes nothing.
     if (window[static_cast<size_t>(i)] > 0 && window[static_cast<size_t>(i)] < seq_len) b["sliding_window"] = window[static_cast<size_t>(i)];
     if (experts.layers[static_cast<size_t>(i)]) b.update(experts.args);
-    if (!rotary[static_cast<size_t>(i)]) b["rotary"] = false;
+    if (!rotary[static_cast<size_t>(i)]) {  // no positions, nor the rotation's options (Cohere 2's full layers)
+      b["rotary"] = false;
+      b.erase("rope_interleave");
+      b.erase("rope_pairs_kept");
+    }
     // A chunk holding the whole sequence changes nothing (as a window).
     if (chunk[static_cast<size_t>(i)] > 0 && chunk[static_cast<size_t>(i)] < seq_len) b["attention_chunk"] = chunk[static_cast<size_t>(i)];
     if (arch == kLlama4) llama4_layer(f, rotary[static_cast<size_t>(i)], b);
@@ -504,7 +508,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
   if (t.olmo2 || arch == kExaone4) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
   if (arch == kApertus) norms.clear();  // under its own names (below)
-  if (arch == kCohere) norms = {"input_layernorm.weight"};  // one norm a layer
+  if (cohere_any(arch)) norms = {"input_layernorm.weight"};  // one norm a layer
   if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -578,13 +582,13 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   layers.push_back(norm);
   spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
   if (arch == kBamba) bamba_names(spec);
-  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45 || arch == kCohere), "embed.embedding.weight");
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45 || cohere_any(arch)), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));
   if (cap > 0) spec.layers["layers"].push_back({{"name", "softcap"}, {"type", "softcap"}, {"cap", cap}});
   if (logits_scaling != 1.0)
     spec.layers["layers"].push_back({{"name", "logits_scale"}, {"type", "scale"}, {"by", logits_scaling}, {"op", "divide"}});
-  if (arch == kCohere) cohere_logit_scale(f, spec);
+  if (cohere_any(arch)) cohere_logit_scale(f, spec);
 }
 
 }  // namespace pipetrain::models::hf_detail

@@ -101,14 +101,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
                                 "ArceeForCausalLM, ApertusForCausalLM, HunYuanDenseV1ForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
                                 "Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, NemotronHForCausalLM, "
-                                "BambaForCausalLM, CohereForCausalLM, GPT2LMHeadModel)"),
+                                "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, bamba, cohere, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, bamba, cohere, cohere2, deepseek_v2, deepseek_v3, ernie4_5, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt2, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, llama, llama4, llama4_text, minimax_m2, ministral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},
@@ -509,7 +509,7 @@ TEST(HfFamily, HunyuanAlphaRopeAndItsRefusals) {
 }
 
 
-// Cohere (Command R, Aya): one centered norm a layer feeding attention and the MLP side by side,
+// Cohere (Command R, Aya) and Cohere 2: one centered norm a layer feeding attention and the MLP side by side,
 // layer_norm_eps, the rotation of interleaved pairs in float32 from tables in the model's type,
 // the logits times logit_scale (0.0625 by default), a tied head and padding row by default; Command
 // R+'s q/k LayerNorms refused.
@@ -540,4 +540,15 @@ TEST(HfFamily, CohereResolvesItsParallelLayersAndRefusals) {
   EXPECT_NE(test::hf_error(dir).find("use_qk_norm true is not supported"), std::string::npos) << test::hf_error(dir);
   std::ofstream(dir + "/config.json") << with(cohere, {{"logit_scale", 0.0}}).dump();
   EXPECT_NE(test::hf_error(dir).find("logit_scale must not be 0"), std::string::npos) << test::hf_error(dir);
+  // Cohere 2: windows on three layers of four by default (sliding_window_pattern), rotating; the
+  // full layers without positions, nor the rotation's options.
+  const nlohmann::json cohere2 = with(cohere, {{"architectures", {"Cohere2ForCausalLM"}}, {"model_type", "cohere2"}, {"num_hidden_layers", 4},
+                                               {"sliding_window", 4}});
+  std::ofstream(dir + "/config.json") << cohere2.dump();
+  const nlohmann::json windowed = models::read_hf_spec(dir, 8, "test").layers["layers"];
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(windowed[static_cast<size_t>(i)]["sliding_window"], 4) << i;
+  EXPECT_FALSE(windowed[4].contains("sliding_window"));
+  EXPECT_EQ(windowed[4]["rotary"], false);
+  EXPECT_FALSE(windowed[4].contains("rope_interleave"));
+  EXPECT_EQ(windowed[1]["rope_interleave"], true);
 }

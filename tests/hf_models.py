@@ -204,6 +204,10 @@ CASES = {
     "cohere": ("CohereConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                     num_key_value_heads=2, max_position_embeddings=64, logit_scale=0.25, attention_bias=True,
                                     tie_word_embeddings=True)),
+    # Cohere 2 (Command R7B, Command A): Cohere's layers, windows of 4 on three layers of four (its
+    # default pattern) rotating, the full layer without positions, the logits scaled by 0.5
+    "cohere2": ("Cohere2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, logit_scale=0.5)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -488,7 +492,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2"}
 
 
 def best_groups(router, group_scores):
@@ -516,7 +520,7 @@ def patch_float64(families=None):
         rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding", None)
         gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
-        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma, _center=family == "cohere"):
+        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma, _center=family in ("cohere", "cohere2")):
             if h.dtype != torch.float64:
                 return _orig(self, h)
             eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
@@ -525,7 +529,7 @@ def patch_float64(families=None):
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
         def rotary_forward(self, x, position_ids, layer_type=None, _orig=getattr(rotary, "forward", None), _complex=family in ("deepseek_v2", "llama4"),
-                           _half=family == "gpt_oss", _interleaved=family == "cohere"):
+                           _half=family == "gpt_oss", _interleaved=family in ("cohere", "cohere2")):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
             c = self.config
@@ -619,7 +623,7 @@ def patch_float64(families=None):
                 return q * cos + _turn(q) * sin, k * cos + _turn(k) * sin
 
             module.apply_rotary_pos_emb = ernie64
-        if family == "cohere":  # its rotation in float32 (q.float()): in float64 here
+        if family in ("cohere", "cohere2"):  # its rotation in float32 (q.float()): in float64 here
             cohere_rotate = module.apply_rotary_pos_emb
 
             def cohere64(q, k, cos, sin, unsqueeze_dim=1, _orig=cohere_rotate, _turn=module.rotate_half):
