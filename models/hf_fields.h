@@ -150,10 +150,6 @@ void granite_dense_mlp_tensors(int64_t d_ff, const std::string& ours, const std:
 /// "rope", none where it is null or "nope" (hf_linear.cpp).
 bool granite_hybrid_rotary(const Fields& f);
 
-/// Bamba's names of what Llama names otherwise: its MLP under feed_forward., the norm before it
-/// pre_ff_layernorm, the last norm model.final_layernorm (hf_linear.cpp).
-void bamba_names(HfSpec& spec);
-
 /// Cohere's llama_block arguments over Llama's: one norm feeding attention and the MLP side by
 /// side, centered (LayerNorms without a bias) and scaled before the cast, layer_norm_eps, the
 /// rotation of interleaved pairs; use_qk_norm refused (hf_cohere.cpp).

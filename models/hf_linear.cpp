@@ -126,18 +126,4 @@ void linear_attention_tensors(const std::string& arch, const LinearLayers& x, co
   for (const std::string& p : names) spec.tensors.push_back({ours + "linear_attn." + p, theirs + "linear_attn." + p});
 }
 
-void bamba_names(HfSpec& spec) {
-  auto rename = [](std::string& name, const std::string& from, const std::string& to) {
-    const size_t at = name.find(from);
-    if (at != std::string::npos) name.replace(at, from.size(), to);
-  };
-  for (HfTensor& t : spec.tensors) {
-    if (t.theirs.rfind("model.layers.", 0) == 0) {
-      rename(t.theirs, ".post_attention_layernorm.", ".pre_ff_layernorm.");
-      rename(t.theirs, ".mlp.", ".feed_forward.");
-    }
-    if (t.theirs == "model.norm.weight") t.theirs = "model.final_layernorm.weight";
-  }
-}
-
 }  // namespace pipetrain::models::hf_detail

@@ -508,7 +508,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   std::vector<std::string> norms{"input_layernorm.weight", "post_attention_layernorm.weight"};
   if (t.olmo2 || arch == kExaone4) norms = {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
   if (arch == kApertus) norms.clear();  // under its own names (below)
-  if (cohere_any(arch)) norms = {"input_layernorm.weight"};  // one norm a layer
+  if (cohere_any(arch) || arch == kBamba) norms = {"input_layernorm.weight"};  // one norm a layer (Bamba's second: below)
   if (t.sandwich()) norms.insert(norms.end(), {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"});
   for (int64_t i = 0; i < n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -561,7 +561,8 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
       granite_dense_mlp_tensors(ff, ours, theirs, spec);
       continue;
     }
-    const std::string mlp = arch == kLlama4 ? "feed_forward." : "mlp.";  // Llama 4's name of its MLPs
+    const std::string mlp = arch == kLlama4 || arch == kBamba ? "feed_forward." : "mlp.";  // Llama 4's and Bamba's name of their MLPs
+    if (arch == kBamba) spec.tensors.push_back({ours + "post_attention_layernorm.weight", theirs + "pre_ff_layernorm.weight"});
     if (arch == kGlm4) {  // gate_up_proj: gate's rows, then up's
       spec.tensors.push_back({ours + "mlp.gate_proj.weight", theirs + "mlp.gate_up_proj.weight", false, 0, ff});
       spec.tensors.push_back({ours + "mlp.up_proj.weight", theirs + "mlp.gate_up_proj.weight", false, ff, ff});
@@ -580,8 +581,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
   if (block.contains("norm_scale")) norm["scale"] = block["norm_scale"];
   if (block.contains("norm_center")) norm["center"] = block["norm_center"];
   layers.push_back(norm);
-  spec.tensors.push_back({"norm.rms.weight", "model.norm.weight"});
-  if (arch == kBamba) bamba_names(spec);
+  spec.tensors.push_back({"norm.rms.weight", arch == kBamba ? "model.final_layernorm.weight" : "model.norm.weight"});
   with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", t.gemma_any() || arch == kSmolLM3 || arch == kErnie45 || cohere_any(arch)), "embed.embedding.weight");
   const double cap = f.number("final_logit_softcapping", t.gemma2 ? 30.0 : 0.0);
   if (cap < 0 || (cap > 0 && !t.sandwich())) f.fail("final_logit_softcapping", detail::concat(cap, " is not supported for ", arch));

@@ -42,7 +42,7 @@ if __name__ == "__main__":
 
 # OpenMP's threads wait passively: the tests run two at a time on two cores, and OpenMP's spinning
 # waits let two processes' threads starve each other (a run of small float64 products: 0.1 s alone,
-# 40 s beside a second one, AMD EPYC, 2 cores). Where they wait changes no result.
+# 29 s beside a second one, AMD EPYC, 2 cores). Where they wait changes no result.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np

@@ -88,7 +88,7 @@ double bfloat16_bound(const std::string& arch) { return fused(arch) ? 1.0 / 16 :
 // within two bfloat16 steps at 4 (1/16), the trained weights (below 1) within 1/32; where
 // products are fused apart, whose backward rounds twice in bfloat16 where transformers rounds once
 // (the gradient of a fused matrix's input: two products each rounded, then added), and which the
-// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 27 of the 59 cases (windowed
+// next steps carry on, 1/4 and 1/8. Measured (AMD EPYC): 0 and 0 in 27 of the 61 cases (windowed
 // attention among them: its masked path repeats key and value heads as transformers does); where
 // nothing is fused apart, GPT-2's attention alone rounds otherwise (0 and 0.0078); fused apart (the
 // experts' sums too), at most 0.156 and 0.061 (GPT-OSS with MXFP4 experts; unquantized 0.109, its
