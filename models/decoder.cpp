@@ -184,9 +184,12 @@ void LlamaAttentionImpl::reset() {
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
   if (o_.attn_sinks) sinks = register_parameter("sinks", torch::zeros({o_.n_heads}));
   if (o_.qk_norm) {
-    const int64_t over_q = o_.qk_norm_projection ? q : o_.head_dim, over_k = o_.qk_norm_projection ? kv : o_.head_dim;
-    q_norm = register_module("q_norm", RmsNorm(std::vector<int64_t>{over_q}, o_.eps, o_.norm_scale));
-    k_norm = register_module("k_norm", RmsNorm(std::vector<int64_t>{over_k}, o_.eps, o_.norm_scale));
+    // Over the projection (OLMo 2's), each head with one weight (Qwen3's) or its own (Command R+'s).
+    auto shape = [&](int64_t heads, int64_t all) {
+      return o_.qk_norm_projection ? std::vector<int64_t>{all} : o_.qk_norm_each_head ? std::vector<int64_t>{heads, o_.head_dim} : std::vector<int64_t>{o_.head_dim};
+    };
+    q_norm = register_module("q_norm", RmsNorm(shape(o_.n_heads, q), o_.eps, o_.norm_scale, o_.norm_center, 1));
+    k_norm = register_module("k_norm", RmsNorm(shape(o_.n_kv_heads, kv), o_.eps, o_.norm_scale, o_.norm_center, 1));
   }
 }
 
@@ -446,9 +449,11 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   at::Tensor q = heads(qp, H, D), k = heads(kp, KV, D);
   const at::Tensor v = heads(vp, KV, D);
-  if (o_.qk_norm && !o_.qk_norm_projection && !o_.qk_norm_after_rope) {  // over each head's values (Qwen3's, Gemma 3's)
-    q = self_attn_->q_norm(q);
-    k = self_attn_->k_norm(k);
+  // Over each head's values, [B, T, H, D] where each head has its own weight (Command R+'s).
+  auto per_head = [&](RmsNorm& n, const at::Tensor& x) { return o_.qk_norm_each_head ? n(x.transpose(1, 2)).transpose(1, 2) : n(x); };
+  if (o_.qk_norm && !o_.qk_norm_projection && !o_.qk_norm_after_rope) {  // Qwen3's, Gemma 3's, Command R+'s
+    q = per_head(self_attn_->q_norm, q);
+    k = per_head(self_attn_->k_norm, k);
   }
   const int64_t offset = cache ? cache->length() : 0;
   if (o_.rotary && o_.rope_interleave) {  // Llama 4's, GLM-4's, Ernie 4.5's: interleaved pairs (of the rotated values), put back
@@ -459,8 +464,8 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
     std::tie(q, k) = rotate(q, k, D, offset, cache);  // SmolLM3's NoPE layers have no positions at all
   }
   if (o_.qk_norm && o_.qk_norm_after_rope) {  // Hunyuan's: over each rotated head's values
-    q = self_attn_->q_norm(q);
-    k = self_attn_->k_norm(k);
+    q = per_head(self_attn_->q_norm, q);
+    k = per_head(self_attn_->k_norm, k);
   }
   if (o_.qk_l2_norm) {  // Llama 4's, after the rotation: no weight, in float32 for lower precisions
     auto l2 = [&](const at::Tensor& x) {

@@ -119,10 +119,11 @@ struct LlamaBlockOptions {
   bool mlp_bias = false;  // on gate, up and down (Llama's mlp_bias)
   bool qk_norm = false;   // queries and keys RMS-normalized before the rotation (Qwen3, OLMo 2, Gemma 3)
   bool qk_norm_projection = false;  // over the whole projection (OLMo 2), not each head (Qwen3)
+  bool qk_norm_each_head = false;   // over each head, each with its own weight [heads, head_dim] (Command R+'s)
   int64_t sliding_window = 0;  // 0: none
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
-  bool norm_center = false;  // the block's norms (not q/k's) subtract the mean first: LayerNorms without a bias (Cohere's)
+  bool norm_center = false;  // the block's norms (q/k's too) subtract the mean first: LayerNorms without a bias (Cohere's)
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
@@ -192,7 +193,8 @@ struct LlamaBlockOptions {
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
-/// qk_norm the RMSNorms over each head's queries and keys (Qwen3's q_norm and k_norm).
+/// qk_norm the RMSNorms over each head's queries and keys (Qwen3's q_norm and k_norm; with
+/// qk_norm_each_head a weight per head, [n_heads or n_kv_heads, head_dim]).
 class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
   explicit LlamaAttentionImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
@@ -508,7 +510,7 @@ TORCH_MODULE(Gpt2Block);
 
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
-/// o_bias, mlp_bias, qk_norm, sliding_window, norms, norm_scale, norm_center, act, attn_scale, attn_softcap, experts,
+/// o_bias, mlp_bias, qk_norm, qk_norm_over, sliding_window, norms, norm_scale, norm_center, act, attn_scale, attn_softcap, experts,
 /// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, experts_latent, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,

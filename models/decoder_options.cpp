@@ -185,10 +185,13 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.o_bias = r.get_bool("o_bias", false);
   o.mlp_bias = r.get_bool("mlp_bias", false);
   o.qk_norm = r.get_bool("qk_norm", false);
-  o.qk_norm_projection = r.get_choice("qk_norm_over", "head", {"head", "projection"}) == "projection";
+  const std::string over = r.get_choice("qk_norm_over", "head", {"head", "projection", "each_head"});
+  o.qk_norm_projection = over == "projection";
+  o.qk_norm_each_head = over == "each_head";
+  if (r.has("qk_norm_over") && !o.qk_norm) r.fail("qk_norm_over", "needs qk_norm true");
   o.qk_norm_after_rope = r.get_bool("qk_norm_after_rope", false);
   if (o.qk_norm_after_rope && (!o.qk_norm || o.qk_norm_projection))
-    r.fail("qk_norm_after_rope", "needs qk_norm over each head (qk_norm true, qk_norm_over \"head\")");
+    r.fail("qk_norm_after_rope", "needs qk_norm over each head (qk_norm true, qk_norm_over \"head\" or \"each_head\")");
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
   const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich", "parallel"});
   o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : norms == "sandwich" ? NormPlacement::Sandwich : NormPlacement::Parallel;
@@ -294,7 +297,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
   const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d;
-  const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection ? q + kv : 2 * double(o.head_dim);
+  const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection || o.qk_norm_each_head ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), gates = o.mlp_gate ? 3 : 2, biases = o.mlp_gate ? 2 : 1;

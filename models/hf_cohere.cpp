@@ -1,4 +1,4 @@
-// Cohere's Command R and Aya (the `hf` family, models/hf_fields.h): Llama's layer with one norm
+// Cohere's Command R, R+ and Aya (the `hf` family, models/hf_fields.h): Llama's layer with one norm
 // feeding attention and the MLP side by side, LayerNorms without a bias, the rotation of
 // interleaved pairs, and the logits scaled, as transformers' CohereForCausalLM computes them.
 #include <string>
@@ -7,15 +7,19 @@
 
 namespace pipetrain::models::hf_detail {
 
-void cohere_args(const Fields& f, nlohmann::json& block) {
+void cohere_args(const Fields& f, const std::string& arch, nlohmann::json& block) {
   block["norms"] = "parallel";
   block["norm_center"] = true;           // CohereLayerNorm: the mean subtracted, no bias
   block["norm_scale"] = "before_cast";   // its weight multiplies in float32, then the cast
   block["eps"] = f.number("layer_norm_eps", 1e-5);
   block["rope_interleave"] = block["rope_pairs_kept"] = true;  // its rotary tables repeat each angle for a pair
   block["rope_float32"] = block["rope_tables_rounded"] = true;  // the tables in the model's type, the products in float32
-  if (f.boolean("use_qk_norm", false))
-    f.fail("use_qk_norm", "true is not supported (LayerNorms of each head's queries and keys, Command R+'s)");
+  // Command R+'s LayerNorms (centered, without a bias) of each head's queries and keys before the
+  // rotation, each head with its own weight; Cohere 2 has none.
+  if (arch == kCohere && f.boolean("use_qk_norm", false)) {
+    block["qk_norm"] = true;
+    block["qk_norm_over"] = "each_head";
+  }
 }
 
 void cohere_logit_scale(const Fields& f, HfSpec& spec) {

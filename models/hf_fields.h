@@ -152,8 +152,9 @@ bool granite_hybrid_rotary(const Fields& f);
 
 /// Cohere's llama_block arguments over Llama's: one norm feeding attention and the MLP side by
 /// side, centered (LayerNorms without a bias) and scaled before the cast, layer_norm_eps, the
-/// rotation of interleaved pairs; use_qk_norm refused (hf_cohere.cpp).
-void cohere_args(const Fields& f, nlohmann::json& block);
+/// rotation of interleaved pairs; with use_qk_norm (CohereForCausalLM's alone) Command R+'s norms of
+/// each head's queries and keys, a weight per head (hf_cohere.cpp).
+void cohere_args(const Fields& f, const std::string& arch, nlohmann::json& block);
 
 /// Cohere's logit_scale (0.0625 by default) as a scale layer after the head (hf_cohere.cpp).
 void cohere_logit_scale(const Fields& f, HfSpec& spec);

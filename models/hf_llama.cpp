@@ -324,7 +324,6 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   }
   if (arch == kGlm4) block["norms"] = "sandwich";  // its four norms a layer, under its own names
   if (arch == kExaone4) block["norms"] = "post";
-  if (cohere_any(arch)) cohere_args(f, block);
   if (arch == kLlama4) {  // its dense layers' width; its rotation of interleaved pairs as complex numbers in float32, left interleaved
     block["d_ff"] = f.integer("intermediate_size_mlp", 16384, 1, big);
     block["rope_interleave"] = block["rope_pairs_kept"] = block["rope_float32"] = true;
@@ -335,6 +334,7 @@ json llama_block_args(const std::string& arch, const Traits& t, const Fields& f,
   block["qk_norm"] = arch == kQwen3 || arch == kQwen3Moe || qwen_hybrid(arch) || arch == kApertus || arch == kHunyuan || arch == kOlmoe || t.olmo2 || t.gemma3 || arch == kExaone4 || arch == kMiniMaxM2 ||
                      (arch == kGlm4Moe && f.boolean("use_qk_norm", false));
   if (t.olmo2 || arch == kOlmoe || arch == kMiniMaxM2) block["qk_norm_over"] = "projection";
+  if (cohere_any(arch)) cohere_args(f, arch, block);
   const double clip = arch == kOlmoe ? f.number("clip_qkv", 0.0) : 0.0;
   if (clip < 0) f.fail("clip_qkv", "must be positive");
   if (clip > 0) block["clip_qkv"] = clip;

@@ -319,8 +319,9 @@ torch::Tensor MlpBlockImpl::forward(const torch::Tensor& x) {
   return x + drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln_(x)))));
 }
 
-RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center)
-    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center) {
+RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center, size_t norm_dims)
+    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center), norm_dims_(norm_dims == 0 ? shape_.size() : norm_dims) {
+  PIPETRAIN_CHECK(norm_dims_ <= shape_.size());
   reset();
 }
 
@@ -332,7 +333,7 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   // As transformers' RMSNorms: in float32 at least; the scale where the family applies it.
   const bool reduced = c10::isReducedFloatingType(x.scalar_type());
   std::vector<int64_t> dims;
-  for (size_t i = 0; i < shape_.size(); ++i) dims.push_back(-1 - static_cast<int64_t>(i));
+  for (size_t i = 0; i < norm_dims_; ++i) dims.push_back(-1 - static_cast<int64_t>(i));
   const at::Tensor f = reduced ? x.to(torch::kFloat) : x;
   const at::Tensor h = center_ ? f - f.mean(dims, /*keepdim=*/true) : f;
   const at::Tensor normed = h * torch::rsqrt(h.pow(2).mean(dims, /*keepdim=*/true) + eps_);

@@ -192,7 +192,9 @@ enum class RmsScale { AfterCast, BeforeCast, OnePlus };
 // LayerNorm without a bias (Cohere's).
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false);
+  // Over the last norm_dims of shape (0: all of it); the leading ones are the weight's own rows
+  // (Command R+'s q/k norms: a weight [heads, head_dim], each head normalized over its values).
+  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false, size_t norm_dims = 0);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
@@ -202,6 +204,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   double eps_;
   RmsScale scale_;
   bool center_;
+  size_t norm_dims_;
 };
 TORCH_MODULE(RmsNorm);
 

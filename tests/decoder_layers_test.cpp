@@ -384,3 +384,51 @@ TEST(LayerList, ParallelBlocksCenteredNormsAndRoundedTablesAreChecked) {
   EXPECT_NE(build_error(llama_list({{"rope_tables_rounded", true}})).find("rope_tables_rounded: needs rope_float32 true"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"norms", "parallel"}, {"mixer", false}})).find("mixer: false needs norms \"pre\""), std::string::npos);
 }
+
+// Command R+'s q/k norms (qk_norm_over "each_head"): each head normalized over its own values with
+// a weight of its own, [n_heads, head_dim] and [n_kv_heads, head_dim], counted before they are
+// made, centered with norm_center. With every head's weight the same, the block equals Qwen3's
+// (one weight for all heads) in float64; one key head's weight changed, the output changes; the
+// norm over [heads, head_dim] is torch's layer_norm over each head times its row. Against transformers:
+// HfParity.CohereQkNormsOfEachHeadItsOwnWeights.
+TEST(LayerList, QkNormsOfEachHeadHaveWeightsOfTheirOwn) {
+  auto block = [](const json& extra) { return llama_list(extra, {{"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}}); };
+  const json each{{"qk_norm", true}, {"qk_norm_over", "each_head"}, {"norm_center", true}};
+  models::Model m = build(block(each)), shared = build(block({{"qk_norm", true}, {"norm_center", true}}));
+  auto params = m.layers->named_parameters();
+  EXPECT_EQ(params["b.llama.self_attn.q_norm.weight"].sizes(), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(params["b.llama.self_attn.k_norm.weight"].sizes(), (std::vector<int64_t>{2, 4}));
+  JsonReader r(block(each)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
+  for (models::Model* x : {&m, &shared}) x->layers->to(torch::kDouble);
+  const at::Tensor w = torch::linspace(0.5, 1.5, 4, torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = shared.layers->named_parameters();
+    for (auto& q : params) {
+      if (q.key().find("_norm.weight") != std::string::npos && q.key().find("self_attn") != std::string::npos) {
+        q.value().copy_(w.expand(q.value().sizes()));
+        from[q.key()].copy_(w);
+      } else {
+        q.value().copy_(from[q.key()]);
+      }
+    }
+  }
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  const at::Tensor before = m.layers->forward(ids);
+  EXPECT_LE(max_diff(before, shared.layers->forward(ids)), 1e-12);
+  {
+    torch::NoGradGuard no_grad;
+    params["b.llama.self_attn.k_norm.weight"][1].mul_(2);  // the second key head's own weight
+  }
+  EXPECT_GT(max_diff(m.layers->forward(ids), before), 1e-6);
+  models::RmsNormImpl norm(std::vector<int64_t>{2, 4}, 1e-5, models::RmsScale::AfterCast, /*center=*/true, /*norm_dims=*/1);
+  norm.to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    norm.weight.copy_(torch::linspace(0.5, 1.5, 8, torch::kDouble).view({2, 4}));
+  }
+  const at::Tensor v = torch::randn({3, 2, 4}, torch::kDouble) * 3 + 2;
+  EXPECT_LE(max_diff(norm.forward(v), at::layer_norm(v, {4}, {}, {}, 1e-5) * norm.weight), 1e-12);
+  EXPECT_NE(build_error(llama_list({{"qk_norm_over", "each_head"}})).find("qk_norm_over: needs qk_norm true"), std::string::npos);
+}

@@ -512,7 +512,7 @@ TEST(HfFamily, HunyuanAlphaRopeAndItsRefusals) {
 // Cohere (Command R, Aya) and Cohere 2: one centered norm a layer feeding attention and the MLP side by side,
 // layer_norm_eps, the rotation of interleaved pairs in float32 from tables in the model's type,
 // the logits times logit_scale (0.0625 by default), a tied head and padding row by default; Command
-// R+'s q/k LayerNorms refused.
+// R+'s q/k LayerNorms of each head (use_qk_norm), which Cohere 2 does not read.
 TEST(HfFamily, CohereResolvesItsParallelLayersAndRefusals) {
   nlohmann::json cohere = with(kLlamaConfig, {{"architectures", {"CohereForCausalLM"}}, {"model_type", "cohere"}, {"layer_norm_eps", 1e-4}});
   cohere.erase("tie_word_embeddings");
@@ -536,8 +536,18 @@ TEST(HfFamily, CohereResolvesItsParallelLayersAndRefusals) {
   EXPECT_EQ(m.layers->forward(torch::randint(0, 40, {2, 8})).sizes(), (std::vector<int64_t>{2, 8, 40}));
   std::ofstream(dir + "/config.json") << with(cohere, {{"logit_scale", 1.0}}).dump();
   EXPECT_NE(models::read_hf_spec(dir, 8, "test").layers["layers"].back()["type"], "scale");
-  std::ofstream(dir + "/config.json") << with(cohere, {{"use_qk_norm", true}}).dump();
-  EXPECT_NE(test::hf_error(dir).find("use_qk_norm true is not supported"), std::string::npos) << test::hf_error(dir);
+  // Command R+'s q/k norms: each head its own weight, centered as the layer's norms.
+  const std::string plus_dir = write_model("cohere_plus", with(cohere, {{"use_qk_norm", true}}));
+  const models::HfSpec plus = models::read_hf_spec(plus_dir, 8, "test");
+  EXPECT_EQ(plus.layers["layers"][1]["qk_norm"], true);
+  EXPECT_EQ(plus.layers["layers"][1]["qk_norm_over"], "each_head");
+  EXPECT_TRUE(std::any_of(plus.tensors.begin(), plus.tensors.end(),
+                          [](const models::HfTensor& t) { return t.theirs == "model.layers.0.self_attn.k_norm.weight"; }));
+  const models::Model heads = build(plus_dir, 8);
+  models::SafetensorsCheckpoint plus_weights(plus_dir);
+  EXPECT_TRUE(torch::equal(heads.layers->named_parameters()["layer_1.llama.self_attn.q_norm.weight"],
+                           plus_weights.get("model.layers.0.self_attn.q_norm.weight")));
+  EXPECT_EQ(heads.layers->named_parameters()["layer_1.llama.self_attn.k_norm.weight"].sizes(), (std::vector<int64_t>{2, 4}));  // [heads, head_dim]
   std::ofstream(dir + "/config.json") << with(cohere, {{"logit_scale", 0.0}}).dump();
   EXPECT_NE(test::hf_error(dir).find("logit_scale must not be 0"), std::string::npos) << test::hf_error(dir);
   // Cohere 2: windows on three layers of four by default (sliding_window_pattern), rotating; the
@@ -551,4 +561,6 @@ TEST(HfFamily, CohereResolvesItsParallelLayersAndRefusals) {
   EXPECT_EQ(windowed[4]["rotary"], false);
   EXPECT_FALSE(windowed[4].contains("rope_interleave"));
   EXPECT_EQ(windowed[1]["rope_interleave"], true);
+  std::ofstream(dir + "/config.json") << with(cohere2, {{"use_qk_norm", true}}).dump();
+  EXPECT_EQ(models::read_hf_spec(dir, 8, "test").layers["layers"][1]["qk_norm"], false);
 }

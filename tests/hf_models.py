@@ -204,6 +204,10 @@ CASES = {
     "cohere": ("CohereConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                     num_key_value_heads=2, max_position_embeddings=64, logit_scale=0.25, attention_bias=True,
                                     tie_word_embeddings=True)),
+    # Command R+: Cohere's layers with LayerNorms of each head's queries and keys before the
+    # rotation, each head its own weight (4 query heads, 2 key heads, weights away from 1)
+    "cohere-qk": ("CohereConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64, logit_scale=0.25, use_qk_norm=True)),
     # Cohere 2 (Command R7B, Command A): Cohere's layers, windows of 4 on three layers of four (its
     # default pattern) rotating, the full layer without positions, the logits scaled by 0.5
     "cohere2": ("Cohere2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -961,7 +965,7 @@ def random_model(name, dtype_name, root):
         model = AutoModelForCausalLM.from_config(config, **experts_impl(config, name, dtype_name)).to(DTYPES[dtype_name])
     with torch.no_grad():  # biases and norm scales away from their initial zeros and ones
         for pname, p in model.named_parameters():
-            if p.dim() == 1 or pname.endswith("_bias"):  # GPT-OSS's stacked experts' biases too
+            if p.dim() == 1 or pname.endswith(("_bias", "q_norm.weight", "k_norm.weight")):  # GPT-OSS's stacked experts' biases, Command R+'s per-head norms too
                 p.add_(torch.randn_like(p) * 0.1)
         for pname, p in model.named_parameters():  # Qwen3-Next's decays as Mamba 2 draws them: A in [1, 16], dt in [0.001, 0.1]
             if pname.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log")):

@@ -221,6 +221,7 @@ TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architect
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
 TEST(HfParity, CohereParallelCenteredNormsInterleavedRotationLogitScaleTied) { check_architecture("cohere"); }
+TEST(HfParity, CohereQkNormsOfEachHeadItsOwnWeights) { check_architecture("cohere-qk"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
