@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -119,11 +119,33 @@ bool ignored(const HfSpec& spec, const std::string& name) {
   return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
 }
 
+// Gemma 3 (4B and up) and Mistral 3 (Mistral Small 3.1 and 3.2, Ministral 3) as published: the
+// language model of text_config under language_model. as save_pretrained writes it (llava's
+// layout: language_model.model.*, language_model.lm_head.weight), tied as the outer config says
+// (true by default, as transformers 5.24 reads both); the vision tower and the projector beside it
+// are not read (and are written back unchanged by save_hf). Text alone takes the language model's
+// path in transformers, except that Gemma 3's head is never soft-capped there.
+void language_model_beside_vision(const Fields& f, const json& config, const std::string& where, int64_t seq_len, HfSpec& spec) {
+  if (!f.has("text_config") || !f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
+  json text = config.at("text_config");
+  const Fields t(text, where + ": text_config");
+  const bool gemma = spec.architecture == kGemma3Vision;
+  const std::string type = t.string("model_type", gemma ? "gemma3_text" : "mistral");
+  const std::string arch = type == "gemma3_text" && gemma ? kGemma3 : type == "mistral" && !gemma ? kMistral : type == "ministral3" && !gemma ? kMinistral3 : "";
+  if (arch.empty())
+    t.fail("model_type", "'" + type + "' is not supported for " + spec.architecture + " (" + (gemma ? "gemma3_text" : "mistral, ministral3") + ")");
+  text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", true);
+  if (gemma) text.erase("final_logit_softcapping");
+  llama_family(arch, Fields(text, where + ": text_config"), seq_len, spec);
+  for (HfTensor& tensor : spec.tensors) tensor.theirs = "language_model." + tensor.theirs;
+  spec.ignored = {"vision_tower.", "multi_modal_projector."};
+}
+
 }  // namespace
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
   return a;
 }
 
@@ -163,6 +185,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     for (HfTensor& t : spec.tensors)
       if (t.theirs.rfind("model.", 0) == 0) t.theirs = "model.language_model." + t.theirs.substr(6);
     spec.ignored = {"model.visual."};
+  } else if (spec.architecture == kGemma3Vision || spec.architecture == kMistral3) {
+    language_model_beside_vision(f, spec.config, where + ": " + file, seq_len, spec);
   } else {
     llama_family(spec.architecture, f, seq_len, spec);
   }

@@ -389,6 +389,28 @@ CASES = {
                                                  linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
                                                  num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
                                                  tie_word_embeddings=False)),
+    # Gemma 3 (4B and up) as published: its language model (as gemma3) within
+    # Gemma3ForConditionalGeneration beside a SigLIP vision tower, tied by the outer config; a soft
+    # cap of 2 in text_config, which the vision model's head does not apply
+    "gemma3-vision": ("Gemma3Config", dict(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=12,
+                         sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}},
+                         pad_token_id=None, final_logit_softcapping=2.0),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                           patch_size=14),
+        mm_tokens_per_image=4)),
+    # Mistral 3 (Mistral Small 3.1 and 3.2) as published: Mistral's language model within
+    # Mistral3ForConditionalGeneration beside a Pixtral vision tower, its head untied
+    # (language_model.lm_head), a window of 4
+    "mistral3-vision": ("Mistral3Config", dict(
+        tie_word_embeddings=False,
+        text_config=dict(model_type="mistral", hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           head_dim=8, image_size=28, patch_size=14))),
     # Qwen3.5-MoE as published: its language model (as qwen3.5-moe) within
     # Qwen3_5MoeForConditionalGeneration beside a vision model, its head tied by the outer config
     "qwen3.5-moe-vision": ("Qwen3_5MoeConfig", dict(
@@ -511,6 +533,14 @@ def best_groups(router, group_scores):
 def family_of(config_class):
     """The transformers family (its models/ folder) a config class belongs to."""
     return config_class.__module__.split(".")[2]
+
+
+def families_of(name):
+    """The case's transformers families: its config's, and its language model's where text_config
+    names another (Mistral 3's Mistral)."""
+    fields = CASES[name][1]
+    text_type = fields.get("text_config", {}).get("model_type")
+    return {family_of(getattr(transformers, CASES[name][0]))} | ({text_type} if text_type else set())
 
 
 def patch_float64(families=None):
@@ -813,11 +843,13 @@ def patch_mamba_float64(module, prefix):
 
 
 def model_class(config):
-    """The case's transformers class: Llama 4's and Qwen3.5-MoE's vision and language models where
-    the config is theirs, the causal language model otherwise."""
-    if isinstance(config, transformers.Llama4Config):
-        return transformers.Llama4ForConditionalGeneration
-    return transformers.Qwen3_5MoeForConditionalGeneration if isinstance(config, transformers.Qwen3_5MoeConfig) else AutoModelForCausalLM
+    """The case's transformers class: Llama 4's, Qwen3.5-MoE's, Gemma 3's and Mistral 3's vision and
+    language models where the config is theirs, the causal language model otherwise."""
+    beside = {transformers.Llama4Config: transformers.Llama4ForConditionalGeneration,
+              transformers.Qwen3_5MoeConfig: transformers.Qwen3_5MoeForConditionalGeneration,
+              transformers.Gemma3Config: transformers.Gemma3ForConditionalGeneration,
+              transformers.Mistral3Config: transformers.Mistral3ForConditionalGeneration}
+    return beside.get(type(config), AutoModelForCausalLM)
 
 
 def language_model(model):
@@ -999,7 +1031,7 @@ def models(root, only):
 
 
 def make(root, only=None):
-    patch_float64(None if not only else {family_of(getattr(transformers, CASES[n][0])) for n in only.split(",")})
+    patch_float64(None if not only else {family for n in only.split(",") for family in families_of(n)})
     for name in CASES:
         if only and name not in only.split(","):
             continue

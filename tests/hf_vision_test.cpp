@@ -1,0 +1,121 @@
+// The hf family's language models published beside a vision tower (Gemma 3 from 4B on, Mistral 3:
+// Mistral Small 3.1 and 3.2, Ministral 3) without transformers: each reads as its language model
+// does alone, under language_model., tied as the outer config says, the vision tower and projector
+// left as they are and written back; what it refuses, in one line naming the field. Against
+// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "models/hf.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+#include "tests/hf_oracle.h"
+
+using namespace pipetrain;
+
+namespace {
+
+std::string root() { return test::scratch_dir("hf_vision"); }
+
+std::string write_model(const std::string& name, const nlohmann::json& config) { return test::hf_write_model(root() + "/" + name, config); }
+
+const nlohmann::json kText{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_hidden_layers", 2},
+                           {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 4}, {"rms_norm_eps", 1e-6}};
+
+// The spec of `text` read as the causal language model `arch` alone, tied as `tied`.
+models::HfSpec alone(const std::string& name, const std::string& arch, nlohmann::json text, bool tied) {
+  text["architectures"] = {arch};
+  text["tie_word_embeddings"] = tied;
+  const std::string dir = root() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << text.dump();
+  return models::read_hf_spec(dir, 8, "test");
+}
+
+// What reading `config` refuses (config.json alone in a fresh directory).
+std::string refusal(const std::string& name, const nlohmann::json& config) {
+  const std::string dir = root() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump();
+  return test::hf_error(dir);
+}
+
+// `outer` reads as `text` alone under language_model.; its vision tensors are not read, and are
+// written back as they were.
+void expect_language_model_beside_vision(const std::string& name, const nlohmann::json& outer, const models::HfSpec& text) {
+  const std::string dir = write_model(name, outer);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  EXPECT_EQ(spec.layers, text.layers);
+  EXPECT_EQ(spec.tied, text.tied);
+  ASSERT_EQ(spec.tensors.size(), text.tensors.size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) EXPECT_EQ(spec.tensors[i].theirs, "language_model." + text.tensors[i].theirs);
+  models::SafetensorsCheckpoint ck(dir);
+  models::NamedTensors all;
+  for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+  const at::Tensor patch = torch::randn({8, 3}), projector = torch::randn({16, 8});
+  all.emplace_back("vision_tower.vision_model.embeddings.patch_embedding.weight", patch);
+  all.emplace_back("multi_modal_projector.linear_1.weight", projector);
+  models::save_safetensors(dir + "/model.safetensors", all);
+  models::Model m = test::hf_build(dir, 8);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  models::save_hf(dir, weights, root() + "/" + name + "-exported", uint64_t{1} << 30);
+  models::SafetensorsCheckpoint out(root() + "/" + name + "-exported");
+  std::vector<std::string> names;
+  for (const auto& t : all) names.push_back(t.first);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(out.names(), names);
+  EXPECT_TRUE(torch::equal(out.get("vision_tower.vision_model.embeddings.patch_embedding.weight"), patch));
+  EXPECT_TRUE(torch::equal(out.get("multi_modal_projector.linear_1.weight"), projector));
+}
+
+}  // namespace
+
+// Gemma 3 beside SigLIP: tied by default (the outer config's true), its windows and two ropes as
+// Gemma3ForCausalLM reads them, and no soft cap on the logits whatever text_config says (the vision
+// model's head has none).
+TEST(HfFamily, Gemma3BesideItsVisionTowerReadsAsItsLanguageModel) {
+  const nlohmann::json text = test::with(kText, {{"model_type", "gemma3_text"}, {"sliding_window", 4},
+                                                 {"layer_types", {"sliding_attention", "full_attention"}}});
+  const nlohmann::json outer{{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+                             {"text_config", test::with(text, {{"final_logit_softcapping", 30.0}})}, {"vision_config", {{"hidden_size", 8}}}};
+  const models::HfSpec gemma = alone("gemma3-text", "Gemma3ForCausalLM", text, true);
+  EXPECT_TRUE(gemma.tied);
+  expect_language_model_beside_vision("gemma3", outer, gemma);
+  EXPECT_EQ(models::read_hf_spec(write_model("gemma3-untied", test::with(outer, {{"tie_word_embeddings", false}})), 8, "test").tied, false);
+  EXPECT_NE(refusal("gemma3-llama", test::with(outer, {{"text_config", test::with(text, {{"model_type", "llama"}})}}))
+                .find("text_config: model_type 'llama' is not supported for Gemma3ForConditionalGeneration (gemma3_text)"),
+            std::string::npos);
+}
+
+// Mistral 3 beside Pixtral: its text model Mistral's (Mistral Small 3.1, 3.2) or Ministral 3's
+// (its queries' scale by position), untied here under language_model.lm_head.
+TEST(HfFamily, Mistral3BesideItsVisionTowerReadsAsItsLanguageModel) {
+  const nlohmann::json mistral = test::with(kText, {{"model_type", "mistral"}, {"sliding_window", nullptr}});
+  const nlohmann::json outer{{"architectures", {"Mistral3ForConditionalGeneration"}}, {"model_type", "mistral3"}, {"tie_word_embeddings", false},
+                             {"text_config", mistral}, {"vision_config", {{"hidden_size", 8}}}};
+  const models::HfSpec text = alone("mistral-text", "MistralForCausalLM", mistral, false);
+  EXPECT_TRUE(std::any_of(text.tensors.begin(), text.tensors.end(), [](const models::HfTensor& t) { return t.theirs == "lm_head.weight"; }));
+  expect_language_model_beside_vision("mistral3", outer, text);
+  const nlohmann::json ministral = test::with(kText, {{"model_type", "ministral3"},
+      {"rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"original_max_position_embeddings", 4},
+                           {"llama_4_scaling_beta", 0.5}}}});
+  const models::HfSpec small = alone("ministral3-text", "Ministral3ForCausalLM", ministral, false);
+  EXPECT_TRUE(small.layers["layers"][1].contains("q_scale_beta"));
+  expect_language_model_beside_vision("ministral3", test::with(outer, {{"text_config", ministral}}), small);
+  EXPECT_NE(refusal("mistral3-gemma", test::with(outer, {{"text_config", test::with(mistral, {{"model_type", "gemma3_text"}})}}))
+                .find("model_type 'gemma3_text' is not supported for Mistral3ForConditionalGeneration (mistral, ministral3)"),
+            std::string::npos);
+  EXPECT_NE(refusal("mistral3-bare", {{"architectures", {"Mistral3ForConditionalGeneration"}}})
+                .find("text_config must be an object (the language model's config)"),
+            std::string::npos);
+}
