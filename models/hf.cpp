@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -145,7 +145,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
   return a;
 }
 
@@ -174,14 +174,16 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     llama_family(kLlama4, Fields(spec.config.at("text_config"), where + ": " + file + ": text_config"), seq_len, spec);
     for (HfTensor& t : spec.tensors) t.theirs = "language_model." + t.theirs;
     spec.ignored = {"vision_model.", "multi_modal_projector."};
-  } else if (spec.architecture == kQwen35Vision || spec.architecture == kQwen35MoeVision) {
-    // Qwen3.5 as published: its language model under model.language_model., the head beside it,
-    // tied as the outer config says (untied by default); its vision model is not read (and is
-    // written back unchanged by save_hf).
+  } else if (spec.architecture == kQwen35Vision || spec.architecture == kQwen35MoeVision || spec.architecture == kQwen3VL) {
+    // Qwen3.5 and Qwen3-VL as published: the language model under model.language_model., the head
+    // beside it, tied as the outer config says (untied by default); the vision model is not read
+    // (and is written back unchanged by save_hf). Qwen3-VL's is Qwen3's: on text alone its three
+    // position grids are the one sequence, its sections of the rotation Qwen3's rotation.
     if (!f.has("text_config") || !f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
     json text = spec.config.at("text_config");
     text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
-    llama_family(spec.architecture == kQwen35Vision ? kQwen35 : kQwen35Moe, Fields(text, where + ": " + file + ": text_config"), seq_len, spec);
+    const std::string& a = spec.architecture;
+    llama_family(a == kQwen35Vision ? kQwen35 : a == kQwen35MoeVision ? kQwen35Moe : kQwen3, Fields(text, where + ": " + file + ": text_config"), seq_len, spec);
     for (HfTensor& t : spec.tensors)
       if (t.theirs.rfind("model.", 0) == 0) t.theirs = "model.language_model." + t.theirs.substr(6);
     spec.ignored = {"model.visual."};

@@ -35,6 +35,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
                          kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM", kCohere2 = "Cohere2ForCausalLM",
                          kGemma3Vision = "Gemma3ForConditionalGeneration", kMistral3 = "Mistral3ForConditionalGeneration",
+                         kQwen3VL = "Qwen3VLForConditionalGeneration",
                          kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.

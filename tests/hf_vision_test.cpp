@@ -1,12 +1,13 @@
 // The hf family's language models published beside a vision tower (Gemma 3 from 4B on, Mistral 3:
-// Mistral Small 3.1 and 3.2, Ministral 3) without transformers: each reads as its language model
+// Mistral Small 3.1 and 3.2, Ministral 3; Qwen3-VL) without transformers: each reads as its language model
 // does alone, under language_model., tied as the outer config says, the vision tower and projector
 // left as they are and written back; what it refuses, in one line naming the field. Against
-// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*).
+// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*, HfParity.Qwen3VL*).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <string>
@@ -49,21 +50,27 @@ std::string refusal(const std::string& name, const nlohmann::json& config) {
   return test::hf_error(dir);
 }
 
-// `outer` reads as `text` alone under language_model.; its vision tensors are not read, and are
-// written back as they were.
-void expect_language_model_beside_vision(const std::string& name, const nlohmann::json& outer, const models::HfSpec& text) {
+// llava's layout (Gemma 3's, Mistral 3's): every name under language_model.
+std::string llava(const std::string& name) { return "language_model." + name; }
+
+// `outer` reads as `text` alone, each name as `named` names it; its vision tensors (`vision`'s
+// two names) are not read, and are written back as they were.
+void expect_language_model_beside_vision(const std::string& name, const nlohmann::json& outer, const models::HfSpec& text,
+                                         const std::function<std::string(const std::string&)>& named = llava,
+                                         const std::vector<std::string>& vision = {"vision_tower.vision_model.embeddings.patch_embedding.weight",
+                                                                                   "multi_modal_projector.linear_1.weight"}) {
   const std::string dir = write_model(name, outer);
   const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
   EXPECT_EQ(spec.layers, text.layers);
   EXPECT_EQ(spec.tied, text.tied);
   ASSERT_EQ(spec.tensors.size(), text.tensors.size());
-  for (size_t i = 0; i < spec.tensors.size(); ++i) EXPECT_EQ(spec.tensors[i].theirs, "language_model." + text.tensors[i].theirs);
+  for (size_t i = 0; i < spec.tensors.size(); ++i) EXPECT_EQ(spec.tensors[i].theirs, named(text.tensors[i].theirs));
   models::SafetensorsCheckpoint ck(dir);
   models::NamedTensors all;
   for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
   const at::Tensor patch = torch::randn({8, 3}), projector = torch::randn({16, 8});
-  all.emplace_back("vision_tower.vision_model.embeddings.patch_embedding.weight", patch);
-  all.emplace_back("multi_modal_projector.linear_1.weight", projector);
+  all.emplace_back(vision[0], patch);
+  all.emplace_back(vision[1], projector);
   models::save_safetensors(dir + "/model.safetensors", all);
   models::Model m = test::hf_build(dir, 8);
   std::map<std::string, at::Tensor> weights;
@@ -74,8 +81,8 @@ void expect_language_model_beside_vision(const std::string& name, const nlohmann
   for (const auto& t : all) names.push_back(t.first);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(out.names(), names);
-  EXPECT_TRUE(torch::equal(out.get("vision_tower.vision_model.embeddings.patch_embedding.weight"), patch));
-  EXPECT_TRUE(torch::equal(out.get("multi_modal_projector.linear_1.weight"), projector));
+  EXPECT_TRUE(torch::equal(out.get(vision[0]), patch));
+  EXPECT_TRUE(torch::equal(out.get(vision[1]), projector));
 }
 
 }  // namespace
@@ -118,4 +125,21 @@ TEST(HfFamily, Mistral3BesideItsVisionTowerReadsAsItsLanguageModel) {
   EXPECT_NE(refusal("mistral3-bare", {{"architectures", {"Mistral3ForConditionalGeneration"}}})
                 .find("text_config must be an object (the language model's config)"),
             std::string::npos);
+}
+
+// Qwen3-VL: Qwen3's language model under model.language_model., the head beside it (lm_head),
+// untied by default (the outer config's false); the rotation's sections (mrope_section) read as
+// Qwen3's rotation, which they are on text alone.
+TEST(HfFamily, Qwen3VlReadsAsQwen3UnderModelLanguageModel) {
+  const nlohmann::json text = test::with(kText, {{"model_type", "qwen3_vl_text"},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}, {"mrope_section", {1, 0, 1}}, {"mrope_interleaved", true}}}});
+  const nlohmann::json outer{{"architectures", {"Qwen3VLForConditionalGeneration"}}, {"model_type", "qwen3_vl"}, {"text_config", text},
+                             {"vision_config", {{"depth", 1}}}};
+  const auto named = [](const std::string& n) { return n.rfind("model.", 0) == 0 ? "model.language_model." + n.substr(6) : n; };
+  const std::vector<std::string> vision{"model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc1.weight"};
+  const models::HfSpec qwen3 = alone("qwen3-text", "Qwen3ForCausalLM", text, false);
+  EXPECT_FALSE(qwen3.tied);
+  expect_language_model_beside_vision("qwen3-vl", outer, qwen3, named, vision);
+  expect_language_model_beside_vision("qwen3-vl-tied", test::with(outer, {{"tie_word_embeddings", true}}),
+                                      alone("qwen3-text-tied", "Qwen3ForCausalLM", text, true), named, vision);
 }
