@@ -42,7 +42,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -119,6 +119,32 @@ bool ignored(const HfSpec& spec, const std::string& name) {
   return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
 }
 
+// Qwen2-VL's and Qwen2.5-VL's language model's config as transformers 5.24 reads it: text_config,
+// or (as published) the outer config's own fields; their defaults where Qwen2's differ (eps 1e-5,
+// rope_theta 1e6, windows from layer 80); the "mrope" rope the default one (its sections of the
+// three position grids are one rotation on text alone); tied where either config says so.
+json qwen2_vl_text(const Fields& f, const json& config) {
+  json text = config;
+  if (f.has("text_config")) {
+    if (!f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
+    text = config.at("text_config");
+  }
+  text.erase("vision_config");
+  if (!text.contains("rms_norm_eps")) text["rms_norm_eps"] = 1e-5;
+  if (!text.contains("max_window_layers")) text["max_window_layers"] = 80;
+  const std::string key = text.contains("rope_parameters") && text["rope_parameters"].is_object() ? "rope_parameters" : "rope_scaling";
+  json rope = text.contains(key) && text[key].is_object() ? text[key] : json::object();
+  if (rope.value("rope_type", rope.value("type", std::string("default"))) == "mrope") {
+    rope.erase("type");
+    rope["rope_type"] = "default";
+  }
+  if (!rope.contains("rope_theta") && !text.contains("rope_theta")) rope["rope_theta"] = 1e6;
+  text[key] = rope;
+  const bool tied = f.boolean("tie_word_embeddings", false) || (text.contains("tie_word_embeddings") && text["tie_word_embeddings"] == true);
+  text["tie_word_embeddings"] = tied;
+  return text;
+}
+
 // Gemma 3 (4B and up) and Mistral 3 (Mistral Small 3.1 and 3.2, Ministral 3) as published: the
 // language model of text_config under language_model. as save_pretrained writes it (llava's
 // layout: language_model.model.*, language_model.lm_head.weight), tied as the outer config says
@@ -145,7 +171,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
   return a;
 }
 
@@ -187,6 +213,11 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     for (HfTensor& t : spec.tensors)
       if (t.theirs.rfind("model.", 0) == 0) t.theirs = "model.language_model." + t.theirs.substr(6);
     spec.ignored = {"model.visual."};
+  } else if (spec.architecture == kQwen2VL || spec.architecture == kQwen25VL) {
+    // Qwen2-VL and Qwen2.5-VL as published: Qwen2's names (model.layers.*, lm_head), the vision
+    // model beside them under visual. (not read; written back unchanged by save_hf).
+    llama_family(kQwen2, Fields(qwen2_vl_text(f, spec.config), where + ": " + file), seq_len, spec);
+    spec.ignored = {"visual."};
   } else if (spec.architecture == kGemma3Vision || spec.architecture == kMistral3) {
     language_model_beside_vision(f, spec.config, where + ": " + file, seq_len, spec);
   } else {

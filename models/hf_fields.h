@@ -35,7 +35,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
                          kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM", kCohere2 = "Cohere2ForCausalLM",
                          kGemma3Vision = "Gemma3ForConditionalGeneration", kMistral3 = "Mistral3ForConditionalGeneration",
-                         kQwen3VL = "Qwen3VLForConditionalGeneration",
+                         kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
+                         kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
                          kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.

@@ -399,6 +399,15 @@ CASES = {
                          rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
                            deepstack_visual_indexes=[0]))),
+    # Qwen2.5-VL as published: Qwen2's language model within Qwen2_5_VLForConditionalGeneration
+    # (saved under Qwen2's names) beside its vision model (visual.), windows of 4 from the second
+    # layer on, the rotation in sections of the three position grids (one sequence on text alone)
+    "qwen2.5-vl": ("Qwen2_5_VLConfig", dict(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                           fullatt_block_indexes=[0]))),
     # Gemma 3 (4B and up) as published: its language model (as gemma3) within
     # Gemma3ForConditionalGeneration beside a SigLIP vision tower, tied by the outer config; a soft
     # cap of 2 in text_config, which the vision model's head does not apply
@@ -528,7 +537,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "qwen3_vl": "Qwen3VLText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL"}
 
 
 def best_groups(router, group_scores):
@@ -853,13 +862,14 @@ def patch_mamba_float64(module, prefix):
 
 
 def model_class(config):
-    """The case's transformers class: Llama 4's, Qwen3.5-MoE's, Gemma 3's, Mistral 3's and Qwen3-VL's vision and
+    """The case's transformers class: Llama 4's, Qwen3.5-MoE's, Gemma 3's, Mistral 3's, Qwen3-VL's and Qwen2.5-VL's vision and
     language models where the config is theirs, the causal language model otherwise."""
     beside = {transformers.Llama4Config: transformers.Llama4ForConditionalGeneration,
               transformers.Qwen3_5MoeConfig: transformers.Qwen3_5MoeForConditionalGeneration,
               transformers.Gemma3Config: transformers.Gemma3ForConditionalGeneration,
               transformers.Mistral3Config: transformers.Mistral3ForConditionalGeneration,
-              transformers.Qwen3VLConfig: transformers.Qwen3VLForConditionalGeneration}
+              transformers.Qwen3VLConfig: transformers.Qwen3VLForConditionalGeneration,
+              transformers.Qwen2_5_VLConfig: transformers.Qwen2_5_VLForConditionalGeneration}
     return beside.get(type(config), AutoModelForCausalLM)
 
 

@@ -1,8 +1,8 @@
 // The hf family's language models published beside a vision tower (Gemma 3 from 4B on, Mistral 3:
-// Mistral Small 3.1 and 3.2, Ministral 3; Qwen3-VL) without transformers: each reads as its language model
+// Mistral Small 3.1 and 3.2, Ministral 3; Qwen3-VL, Qwen2.5-VL and Qwen2-VL) without transformers: each reads as its language model
 // does alone, under language_model., tied as the outer config says, the vision tower and projector
 // left as they are and written back; what it refuses, in one line naming the field. Against
-// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*, HfParity.Qwen3VL*).
+// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*, HfParity.Qwen3Vl*, HfParity.Qwen25Vl*).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -142,4 +142,37 @@ TEST(HfFamily, Qwen3VlReadsAsQwen3UnderModelLanguageModel) {
   expect_language_model_beside_vision("qwen3-vl", outer, qwen3, named, vision);
   expect_language_model_beside_vision("qwen3-vl-tied", test::with(outer, {{"tie_word_embeddings", true}}),
                                       alone("qwen3-text-tied", "Qwen3ForCausalLM", text, true), named, vision);
+}
+
+// Qwen2.5-VL (and Qwen2-VL): Qwen2's names, the vision model under visual.; its config as
+// published (the language model's fields in the outer config, rope_scaling's type "mrope") reads
+// as the same model's text_config (transformers 5.24's form); its own defaults where Qwen2's differ
+// (eps 1e-5, rope_theta 1e6); tied where text_config says so.
+TEST(HfFamily, Qwen25VlReadsAsQwen2WithItsOwnDefaults) {
+  nlohmann::json text = test::with(kText, {{"model_type", "qwen2_5_vl_text"}, {"use_sliding_window", true}, {"sliding_window", 4},
+                                           {"max_window_layers", 1}, {"rope_parameters", {{"rope_type", "default"}, {"mrope_section", {1, 0, 1}}}}});
+  text.erase("rms_norm_eps");  // its default, 1e-5 (Qwen2's 1e-6)
+  const nlohmann::json outer{{"architectures", {"Qwen2_5_VLForConditionalGeneration"}}, {"model_type", "qwen2_5_vl"}, {"text_config", text},
+                             {"vision_config", {{"depth", 1}}}};
+  nlohmann::json as_qwen2 = test::with(text, {{"rms_norm_eps", 1e-5}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}}});
+  const models::HfSpec qwen2 = alone("qwen2-text", "Qwen2ForCausalLM", as_qwen2, false);
+  EXPECT_EQ(qwen2.layers["layers"][1]["eps"], 1e-5);
+  EXPECT_EQ(qwen2.layers["layers"][1]["rope_theta"], 1e6);
+  EXPECT_FALSE(qwen2.layers["layers"][1].contains("sliding_window"));
+  EXPECT_EQ(qwen2.layers["layers"][2]["sliding_window"], 4);
+  const auto same = [](const std::string& n) { return n; };
+  const std::vector<std::string> vision{"visual.patch_embed.proj.weight", "visual.merger.mlp.0.weight"};
+  expect_language_model_beside_vision("qwen2.5-vl", outer, qwen2, same, vision);
+  nlohmann::json flat = test::with(outer, text);  // as published: the text fields beside vision_config
+  flat.erase("text_config");
+  flat.erase("rope_parameters");
+  flat["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {1, 0, 1}}};
+  flat["architectures"] = {"Qwen2_5_VLForConditionalGeneration"};
+  flat["model_type"] = "qwen2_5_vl";
+  expect_language_model_beside_vision("qwen2.5-vl-flat", flat, qwen2, same, vision);
+  expect_language_model_beside_vision("qwen2-vl-flat", test::with(flat, {{"architectures", {"Qwen2VLForConditionalGeneration"}}}), qwen2, same,
+                                      vision);
+  const models::HfSpec tied = alone("qwen2-text-tied", "Qwen2ForCausalLM", as_qwen2, true);
+  expect_language_model_beside_vision("qwen2.5-vl-tied", test::with(outer, {{"text_config", test::with(text, {{"tie_word_embeddings", true}})}}),
+                                      tied, same, vision);
 }
