@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -42,7 +43,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -119,6 +120,34 @@ bool ignored(const HfSpec& spec, const std::string& name) {
   return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
 }
 
+// Qwen3-VL-MoE's experts as its checkpoints hold them, each layer's stacked, in place of
+// Qwen3-MoE's expert by expert: as published, transposed, mlp.experts.gate_up_proj [experts,
+// hidden, 2 * width] (gate's columns, then up's) and mlp.experts.down_proj [experts, width, hidden];
+// or as the module holds them ([experts, 2 * width, hidden], [experts, hidden, width]), as
+// transformers 5.24's save_pretrained writes them. transformers reads either, transposing a tensor
+// whose shape is not the module's; so does this, from `dir`'s checkpoint (as published without one:
+// a spec read before its weights are written).
+void stack_experts(const std::string& dir, int64_t width, int64_t hidden, HfSpec& spec) {
+  std::unique_ptr<SafetensorsCheckpoint> ck;
+  try {
+    if (exists(dir + "/" + kSafetensorsSingle) || exists(dir + "/" + kSafetensorsIndex)) ck = std::make_unique<SafetensorsCheckpoint>(dir);
+  } catch (const SafetensorsError&) {  // reading the weights says what is wrong with them
+  }
+  const auto as_module = [&](const std::string& name, std::vector<int64_t> module) {
+    return ck && ck->contains(name) && ck->get(name).sizes().slice(1) == c10::IntArrayRef(module);
+  };
+  for (HfTensor& t : spec.tensors) {
+    const size_t at = t.theirs.find(".mlp.experts.");
+    if (at == std::string::npos) continue;
+    const std::string layer = t.theirs.substr(0, at + 13), rest = t.theirs.substr(at + 13);  // "<e>.gate_proj.weight"
+    const size_t dot = rest.find('.');
+    const int64_t e = std::stoll(rest.substr(0, dot));
+    const std::string part = rest.substr(dot + 1);
+    if (part == "down_proj.weight") t = {t.ours, layer + "down_proj", !as_module(layer + "down_proj", {hidden, width}), 0, 0, e};
+    else t = {t.ours, layer + "gate_up_proj", !as_module(layer + "gate_up_proj", {2 * width, hidden}), part == "gate_proj.weight" ? 0 : width, width, e};
+  }
+}
+
 // Qwen2-VL's and Qwen2.5-VL's language model's config as transformers 5.24 reads it: text_config,
 // or (as published) the outer config's own fields; their defaults where Qwen2's differ (eps 1e-5,
 // rope_theta 1e6, windows from layer 80); the "mrope" rope the default one (its sections of the
@@ -171,7 +200,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
   return a;
 }
 
@@ -200,18 +229,25 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     llama_family(kLlama4, Fields(spec.config.at("text_config"), where + ": " + file + ": text_config"), seq_len, spec);
     for (HfTensor& t : spec.tensors) t.theirs = "language_model." + t.theirs;
     spec.ignored = {"vision_model.", "multi_modal_projector."};
-  } else if (spec.architecture == kQwen35Vision || spec.architecture == kQwen35MoeVision || spec.architecture == kQwen3VL) {
+  } else if (spec.architecture == kQwen35Vision || spec.architecture == kQwen35MoeVision || spec.architecture == kQwen3VL ||
+             spec.architecture == kQwen3VLMoe) {
     // Qwen3.5 and Qwen3-VL as published: the language model under model.language_model., the head
     // beside it, tied as the outer config says (untied by default); the vision model is not read
-    // (and is written back unchanged by save_hf). Qwen3-VL's is Qwen3's: on text alone its three
-    // position grids are the one sequence, its sections of the rotation Qwen3's rotation.
+    // (and is written back unchanged by save_hf). Qwen3-VL's is Qwen3's (Qwen3-MoE's): on text
+    // alone its three position grids are the one sequence, its sections of the rotation Qwen3's.
     if (!f.has("text_config") || !f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
     json text = spec.config.at("text_config");
     text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
     const std::string& a = spec.architecture;
-    llama_family(a == kQwen35Vision ? kQwen35 : a == kQwen35MoeVision ? kQwen35Moe : kQwen3, Fields(text, where + ": " + file + ": text_config"), seq_len, spec);
-    for (HfTensor& t : spec.tensors)
-      if (t.theirs.rfind("model.", 0) == 0) t.theirs = "model.language_model." + t.theirs.substr(6);
+    const Fields t(text, where + ": " + file + ": text_config");
+    if (a == kQwen3VLMoe) {  // Qwen3-MoE's routing, always renormalized; its heads' size hidden_size / heads by default
+      text["norm_topk_prob"] = true;
+      if (!t.has("head_dim")) text["head_dim"] = t.integer("hidden_size", 0, 1, int64_t{1} << 30, true) / t.integer("num_attention_heads", 0, 1, 1 << 20, true);
+    }
+    llama_family(a == kQwen35Vision ? kQwen35 : a == kQwen35MoeVision ? kQwen35Moe : a == kQwen3VL ? kQwen3 : kQwen3Moe, t, seq_len, spec);
+    for (HfTensor& tensor : spec.tensors)
+      if (tensor.theirs.rfind("model.", 0) == 0) tensor.theirs = "model.language_model." + tensor.theirs.substr(6);
+    if (a == kQwen3VLMoe) stack_experts(dir, t.integer("moe_intermediate_size", 1408, 1, int64_t{1} << 30), t.integer("hidden_size", 0, 1, int64_t{1} << 30, true), spec);
     spec.ignored = {"model.visual."};
   } else if (spec.architecture == kQwen2VL || spec.architecture == kQwen25VL) {
     // Qwen2-VL and Qwen2.5-VL as published: Qwen2's names (model.layers.*, lm_head), the vision

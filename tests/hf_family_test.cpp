@@ -101,7 +101,8 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "Llama4ForConditionalGeneration, Glm4ForCausalLM, Ernie4_5ForCausalLM, Exaone4ForCausalLM, MiniMaxM2ForCausalLM, "
                                 "ArceeForCausalLM, ApertusForCausalLM, HunYuanDenseV1ForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
                                 "Qwen3_5MoeForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, Gemma3ForConditionalGeneration, "
-                                "Mistral3ForConditionalGeneration, Qwen3VLForConditionalGeneration, Qwen2VLForConditionalGeneration, "
+                                "Mistral3ForConditionalGeneration, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, "
+                                "Qwen2VLForConditionalGeneration, "
                                 "Qwen2_5_VLForConditionalGeneration, NemotronHForCausalLM, "
                                 "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, GPT2LMHeadModel)"),
             std::string::npos)

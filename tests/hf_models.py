@@ -399,6 +399,14 @@ CASES = {
                          rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
                            deepstack_visual_indexes=[0]))),
+    # Qwen3-VL-MoE as published: Qwen3-MoE's language model (4 experts top 2, always renormalized,
+    # stacked and transposed in the checkpoint; a dense first layer) beside its vision model
+    "qwen3-vl-moe": ("Qwen3VLMoeConfig", dict(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                         mlp_only_layers=[0], rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [2, 1, 1]}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                           deepstack_visual_indexes=[0]))),
     # Qwen2.5-VL as published: Qwen2's language model within Qwen2_5_VLForConditionalGeneration
     # (saved under Qwen2's names) beside its vision model (visual.), windows of 4 from the second
     # layer on, the rotation in sections of the three position grids (one sequence on text alone)
@@ -537,7 +545,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):
@@ -869,7 +877,8 @@ def model_class(config):
               transformers.Gemma3Config: transformers.Gemma3ForConditionalGeneration,
               transformers.Mistral3Config: transformers.Mistral3ForConditionalGeneration,
               transformers.Qwen3VLConfig: transformers.Qwen3VLForConditionalGeneration,
-              transformers.Qwen2_5_VLConfig: transformers.Qwen2_5_VLForConditionalGeneration}
+              transformers.Qwen2_5_VLConfig: transformers.Qwen2_5_VLForConditionalGeneration,
+              transformers.Qwen3VLMoeConfig: transformers.Qwen3VLMoeForConditionalGeneration}
     return beside.get(type(config), AutoModelForCausalLM)
 
 

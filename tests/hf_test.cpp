@@ -221,6 +221,7 @@ TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architect
 TEST(HfParity, Gemma3BesideItsVisionTowerTiedWindowsTwoRopes) { check_architecture("gemma3-vision"); }
 TEST(HfParity, Mistral3BesideItsVisionTowerUntiedWindow) { check_architecture("mistral3-vision"); }
 TEST(HfParity, Qwen3VlLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3-vl"); }
+TEST(HfParity, Qwen3VlMoeStackedExpertsBesideItsVisionModel) { check_architecture("qwen3-vl-moe"); }
 TEST(HfParity, Qwen25VlLanguageModelBesideItsVisionModelWindows) { check_architecture("qwen2.5-vl"); }
 TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_architecture("granitemoehybrid"); }
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }

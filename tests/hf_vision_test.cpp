@@ -127,7 +127,7 @@ TEST(HfFamily, Mistral3BesideItsVisionTowerReadsAsItsLanguageModel) {
             std::string::npos);
 }
 
-// Qwen3-VL: Qwen3's language model under model.language_model., the head beside it (lm_head),
+// Qwen3-VL (and Qwen3-VL-MoE): Qwen3's language model under model.language_model., the head beside it (lm_head),
 // untied by default (the outer config's false); the rotation's sections (mrope_section) read as
 // Qwen3's rotation, which they are on text alone.
 TEST(HfFamily, Qwen3VlReadsAsQwen3UnderModelLanguageModel) {
@@ -142,6 +142,34 @@ TEST(HfFamily, Qwen3VlReadsAsQwen3UnderModelLanguageModel) {
   expect_language_model_beside_vision("qwen3-vl", outer, qwen3, named, vision);
   expect_language_model_beside_vision("qwen3-vl-tied", test::with(outer, {{"tie_word_embeddings", true}}),
                                       alone("qwen3-text-tied", "Qwen3ForCausalLM", text, true), named, vision);
+  // Qwen3-VL-MoE: Qwen3-MoE's layers (always renormalized, heads of hidden_size / heads), each
+  // layer's experts stacked and transposed: gate_up_proj [experts, hidden, 2 * width], down_proj.
+  const nlohmann::json moe = test::with(text, {{"model_type", "qwen3_vl_moe_text"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                                               {"moe_intermediate_size", 6}, {"mlp_only_layers", {0}}});
+  nlohmann::json as_moe = test::with(moe, {{"norm_topk_prob", true}});
+  const models::HfSpec qwen3_moe = alone("qwen3-moe-text", "Qwen3MoeForCausalLM", as_moe, false);
+  const std::string dir = write_model("qwen3-vl-moe", test::with(outer, {{"architectures", {"Qwen3VLMoeForConditionalGeneration"}},
+                                                                          {"model_type", "qwen3_vl_moe"}, {"text_config", moe}}));
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  EXPECT_EQ(spec.layers, qwen3_moe.layers);
+  EXPECT_EQ(spec.layers["layers"][2]["normalize_experts"], true);
+  models::SafetensorsCheckpoint ck(dir);
+  EXPECT_EQ(ck.get("model.language_model.layers.1.mlp.experts.gate_up_proj").sizes(), (std::vector<int64_t>{4, 16, 12}));
+  EXPECT_EQ(ck.get("model.language_model.layers.1.mlp.experts.down_proj").sizes(), (std::vector<int64_t>{4, 6, 16}));
+  models::Model m = test::hf_build(dir, 8);
+  auto params = m.layers->named_parameters();
+  const at::Tensor gate_up = ck.get("model.language_model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_TRUE(torch::equal(params["layer_1.llama.mlp.experts.3.up_proj.weight"], gate_up[3].slice(1, 6, 12).t()));
+  EXPECT_TRUE(torch::equal(params["layer_1.llama.mlp.experts.2.down_proj.weight"], ck.get("model.language_model.layers.1.mlp.experts.down_proj")[2].t()));
+  EXPECT_TRUE(torch::equal(params["layer_0.llama.mlp.gate_proj.weight"], ck.get("model.language_model.layers.0.mlp.gate_proj.weight")));
+  // As transformers 5.24 saves them, the module's layout ([experts, 2 * width, hidden], [experts,
+  // hidden, width]): read as transformers reads them, the same model.
+  models::NamedTensors all;
+  for (const std::string& n : ck.names())
+    all.emplace_back(n, n.find("mlp.experts.") != std::string::npos ? ck.get(n).transpose(1, 2).contiguous() : ck.get(n).clone());
+  models::save_safetensors(dir + "/model.safetensors", all);
+  models::Model saved = test::hf_build(dir, 8);
+  for (const auto& p : saved.layers->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), params[p.key()])) << p.key();
 }
 
 // Qwen2.5-VL (and Qwen2-VL): Qwen2's names, the vision model under visual.; its config as
