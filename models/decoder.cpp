@@ -20,6 +20,21 @@ at::Tensor heads(const at::Tensor& x, int64_t H, int64_t D) {
 // [B, H, T, D] as [B, T, H * D].
 at::Tensor merge_heads(const at::Tensor& y) { return y.transpose(1, 2).reshape({y.size(0), y.size(2), -1}); }
 
+// Drops from `cache` the positions no later query of a layer with `window` (or `chunk`) sees:
+// a query sees the window's last positions, so the next needs the last window - 1 kept; or those
+// of its chunk, so the kept ones start where the current chunk does. The masks of causal_attention
+// are relative to the first key kept (a chunk's boundaries too, the dropped being whole chunks), so
+// the attention over what is kept is the attention over all (IncrementalLayers.WindowedLayersKeep*).
+void drop_unseen(KvCache* cache, int64_t window, int64_t chunk) {
+  if (!cache || !cache->k.defined() || (window > 0) == (chunk > 0)) return;  // neither, or both: keep all
+  const int64_t kept = cache->k.size(2), total = cache->length();
+  const int64_t keep = window > 0 ? std::min(kept, window - 1) : std::min(kept, total % chunk);
+  if (keep == kept) return;
+  cache->k = cache->k.narrow(2, kept - keep, keep);  // a view: the next call's cat copies it out
+  cache->v = cache->v.narrow(2, kept - keep, keep);
+  cache->dropped += kept - keep;
+}
+
 // Appends this call's keys and values to the cache; the whole sequence's.
 std::pair<at::Tensor, at::Tensor> extend(KvCache* cache, at::Tensor k, at::Tensor v) {
   if (!cache) return {std::move(k), std::move(v)};
@@ -488,6 +503,7 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor out = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks, o_.attention_chunk);
+  drop_unseen(cache, o_.sliding_window, o_.attention_chunk);
   return gate.defined() ? out * torch::sigmoid(gate) : out;
 }
 

@@ -85,7 +85,11 @@ struct KvCache {
   /// its pretraining length, which rotates every position by the long factors. Generation then
   /// runs the whole window again (as transformers' generate drops its cache there).
   bool stale = false;
-  int64_t length() const { return k.defined() ? k.size(2) : positions; }
+  /// The oldest positions a layer no longer keeps: a windowed layer keeps the window's last
+  /// positions before the next (window - 1), a chunked one those of the current chunk.
+  int64_t dropped = 0;
+  /// The positions the cache stands for, kept or dropped.
+  int64_t length() const { return k.defined() ? dropped + k.size(2) : positions; }
 };
 
 /// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),

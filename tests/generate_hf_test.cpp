@@ -143,6 +143,41 @@ TEST(IncrementalLayers, ChunksOfPositionsEqualTheWholeWindow) {
   }
 }
 
+// A windowed layer's cache keeps only the window's last window - 1 positions, a chunked one
+// (Llama 4's) those of its current chunk; fed in chunks of positions, the outputs equal the whole
+// sequence's, and the cache still counts every position (the rotation's offset).
+TEST(IncrementalLayers, WindowedLayersKeepOnlyWhatLaterQueriesSee) {
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> chunks{5, 1, 1, 3, 2};
+  const std::vector<std::pair<json, std::vector<int64_t>>> cases{
+      {{{"sliding_window", 3}}, {2, 2, 2, 2, 2}},   // kept after 5, 6, 7, 10, 12 positions
+      {{{"attention_chunk", 4}}, {1, 2, 3, 2, 0}},  // the positions of the current chunk
+      {{{"sliding_window", 1}}, {0, 0, 0, 0, 0}},
+      {json::object(), {5, 6, 7, 10, 12}}};
+  for (const auto& [extra, expected] : cases) {
+    json block{{"name", "b"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}};
+    block.update(extra);
+    models::Model m = layer_list(json::array({{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", 50}, {"embedding_dim", 16}},
+                                              block}),
+                                 12);
+    m.layers->eval();
+    const at::Tensor tokens = torch::randint(0, 50, {2, 12}, torch::kLong);
+    const at::Tensor whole = models::forward_with_skips(m.layers, tokens);
+    std::vector<models::IncrementalLayer*> layers;
+    for (const auto& l : m.layers->children()) layers.push_back(dynamic_cast<models::IncrementalLayer*>(l.get()));
+    std::vector<models::KvCache> caches(layers.size());
+    int64_t offset = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      at::Tensor x = tokens.narrow(1, offset, chunks[c]);
+      for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_at(x, offset, caches[i]);
+      EXPECT_LE(max_diff(x, whole.narrow(1, offset, chunks[c])), 1e-12) << extra.dump() << " chunk " << c;
+      offset += chunks[c];
+      EXPECT_EQ(caches[1].k.size(2), expected[c]) << extra.dump() << " after " << offset;
+      EXPECT_EQ(caches[1].length(), offset) << extra.dump();
+    }
+  }
+}
+
 TEST(IncrementalLayers, LayersThatMixPositionsWithoutACacheAreNot) {
   const json embed{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", 40}, {"embedding_dim", 16}};
   const json head{{"name", "head"}, {"type", "linear"}, {"in_features", 16}, {"out_features", 40}};
