@@ -43,7 +43,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   }
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
-                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
+                                                                {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"llava", kLlava}, {"internvl", kInternVL}, {"aya_vision", kAyaVision}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
@@ -174,24 +174,42 @@ json qwen2_vl_text(const Fields& f, const json& config) {
   return text;
 }
 
-// Gemma 3 (4B and up) and Mistral 3 (Mistral Small 3.1 and 3.2, Ministral 3) as published: the
-// language model of text_config under language_model. as save_pretrained writes it (llava's
-// layout: language_model.model.*, language_model.lm_head.weight), tied as the outer config says
-// (true by default, as transformers 5.24 reads both); the vision tower and the projector beside it
-// are not read (and are written back unchanged by save_hf). Text alone takes the language model's
-// path in transformers, except that Gemma 3's head is never soft-capped there.
+// A vision model's language model in llava's layout, as published and as save_pretrained writes
+// it: Gemma 3 (4B and up), Mistral 3 (Mistral Small 3.1 and 3.2, Ministral 3), LLaVA (1.5, Pixtral
+// and the like), InternVL (3, 3.5) and Aya Vision. The text_config's language model (of the
+// model_types each takes) under language_model. (language_model.model.*, language_model.lm_head.weight),
+// tied as the outer config says (its default as transformers 5.24 reads it; LLaVA's also where
+// text_config says so); the vision tower and the projector beside it are not read (and are written
+// back unchanged by save_hf). Text alone takes the language model's path in transformers with the
+// wrapper's own head: Gemma 3's is never soft-capped there, Aya Vision's Cohere 2 logits never scaled.
+struct BesideVision {
+  std::string arch;
+  std::vector<std::pair<std::string, std::string>> texts;  // model_type → the causal model; the first the default
+  bool tied;                                               // tie_word_embeddings's default
+};
+
 void language_model_beside_vision(const Fields& f, const json& config, const std::string& where, int64_t seq_len, HfSpec& spec) {
+  static const std::vector<BesideVision> kinds{
+      {kGemma3Vision, {{"gemma3_text", kGemma3}}, true},
+      {kMistral3, {{"mistral", kMistral}, {"ministral3", kMinistral3}}, true},
+      {kLlava, {{"llama", kLlama}, {"mistral", kMistral}, {"qwen2", kQwen2}}, false},
+      {kInternVL, {{"qwen2", kQwen2}, {"qwen3", kQwen3}, {"llama", kLlama}}, true},
+      {kAyaVision, {{"cohere2", kCohere2}}, true}};
+  const BesideVision& kind = *std::find_if(kinds.begin(), kinds.end(), [&](const BesideVision& k) { return k.arch == spec.architecture; });
   if (!f.has("text_config") || !f.at("text_config").is_object()) f.fail("text_config", "must be an object (the language model's config)");
   json text = config.at("text_config");
   const Fields t(text, where + ": text_config");
-  const bool gemma = spec.architecture == kGemma3Vision;
-  const std::string type = t.string("model_type", gemma ? "gemma3_text" : "mistral");
-  const std::string arch = type == "gemma3_text" && gemma ? kGemma3 : type == "mistral" && !gemma ? kMistral : type == "ministral3" && !gemma ? kMinistral3 : "";
-  if (arch.empty())
-    t.fail("model_type", "'" + type + "' is not supported for " + spec.architecture + " (" + (gemma ? "gemma3_text" : "mistral, ministral3") + ")");
-  text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", true);
-  if (gemma) text.erase("final_logit_softcapping");
-  llama_family(arch, Fields(text, where + ": text_config"), seq_len, spec);
+  const std::string type = t.string("model_type", kind.texts.front().first);
+  const auto it = std::find_if(kind.texts.begin(), kind.texts.end(), [&](const auto& p) { return p.first == type; });
+  if (it == kind.texts.end()) {
+    std::vector<std::string> types;
+    for (const auto& p : kind.texts) types.push_back(p.first);
+    t.fail("model_type", "'" + type + "' is not supported for " + spec.architecture + " (" + join(types, ", ") + ")");
+  }
+  text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", kind.tied) || (kind.arch == kLlava && t.boolean("tie_word_embeddings", false));
+  if (kind.arch == kGemma3Vision) text.erase("final_logit_softcapping");
+  if (kind.arch == kAyaVision) text["logit_scale"] = 1.0;
+  llama_family(it->second, Fields(text, where + ": text_config"), seq_len, spec);
   for (HfTensor& tensor : spec.tensors) tensor.theirs = "language_model." + tensor.theirs;
   spec.ignored = {"vision_tower.", "multi_modal_projector."};
 }
@@ -200,7 +218,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kGpt2};
   return a;
 }
 
@@ -254,7 +272,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     // model beside them under visual. (not read; written back unchanged by save_hf).
     llama_family(kQwen2, Fields(qwen2_vl_text(f, spec.config), where + ": " + file), seq_len, spec);
     spec.ignored = {"visual."};
-  } else if (spec.architecture == kGemma3Vision || spec.architecture == kMistral3) {
+  } else if (spec.architecture == kGemma3Vision || spec.architecture == kMistral3 || spec.architecture == kLlava ||
+             spec.architecture == kInternVL || spec.architecture == kAyaVision) {
     language_model_beside_vision(f, spec.config, where + ": " + file, seq_len, spec);
   } else {
     llama_family(spec.architecture, f, seq_len, spec);

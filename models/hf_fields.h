@@ -35,6 +35,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen35Vision = "Qwen3_5ForConditionalGeneration", kQwen35MoeVision = "Qwen3_5MoeForConditionalGeneration",
                          kNemotronH = "NemotronHForCausalLM", kBamba = "BambaForCausalLM", kCohere = "CohereForCausalLM", kCohere2 = "Cohere2ForCausalLM",
                          kGemma3Vision = "Gemma3ForConditionalGeneration", kMistral3 = "Mistral3ForConditionalGeneration",
+                         kLlava = "LlavaForConditionalGeneration", kInternVL = "InternVLForConditionalGeneration",
+                         kAyaVision = "AyaVisionForConditionalGeneration",
                          kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen3VLMoe = "Qwen3VLMoeForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
                          kGpt2 = "GPT2LMHeadModel";

@@ -389,6 +389,28 @@ CASES = {
                                                  linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
                                                  num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
                                                  tie_word_embeddings=False)),
+    # LLaVA as published (Pixtral-12B's shape): Mistral's language model within
+    # LlavaForConditionalGeneration beside a CLIP tower, untied (language_model.lm_head)
+    "llava": ("LlavaConfig", dict(
+        text_config=dict(model_type="mistral", hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=None),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14, projection_dim=16))),
+    # InternVL 3 as published: Qwen2's language model (q/k/v biases) within
+    # InternVLForConditionalGeneration beside its vision tower, tied by the outer config's default
+    "internvl": ("InternVLConfig", dict(
+        text_config=dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=[28, 28],
+                           patch_size=[14, 14]))),
+    # Aya Vision as published: Cohere 2's language model (windows of 4) within
+    # AyaVisionForConditionalGeneration beside a SigLIP tower, tied; text_config's logit_scale 0.5,
+    # which the vision model's head does not apply
+    "aya-vision": ("AyaVisionConfig", dict(
+        text_config=dict(model_type="cohere2", hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, logit_scale=0.5),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14, vision_use_head=False))),
     # Qwen3-VL as published: Qwen3's language model within Qwen3VLForConditionalGeneration (under
     # model.language_model.) beside its vision model, the rotation in sections of the three
     # position grids (one sequence on text alone), tied by the outer config
@@ -870,15 +892,18 @@ def patch_mamba_float64(module, prefix):
 
 
 def model_class(config):
-    """The case's transformers class: Llama 4's, Qwen3.5-MoE's, Gemma 3's, Mistral 3's, Qwen3-VL's and Qwen2.5-VL's vision and
-    language models where the config is theirs, the causal language model otherwise."""
+    """The case's transformers class: the vision and language model where the config is one's,
+    the causal language model otherwise."""
     beside = {transformers.Llama4Config: transformers.Llama4ForConditionalGeneration,
               transformers.Qwen3_5MoeConfig: transformers.Qwen3_5MoeForConditionalGeneration,
               transformers.Gemma3Config: transformers.Gemma3ForConditionalGeneration,
               transformers.Mistral3Config: transformers.Mistral3ForConditionalGeneration,
               transformers.Qwen3VLConfig: transformers.Qwen3VLForConditionalGeneration,
               transformers.Qwen2_5_VLConfig: transformers.Qwen2_5_VLForConditionalGeneration,
-              transformers.Qwen3VLMoeConfig: transformers.Qwen3VLMoeForConditionalGeneration}
+              transformers.Qwen3VLMoeConfig: transformers.Qwen3VLMoeForConditionalGeneration,
+              transformers.LlavaConfig: transformers.LlavaForConditionalGeneration,
+              transformers.InternVLConfig: transformers.InternVLForConditionalGeneration,
+              transformers.AyaVisionConfig: transformers.AyaVisionForConditionalGeneration}
     return beside.get(type(config), AutoModelForCausalLM)
 
 

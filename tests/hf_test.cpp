@@ -220,6 +220,9 @@ TEST(HfParity, Qwen35SplitDeltaNetProjectionsTied) { check_architecture("qwen3.5
 TEST(HfParity, Qwen35MoeLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3.5-moe-vision"); }
 TEST(HfParity, Gemma3BesideItsVisionTowerTiedWindowsTwoRopes) { check_architecture("gemma3-vision"); }
 TEST(HfParity, Mistral3BesideItsVisionTowerUntiedWindow) { check_architecture("mistral3-vision"); }
+TEST(HfParity, LlavaMistralBesideItsVisionTowerUntied) { check_architecture("llava"); }
+TEST(HfParity, InternVlQwen2BesideItsVisionTowerTied) { check_architecture("internvl"); }
+TEST(HfParity, AyaVisionCohere2BesideItsVisionTowerLogitsUnscaled) { check_architecture("aya-vision"); }
 TEST(HfParity, Qwen3VlLanguageModelBesideItsVisionModelTied) { check_architecture("qwen3-vl"); }
 TEST(HfParity, Qwen3VlMoeStackedExpertsBesideItsVisionModel) { check_architecture("qwen3-vl-moe"); }
 TEST(HfParity, Qwen25VlLanguageModelBesideItsVisionModelWindows) { check_architecture("qwen2.5-vl"); }

@@ -1,8 +1,10 @@
 // The hf family's language models published beside a vision tower (Gemma 3 from 4B on, Mistral 3:
-// Mistral Small 3.1 and 3.2, Ministral 3; Qwen3-VL, Qwen2.5-VL and Qwen2-VL) without transformers: each reads as its language model
+// Mistral Small 3.1 and 3.2, Ministral 3; LLaVA, InternVL, Aya Vision; Qwen3-VL, Qwen2.5-VL and
+// Qwen2-VL) without transformers: each reads as its language model
 // does alone, under language_model., tied as the outer config says, the vision tower and projector
 // left as they are and written back; what it refuses, in one line naming the field. Against
-// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*, HfParity.Qwen3Vl*, HfParity.Qwen25Vl*).
+// transformers: hf_test.cpp (HfParity.Gemma3Beside*, HfParity.Mistral3Beside*, HfParity.Llava*,
+// HfParity.InternVl*, HfParity.AyaVision*, HfParity.Qwen3Vl*, HfParity.Qwen25Vl*).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,4 +205,31 @@ TEST(HfFamily, Qwen25VlReadsAsQwen2WithItsOwnDefaults) {
   const models::HfSpec tied = alone("qwen2-text-tied", "Qwen2ForCausalLM", as_qwen2, true);
   expect_language_model_beside_vision("qwen2.5-vl-tied", test::with(outer, {{"text_config", test::with(text, {{"tie_word_embeddings", true}})}}),
                                       tied, same, vision);
+}
+
+// LLaVA (untied by default, tied where text_config says so, as transformers forwards it), InternVL
+// (tied by default; Qwen2's, Qwen3's or Llama's language model) and Aya Vision (Cohere 2's, its
+// logits unscaled: the vision model's head takes no logit_scale); the language models each takes.
+TEST(HfFamily, LlavaInternVlAndAyaVisionReadAsTheirLanguageModels) {
+  const nlohmann::json llama = test::with(kText, {{"model_type", "llama"}});
+  const nlohmann::json llava{{"architectures", {"LlavaForConditionalGeneration"}}, {"model_type", "llava"}, {"text_config", llama},
+                             {"vision_config", {{"hidden_size", 8}}}};
+  expect_language_model_beside_vision("llava", llava, alone("llama-text", "LlamaForCausalLM", llama, false));
+  const nlohmann::json tied_text = test::with(llama, {{"tie_word_embeddings", true}});
+  expect_language_model_beside_vision("llava-tied", test::with(llava, {{"text_config", tied_text}}),
+                                      alone("llama-text-tied", "LlamaForCausalLM", llama, true));
+  const nlohmann::json qwen3 = test::with(kText, {{"model_type", "qwen3"}});
+  expect_language_model_beside_vision("internvl", test::with(llava, {{"architectures", {"InternVLForConditionalGeneration"}}, {"model_type", "internvl"},
+                                                                    {"text_config", qwen3}}),
+                                      alone("qwen3-text-internvl", "Qwen3ForCausalLM", qwen3, true));
+  const nlohmann::json cohere2 = test::with(kText, {{"model_type", "cohere2"}, {"sliding_window", 4}, {"logit_scale", 0.5}});
+  const models::HfSpec unscaled = alone("cohere2-text", "Cohere2ForCausalLM", test::with(cohere2, {{"logit_scale", 1.0}}), true);
+  EXPECT_NE(unscaled.layers["layers"].back()["type"], "scale");
+  expect_language_model_beside_vision("aya-vision", test::with(llava, {{"architectures", {"AyaVisionForConditionalGeneration"}}, {"model_type", "aya_vision"},
+                                                                      {"text_config", cohere2}}),
+                                      unscaled);
+  EXPECT_NE(refusal("internvl-gemma", test::with(llava, {{"architectures", {"InternVLForConditionalGeneration"}},
+                                                          {"text_config", test::with(kText, {{"model_type", "gemma"}})}}))
+                .find("text_config: model_type 'gemma' is not supported for InternVLForConditionalGeneration (qwen2, qwen3, llama)"),
+            std::string::npos);
 }
