@@ -403,7 +403,9 @@ at::Tensor MoeImpl::looped(const at::Tensor& h, const at::Tensor& top, const at:
 void LlamaBlockImpl::reset() {
   PIPETRAIN_CHECK(o_.n_kv_heads > 0 && o_.n_heads % o_.n_kv_heads == 0 && (o_.mla() ? o_.rope_head_dim : o_.head_dim) % 2 == 0);
   PIPETRAIN_CHECK(!o_.mla() || (o_.n_kv_heads == o_.n_heads && o_.rope_head_dim > 0 && o_.rope_head_dim <= o_.head_dim && o_.v_head_dim > 0));
-  auto norm = [&](const char* name) { return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale, o_.norm_center)); };
+  auto norm = [&](const char* name) {
+    return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale, o_.norm_center, 0, o_.norm_bias));
+  };
   if (o_.norms != NormPlacement::Post && !o_.no_mixer) input_layernorm_ = norm("input_layernorm");
   if (o_.no_mixer) {  // an MLP alone (Nemotron-H's)
   } else if (o_.gated_deltanet()) {

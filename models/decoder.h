@@ -128,6 +128,7 @@ struct LlamaBlockOptions {
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
   bool norm_center = false;  // the block's norms (q/k's too) subtract the mean first: LayerNorms without a bias (Cohere's)
+  bool norm_bias = false;    // with norm_center: the block's norms torch's LayerNorms, with a bias (StarCoder2's)
   bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
@@ -514,7 +515,7 @@ TORCH_MODULE(Gpt2Block);
 
 /// The blocks' arguments as a layer list spells them (decoder_options.cpp): llama_block's
 /// d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, rope_theta, partial_rotary_factor, rope_scaling, qkv_bias,
-/// o_bias, mlp_bias, qk_norm, qk_norm_over, sliding_window, norms, norm_scale, norm_center, act, attn_scale, attn_softcap, experts,
+/// o_bias, mlp_bias, qk_norm, qk_norm_over, sliding_window, norms, norm_scale, norm_center, norm_bias, act, attn_scale, attn_softcap, experts,
 /// swiglu_alpha, swiglu_limit, attn_sinks, experts_per_token, normalize_experts, router_cast, experts_sum_float32, experts_latent, shared_expert,
 /// shared_expert_gate, router, router_logit_bias, router_bias, expert_groups, groups_per_token, routed_scale,
 /// router_float32, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim, rope_interleave, rope_pairs_kept, latent_eps,

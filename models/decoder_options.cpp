@@ -196,6 +196,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich", "parallel"});
   o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : norms == "sandwich" ? NormPlacement::Sandwich : NormPlacement::Parallel;
   o.norm_center = r.get_bool("norm_center", false);
+  o.norm_bias = r.get_bool("norm_bias", false);
+  if (o.norm_bias && !o.norm_center) r.fail("norm_bias", "needs norm_center true (a LayerNorm)");
   o.norm_scale = read_rms_scale(r, "norm_scale");
   const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2", "xielu"});
   o.gelu = act == "gelu_tanh";
@@ -296,7 +298,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
-  const double norms = o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d;
+  const double norms = (o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d) * (o.norm_bias ? 2 : 1);
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection || o.qk_norm_each_head ? q + kv : 2 * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;

@@ -39,7 +39,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kAyaVision = "AyaVisionForConditionalGeneration",
                          kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen3VLMoe = "Qwen3VLMoeForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
-                         kGpt2 = "GPT2LMHeadModel";
+                         kStarcoder2 = "Starcoder2ForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -57,6 +57,8 @@ class Fields {
   Fields(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
   /// Throws the ConfigError "<where>: <key> <msg>".
   [[noreturn]] void fail(const std::string& key, const std::string& msg) const { throw ConfigError(where_ + ": " + key + " " + msg); }
+  /// What prefixes every error.
+  const std::string& where() const { return where_; }
   /// Whether `key` is present and not null.
   bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
   /// Whether `key` is present as null (transformers' None, which overrides a default).
@@ -175,5 +177,9 @@ void nemotron_h(const Fields& f, int64_t seq_len, HfSpec& spec);
 /// The Llama family's spec (`arch` one of its architectures): embed, layer_0..n-1 (llama_block),
 /// norm, lm_head (and Gemma 2's softcap, Granite's scales), with every parameter's two names.
 void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfSpec& spec);
+
+/// StarCoder2: Mistral's layers with LayerNorms, an MLP without a gate through the tanh GELU,
+/// biases by use_bias, under its names (hf_starcoder.cpp).
+void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

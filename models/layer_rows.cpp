@@ -214,8 +214,10 @@ Built norm(LayerContext& c) {
   } else {
     b.module_name = "rms";
     const RmsScale scale = read_rms_scale(r, "scale");
-    const bool center = r.get_bool("center", false);
-    b.make = [=] { return RmsNorm(shape, eps, scale, center).ptr(); };
+    const bool center = r.get_bool("center", false), bias = r.get_bool("bias", false);
+    if (bias && !center) r.fail("bias", "needs center true (a LayerNorm)");
+    if (bias) b.params = 2 * n;
+    b.make = [=] { return RmsNorm(shape, eps, scale, center, 0, bias).ptr(); };
     b.run = through<RmsNormImpl>();
   }
   return b;

@@ -319,17 +319,19 @@ torch::Tensor MlpBlockImpl::forward(const torch::Tensor& x) {
   return x + drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln_(x)))));
 }
 
-RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center, size_t norm_dims)
-    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center), norm_dims_(norm_dims == 0 ? shape_.size() : norm_dims) {
-  PIPETRAIN_CHECK(norm_dims_ <= shape_.size());
+RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center, size_t norm_dims, bool bias)
+    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center), norm_dims_(norm_dims == 0 ? shape_.size() : norm_dims), has_bias_(bias) {
+  PIPETRAIN_CHECK(norm_dims_ <= shape_.size() && (!bias || (center && norm_dims_ == shape_.size())));
   reset();
 }
 
 void RmsNormImpl::reset() {
   weight = register_parameter("weight", scale_ == RmsScale::OnePlus ? torch::zeros(shape_) : torch::ones(shape_));
+  if (has_bias_) bias = register_parameter("bias", torch::zeros(shape_));
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  if (has_bias_) return at::layer_norm(x, shape_, weight, bias, eps_);  // torch's LayerNorm
   // As transformers' RMSNorms: in float32 at least; the scale where the family applies it.
   const bool reduced = c10::isReducedFloatingType(x.scalar_type());
   std::vector<int64_t> dims;

@@ -194,10 +194,14 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
   // Over the last norm_dims of shape (0: all of it); the leading ones are the weight's own rows
   // (Command R+'s q/k norms: a weight [heads, head_dim], each head normalized over its values).
-  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false, size_t norm_dims = 0);
+  // With `bias` (and `center`): torch's LayerNorm, a weight and a bias, as torch computes it
+  // (StarCoder2's), whatever `scale`.
+  RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false, size_t norm_dims = 0,
+              bool bias = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
+  torch::Tensor bias;  ///< with `bias` only
 
  private:
   std::vector<int64_t> shape_;
@@ -205,6 +209,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   RmsScale scale_;
   bool center_;
   size_t norm_dims_;
+  bool has_bias_;
 };
 TORCH_MODULE(RmsNorm);
 

@@ -432,3 +432,34 @@ TEST(LayerList, QkNormsOfEachHeadHaveWeightsOfTheirOwn) {
   EXPECT_LE(max_diff(norm.forward(v), at::layer_norm(v, {4}, {}, {}, 1e-5) * norm.weight), 1e-12);
   EXPECT_NE(build_error(llama_list({{"qk_norm_over", "each_head"}})).find("qk_norm_over: needs qk_norm true"), std::string::npos);
 }
+
+// StarCoder2's norms (norm_bias with norm_center): torch's LayerNorm, a weight and a bias,
+// counted before they are made; the rmsnorm layer's `bias` likewise; a bias without centering
+// refused. Against transformers: HfParity.Starcoder2*.
+TEST(LayerList, NormsWithABiasAreTorchsLayerNorm) {
+  const json layer_norms{{"norm_center", true}, {"norm_bias", true}};
+  models::Model m = build(llama_list(layer_norms));
+  auto params = m.layers->named_parameters();
+  EXPECT_EQ(params["b.llama.input_layernorm.bias"].sizes(), (std::vector<int64_t>{16}));
+  EXPECT_EQ(params["b.llama.post_attention_layernorm.bias"].sizes(), (std::vector<int64_t>{16}));
+  JsonReader r(llama_list(layer_norms)["layers"][1], "model.layers[1]", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m)));
+  models::RmsNormImpl norm(std::vector<int64_t>{16}, 1e-5, models::RmsScale::BeforeCast, /*center=*/true, 0, /*bias=*/true);
+  {
+    torch::NoGradGuard no_grad;
+    norm.weight.copy_(torch::linspace(0.5, 1.5, 16));
+    norm.bias.copy_(torch::linspace(-1, 1, 16));
+  }
+  for (const auto type : {torch::kDouble, torch::kFloat, torch::kBFloat16}) {
+    norm.to(type);
+    const at::Tensor v = (torch::randn({3, 16}, torch::kDouble) * 3 + 2).to(type);
+    EXPECT_TRUE(torch::equal(norm.forward(v), at::layer_norm(v, {16}, norm.weight, norm.bias, 1e-5))) << type;
+  }
+  EXPECT_NE(build_error(llama_list({{"norm_bias", true}})).find("norm_bias: needs norm_center true (a LayerNorm)"), std::string::npos);
+  const json rms_bias{{"family", "layers"}, {"input_shape", {4, 16}},
+                      {"layers", {{{"name", "n"}, {"type", "rmsnorm"}, {"normalized_shape", 16}, {"center", true}, {"bias", true}}}}};
+  EXPECT_TRUE(build(rms_bias).layers->named_parameters().contains("n.rms.bias"));
+  json uncentered = rms_bias;
+  uncentered["layers"][0].erase("center");
+  EXPECT_NE(build_error(uncentered).find("bias: needs center true (a LayerNorm)"), std::string::npos) << build_error(uncentered);
+}

@@ -212,6 +212,11 @@ CASES = {
     # default pattern) rotating, the full layer without positions, the logits scaled by 0.5
     "cohere2": ("Cohere2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, logit_scale=0.5)),
+    # StarCoder2: LayerNorms with biases, an MLP without a gate through the tanh GELU, biases on
+    # every projection, a window of 4, tied
+    "starcoder2": ("Starcoder2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
+                                            residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -567,7 +572,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):
@@ -599,11 +604,12 @@ def patch_float64(families=None):
         if families is not None and family not in families:
             continue
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        norm = getattr(module, f"{prefix}RMSNorm", None) or getattr(module, f"{prefix}LayerNorm")  # Cohere's LayerNorm
+        # Cohere's LayerNorm; StarCoder2's torch's own (exact in float64 already)
+        norm = getattr(module, f"{prefix}RMSNorm", None) or getattr(module, f"{prefix}LayerNorm", None)
         rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding", None)
         gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
-        def norm_forward(self, h, _orig=norm.forward, _gemma=gemma, _center=family in ("cohere", "cohere2")):
+        def norm_forward(self, h, _orig=getattr(norm, "forward", None), _gemma=gemma, _center=family in ("cohere", "cohere2")):
             if h.dtype != torch.float64:
                 return _orig(self, h)
             eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
@@ -629,7 +635,8 @@ def patch_float64(families=None):
             emb = torch.repeat_interleave(freqs, 2, dim=-1) if _interleaved else torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * attention, emb.sin() * attention
 
-        norm.forward = norm_forward
+        if norm is not None:
+            norm.forward = norm_forward
         if rotary is not None:  # Nemotron-H has none
             rotary.forward = rotary_forward
         # GPT-OSS's runs in its type; MiniMax-M2's sigmoid router is patched below

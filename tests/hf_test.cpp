@@ -230,6 +230,7 @@ TEST(HfParity, GraniteMoeHybridMamba2LayersAroundNoPeAttentionExperts) { check_a
 TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architecture("granitemoehybrid-dense"); }
 TEST(HfParity, CohereParallelCenteredNormsInterleavedRotationLogitScaleTied) { check_architecture("cohere"); }
 TEST(HfParity, CohereQkNormsOfEachHeadItsOwnWeights) { check_architecture("cohere-qk"); }
+TEST(HfParity, Starcoder2LayerNormsGeluMlpBiasesWindowTied) { check_architecture("starcoder2"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
