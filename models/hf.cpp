@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -44,7 +47,7 @@ std::string architecture_of(const json& config, const Fields& f) {
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
                                                                 {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"llava", kLlava}, {"internvl", kInternVL}, {"aya_vision", kAyaVision}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
-                                                                {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"starcoder2", kStarcoder2}, {"gpt2", kGpt2}};
+                                                                {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"starcoder2", kStarcoder2}, {"seed_oss", kSeedOss}, {"gpt2", kGpt2}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
   if (it == by_type.end()) {
@@ -120,6 +123,35 @@ bool ignored(const HfSpec& spec, const std::string& name) {
   return std::any_of(spec.ignored.begin(), spec.ignored.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
 }
 
+// `dir`'s checkpoint where it has one that opens (reading the weights says what is wrong with
+// one that does not), else null: what a config's reading may look at (tensors' shapes).
+std::unique_ptr<SafetensorsCheckpoint> checkpoint_if_any(const std::string& dir) {
+  try {
+    if (exists(dir + "/" + kSafetensorsSingle) || exists(dir + "/" + kSafetensorsIndex)) return std::make_unique<SafetensorsCheckpoint>(dir);
+  } catch (const SafetensorsError&) {
+  }
+  return nullptr;
+}
+
+// transformers 5.24 ties the head to the embedding as the config says, unless the checkpoint holds
+// both with different values: then it leaves them untied (a config that does not describe its
+// checkpoint, as some published vision models' are). So does this, from `dir`'s checkpoint.
+void untie_where_both_differ(const std::string& dir, HfSpec& spec) {
+  if (!spec.tied) return;
+  const std::unique_ptr<SafetensorsCheckpoint> ck = checkpoint_if_any(dir);
+  if (!ck) return;
+  std::string head, embed;
+  for (const HfTensor& t : spec.tensors) {
+    if (t.ours == "lm_head.linear.weight") head = t.theirs;
+    if (t.ours == "embed.embedding.weight" || t.ours == "embed.embedding.tok.weight") embed = t.theirs;
+  }
+  if (head.empty() || embed.empty() || !ck->contains(head) || !ck->contains(embed)) return;
+  const at::Tensor h = ck->get(head), e = ck->get(embed);
+  if (h.sizes() == e.sizes() && h.scalar_type() == e.scalar_type() && torch::equal(h, e)) return;
+  spec.tied = false;
+  spec.layers.erase("ties");
+}
+
 // Qwen3-VL-MoE's experts as its checkpoints hold them, each layer's stacked, in place of
 // Qwen3-MoE's expert by expert: as published, transposed, mlp.experts.gate_up_proj [experts,
 // hidden, 2 * width] (gate's columns, then up's) and mlp.experts.down_proj [experts, width, hidden];
@@ -128,11 +160,7 @@ bool ignored(const HfSpec& spec, const std::string& name) {
 // whose shape is not the module's; so does this, from `dir`'s checkpoint (as published without one:
 // a spec read before its weights are written).
 void stack_experts(const std::string& dir, int64_t width, int64_t hidden, HfSpec& spec) {
-  std::unique_ptr<SafetensorsCheckpoint> ck;
-  try {
-    if (exists(dir + "/" + kSafetensorsSingle) || exists(dir + "/" + kSafetensorsIndex)) ck = std::make_unique<SafetensorsCheckpoint>(dir);
-  } catch (const SafetensorsError&) {  // reading the weights says what is wrong with them
-  }
+  const std::unique_ptr<SafetensorsCheckpoint> ck = checkpoint_if_any(dir);
   const auto as_module = [&](const std::string& name, std::vector<int64_t> module) {
     return ck && ck->contains(name) && ck->get(name).sizes().slice(1) == c10::IntArrayRef(module);
   };
@@ -148,6 +176,37 @@ void stack_experts(const std::string& dir, int64_t width, int64_t hidden, HfSpec
   }
 }
 
+// A vision model's text_config as transformers completes it: where a field our reading needs is
+// absent, its config class's default (transformers 5.24's), which published configs rely on (Gemma
+// 3's and LLaVA 1.5's text_config name a few sizes alone).
+void complete_text(json& text, const std::string& type) {
+  using D = std::vector<std::pair<const char*, json>>;
+  auto sizes = [](int64_t vocab, int64_t d, int64_t ff, int64_t n, int64_t heads, int64_t kv) {
+    return D{{"vocab_size", vocab}, {"hidden_size", d}, {"intermediate_size", ff}, {"num_hidden_layers", n},
+             {"num_attention_heads", heads}, {"num_key_value_heads", kv}};
+  };
+  static const std::map<std::string, D> kDefaults{
+      {"gemma3_text", sizes(262208, 2304, 9216, 26, 8, 4)}, {"llama", sizes(32000, 4096, 11008, 32, 32, 32)},
+      {"mistral", sizes(32000, 4096, 14336, 32, 32, 8)},    {"ministral3", sizes(131072, 4096, 14336, 34, 32, 8)},
+      {"qwen2", sizes(151936, 4096, 22016, 32, 32, 32)},    {"qwen3", sizes(151936, 4096, 22016, 32, 32, 32)},
+      {"cohere2", sizes(256000, 8192, 22528, 40, 64, 64)},  {"qwen3_vl_text", sizes(151936, 4096, 22016, 32, 32, 32)},
+      {"qwen3_vl_moe_text", sizes(151936, 2048, 5632, 24, 16, 16)}, {"qwen2_vl_text", sizes(152064, 8192, 29568, 80, 64, 8)},
+      {"qwen2_5_vl_text", sizes(152064, 8192, 29568, 80, 64, 8)}};
+  static const std::map<std::string, D> kMore{
+      {"gemma3_text", {{"head_dim", 256}, {"query_pre_attn_scalar", 256}, {"sliding_window", 4096}, {"max_position_embeddings", 131072}}},
+      {"qwen3_vl_text", {{"head_dim", 128}, {"rope_theta", 5e5}}},
+      {"qwen3_vl_moe_text", {{"rope_theta", 5e5}, {"num_experts", 60}, {"num_experts_per_tok", 4}, {"moe_intermediate_size", 1408}}}};
+  for (const auto* table : {&kDefaults, &kMore}) {
+    const auto it = table->find(type);
+    if (it == table->end()) continue;
+    for (const auto& [key, value] : it->second) {
+      const bool theta_given = std::string(key) == "rope_theta" && text.contains("rope_parameters") && text["rope_parameters"].is_object() &&
+                               text["rope_parameters"].contains("rope_theta");
+      if (!text.contains(key) && !theta_given) text[key] = value;
+    }
+  }
+}
+
 // Qwen2-VL's and Qwen2.5-VL's language model's config as transformers 5.24 reads it: text_config,
 // or (as published) the outer config's own fields; their defaults where Qwen2's differ (eps 1e-5,
 // rope_theta 1e6, windows from layer 80); the "mrope" rope the default one (its sections of the
@@ -159,16 +218,20 @@ json qwen2_vl_text(const Fields& f, const json& config) {
     text = config.at("text_config");
   }
   text.erase("vision_config");
+  complete_text(text, "qwen2_5_vl_text");  // Qwen2-VL's the same
   if (!text.contains("rms_norm_eps")) text["rms_norm_eps"] = 1e-5;
   if (!text.contains("max_window_layers")) text["max_window_layers"] = 80;
-  const std::string key = text.contains("rope_parameters") && text["rope_parameters"].is_object() ? "rope_parameters" : "rope_scaling";
+  // transformers takes rope_scaling where it is given, rope_parameters otherwise.
+  const bool scaling = text.contains("rope_scaling") && text["rope_scaling"].is_object() && !text["rope_scaling"].empty();
+  const std::string key = scaling ? "rope_scaling" : "rope_parameters";
   json rope = text.contains(key) && text[key].is_object() ? text[key] : json::object();
   if (rope.value("rope_type", rope.value("type", std::string("default"))) == "mrope") {
     rope.erase("type");
     rope["rope_type"] = "default";
   }
   if (!rope.contains("rope_theta") && !text.contains("rope_theta")) rope["rope_theta"] = 1e6;
-  text[key] = rope;
+  text.erase("rope_scaling");
+  text["rope_parameters"] = rope;  // the one read
   const bool tied = f.boolean("tie_word_embeddings", false) || (text.contains("tie_word_embeddings") && text["tie_word_embeddings"] == true);
   text["tie_word_embeddings"] = tied;
   return text;
@@ -206,6 +269,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
     for (const auto& p : kind.texts) types.push_back(p.first);
     t.fail("model_type", "'" + type + "' is not supported for " + spec.architecture + " (" + join(types, ", ") + ")");
   }
+  complete_text(text, type);
   text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", kind.tied) || (kind.arch == kLlava && t.boolean("tie_word_embeddings", false));
   if (kind.arch == kGemma3Vision) text.erase("final_logit_softcapping");
   if (kind.arch == kAyaVision) text["logit_scale"] = 1.0;
@@ -218,7 +282,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kSeedOss, kGpt2};
   return a;
 }
 
@@ -239,6 +303,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     gpt2(f, seq_len, spec);
   } else if (spec.architecture == kStarcoder2) {
     starcoder2(f, spec.config, seq_len, spec);
+  } else if (spec.architecture == kSeedOss) {
+    seed_oss(f, spec.config, seq_len, spec);
   } else if (spec.architecture == kNemotronH) {
     nemotron_h(f, seq_len, spec);
   } else if (spec.architecture == kLlama4Vision) {
@@ -259,6 +325,7 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     json text = spec.config.at("text_config");
     text["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
     const std::string& a = spec.architecture;
+    if (a == kQwen3VL || a == kQwen3VLMoe) complete_text(text, a == kQwen3VL ? "qwen3_vl_text" : "qwen3_vl_moe_text");
     const Fields t(text, where + ": " + file + ": text_config");
     if (a == kQwen3VLMoe) {  // Qwen3-MoE's routing, always renormalized; its heads' size hidden_size / heads by default
       text["norm_topk_prob"] = true;
@@ -280,6 +347,7 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   } else {
     llama_family(spec.architecture, f, seq_len, spec);
   }
+  untie_where_both_differ(dir, spec);
   return spec;
 }
 

@@ -39,7 +39,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kAyaVision = "AyaVisionForConditionalGeneration",
                          kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen3VLMoe = "Qwen3VLMoeForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
-                         kStarcoder2 = "Starcoder2ForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -181,5 +181,9 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
 /// StarCoder2: Mistral's layers with LayerNorms, an MLP without a gate through the tanh GELU,
 /// biases by use_bias, under its names (hf_starcoder.cpp).
 void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// Seed-OSS: Llama's layers with biases on q, k, v (attention_bias) and o (attention_out_bias), heads
+/// of 128 and padding token 1 by default; its dropouts refused above 0 (hf_seed_oss.cpp).
+void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

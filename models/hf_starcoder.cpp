@@ -21,6 +21,7 @@ void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, 
   mistral["hidden_act"] = "silu";
   mistral.erase("attention_dropout");
   mistral["tie_word_embeddings"] = f.boolean("tie_word_embeddings", true);
+  if (!f.has("num_key_value_heads")) mistral["num_key_value_heads"] = 2;  // Starcoder2Config's default
   llama_family(kMistral, Fields(mistral, f.where()), seq_len, spec);
   for (nlohmann::json& layer : spec.layers["layers"]) {
     if (layer["type"] == "llama_block") {

@@ -217,6 +217,10 @@ CASES = {
     "starcoder2": ("Starcoder2Config", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                             num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
                                             residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)),
+    # Seed-OSS: biases on q, k and v and on o, heads of 8, its padding token (1), dropouts at 0
+    "seed-oss": ("SeedOssConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_out_bias=True,
+                                       residual_dropout=0.0, attention_dropout=0.0)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -572,7 +576,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):

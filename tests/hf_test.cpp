@@ -231,6 +231,7 @@ TEST(HfParity, GraniteMoeHybridDenseMamba2ShortChunksRopeTied) { check_architect
 TEST(HfParity, CohereParallelCenteredNormsInterleavedRotationLogitScaleTied) { check_architecture("cohere"); }
 TEST(HfParity, CohereQkNormsOfEachHeadItsOwnWeights) { check_architecture("cohere-qk"); }
 TEST(HfParity, Starcoder2LayerNormsGeluMlpBiasesWindowTied) { check_architecture("starcoder2"); }
+TEST(HfParity, SeedOssAttentionBiasesInAndOutPadding) { check_architecture("seed-oss"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }

@@ -44,6 +44,14 @@ models::HfSpec alone(const std::string& name, const std::string& arch, nlohmann:
   return models::read_hf_spec(dir, 8, "test");
 }
 
+// `config` alone (no weights) in a fresh directory.
+std::string write_config(const std::string& name, const nlohmann::json& config) {
+  const std::string dir = root() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump();
+  return dir;
+}
+
 // What reading `config` refuses (config.json alone in a fresh directory).
 std::string refusal(const std::string& name, const nlohmann::json& config) {
   const std::string dir = root() + "/" + name;
@@ -232,4 +240,63 @@ TEST(HfFamily, LlavaInternVlAndAyaVisionReadAsTheirLanguageModels) {
                                                           {"text_config", test::with(kText, {{"model_type", "gemma"}})}}))
                 .find("text_config: model_type 'gemma' is not supported for InternVLForConditionalGeneration (qwen2, qwen3, llama)"),
             std::string::npos);
+}
+
+// Published text_configs name a few fields alone (Gemma 3 4B's its sizes and rope; LLaVA 1.5's
+// less): transformers completes them with the config class's defaults, and so does this.
+TEST(HfFamily, AVisionModelsTextConfigIsCompletedWithItsClassDefaults) {
+  const nlohmann::json gemma{{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+                             {"text_config", {{"model_type", "gemma3_text"}, {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2}}},
+                             {"vision_config", {{"hidden_size", 8}}}};
+  const nlohmann::json layers = models::read_hf_spec(write_config("gemma3-4b-like", gemma), 8, "test").layers["layers"];
+  EXPECT_EQ(layers[0]["num_embeddings"], 262208);  // Gemma3TextConfig's vocabulary
+  EXPECT_EQ(layers[1]["n_heads"], 8);
+  EXPECT_EQ(layers[1]["n_kv_heads"], 4);
+  EXPECT_EQ(layers[1]["head_dim"], 256);
+  const nlohmann::json llava{{"architectures", {"LlavaForConditionalGeneration"}}, {"model_type", "llava"},
+                             {"text_config", {{"model_type", "llama"}, {"num_hidden_layers", 1}}}};
+  const nlohmann::json llama = models::read_hf_spec(write_config("llava-1.5-like", llava), 8, "test").layers["layers"];
+  EXPECT_EQ(llama[0]["num_embeddings"], 32000);  // LlamaConfig's
+  EXPECT_EQ(llama[1]["d_model"], 4096);
+  EXPECT_EQ(llama[1]["d_ff"], 11008);
+  EXPECT_EQ(llama[1]["n_kv_heads"], 32);
+  // Qwen2.5-VL as published, rope_scaling beside rope_parameters: transformers takes rope_scaling.
+  const nlohmann::json qwen{{"architectures", {"Qwen2_5_VLForConditionalGeneration"}}, {"model_type", "qwen2_5_vl"}, {"num_hidden_layers", 1},
+                            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {1, 1, 2}}, {"rope_theta", 5e5}}},
+                            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  const nlohmann::json q = models::read_hf_spec(write_config("qwen2.5-vl-both", qwen), 8, "test").layers["layers"];
+  EXPECT_EQ(q[1]["rope_theta"], 5e5);
+  EXPECT_EQ(q[1]["d_model"], 8192);  // Qwen2_5_VLTextConfig's
+}
+
+// A config that ties the head where its checkpoint holds a head of its own, of other values: as
+// transformers 5.24 reads it, untied, the checkpoint's head read (and written back); equal values
+// tie as the config says.
+TEST(HfFamily, AHeadTheCheckpointHoldsApartIsNotTied) {
+  const nlohmann::json mistral = test::with(kText, {{"model_type", "mistral"}, {"sliding_window", nullptr}});
+  const nlohmann::json outer{{"architectures", {"Mistral3ForConditionalGeneration"}}, {"model_type", "mistral3"}, {"text_config", mistral},
+                             {"vision_config", {{"hidden_size", 8}}}};  // tied: Mistral3Config's default
+  const std::string dir = write_model("mistral3-own-head", outer);
+  models::SafetensorsCheckpoint ck(dir);
+  ASSERT_FALSE(ck.contains("language_model.lm_head.weight"));
+  EXPECT_TRUE(models::read_hf_spec(dir, 8, "test").tied);
+  models::NamedTensors all;
+  for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+  const at::Tensor embed = ck.get("language_model.model.embed_tokens.weight");
+  all.emplace_back("language_model.lm_head.weight", embed.clone());
+  models::save_safetensors(dir + "/model.safetensors", all);
+  EXPECT_TRUE(models::read_hf_spec(dir, 8, "test").tied);  // the same values: tied
+  const at::Tensor head = torch::randn(embed.sizes());
+  all.back().second = head;
+  models::save_safetensors(dir + "/model.safetensors", all);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  EXPECT_FALSE(spec.tied);
+  EXPECT_FALSE(spec.layers.contains("ties"));
+  models::Model m = test::hf_build(dir, 8);
+  EXPECT_TRUE(torch::equal(m.layers->named_parameters()["lm_head.linear.weight"], head));
+  EXPECT_TRUE(torch::equal(m.layers->named_parameters()["embed.embedding.weight"], embed));
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value();
+  models::save_hf(dir, weights, root() + "/mistral3-own-head-exported", uint64_t{1} << 30);
+  EXPECT_TRUE(torch::equal(models::SafetensorsCheckpoint(root() + "/mistral3-own-head-exported").get("language_model.lm_head.weight"), head));
 }
