@@ -154,42 +154,6 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return rot == D ? y : torch::cat({y, x.narrow(-1, rot, D - rot)}, -1);
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            int64_t window, DropoutImpl* dropout, double softcap, const at::Tensor& sinks, int64_t chunk) {
-  const int64_t H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), offset = Tk - Tq;
-  PIPETRAIN_CHECK(offset >= 0 && KV > 0 && H % KV == 0);
-  const bool gqa = H != KV, masked = (window > 0 && Tk > window) || (chunk > 0 && Tk > chunk);
-  const bool dropping = dropout && dropout->is_training() && dropout->p() > 0;
-  const bool explicit_path = dropping || softcap > 0 || sinks.defined();
-  if (!explicit_path && !masked && (offset == 0 || Tq == 1))
-    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/Tq > 1, scale, gqa);
-  // Query i is position offset + i; it sees keys j <= offset + i (and > offset + i - window).
-  const auto longs = torch::TensorOptions(torch::kLong).device(q.device());
-  const at::Tensor i = torch::arange(offset, Tk, longs).unsqueeze(1), j = torch::arange(Tk, longs).unsqueeze(0);
-  at::Tensor allowed = j <= i;
-  if (window > 0) allowed = allowed.logical_and(j > i - window);
-  if (chunk > 0) allowed = allowed.logical_and(j.div(chunk, "floor") == i.div(chunk, "floor"));
-  // With a mask, each key and value head repeated for its queries' heads as transformers repeats
-  // them (repeat_kv: expanded, then reshaped), not sdpa's grouped-query path: the backward then
-  // sums each group's gradients as transformers' does (its bfloat16 training bit for bit).
-  auto repeated = [&](const at::Tensor& x) {
-    return gqa ? x.unsqueeze(2).expand({x.size(0), KV, H / KV, x.size(2), x.size(3)}).reshape({x.size(0), H, x.size(2), x.size(3)}) : x;
-  };
-  const at::Tensor kk = repeated(k), vv = repeated(v);
-  if (!explicit_path) return at::scaled_dot_product_attention(q, kk, vv, allowed, 0.0, false, scale);
-  at::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * scale;
-  if (softcap > 0) att = torch::tanh(att / softcap) * softcap;
-  att = att.masked_fill(allowed.logical_not(), -INFINITY);
-  if (sinks.defined()) {  // GPT-OSS's: the sink's logit in the denominator, the softmax in the scores' type
-    const at::Tensor combined = torch::cat({att, sinks.to(att.scalar_type()).view({1, H, 1, 1}).expand({att.size(0), H, Tq, 1})}, -1);
-    const at::Tensor probs = torch::softmax(combined - std::get<0>(combined.max(-1, /*keepdim=*/true)), -1);
-    return torch::matmul(probs.narrow(-1, 0, Tk).to(vv.scalar_type()), vv);
-  }
-  // The softmax in float32 for lower precisions, as transformers' eager attention takes it.
-  att = c10::isReducedFloatingType(att.scalar_type()) ? torch::softmax(att, -1, torch::kFloat).to(q.scalar_type()) : torch::softmax(att, -1);
-  return torch::matmul(dropping ? dropout->forward(att) : att, vv);
-}
-
 void LlamaAttentionImpl::reset() {
   const int64_t d = o_.d_model, q = o_.n_heads * o_.head_dim, kv = o_.n_kv_heads * o_.head_dim;
   // With attn_output_gate, each head's queries then its gate (Qwen3-Next's).
@@ -406,6 +370,11 @@ void LlamaBlockImpl::reset() {
   auto norm = [&](const char* name) {
     return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale, o_.norm_center, 0, o_.norm_bias));
   };
+  if (o_.dropout > 0 || o_.attn_dropout > 0) {  // each its own stream, as gpt2_block's
+    attn_drop_ = register_module("attn_drop", Dropout(o_.attn_dropout, stream_));
+    resid_drop_ = register_module("resid_drop", Dropout(o_.dropout, stream_ + 1));
+    mlp_drop_ = register_module("mlp_drop", Dropout(o_.dropout, stream_ + 2));
+  }
   if (o_.norms != NormPlacement::Post && !o_.no_mixer) input_layernorm_ = norm("input_layernorm");
   if (o_.no_mixer) {  // an MLP alone (Nemotron-H's)
   } else if (o_.gated_deltanet()) {
@@ -504,7 +473,8 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   }
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  const at::Tensor out = causal_attention(q, keys, values, scale, o_.sliding_window, nullptr, o_.attn_softcap, self_attn_->sinks, o_.attention_chunk);
+  const at::Tensor out = causal_attention(q, keys, values, scale, o_.sliding_window, attn_drop_ ? attn_drop_.get() : nullptr, o_.attn_softcap,
+                                          self_attn_->sinks, o_.attention_chunk);
   drop_unseen(cache, o_.sliding_window, o_.attention_chunk);
   return gate.defined() ? out * torch::sigmoid(gate) : out;
 }
@@ -552,6 +522,10 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };
   if (o_.norms == NormPlacement::Parallel) return x + branch(a) + branch(mlp(h));  // Cohere's: one norm, both branches
+  if (o_.norms == NormPlacement::Pre && resid_drop_) {  // StarCoder2's, Seed-OSS's dropout before each residual add
+    const at::Tensor h1 = x + resid_drop_(a);
+    return h1 + mlp_drop_(mlp(post_attention_layernorm_(h1)));
+  }
   if (o_.norms == NormPlacement::Pre) {
     const at::Tensor h1 = x + branch(a);
     return h1 + branch(mlp(post_attention_layernorm_(h1)));

@@ -195,6 +195,9 @@ struct LlamaBlockOptions {
   // Nemotron-H's blocks of one part: without a token mixer (x + mlp(post_attention_layernorm(x)))
   // or without an MLP (x + mixer(input_layernorm(x))).
   bool no_mixer = false, no_mlp = false;
+  // Keyed dropout (training alone): of the attention weights, and of attention's and the MLP's
+  // outputs before their residual adds (StarCoder2's and Seed-OSS's attention_dropout, residual_dropout).
+  double dropout = 0, attn_dropout = 0;
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -429,7 +432,8 @@ TORCH_MODULE(Moe);
 /// kv_lora_rank > 0. Input and output [B, T, d_model].
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
  public:
-  explicit LlamaBlockImpl(LlamaBlockOptions o) : o_(std::move(o)) { reset(); }
+  /// `stream`: the first of the three dropout streams the block takes where it drops (layer_list.cpp numbers them).
+  explicit LlamaBlockImpl(LlamaBlockOptions o, uint64_t stream = 0) : o_(std::move(o)), stream_(stream) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x) { return forward_cached(x, nullptr); }
   /// With `cache`: x holds the positions after those cached, which it extends.
@@ -444,6 +448,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
   // values, of a head of head_dim).
   std::pair<at::Tensor, at::Tensor> rotate(at::Tensor q, at::Tensor k, int64_t head_dim, int64_t offset, KvCache* cache);
   LlamaBlockOptions o_;
+  uint64_t stream_;
+  Dropout attn_drop_{nullptr}, resid_drop_{nullptr}, mlp_drop_{nullptr};  // where options() drop
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   RmsNorm pre_feedforward_layernorm_{nullptr}, post_feedforward_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
@@ -523,7 +529,7 @@ TORCH_MODULE(Gpt2Block);
 /// q_temperature, q_temperature_floor, router_scales_input, experts_kernel, mlp_gate, qk_norm_after_rope, attn_output_gate,
 /// linear_key_heads, linear_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel, linear_projections,
 /// mamba_heads, mamba_head_dim, mamba_state, mamba_groups, mamba_conv_kernel, mamba_chunk, mamba_conv_bias, mamba_proj_bias,
-/// mamba_dt_min, mamba_dt_max, mixer, mlp;
+/// mamba_dt_min, mamba_dt_max, mixer, mlp, dropout, attn_dropout;
 /// gpt2_block's d_model, n_heads, d_ff, eps, dropout, act,
 /// attn_dropout. A bad value is the reader's ConfigError naming the key.
 LlamaBlockOptions read_llama_block(JsonReader& r);

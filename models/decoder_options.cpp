@@ -275,6 +275,13 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
     r.fail("mixer", "false cannot be set with mamba_heads, linear_key_heads or kv_lora_rank (the mixers)");
   if (o.no_mlp && o.experts > 0) r.fail("mlp", "false cannot be set with experts");
   if (o.grouped_experts && !o.mlp_gate) r.fail("experts_kernel", "\"grouped\" needs gated experts (mlp_gate true)");
+  o.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
+  o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
+  const bool plain = o.norms == NormPlacement::Pre && !o.no_mixer && !o.no_mlp && o.residual_scale == 1.0 && !o.mla() && !o.mamba() &&
+                     !o.gated_deltanet() && o.attn_softcap == 0 && !o.attn_sinks;
+  if ((o.dropout > 0 || o.attn_dropout > 0) && !plain)
+    r.fail(o.dropout > 0 ? "dropout" : "attn_dropout",
+           "above 0 needs a plain block: norms \"pre\", attention with neither latents, soft caps nor sinks, no other mixer, no residual_scale");
   return o;
 }
 

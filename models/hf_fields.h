@@ -183,7 +183,7 @@ void llama_family(const std::string& arch, const Fields& f, int64_t seq_len, HfS
 void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 /// Seed-OSS: Llama's layers with biases on q, k, v (attention_bias) and o (attention_out_bias), heads
-/// of 128 and padding token 1 by default; its dropouts refused above 0 (hf_seed_oss.cpp).
+/// of 128 and padding token 1 by default, its dropouts (hf_seed_oss.cpp).
 void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

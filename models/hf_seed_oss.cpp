@@ -1,7 +1,7 @@
 // ByteDance's Seed-OSS (the `hf` family, models/hf_fields.h): Llama's layer with biases on q, k and
 // v by attention_bias (true by default), on o by attention_out_bias, heads of 128 and a padding
-// token (1) by default, as transformers' SeedOssForCausalLM computes it. Read as Llama's layers,
-// then given its biases. Its dropouts (0.1 by default, as published) are refused: set them to 0.0.
+// token (1) by default, and its dropouts (0.1 by default, as published), as transformers'
+// SeedOssForCausalLM computes it. Read as Llama's layers, then given its biases and dropouts.
 #include <string>
 #include <vector>
 
@@ -10,8 +10,12 @@
 namespace pipetrain::models::hf_detail {
 
 void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec) {
-  for (const char* k : {"residual_dropout", "attention_dropout"})
-    if (f.number(k, 0.1) != 0.0) f.fail(k, "above 0 is not supported (set it to 0.0; transformers' default is 0.1)");
+  auto p = [&](const char* k) {
+    const double v = f.number(k, 0.1);
+    if (v < 0 || v > 0.99) f.fail(k, detail::concat("must be in [0, 0.99], got ", v));
+    return v;
+  };
+  const double residual = p("residual_dropout"), attention = p("attention_dropout");
   const bool qkv = f.boolean("attention_bias", true), o = f.boolean("attention_out_bias", false);
   nlohmann::json llama = config;  // what Llama's reader takes: no attention biases (given below), no dropout
   llama["attention_bias"] = false;
@@ -24,6 +28,10 @@ void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, Hf
     if (layer["type"] == "llama_block") {
       layer["qkv_bias"] = qkv;
       layer["o_bias"] = o;
+      if (residual > 0 || attention > 0) {  // keyed masks, not torch's (training alone)
+        layer["dropout"] = residual;
+        layer["attn_dropout"] = attention;
+      }
     }
   std::vector<HfTensor> tensors;
   for (const HfTensor& t : spec.tensors) {

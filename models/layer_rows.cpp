@@ -303,8 +303,10 @@ Built transformer_block(LayerContext& c) {
 Built llama_block(LayerContext& c) {
   c.need_rank(2, "[sequence, d_model]");
   const LlamaBlockOptions o = read_llama_block(c.r);
+  const uint64_t stream = c.stream;
   Built b;
-  decoder_block<LlamaBlockImpl>(c, b, o, "llama", [o] { return LlamaBlock(o).ptr(); });
+  decoder_block<LlamaBlockImpl>(c, b, o, "llama", [o, stream] { return LlamaBlock(o, stream).ptr(); });
+  if (o.dropout > 0 || o.attn_dropout > 0) b.random_streams = 3;  // none otherwise: the later layers' streams as they were
   return b;
 }
 

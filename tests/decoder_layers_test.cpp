@@ -463,3 +463,25 @@ TEST(LayerList, NormsWithABiasAreTorchsLayerNorm) {
   uncentered["layers"][0].erase("center");
   EXPECT_NE(build_error(uncentered).find("bias: needs center true (a LayerNorm)"), std::string::npos) << build_error(uncentered);
 }
+
+// A block's dropout (StarCoder2's and Seed-OSS's): nothing in evaluation (the block without it,
+// the same weights), keyed masks in training; refused where its place is not defined.
+TEST(LayerList, BlockDropoutActsInTrainingAlone) {
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  models::Model dropping = build(llama_list({{"dropout", 0.3}, {"attn_dropout", 0.2}})), plain = build(llama_list({}));
+  for (models::Model* m : {&dropping, &plain}) m->layers->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = plain.layers->named_parameters();
+    for (auto& p : dropping.layers->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  dropping.layers->eval();
+  plain.layers->eval();
+  EXPECT_TRUE(torch::equal(dropping.layers->forward(ids), plain.layers->forward(ids)));
+  dropping.layers->train();
+  plain.layers->train();
+  EXPECT_GT(max_diff(dropping.layers->forward(ids), plain.layers->forward(ids)), 1e-3);
+  EXPECT_NE(build_error(llama_list({{"dropout", 0.1}, {"norms", "post"}})).find("dropout: above 0 needs a plain block"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"attn_dropout", 0.1}, {"attn_sinks", true}})).find("attn_dropout: above 0 needs a plain block"),
+            std::string::npos);
+}

@@ -356,7 +356,8 @@ std::vector<Case> partial_cases() {
 }
 
 // Layer lists (model.family "layers"): a conv net with batch norm and a skip, a transformer stack
-// with repeat and a tied embedding; every schedule x recomputation mode, in float64.
+// with repeat, a llama_block with its dropout and a tied embedding; every schedule x recomputation
+// mode, in float64.
 std::vector<Case> layer_list_cases() {
   std::vector<Case> cases;
   for (const std::string& schedule : schedule::kind_names())

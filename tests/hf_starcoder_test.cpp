@@ -1,6 +1,7 @@
 // StarCoder2 in the hf family without transformers: its config read as Mistral's layers with
-// LayerNorms (a weight and a bias), an MLP without a gate through the tanh GELU and biases by
-// use_bias, under its names (mlp.c_fc, mlp.c_proj); what it refuses, in one line naming the field.
+// LayerNorms (a weight and a bias), an MLP without a gate through the tanh GELU, biases by
+// use_bias and its dropouts, under its names (mlp.c_fc, mlp.c_proj); what it refuses, in one line
+// naming the field.
 // Against transformers: hf_test.cpp (HfParity.Starcoder2*).
 #include <gtest/gtest.h>
 
@@ -68,9 +69,44 @@ TEST(HfFamily, Starcoder2ResolvesItsLayerNormsGeluMlpAndBiases) {
   EXPECT_EQ(plain.layers["layers"][1]["qkv_bias"], false);
   EXPECT_FALSE(has(plain, "layer_1.llama.mlp.up_proj.bias", "model.layers.1.mlp.c_fc.bias"));
   EXPECT_TRUE(has(plain, "layer_0.llama.input_layernorm.bias", "model.layers.0.input_layernorm.bias"));  // a LayerNorm's all the same
-  // Refused by name: dropout above 0 (as published; set it to 0.0 to train here), another activation.
-  std::ofstream(dir + "/config.json") << test::with(kStarcoder2, {{"residual_dropout", 0.1}}).dump();
-  EXPECT_NE(test::hf_error(dir).find("residual_dropout above 0 is not supported (set it to 0.0)"), std::string::npos) << test::hf_error(dir);
+  // Its dropouts as published: the blocks' (keyed masks, training alone), the embeddings' a layer.
+  std::ofstream(dir + "/config.json") << test::with(kStarcoder2, {{"residual_dropout", 0.1}, {"attention_dropout", 0.05}, {"embedding_dropout", 0.2}}).dump();
+  const nlohmann::json dropping = models::read_hf_spec(dir, 8, "test").layers["layers"];
+  EXPECT_EQ(dropping[1]["type"], "dropout");
+  EXPECT_EQ(dropping[1]["p"], 0.2);
+  EXPECT_EQ(dropping[2]["dropout"], 0.1);
+  EXPECT_EQ(dropping[2]["attn_dropout"], 0.05);
+  models::Model trained = test::hf_build(dir, 8);  // builds, the same weights read
+  EXPECT_TRUE(torch::equal(trained.layers->named_parameters()["layer_1.llama.mlp.up_proj.weight"], ck.get("model.layers.1.mlp.c_fc.weight")));
+  // Refused by name: a dropout out of range, another activation.
+  std::ofstream(dir + "/config.json") << test::with(kStarcoder2, {{"residual_dropout", 1.5}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("residual_dropout must be in [0, 0.99], got 1.5"), std::string::npos) << test::hf_error(dir);
   std::ofstream(dir + "/config.json") << test::with(kStarcoder2, {{"hidden_act", "gelu"}}).dump();
   EXPECT_NE(test::hf_error(dir).find("hidden_act 'gelu' is not supported (gelu_pytorch_tanh)"), std::string::npos) << test::hf_error(dir);
+}
+
+// Seed-OSS: Llama's layers with biases on q, k and v (attention_bias, true by default) and on o
+// (attention_out_bias), heads of 128, 8 key heads and padding token 1 by default, its dropouts
+// (0.1 by default) the blocks'. Against transformers: HfParity.SeedOss*.
+TEST(HfFamily, SeedOssResolvesItsBiasesDefaultsAndDropouts) {
+  const nlohmann::json seed{{"architectures", {"SeedOssForCausalLM"}}, {"model_type", "seed_oss"}, {"vocab_size", 40}, {"hidden_size", 16},
+                            {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 16}};
+  const std::string dir = test::hf_write_model(root() + "/seed", seed);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["head_dim"], 128);
+  EXPECT_EQ(b["n_kv_heads"], 8);
+  EXPECT_EQ(b["qkv_bias"], true);
+  EXPECT_EQ(b["o_bias"], false);
+  EXPECT_EQ(b["dropout"], 0.1);
+  EXPECT_EQ(b["attn_dropout"], 0.1);
+  EXPECT_EQ(spec.layers["layers"][0]["padding_idx"], 1);
+  EXPECT_TRUE(has(spec, "layer_0.llama.self_attn.k_proj.bias", "model.layers.0.self_attn.k_proj.bias"));
+  EXPECT_FALSE(has(spec, "layer_0.llama.self_attn.o_proj.bias", "model.layers.0.self_attn.o_proj.bias"));
+  test::hf_build(dir, 8);  // its weights read
+  const models::HfSpec out = models::read_hf_spec(
+      test::hf_write_model(root() + "/seed-out", test::with(seed, {{"attention_out_bias", true}, {"residual_dropout", 0.0}, {"attention_dropout", 0.0}})), 8,
+      "test");
+  EXPECT_TRUE(has(out, "layer_1.llama.self_attn.o_proj.bias", "model.layers.1.self_attn.o_proj.bias"));
+  EXPECT_FALSE(out.layers["layers"][1].contains("dropout"));
 }
