@@ -238,7 +238,7 @@ const std::vector<HfGroup>& hf_groups() {
       {"deepseek_glm_gptoss", {"deepseek-v2", "deepseek-v3", "deepseek-v3-lite", "glm4-moe", "gpt-oss"}},
       {"llama4", {"llama4", "llama4-top2", "llama4-vision"}},
       {"glm4_ernie_exaone_minimax", {"glm4", "ernie4_5", "exaone4", "minimax-m2"}},
-      {"arcee_apertus_hunyuan_cohere", {"arcee", "apertus", "hunyuan", "cohere", "cohere-qk", "cohere2"}},
+      {"arcee_apertus_hunyuan_cohere_starcoder2_seed", {"arcee", "apertus", "hunyuan", "cohere", "cohere-qk", "cohere2", "starcoder2", "seed-oss"}},
       {"qwen3_next_qwen3_5", {"qwen3-next", "qwen3.5", "qwen3.5-moe"}},
       // Not nemotron-h-dense: its steps' floor (time_step_min 0.01) binds, and transformers' generate
       // steps without it (mamba2_selective_state_update takes no limit) where its forward clamps:
