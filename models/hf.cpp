@@ -135,11 +135,9 @@ std::unique_ptr<SafetensorsCheckpoint> checkpoint_if_any(const std::string& dir)
 
 // transformers 5.24 ties the head to the embedding as the config says, unless the checkpoint holds
 // both with different values: then it leaves them untied (a config that does not describe its
-// checkpoint, as some published vision models' are). So does this, from `dir`'s checkpoint.
-void untie_where_both_differ(const std::string& dir, HfSpec& spec) {
-  if (!spec.tied) return;
-  const std::unique_ptr<SafetensorsCheckpoint> ck = checkpoint_if_any(dir);
-  if (!ck) return;
+// checkpoint, as some published vision models' are). So does this, from the checkpoint.
+void untie_where_both_differ(const SafetensorsCheckpoint* ck, HfSpec& spec) {
+  if (!spec.tied || !ck) return;
   std::string head, embed;
   for (const HfTensor& t : spec.tensors) {
     if (t.ours == "lm_head.linear.weight") head = t.theirs;
@@ -157,10 +155,9 @@ void untie_where_both_differ(const std::string& dir, HfSpec& spec) {
 // hidden, 2 * width] (gate's columns, then up's) and mlp.experts.down_proj [experts, width, hidden];
 // or as the module holds them ([experts, 2 * width, hidden], [experts, hidden, width]), as
 // transformers 5.24's save_pretrained writes them. transformers reads either, transposing a tensor
-// whose shape is not the module's; so does this, from `dir`'s checkpoint (as published without one:
+// whose shape is not the module's; so does this, from the checkpoint `ck` (as published without one:
 // a spec read before its weights are written).
-void stack_experts(const std::string& dir, int64_t width, int64_t hidden, HfSpec& spec) {
-  const std::unique_ptr<SafetensorsCheckpoint> ck = checkpoint_if_any(dir);
+void stack_experts(const SafetensorsCheckpoint* ck, int64_t width, int64_t hidden, HfSpec& spec) {
   const auto as_module = [&](const std::string& name, std::vector<int64_t> module) {
     return ck && ck->contains(name) && ck->get(name).sizes().slice(1) == c10::IntArrayRef(module);
   };
@@ -298,6 +295,14 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   if (!spec.config.is_object()) throw ConfigError(where + ": " + file + " is not a JSON object");
   const Fields f(spec.config, where + ": " + file);
   spec.architecture = architecture_of(spec.config, f);
+  // The checkpoint's headers, opened once where a reading needs them (Qwen3-VL-MoE's experts, a tie).
+  std::unique_ptr<SafetensorsCheckpoint> checkpoint;
+  bool opened = false;
+  auto headers = [&] {
+    if (!opened) checkpoint = checkpoint_if_any(dir);
+    opened = true;
+    return checkpoint.get();
+  };
   if (f.has("quantization_config")) spec.quantization = read_hf_quantization(f.at("quantization_config"), where + ": " + file);
   if (spec.architecture == kGpt2) {
     gpt2(f, seq_len, spec);
@@ -334,7 +339,7 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     llama_family(a == kQwen35Vision ? kQwen35 : a == kQwen35MoeVision ? kQwen35Moe : a == kQwen3VL ? kQwen3 : kQwen3Moe, t, seq_len, spec);
     for (HfTensor& tensor : spec.tensors)
       if (tensor.theirs.rfind("model.", 0) == 0) tensor.theirs = "model.language_model." + tensor.theirs.substr(6);
-    if (a == kQwen3VLMoe) stack_experts(dir, t.integer("moe_intermediate_size", 1408, 1, int64_t{1} << 30), t.integer("hidden_size", 0, 1, int64_t{1} << 30, true), spec);
+    if (a == kQwen3VLMoe) stack_experts(headers(), t.integer("moe_intermediate_size", 1408, 1, int64_t{1} << 30), t.integer("hidden_size", 0, 1, int64_t{1} << 30, true), spec);
     spec.ignored = {"model.visual."};
   } else if (spec.architecture == kQwen2VL || spec.architecture == kQwen25VL) {
     // Qwen2-VL and Qwen2.5-VL as published: Qwen2's names (model.layers.*, lm_head), the vision
@@ -347,7 +352,7 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   } else {
     llama_family(spec.architecture, f, seq_len, spec);
   }
-  untie_where_both_differ(dir, spec);
+  if (spec.tied) untie_where_both_differ(headers(), spec);
   return spec;
 }
 
