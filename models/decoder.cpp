@@ -163,12 +163,15 @@ void LlamaAttentionImpl::reset() {
   o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
   if (o_.attn_sinks) sinks = register_parameter("sinks", torch::zeros({o_.n_heads}));
   if (o_.qk_norm) {
-    // Over the projection (OLMo 2's), each head with one weight (Qwen3's) or its own (Command R+'s).
+    // Over the projection (OLMo 2's), each head with one weight (Qwen3's) or its own (Command R+'s);
+    // torch's LayerNorms where the block's are (norm_bias: Phi's, StableLM's).
     auto shape = [&](int64_t heads, int64_t all) {
       return o_.qk_norm_projection ? std::vector<int64_t>{all} : o_.qk_norm_each_head ? std::vector<int64_t>{heads, o_.head_dim} : std::vector<int64_t>{o_.head_dim};
     };
-    q_norm = register_module("q_norm", RmsNorm(shape(o_.n_heads, q), o_.eps, o_.norm_scale, o_.norm_center, 1));
-    k_norm = register_module("k_norm", RmsNorm(shape(o_.n_kv_heads, kv), o_.eps, o_.norm_scale, o_.norm_center, 1));
+    q_norm = register_module("q_norm", RmsNorm(shape(o_.n_heads, q), o_.eps, o_.norm_scale, o_.norm_center, 1, o_.qk_norm_bias,
+                                                  o_.norm_bias));
+    k_norm = register_module("k_norm", RmsNorm(shape(o_.n_kv_heads, kv), o_.eps, o_.norm_scale, o_.norm_center, 1, o_.qk_norm_bias,
+                                                  o_.norm_bias));
   }
 }
 
@@ -226,7 +229,18 @@ at::Tensor GatedMlpImpl::activate(const at::Tensor& gate, const at::Tensor& up) 
 
 at::Tensor GatedMlpImpl::act(const at::Tensor& x) const {
   if (xielu_) return act_fn->forward(x);
-  return gelu_ ? torch::gelu(x, "tanh") : relu2_ ? torch::square(torch::relu(x)) : torch::silu(x);
+  return gelu_ != Gelu::None ? apply_gelu(gelu_, x) : relu2_ ? torch::square(torch::relu(x)) : torch::silu(x);
+}
+
+at::Tensor apply_gelu(Gelu g, const at::Tensor& x) {
+  switch (g) {
+    case Gelu::None: return x;
+    case Gelu::Tanh: return torch::gelu(x, "tanh");
+    case Gelu::Erf: return torch::gelu(x);
+    case Gelu::New: return 0.5 * x * (1.0 + torch::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * torch::pow(x, 3.0))));
+    case Gelu::Fast: return 0.5 * x * (1.0 + torch::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
+  }
+  return x;
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
@@ -387,7 +401,7 @@ void LlamaBlockImpl::reset() {
     self_attn_ = register_module("self_attn", LlamaAttention(o_));
   }
   if (o_.no_mlp) return;  // a mixer alone (Nemotron-H's)
-  if (o_.norms != NormPlacement::Parallel) post_attention_layernorm_ = norm("post_attention_layernorm");
+  if (o_.norms != NormPlacement::Parallel) post_attention_layernorm_ = norm("post_attention_layernorm");  // ParallelTwo's MLP's
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
   else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));
@@ -521,7 +535,13 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   if (o_.no_mlp) return x + a;  // Nemotron-H's mixer blocks
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };
-  if (o_.norms == NormPlacement::Parallel) return x + branch(a) + branch(mlp(h));  // Cohere's: one norm, both branches
+  if (o_.norms == NormPlacement::Parallel || o_.norms == NormPlacement::ParallelTwo) {
+    // Cohere's one norm for both branches, GPT-NeoX's two; summed as each sums (Phi's and GPT-NeoX's
+    // branches first); dropped before the sum (Phi's resid_pdrop, GPT-NeoX's hidden_dropout).
+    const at::Tensor m = mlp(o_.norms == NormPlacement::Parallel ? h : post_attention_layernorm_(x));
+    const at::Tensor da = resid_drop_ ? resid_drop_(a) : branch(a), dm = resid_drop_ ? mlp_drop_(m) : branch(m);
+    return o_.parallel_branches_first ? (da + dm) + x : x + da + dm;
+  }
   if (o_.norms == NormPlacement::Pre && resid_drop_) {  // StarCoder2's, Seed-OSS's dropout before each residual add
     const at::Tensor h1 = x + resid_drop_(a);
     return h1 + mlp_drop_(mlp(post_attention_layernorm_(h1)));
@@ -564,8 +584,7 @@ torch::Tensor Gpt2BlockImpl::forward_cached(const torch::Tensor& x, KvCache* cac
   const at::Tensor h = x + resid_drop_(run(attn_->c_proj, merge_heads(y)));
   const at::Tensor a = run(mlp_->c_fc, ln_2_(h));
   // gelu_new as transformers writes it, op by op (the fused tanh GELU rounds otherwise).
-  const at::Tensor g = o_.gelu_new ? a * 0.5 * (1.0 + torch::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * torch::pow(a, 3.0))))
-                                   : torch::gelu(a, "tanh");
+  const at::Tensor g = apply_gelu(o_.gelu_new ? Gelu::New : Gelu::Tanh, a);
   return h + mlp_drop_(run(mlp_->c_proj, g));
 }
 

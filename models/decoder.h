@@ -112,7 +112,20 @@ enum class NormPlacement {
   Post,      ///< post_attention_layernorm on attention's output, post_feedforward_layernorm on the MLP's (OLMo 2)
   Sandwich,  ///< both: input_, post_attention_, pre_feedforward_ and post_feedforward_layernorm (Gemma 2 and 3)
   Parallel,  ///< input_layernorm alone, feeding attention and the MLP side by side: x + attn(n(x)) + mlp(n(x)) (Cohere)
+  ParallelTwo,  ///< side by side, each its own: x + attn(input_layernorm(x)) + mlp(post_attention_layernorm(x)) (GPT-NeoX)
 };
+
+/// The GELU of an MLP, as transformers' activations compute it.
+enum class Gelu {
+  None,  ///< not a GELU (SiLU, relu², xIELU)
+  Tanh,  ///< torch's tanh approximation (gelu_pytorch_tanh; Gemma's GeGLU)
+  Erf,   ///< torch's exact GELU (transformers' "gelu")
+  New,   ///< 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) op by op (transformers' "gelu_new")
+  Fast,  ///< 0.5·x·(1 + tanh(x·0.7978845608·(1 + 0.044715·x·x))) op by op (transformers' "gelu_fast")
+};
+
+/// `x` through `g` (Gelu::None: x unchanged).
+at::Tensor apply_gelu(Gelu g, const at::Tensor& x);
 
 struct LlamaBlockOptions {
   int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
@@ -128,8 +141,10 @@ struct LlamaBlockOptions {
   NormPlacement norms = NormPlacement::Pre;
   RmsScale norm_scale = RmsScale::AfterCast;  // every RMSNorm's (Gemma's (1 + weight))
   bool norm_center = false;  // the block's norms (q/k's too) subtract the mean first: LayerNorms without a bias (Cohere's)
-  bool norm_bias = false;    // with norm_center: the block's norms torch's LayerNorms, with a bias (StarCoder2's)
-  bool gelu = false;         // the MLP's gate through the tanh GELU (Gemma's GeGLU), not SiLU
+  bool norm_bias = false;    // with norm_center: the block's norms torch's LayerNorms, with a bias (StarCoder2's); q/k's torch's too
+  Gelu gelu = Gelu::None;    // the MLP's activation a GELU (Gemma's GeGLU: Tanh; GPT-NeoX's Erf; Phi's New), not SiLU
+  bool parallel_branches_first = false;  // parallel norms: (attn + mlp) + x (GPT-NeoX's, Phi's), not (x + attn) + mlp
+  bool qk_norm_bias = false;  // (with qk_norm and norm_center) the q/k norms torch's LayerNorms, with a bias (Phi's)
   bool relu2 = false;        // the MLP's activation relu(x)² (Arcee's), not SiLU
   bool mlp_gate = true;      // false: an MLP without a gate, down(act(up(x))) (Arcee's)
   bool xielu = false;        // (without a gate) the MLP's activation xIELU, with its two trained scalars (Apertus's)
@@ -358,14 +373,14 @@ class XieluImpl : public torch::nn::Cloneable<XieluImpl> {
 };
 TORCH_MODULE(Xielu);
 
-/// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, GeGLU (the tanh
-/// GELU in silu's place, Gemma's); with `relu2`, relu(gate(x))² in its place; with `oai_alpha` > 0,
+/// SwiGLU: down(silu(gate(x)) * up(x)) ("mlp" of a Llama block); with `gelu`, a GELU in silu's
+/// place (Gemma's GeGLU: the tanh GELU); with `relu2`, relu(gate(x))² in its place; with `oai_alpha` > 0,
 /// GPT-OSS's clamped SwiGLU (LlamaBlockOptions). Without `gated`, no gate: down(act(up(x))), act
-/// relu² with `relu2` (Arcee's and Nemotron's), xIELU with `xielu` ("act_fn", Apertus's), the tanh
-/// GELU with `gelu`, SiLU otherwise.
+/// relu² with `relu2` (Arcee's and Nemotron's), xIELU with `xielu` ("act_fn", Apertus's), the GELU
+/// `gelu` names (StarCoder2's tanh, GPT-NeoX's exact, Phi's gelu_new), SiLU otherwise.
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
-  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, bool gelu = false, double oai_alpha = 0, double oai_limit = 0,
+  GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, Gelu gelu = Gelu::None, double oai_alpha = 0, double oai_limit = 0,
                bool relu2 = false, bool gated = true, bool xielu = false)
       : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), xielu_(xielu), oai_alpha_(oai_alpha),
         oai_limit_(oai_limit) {
@@ -382,7 +397,9 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  private:
   at::Tensor act(const at::Tensor& x) const;  // the activation alone
   int64_t d_model_, d_ff_;
-  bool bias_, gelu_, relu2_, gated_, xielu_;
+  bool bias_;
+  Gelu gelu_;
+  bool relu2_, gated_, xielu_;
   double oai_alpha_, oai_limit_;
 };
 TORCH_MODULE(GatedMlp);

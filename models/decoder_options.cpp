@@ -193,19 +193,26 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.qk_norm_after_rope && (!o.qk_norm || o.qk_norm_projection))
     r.fail("qk_norm_after_rope", "needs qk_norm over each head (qk_norm true, qk_norm_over \"head\" or \"each_head\")");
   o.sliding_window = r.get_int("sliding_window", 0, 0, int64_t{1} << 30);
-  const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich", "parallel"});
-  o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : norms == "sandwich" ? NormPlacement::Sandwich : NormPlacement::Parallel;
+  const std::string norms = r.get_choice("norms", "pre", {"pre", "post", "sandwich", "parallel", "parallel_two"});
+  o.norms = norms == "pre" ? NormPlacement::Pre : norms == "post" ? NormPlacement::Post : norms == "sandwich" ? NormPlacement::Sandwich
+            : norms == "parallel" ? NormPlacement::Parallel : NormPlacement::ParallelTwo;
+  const bool parallel = o.norms == NormPlacement::Parallel || o.norms == NormPlacement::ParallelTwo;
+  if (r.has("parallel_sum") && !parallel) r.fail("parallel_sum", "needs norms \"parallel\" or \"parallel_two\"");
+  o.parallel_branches_first = r.get_choice("parallel_sum", "residual_first", {"residual_first", "branches_first"}) == "branches_first";
   o.norm_center = r.get_bool("norm_center", false);
   o.norm_bias = r.get_bool("norm_bias", false);
   if (o.norm_bias && !o.norm_center) r.fail("norm_bias", "needs norm_center true (a LayerNorm)");
+  o.qk_norm_bias = r.get_bool("qk_norm_bias", false);
+  if (o.qk_norm_bias && (!o.qk_norm || !o.norm_center || o.qk_norm_projection || o.qk_norm_each_head))
+    r.fail("qk_norm_bias", "needs qk_norm over heads with one weight (qk_norm_over \"head\") and norm_center true (a LayerNorm of each head)");
   o.norm_scale = read_rms_scale(r, "norm_scale");
-  const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2", "xielu"});
-  o.gelu = act == "gelu_tanh";
+  const std::string act = r.get_choice("act", "silu", {"silu", "gelu_tanh", "swiglu_oai", "relu2", "xielu", "gelu", "gelu_new", "gelu_fast"});
+  o.gelu = act == "gelu_tanh" ? Gelu::Tanh : act == "gelu" ? Gelu::Erf : act == "gelu_new" ? Gelu::New : act == "gelu_fast" ? Gelu::Fast : Gelu::None;
   o.relu2 = act == "relu2";
   o.mlp_gate = r.get_bool("mlp_gate", true);
   o.xielu = act == "xielu";
   if (o.xielu && o.mlp_gate) r.fail("act", "\"xielu\" needs mlp_gate false (Apertus's MLP without a gate)");
-  if (!o.mlp_gate && act == "swiglu_oai") r.fail("mlp_gate", "false needs act \"silu\", \"gelu_tanh\", \"relu2\" or \"xielu\" (\"swiglu_oai\" is gated)");
+  if (!o.mlp_gate && act == "swiglu_oai") r.fail("mlp_gate", "false needs an act other than \"swiglu_oai\" (it is gated)");
   if (act != "swiglu_oai")
     for (const char* k : {"swiglu_alpha", "swiglu_limit"})
       if (r.has(k)) r.fail(k, "needs act \"swiglu_oai\"");
@@ -277,11 +284,11 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if (o.grouped_experts && !o.mlp_gate) r.fail("experts_kernel", "\"grouped\" needs gated experts (mlp_gate true)");
   o.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
   o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
-  const bool plain = o.norms == NormPlacement::Pre && !o.no_mixer && !o.no_mlp && o.residual_scale == 1.0 && !o.mla() && !o.mamba() &&
+  const bool plain = (o.norms == NormPlacement::Pre || parallel) && !o.no_mixer && !o.no_mlp && o.residual_scale == 1.0 && !o.mla() && !o.mamba() &&
                      !o.gated_deltanet() && o.attn_softcap == 0 && !o.attn_sinks;
   if ((o.dropout > 0 || o.attn_dropout > 0) && !plain)
     r.fail(o.dropout > 0 ? "dropout" : "attn_dropout",
-           "above 0 needs a plain block: norms \"pre\", attention with neither latents, soft caps nor sinks, no other mixer, no residual_scale");
+           "above 0 needs a plain block: norms \"pre\" or parallel, attention with neither latents, soft caps nor sinks, no other mixer, no residual_scale");
   return o;
 }
 

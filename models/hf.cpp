@@ -47,7 +47,8 @@ std::string architecture_of(const json& config, const Fields& f) {
   static const std::map<std::string, std::string> by_type{{"llama", kLlama}, {"mistral", kMistral}, {"ministral3", kMinistral3}, {"qwen2", kQwen2}, {"qwen3", kQwen3},
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
                                                                 {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"llava", kLlava}, {"internvl", kInternVL}, {"aya_vision", kAyaVision}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
-                                                                {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"starcoder2", kStarcoder2}, {"seed_oss", kSeedOss}, {"gpt2", kGpt2}};
+                                                                {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"starcoder2", kStarcoder2}, {"seed_oss", kSeedOss}, {"gpt2", kGpt2},
+                                                                {"gpt_neox", kGptNeoX}, {"phi", kPhi}, {"stablelm", kStableLm}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
   if (it == by_type.end()) {
@@ -105,7 +106,16 @@ void gpt2(const Fields& f, int64_t seq_len, HfSpec& spec) {
 // Tensors a checkpoint may hold beyond the parameters: buffers older versions saved.
 bool ignorable(const std::string& name) {
   auto ends = [&](const std::string& s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
-  return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
+  // GPT-2's and GPT-NeoX's causal masks, saved as buffers by older versions; the rotary tables.
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".attention.bias") || ends(".attention.masked_bias") ||
+         ends(".rotary_emb.inv_freq");
+}
+
+// w [rows, ...] as [rows / n, n, ...]: groups of n rows.
+at::Tensor in_groups(const at::Tensor& w, int64_t n) {
+  std::vector<int64_t> shape{w.size(0) / n, n};
+  for (int64_t d = 1; d < w.dim(); ++d) shape.push_back(w.size(d));
+  return w.reshape(shape);
 }
 
 bool is_dir(const std::string& p) {
@@ -279,7 +289,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kSeedOss, kGpt2};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kSeedOss, kGpt2, kGptNeoX, kPhi, kStableLm};
   return a;
 }
 
@@ -310,6 +320,12 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     starcoder2(f, spec.config, seq_len, spec);
   } else if (spec.architecture == kSeedOss) {
     seed_oss(f, spec.config, seq_len, spec);
+  } else if (spec.architecture == kGptNeoX) {
+    gpt_neox(f, spec.config, seq_len, spec);
+  } else if (spec.architecture == kPhi) {
+    phi(f, spec.config, seq_len, spec);
+  } else if (spec.architecture == kStableLm) {
+    stablelm(f, spec.config, seq_len, spec);
   } else if (spec.architecture == kNemotronH) {
     nemotron_h(f, seq_len, spec);
   } else if (spec.architecture == kLlama4Vision) {
@@ -391,7 +407,7 @@ Model build_hf(JsonReader& r) {
   }
   torch::NoGradGuard no_grad;
   for (const HfTensor& t : spec.tensors) {
-    at::Tensor p = params.at(t.ours);
+    at::Tensor p = t.ours_row >= 0 ? params.at(t.ours).select(0, t.ours_row) : params.at(t.ours);
     if (!weights.contains(t.theirs)) {
       if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // the embedding, copied below
       throw ConfigError(detail::concat(where, ": ", dir, " has no tensor '", t.theirs, "' (", spec.architecture, " as config.json describes it needs one)"));
@@ -414,7 +430,8 @@ Model build_hf(JsonReader& r) {
       if (w.dim() != p.dim() || w.size(0) != whole || (p.dim() == 2 && w.size(1) != p.size(1)))
         throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
                                          ", config.json makes it [", whole, p.dim() == 2 ? detail::concat(", ", p.size(1)) : "", "]"));
-      w = w.slice(0, t.row_offset, t.row_offset + (t.rows - 1) * t.row_step + 1, t.row_step);
+      w = t.row_block > 1 ? in_groups(w, t.row_step).narrow(1, t.row_offset, t.row_block).reshape(p.sizes())
+                          : w.slice(0, t.row_offset, t.row_offset + (t.rows - 1) * t.row_step + 1, t.row_step);
     }
     if (w.sizes() != p.sizes())
       throw ConfigError(detail::concat(where, ": ", weights.file_of(t.theirs), ": tensor '", t.theirs, "' has shape ", w.sizes(),
@@ -449,6 +466,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
       throw ConfigError(detail::concat("export --format hf: the weights have no '", t.ours, "', which ", spec.architecture, " of ",
                                        source, " needs (was the model built from it?)"));
     at::Tensor w = it->second.detach().cpu();
+    if (t.ours_row >= 0) w = w.select(0, t.ours_row);
     type = w.scalar_type();
     if (t.rows == 0 && t.slice < 0) {
       tensors.emplace_back(t.theirs, (t.transposed ? w.t() : w).contiguous());
@@ -468,7 +486,14 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
     const HfTensor& t = *part_of.at(name);
     std::vector<at::Tensor> slices;
     for (const auto& rows : parts.at(name)) {
-      const at::Tensor whole = t.row_step > 1 ? torch::stack(rows, 1).flatten(0, 1) : torch::cat(rows, 0);
+      at::Tensor whole;
+      if (t.row_block > 1) {  // each part's blocks side by side again, a group of row_step rows at a time
+        std::vector<at::Tensor> blocks;
+        for (const at::Tensor& r : rows) blocks.push_back(in_groups(r, t.row_block));
+        whole = torch::cat(blocks, 1).flatten(0, 1);
+      } else {
+        whole = t.row_step > 1 ? torch::stack(rows, 1).flatten(0, 1) : torch::cat(rows, 0);
+      }
       slices.push_back(t.transposed && whole.dim() == 2 ? whole.t() : whole);
     }
     w = (stacked.count(name) ? torch::stack(slices, 0) : slices.front()).contiguous();

@@ -36,8 +36,14 @@ struct HfTensor {
   /// theirs[slice] (transposed where `transposed`), or its rows as above; the parts of the same name
   /// make it up whole in slice order.
   int64_t slice = -1;
-  /// With `rows`: every row_step-th row from row_offset (GPT-OSS's experts' gate and up, interleaved).
+  /// With `rows`: every row_step-th row from row_offset (GPT-OSS's experts' gate and up, interleaved),
+  /// or blocks of row_block rows, every row_step-th row from row_offset (GPT-NeoX's query_key_value:
+  /// each head's queries, keys and values in turn).
   int64_t row_step = 1;
+  int64_t row_block = 1;
+  /// `ours_row` >= 0: theirs is row ours_row of ours (StableLM's per-head q/k norms, one tensor a
+  /// head); the parts of the same ours make it up whole.
+  int64_t ours_row = -1;
 };
 
 /// A checked config.json: the architecture, the layer list that computes the same model (the

@@ -39,7 +39,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kAyaVision = "AyaVisionForConditionalGeneration",
                          kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen3VLMoe = "Qwen3VLMoeForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
-                         kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel";
+                         kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel",
+                         kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -185,5 +186,19 @@ void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, 
 /// Seed-OSS: Llama's layers with biases on q, k, v (attention_bias) and o (attention_out_bias), heads
 /// of 128 and padding token 1 by default, its dropouts (hf_seed_oss.cpp).
 void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// GPT-NeoX (Pythia): LayerNorms with biases, q, k and v in one tensor head by head, a quarter of
+/// each head rotated, attention beside the MLP each with its norm (use_parallel_residual), an exact
+/// GELU MLP with biases, its dropouts, an untied head (`embed_out`) (hf_parallel.cpp).
+void gpt_neox(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// Phi (Phi-1, 1.5 and 2): one LayerNorm feeding attention and a gelu_new MLP side by side, half of
+/// each head rotated, every bias (the head's too), its dropouts, qk_layernorm (hf_parallel.cpp).
+void phi(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// StableLM (StableLM 2, StableLM-3B): Llama's SwiGLU layers with LayerNorms, a quarter of each
+/// head rotated, q/k/v biases by use_qkv_bias, side by side by use_parallel_residual, each head's
+/// own q/k LayerNorm by qk_layernorm (hf_parallel.cpp).
+void stablelm(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

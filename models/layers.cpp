@@ -319,9 +319,12 @@ torch::Tensor MlpBlockImpl::forward(const torch::Tensor& x) {
   return x + drop_(run_linear(fc2_, F::gelu(run_linear(fc1_, ln_(x)))));
 }
 
-RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center, size_t norm_dims, bool bias)
-    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center), norm_dims_(norm_dims == 0 ? shape_.size() : norm_dims), has_bias_(bias) {
+RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale, bool center, size_t norm_dims, bool bias,
+                         bool torch_norm)
+    : shape_(std::move(shape)), eps_(eps), scale_(scale), center_(center), norm_dims_(norm_dims == 0 ? shape_.size() : norm_dims),
+      has_bias_(bias), torch_(bias || torch_norm) {
   PIPETRAIN_CHECK(norm_dims_ <= shape_.size() && (!bias || (center && norm_dims_ == shape_.size())));
+  PIPETRAIN_CHECK(!torch_ || (center && (norm_dims_ == shape_.size() || (shape_.size() == 2 && norm_dims_ == 1))));
   reset();
 }
 
@@ -331,7 +334,12 @@ void RmsNormImpl::reset() {
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  if (has_bias_) return at::layer_norm(x, shape_, weight, bias, eps_);  // torch's LayerNorm
+  if (torch_ && norm_dims_ == shape_.size()) return at::layer_norm(x, shape_, weight, bias, eps_);  // torch's LayerNorm
+  if (torch_) {  // each row of the weight its own LayerNorm over x's last dimension (StableLM's heads), as torch computes each
+    std::vector<at::Tensor> rows;
+    for (int64_t i = 0; i < shape_[0]; ++i) rows.push_back(at::layer_norm(x.select(-2, i), {shape_[1]}, weight[i], {}, eps_));
+    return torch::stack(rows, -2);
+  }
   // As transformers' RMSNorms: in float32 at least; the scale where the family applies it.
   const bool reduced = c10::isReducedFloatingType(x.scalar_type());
   std::vector<int64_t> dims;

@@ -195,9 +195,10 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   // Over the last norm_dims of shape (0: all of it); the leading ones are the weight's own rows
   // (Command R+'s q/k norms: a weight [heads, head_dim], each head normalized over its values).
   // With `bias` (and `center`): torch's LayerNorm, a weight and a bias, as torch computes it
-  // (StarCoder2's), whatever `scale`.
+  // (StarCoder2's), whatever `scale`; with `torch_norm` (and `center`), torch's LayerNorm with a
+  // bias or not, each row of a weight [rows, n] normalizing its own [..., rows, n] (StableLM's heads).
   RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale = RmsScale::AfterCast, bool center = false, size_t norm_dims = 0,
-              bool bias = false);
+              bool bias = false, bool torch_norm = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
@@ -210,6 +211,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   bool center_;
   size_t norm_dims_;
   bool has_bias_;
+  bool torch_;  // torch's LayerNorm (with a bias or not)
 };
 TORCH_MODULE(RmsNorm);
 

@@ -280,12 +280,12 @@ TEST(LayerList, AnMlpWithoutAGateAndReluSquaredAreChecked) {
   JsonReader r(llama_list(plain)["layers"][1], "model.layers[1]", "test");
   EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(values));
   const at::Tensor x = torch::randn({5, 16}, torch::kDouble);
-  models::GatedMlpImpl mlp(16, 24, /*bias=*/true, false, 0, 0, /*relu2=*/true, /*gated=*/false);
+  models::GatedMlpImpl mlp(16, 24, /*bias=*/true, models::Gelu::None, 0, 0, /*relu2=*/true, /*gated=*/false);
   mlp.to(torch::kDouble);
   const at::Tensor up = x.matmul(mlp.up_proj->weight.t()) + mlp.up_proj->bias;
   const at::Tensor want = (up.clamp_min(0) * up.clamp_min(0)).matmul(mlp.down_proj->weight.t()) + mlp.down_proj->bias;
   EXPECT_LE(max_diff(mlp.forward(x), want), 1e-12);
-  models::GatedMlpImpl gated(16, 24, /*bias=*/false, false, 0, 0, /*relu2=*/true);
+  models::GatedMlpImpl gated(16, 24, /*bias=*/false, models::Gelu::None, 0, 0, /*relu2=*/true);
   gated.to(torch::kDouble);
   const at::Tensor g = x.matmul(gated.gate_proj->weight.t());
   EXPECT_LE(max_diff(gated.forward(x), (g.relu().square() * x.matmul(gated.up_proj->weight.t())).matmul(gated.down_proj->weight.t())), 1e-12);

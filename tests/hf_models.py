@@ -221,6 +221,32 @@ CASES = {
     "seed-oss": ("SeedOssConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_out_bias=True,
                                        residual_dropout=0.0, attention_dropout=0.0)),
+    # GPT-NeoX (Pythia): q, k and v in one tensor head by head, a quarter of each head of 16 rotated,
+    # attention beside the exact-GELU MLP each through its own LayerNorm, every bias, untied
+    "gpt-neox": ("GPTNeoXConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                                       max_position_embeddings=64, tie_word_embeddings=False)),
+    # GPT-NeoX's layers one after the other (use_parallel_residual false), without attention biases,
+    # half of each head rotated, the fast GELU, tied
+    "gpt-neox-sequential": ("GPTNeoXConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                                  max_position_embeddings=64, use_parallel_residual=False, attention_bias=False,
+                                                  hidden_act="gelu_fast", rotary_pct=0.5, tie_word_embeddings=True)),
+    # Phi (Phi-2): one LayerNorm feeding attention and a gelu_new MLP side by side, half of each head
+    # rotated, every bias (the head's too), a padding token, untied
+    "phi": ("PhiConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                              max_position_embeddings=64, pad_token_id=5, tie_word_embeddings=False)),
+    # Phi's LayerNorms of each head's queries and keys (one weight and bias for every head), 2 key
+    # heads of 4, 0.4 of each head of 10 rotated, the exact GELU
+    "phi-qk": ("PhiConfig", dict(hidden_size=40, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=64, qk_layernorm=True, partial_rotary_factor=0.4,
+                                 hidden_act="gelu", tie_word_embeddings=False)),
+    # StableLM 2: Llama's SwiGLU layers with LayerNorms, a quarter of each head of 16 rotated, q/k/v
+    # biases, 2 key heads of 2, untied
+    "stablelm": ("StableLmConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                                        num_key_value_heads=1, max_position_embeddings=64, use_qkv_bias=True, tie_word_embeddings=False)),
+    # StableLM 2 12B's: attention beside the MLP on one LayerNorm, each head its own q/k LayerNorm
+    "stablelm-parallel-qk": ("StableLmConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, max_position_embeddings=64, use_parallel_residual=True,
+                                                    qk_layernorm=True, partial_rotary_factor=0.5, tie_word_embeddings=False)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -576,7 +602,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):

@@ -232,6 +232,12 @@ TEST(HfParity, CohereParallelCenteredNormsInterleavedRotationLogitScaleTied) { c
 TEST(HfParity, CohereQkNormsOfEachHeadItsOwnWeights) { check_architecture("cohere-qk"); }
 TEST(HfParity, Starcoder2LayerNormsGeluMlpBiasesWindowTied) { check_architecture("starcoder2"); }
 TEST(HfParity, SeedOssAttentionBiasesInAndOutPadding) { check_architecture("seed-oss"); }
+TEST(HfParity, GptNeoXFusedHeadsQuarterRotatedParallelTwoNorms) { check_architecture("gpt-neox"); }
+TEST(HfParity, GptNeoXSequentialNoAttentionBiasesFastGeluTied) { check_architecture("gpt-neox-sequential"); }
+TEST(HfParity, PhiParallelOneNormGeluNewHeadBiasPadding) { check_architecture("phi"); }
+TEST(HfParity, PhiQkLayerNormsGroupedHeadsExactGelu) { check_architecture("phi-qk"); }
+TEST(HfParity, StableLmLayerNormsQuarterRotatedQkvBiases) { check_architecture("stablelm"); }
+TEST(HfParity, StableLmParallelQkNormsOfEachHead) { check_architecture("stablelm-parallel-qk"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }

@@ -1,0 +1,241 @@
+// GPT-NeoX (Pythia), Phi (Phi-1, 1.5 and 2) and StableLM (the `hf` family, models/hf_fields.h):
+// LayerNorms of a weight and a bias, rotary positions over the first part of each head, and
+// attention beside the MLP (GPT-NeoX's two norms, Phi's one, StableLM's one; or one after the
+// other), as transformers' GPTNeoXForCausalLM, PhiForCausalLM and StableLmForCausalLM compute them.
+// Read as Llama's layers (their sizes, rope and padding), then given their own parts and names.
+#include <string>
+#include <vector>
+
+#include "models/hf_fields.h"
+
+namespace pipetrain::models::hf_detail {
+namespace {
+
+using nlohmann::json;
+
+// What the three share, read from config.json.
+struct Common {
+  int64_t n = 0, heads = 0, kv = 0, d = 0;
+  double partial = 1;                  // the rotated part of a head
+  double attention = 0, residual = 0;  // dropouts: of the attention weights; of both branches' outputs
+  double embedding = 0;                // of the embeddings
+  std::string act;                     // the llama_block's
+};
+
+double probability(const Fields& f, const char* key) {
+  const double v = f.number(key, 0.0);
+  if (v < 0 || v > 0.99) f.fail(key, detail::concat("must be in [0, 0.99], got ", v));
+  return v;
+}
+
+// transformers' hidden_act as a llama_block's act: the GELUs, and SiLU where `silu` (StableLM's).
+std::string act_of(const Fields& f, const std::string& def, bool silu) {
+  const std::string a = f.string("hidden_act", def);
+  if (a == "gelu" || a == "gelu_new" || a == "gelu_fast") return a;
+  if (a == "gelu_pytorch_tanh") return "gelu_tanh";
+  if (silu && a == "silu") return a;
+  f.fail("hidden_act", "'" + a + "' is not supported (" + (silu ? "silu, " : "") + "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh)");
+}
+
+// Llama's reading of the sizes, rope (without its partial factor, given below), eps and padding:
+// config.json as Llama's reader takes it.
+void as_llama(const Fields& f, json llama, const Common& c, int64_t seq_len, bool padding, HfSpec& spec) {
+  for (const char* k : {"partial_rotary_factor", "rotary_pct", "rotary_emb_base", "attention_dropout", "resid_pdrop", "embd_pdrop",
+                        "hidden_dropout", "attention_bias", "mlp_bias"})
+    llama.erase(k);
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (llama.contains(k) && llama[k].is_object()) llama[k].erase("partial_rotary_factor");
+  if (f.has("rotary_emb_base") && !f.has("rope_theta") && !(f.has("rope_parameters") && f.at("rope_parameters").contains("rope_theta")))
+    llama["rope_theta"] = f.number("rotary_emb_base", 1e4);  // GPT-NeoX's older name
+  llama["rms_norm_eps"] = f.number("layer_norm_eps", 1e-5);
+  llama["hidden_act"] = "silu";
+  llama["num_key_value_heads"] = c.kv;
+  llama.erase("head_dim");  // hidden_size / heads, as each of the three computes it
+  if (!padding) llama.erase("pad_token_id");  // GPT-NeoX's embedding has no padding row
+  llama_family(kLlama, Fields(llama, f.where()), seq_len, spec);
+}
+
+Common read_common(const Fields& f, const char* partial_key, double partial_default) {
+  Common c;
+  c.n = f.integer("num_hidden_layers", 0, 1, 4096, true);
+  c.heads = f.integer("num_attention_heads", 0, 1, 1 << 16, true);
+  c.d = f.integer("hidden_size", 0, 1, int64_t{1} << 30, true);
+  c.kv = f.integer("num_key_value_heads", c.heads, 1, c.heads);
+  if (c.d % c.heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", c.d, ")"));
+  if (c.heads % c.kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", c.heads, ")"));
+  const json none = json::object();
+  const json& rope = f.has("rope_parameters") && f.at("rope_parameters").is_object() ? f.at("rope_parameters") : none;
+  if (rope.contains("partial_rotary_factor")) {
+    if (!rope.at("partial_rotary_factor").is_number()) f.fail("rope_parameters.partial_rotary_factor", "must be a number");
+    c.partial = rope.at("partial_rotary_factor").get<double>();
+  } else {
+    c.partial = f.number(partial_key, f.number("partial_rotary_factor", partial_default));
+  }
+  const int64_t head = c.d / c.heads, rotated = static_cast<int64_t>(static_cast<double>(head) * c.partial);
+  if (!(c.partial > 0 && c.partial <= 1) || rotated < 2 || rotated % 2)
+    f.fail("partial_rotary_factor", detail::concat(c.partial, " turns ", rotated, " of a head's ", head, " values; it must be in (0, 1] and turn an even number above 0"));
+  return c;
+}
+
+bool ends(const std::string& s, const std::string& tail) { return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0; }
+
+// The parts every block and the final norm take: LayerNorms (a weight and a bias), the partial
+// rotation, the act, the dropouts; the embeddings' dropout a layer after embed.
+void common_parts(const Common& c, HfSpec& spec) {
+  json& layers = spec.layers["layers"];
+  for (json& layer : layers) {
+    if (layer["type"] == "llama_block") {
+      layer["norm_center"] = layer["norm_bias"] = true;
+      if (c.partial != 1.0) layer["partial_rotary_factor"] = c.partial;
+      layer["act"] = c.act;
+      if (c.residual > 0 || c.attention > 0) {  // keyed masks, not torch's (training alone)
+        layer["dropout"] = c.residual;
+        layer["attn_dropout"] = c.attention;
+      }
+    } else if (layer["name"] == "norm") {
+      layer["center"] = layer["bias"] = true;
+    }
+  }
+  if (c.embedding > 0) layers.insert(layers.begin() + 1, json{{"name", "embed_dropout"}, {"type", "dropout"}, {"p", c.embedding}});
+}
+
+// A weight's name and, with `bias`, its bias's.
+void add(std::vector<HfTensor>& tensors, const std::string& ours, const std::string& theirs, bool bias) {
+  tensors.push_back({ours + ".weight", theirs + ".weight"});
+  if (bias) tensors.push_back({ours + ".bias", theirs + ".bias"});
+}
+
+}  // namespace
+
+void gpt_neox(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
+  Common c = read_common(f, "rotary_pct", 0.25);
+  if (f.has("num_key_value_heads") && c.kv != c.heads) f.fail("num_key_value_heads", "must equal num_attention_heads (GPT-NeoX's heads)");
+  c.act = act_of(f, "gelu", false);
+  c.residual = c.embedding = probability(f, "hidden_dropout");  // the embeddings' and both branches'
+  c.attention = probability(f, "attention_dropout");
+  const bool parallel = f.boolean("use_parallel_residual", true), bias = f.boolean("attention_bias", true);
+  json llama = config;
+  llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
+  as_llama(f, llama, c, seq_len, false, spec);
+  common_parts(c, spec);
+  for (json& layer : spec.layers["layers"])
+    if (layer["type"] == "llama_block") {
+      layer["mlp_gate"] = false;
+      layer["mlp_bias"] = true;
+      layer["qkv_bias"] = layer["o_bias"] = bias;
+      if (parallel) {
+        layer["norms"] = "parallel_two";
+        layer["parallel_sum"] = "branches_first";  // mlp_output + attn_output + hidden_states
+      }
+    }
+  // query_key_value: each head's queries, keys and values in turn ([heads, 3, head_dim] rows).
+  const int64_t D = c.d / c.heads, H = c.heads;
+  std::vector<HfTensor> t{{"embed.embedding.weight", "gpt_neox.embed_in.weight"}};
+  for (int64_t i = 0; i < c.n; ++i) {
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("gpt_neox.layers.", i, ".");
+    add(t, ours + "input_layernorm", theirs + "input_layernorm", true);
+    add(t, ours + "post_attention_layernorm", theirs + "post_attention_layernorm", true);
+    const char* parts[] = {"q_proj", "k_proj", "v_proj"};
+    for (int64_t p = 0; p < 3; ++p)
+      for (const char* kind : {"weight", "bias"}) {
+        if (!bias && std::string(kind) == "bias") continue;
+        HfTensor x{detail::concat(ours, "self_attn.", parts[p], ".", kind), detail::concat(theirs, "attention.query_key_value.", kind)};
+        x.row_offset = p * D;
+        x.rows = H * D;
+        x.row_step = 3 * D;
+        x.row_block = D;
+        t.push_back(x);
+      }
+    add(t, ours + "self_attn.o_proj", theirs + "attention.dense", bias);
+    add(t, ours + "mlp.up_proj", theirs + "mlp.dense_h_to_4h", true);
+    add(t, ours + "mlp.down_proj", theirs + "mlp.dense_4h_to_h", true);
+  }
+  add(t, "norm.rms", "gpt_neox.final_layer_norm", true);
+  t.push_back({"lm_head.linear.weight", "embed_out.weight"});
+  spec.tensors = t;
+}
+
+void phi(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
+  Common c = read_common(f, "partial_rotary_factor", 0.5);
+  c.act = act_of(f, "gelu_new", false);
+  c.residual = probability(f, "resid_pdrop");
+  c.attention = probability(f, "attention_dropout");
+  c.embedding = probability(f, "embd_pdrop");
+  const bool qk_norm = f.boolean("qk_layernorm", false);
+  json llama = config;
+  llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
+  as_llama(f, llama, c, seq_len, true, spec);
+  common_parts(c, spec);
+  for (json& layer : spec.layers["layers"]) {
+    if (layer["type"] == "llama_block") {
+      layer["mlp_gate"] = false;
+      layer["qkv_bias"] = layer["o_bias"] = layer["mlp_bias"] = true;
+      layer["norms"] = "parallel";
+      layer["parallel_sum"] = "branches_first";  // attn_outputs + feed_forward_hidden_states + residual
+      if (qk_norm) {  // one LayerNorm of a head's values for every head, a weight and a bias
+        layer["qk_norm"] = layer["qk_norm_bias"] = true;
+      }
+    } else if (layer["name"] == "lm_head") {
+      layer["bias"] = true;
+    }
+  }
+  std::vector<HfTensor> t{{"embed.embedding.weight", "model.embed_tokens.weight"}};
+  for (int64_t i = 0; i < c.n; ++i) {
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
+    add(t, ours + "input_layernorm", theirs + "input_layernorm", true);
+    for (const char* p : {"q", "k", "v"}) add(t, ours + "self_attn." + p + "_proj", theirs + "self_attn." + p + "_proj", true);
+    if (qk_norm)
+      for (const char* p : {"q", "k"}) add(t, ours + "self_attn." + p + "_norm", theirs + "self_attn." + p + "_layernorm", true);
+    add(t, ours + "self_attn.o_proj", theirs + "self_attn.dense", true);
+    add(t, ours + "mlp.up_proj", theirs + "mlp.fc1", true);
+    add(t, ours + "mlp.down_proj", theirs + "mlp.fc2", true);
+  }
+  add(t, "norm.rms", "model.final_layernorm", true);
+  add(t, "lm_head.linear", "lm_head", true);
+  spec.tensors = t;
+}
+
+void stablelm(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
+  Common c = read_common(f, "partial_rotary_factor", 0.25);
+  if (!f.has("num_key_value_heads")) c.kv = std::min<int64_t>(32, c.heads);  // StableLmConfig's default (32)
+  if (c.heads % c.kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", c.heads, ")"));
+  c.act = act_of(f, "silu", true);
+  if (probability(f, "hidden_dropout") > 0)
+    f.fail("hidden_dropout", "above 0 is not supported (StableLM drops the MLP's output alone; set it to 0.0)");
+  c.attention = probability(f, "attention_dropout");
+  const bool parallel = f.boolean("use_parallel_residual", false), qkv_bias = f.boolean("use_qkv_bias", false);
+  const bool qk_norm = f.boolean("qk_layernorm", false);
+  json llama = config;
+  llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
+  as_llama(f, llama, c, seq_len, true, spec);
+  common_parts(c, spec);
+  for (json& layer : spec.layers["layers"])
+    if (layer["type"] == "llama_block") {
+      layer["qkv_bias"] = qkv_bias;
+      if (parallel) layer["norms"] = "parallel";  // residual + self_attn_output + mlp_output
+      if (qk_norm) {  // each head its own LayerNorm without a bias
+        layer["qk_norm"] = true;
+        layer["qk_norm_over"] = "each_head";
+      }
+    }
+  std::vector<HfTensor> t;
+  for (const HfTensor& x : spec.tensors) {
+    if (ends(x.ours, "layernorm.weight") && parallel && ends(x.ours, "post_attention_layernorm.weight")) continue;
+    t.push_back(x);
+    const bool norm = ends(x.ours, "layernorm.weight") || x.ours == "norm.rms.weight";
+    const bool qkv = ends(x.ours, "q_proj.weight") || ends(x.ours, "k_proj.weight") || ends(x.ours, "v_proj.weight");
+    if (norm || (qkv_bias && qkv)) t.push_back({x.ours.substr(0, x.ours.size() - 6) + "bias", x.theirs.substr(0, x.theirs.size() - 6) + "bias"});
+    if (qk_norm && ends(x.ours, "v_proj.weight")) {  // q_layernorm.norms.<head>.weight: row <head> of q_norm.weight
+      const std::string ours = x.ours.substr(0, x.ours.size() - 13), theirs = x.theirs.substr(0, x.theirs.size() - 13);
+      for (const auto& [p, count] : {std::make_pair("q", c.heads), std::make_pair("k", c.kv)})
+        for (int64_t h = 0; h < count; ++h) {
+          HfTensor row{detail::concat(ours, p, "_norm.weight"), detail::concat(theirs, p, "_layernorm.norms.", h, ".weight")};
+          row.ours_row = h;
+          t.push_back(row);
+        }
+    }
+  }
+  spec.tensors = t;
+}
+
+}  // namespace pipetrain::models::hf_detail
