@@ -197,8 +197,10 @@ void phi(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
 
 void stablelm(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
   Common c = read_common(f, "partial_rotary_factor", 0.25);
-  if (!f.has("num_key_value_heads")) c.kv = std::min<int64_t>(32, c.heads);  // StableLmConfig's default (32)
-  if (c.heads % c.kv) f.fail("num_key_value_heads", detail::concat("must divide num_attention_heads (", c.heads, ")"));
+  if (!f.has("num_key_value_heads")) {
+    c.kv = 32;  // StableLmConfig's default
+    if (c.heads % c.kv) f.fail("num_key_value_heads", detail::concat("(32, StableLmConfig's default) must divide num_attention_heads (", c.heads, ")"));
+  }
   c.act = act_of(f, "silu", true);
   if (probability(f, "hidden_dropout") > 0)
     f.fail("hidden_dropout", "above 0 is not supported (StableLM drops the MLP's output alone; set it to 0.0)");

@@ -485,3 +485,66 @@ TEST(LayerList, BlockDropoutActsInTrainingAlone) {
   EXPECT_NE(build_error(llama_list({{"attn_dropout", 0.1}, {"attn_sinks", true}})).find("attn_dropout: above 0 needs a plain block"),
             std::string::npos);
 }
+
+// Attention beside the MLP: GPT-NeoX's two norms (parallel_two) are Cohere's one (parallel) where
+// their weights are equal, and not otherwise; the sum's order (parallel_sum) moves only roundings;
+// the parallel blocks drop in training alone (Phi's resid_pdrop, GPT-NeoX's hidden_dropout).
+TEST(LayerList, ParallelBranchesWithOneOrTwoNormsAndTheirDropout) {
+  const json ln{{"norm_center", true}, {"norm_bias", true}};
+  auto with = [&](json extra) {
+    extra.update(ln);
+    models::Model m = build(llama_list(extra));
+    m.layers->to(torch::kDouble);
+    m.layers->eval();
+    return m;
+  };
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  models::Model one = with({{"norms", "parallel"}}), two = with({{"norms", "parallel_two"}}), branches = with({{"norms", "parallel_two"}, {"parallel_sum", "branches_first"}});
+  models::Model seq = with({});
+  torch::NoGradGuard no_grad;
+  auto from = one.layers->named_parameters();
+  for (models::Model* m : {&two, &branches, &seq}) {
+    auto params = m->layers->named_parameters();
+    for (auto& p : params) {
+      const std::string name = p.key();
+      const std::string own = name.find("post_attention_layernorm") != std::string::npos
+                                  ? name.substr(0, name.find("post_attention_layernorm")) + "input_layernorm" + name.substr(name.find(".", name.find("post_attention_layernorm")))
+                                  : name;
+      p.value().copy_(from[own]);
+    }
+  }
+  EXPECT_LE(max_diff(two.layers->forward(ids), one.layers->forward(ids)), 1e-12);
+  EXPECT_LE(max_diff(branches.layers->forward(ids), one.layers->forward(ids)), 1e-12);
+  EXPECT_GT(max_diff(seq.layers->forward(ids), one.layers->forward(ids)), 1e-3);  // one after the other is another model
+  for (auto& p : two.layers->named_parameters())
+    if (p.key().find("post_attention_layernorm.weight") != std::string::npos) p.value().mul_(1.5);
+  EXPECT_GT(max_diff(two.layers->forward(ids), one.layers->forward(ids)), 1e-3);  // the MLP's own norm is read
+  // Dropout beside parallel branches: nothing in eval, both branches' outputs in training.
+  for (const char* norms : {"parallel", "parallel_two"}) {
+    models::Model dropping = with({{"norms", norms}, {"dropout", 0.3}}), plain = with({{"norms", norms}});
+    auto same = plain.layers->named_parameters();
+    for (auto& p : dropping.layers->named_parameters()) p.value().copy_(same[p.key()]);
+    EXPECT_TRUE(torch::equal(dropping.layers->forward(ids), plain.layers->forward(ids))) << norms;
+    dropping.layers->train();
+    EXPECT_GT(max_diff(dropping.layers->forward(ids), plain.layers->forward(ids)), 1e-3) << norms;
+  }
+  EXPECT_NE(build_error(llama_list({{"parallel_sum", "branches_first"}})).find("parallel_sum: needs norms \"parallel\" or \"parallel_two\""),
+            std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"qk_norm_bias", true}, {"norm_center", true}})).find("qk_norm_bias: needs qk_norm"), std::string::npos);
+}
+
+// The GELUs of transformers' activations: gelu_new is the tanh approximation (torch's, 1e-15 in
+// float64), gelu_fast nearly so, both near the exact GELU and not it.
+TEST(LayerList, TheGelusAreTransformersApproximations) {
+  const at::Tensor x = torch::linspace(-6, 6, 1001, torch::kDouble);
+  const at::Tensor exact = models::apply_gelu(models::Gelu::Erf, x);
+  EXPECT_TRUE(torch::equal(exact, torch::gelu(x)));
+  EXPECT_LE(max_diff(models::apply_gelu(models::Gelu::New, x), torch::gelu(x, "tanh")), 1e-15);
+  EXPECT_LE(max_diff(models::apply_gelu(models::Gelu::Fast, x), torch::gelu(x, "tanh")), 1e-9);
+  for (models::Gelu g : {models::Gelu::New, models::Gelu::Fast}) {
+    EXPECT_LE(max_diff(models::apply_gelu(g, x), exact), 1e-3);
+    EXPECT_GT(max_diff(models::apply_gelu(g, x), exact), 1e-5);
+  }
+  // A block's act names them: an MLP without a gate through each.
+  for (const char* act : {"gelu", "gelu_new", "gelu_fast"}) EXPECT_EQ(build_error(llama_list({{"act", act}, {"mlp_gate", false}})), "(built)") << act;
+}

@@ -60,12 +60,16 @@ inline json family_config(const std::string& family, bool deep = false) {
          {{"name", "head"}, {"type", "linear"}, {"in_features", 8}, {"out_features", 3}}});
     return {{"family", "layers"}, {"input_shape", {2, 8, 8}}, {"layers", layers}};
   }
-  if (family == "listgpt") {  // a layer list: a transformer stack with repeat, a llama_block, a tied embedding
+  if (family == "listgpt") {  // a layer list: a transformer stack with repeat, two llama_blocks, a tied embedding
     json layers = json::array(
         {{{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", 11}, {"embedding_dim", 8}, {"max_positions", 6}, {"dropout", 0.2}},
          {{"type", "repeat"}, {"count", deep ? 4 : 2},
           {"layers", json::array({{{"name", "block"}, {"type", "transformer_block"}, {"d_model", 8}, {"n_heads", 2}, {"d_ff", 16}, {"dropout", 0.2}}})}},
          {{"name", "llama"}, {"type", "llama_block"}, {"d_model", 8}, {"n_heads", 2}, {"d_ff", 16}, {"dropout", 0.2}, {"attn_dropout", 0.1}},
+         // GPT-NeoX's: attention beside an exact-GELU MLP, each its own LayerNorm, half of each head rotated
+         {{"name", "neox"}, {"type", "llama_block"}, {"d_model", 8}, {"n_heads", 2}, {"d_ff", 16}, {"dropout", 0.2}, {"norms", "parallel_two"},
+          {"parallel_sum", "branches_first"}, {"norm_center", true}, {"norm_bias", true}, {"act", "gelu"}, {"mlp_gate", false},
+          {"partial_rotary_factor", 0.5}, {"qkv_bias", true}},
          {{"name", "mlp"}, {"type", "mlp_block"}, {"d_model", 8}, {"d_ff", 16}, {"dropout", 0.2}},
          {{"name", "norm"}, {"type", "layernorm"}, {"normalized_shape", 8}},
          {{"name", "head"}, {"type", "linear"}, {"in_features", 8}, {"out_features", 11}}});

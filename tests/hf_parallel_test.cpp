@@ -1,0 +1,175 @@
+// GPT-NeoX, Phi and StableLM in the hf family without transformers: their configs as published
+// (older field names, nulls, defaults) read into llama_blocks with their norms, GELUs, partial
+// rotations, biases and dropouts; their fused and per-head tensors read and written back in place;
+// what they refuse, in one line naming the field.
+// Against transformers: hf_test.cpp (HfParity.GptNeoX*, HfParity.Phi*, HfParity.StableLm*).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "models/hf.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+#include "tests/hf_oracle.h"
+
+using namespace pipetrain;
+
+namespace {
+
+std::string root() { return test::scratch_dir("hf_parallel"); }
+
+bool has(const models::HfSpec& spec, const std::string& ours, const std::string& theirs) {
+  return std::any_of(spec.tensors.begin(), spec.tensors.end(), [&](const models::HfTensor& t) { return t.ours == ours && t.theirs == theirs; });
+}
+
+// Pythia's config.json as published (transformers 4's names: rotary_pct, rotary_emb_base).
+const nlohmann::json kPythia{{"architectures", {"GPTNeoXForCausalLM"}}, {"model_type", "gpt_neox"}, {"vocab_size", 40},
+                             {"hidden_size", 16}, {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                             {"rotary_pct", 0.25}, {"rotary_emb_base", 5000}, {"use_parallel_residual", true}, {"hidden_act", "gelu"},
+                             {"layer_norm_eps", 1e-4}, {"tie_word_embeddings", false}, {"hidden_dropout", 0.0}, {"attention_dropout", 0.0}};
+
+// Phi-2's (its key heads null, its resid_pdrop 0.1).
+const nlohmann::json kPhi2{{"architectures", {"PhiForCausalLM"}}, {"model_type", "phi"}, {"vocab_size", 40}, {"hidden_size", 20},
+                           {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", nullptr},
+                           {"partial_rotary_factor", 0.4}, {"rope_theta", 10000.0}, {"hidden_act", "gelu_new"}, {"resid_pdrop", 0.1},
+                           {"embd_pdrop", 0.0}, {"attention_dropout", 0.0}, {"qk_layernorm", false}, {"layer_norm_eps", 1e-5}};
+
+const nlohmann::json kStableLm{{"architectures", {"StableLmForCausalLM"}}, {"model_type", "stablelm"}, {"vocab_size", 40},
+                               {"hidden_size", 32}, {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2}, {"use_qkv_bias", true}, {"qk_layernorm", true}, {"use_parallel_residual", true}};
+
+// Every tensor of the spec read where its name says (the fused and per-head ones as their parts).
+void expect_read_in_place(const std::string& dir, const models::HfSpec& spec) {
+  models::Model m = test::hf_build(dir, 8);
+  models::SafetensorsCheckpoint ck(dir);
+  auto params = m.layers->named_parameters();
+  for (const models::HfTensor& t : spec.tensors) {
+    ASSERT_TRUE(params.contains(t.ours)) << t.ours;
+    at::Tensor ours = t.ours_row >= 0 ? params[t.ours].select(0, t.ours_row) : params[t.ours];
+    at::Tensor theirs = ck.get(t.theirs);
+    if (t.row_block > 1) {  // GPT-NeoX's query_key_value: [heads, 3, head_dim, ...]
+      std::vector<int64_t> shape{-1, 3, t.row_block};
+      for (int64_t d = 1; d < theirs.dim(); ++d) shape.push_back(theirs.size(d));
+      theirs = theirs.reshape(shape).select(1, t.row_offset / t.row_block).reshape(ours.sizes());
+    }
+    EXPECT_TRUE(torch::equal(ours, theirs)) << t.ours << " <- " << t.theirs;
+  }
+}
+
+}  // namespace
+
+TEST(HfFamily, GptNeoXReadsPythiasConfigFusedHeadsAndOldBuffers) {
+  const std::string dir = test::hf_write_model(root() + "/pythia", kPythia);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["norms"], "parallel_two");
+  EXPECT_EQ(b["parallel_sum"], "branches_first");
+  EXPECT_EQ(b["partial_rotary_factor"], 0.25);
+  EXPECT_EQ(b["rope_theta"], 5000);
+  EXPECT_EQ(b["act"], "gelu");
+  EXPECT_EQ(b["eps"], 1e-4);
+  EXPECT_EQ(b["mlp_gate"], false);
+  EXPECT_EQ(b["qkv_bias"], true);
+  EXPECT_EQ(b["o_bias"], true);
+  EXPECT_EQ(b["mlp_bias"], true);
+  EXPECT_EQ(b["norm_bias"], true);
+  EXPECT_FALSE(spec.layers["layers"][0].contains("padding_idx"));  // its embedding has no padding row
+  EXPECT_FALSE(spec.tied);
+  EXPECT_TRUE(has(spec, "layer_1.llama.self_attn.k_proj.bias", "gpt_neox.layers.1.attention.query_key_value.bias"));
+  EXPECT_TRUE(has(spec, "layer_0.llama.mlp.up_proj.weight", "gpt_neox.layers.0.mlp.dense_h_to_4h.weight"));
+  EXPECT_TRUE(has(spec, "norm.rms.bias", "gpt_neox.final_layer_norm.bias"));
+  EXPECT_TRUE(has(spec, "lm_head.linear.weight", "embed_out.weight"));
+  expect_read_in_place(dir, spec);
+  // Older checkpoints' buffers (the causal mask, its fill, the rotary table) are not the model's.
+  {
+    models::SafetensorsCheckpoint ck(dir);
+    models::NamedTensors all;
+    for (const std::string& n : ck.names()) all.emplace_back(n, ck.get(n).clone());
+    all.emplace_back("gpt_neox.layers.0.attention.bias", torch::ones({1, 1, 8, 8}, torch::kBool));
+    all.emplace_back("gpt_neox.layers.0.attention.masked_bias", torch::tensor(-1e9));
+    all.emplace_back("gpt_neox.layers.0.attention.rotary_emb.inv_freq", torch::ones({2}));
+    const std::string old = root() + "/pythia-old";
+    std::filesystem::create_directories(old);
+    std::filesystem::copy_file(dir + "/config.json", old + "/config.json", std::filesystem::copy_options::overwrite_existing);
+    models::save_safetensors_checkpoint(old, all, uint64_t{1} << 30, {{"format", "pt"}});
+    EXPECT_EQ(test::hf_error(old), "(built)");
+  }
+  // One after the other, without attention biases; hidden_dropout the embeddings' and both branches'.
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"use_parallel_residual", false}, {"attention_bias", false}, {"hidden_dropout", 0.1},
+                                                              {"attention_dropout", 0.05}}).dump();
+  const nlohmann::json layers = models::read_hf_spec(dir, 8, "test").layers["layers"];
+  EXPECT_EQ(layers[1]["type"], "dropout");
+  EXPECT_EQ(layers[1]["p"], 0.1);
+  EXPECT_FALSE(layers[2].contains("norms"));
+  EXPECT_EQ(layers[2]["qkv_bias"], false);
+  EXPECT_EQ(layers[2]["dropout"], 0.1);
+  EXPECT_EQ(layers[2]["attn_dropout"], 0.05);
+  // Refused by name.
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"num_key_value_heads", 1}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("num_key_value_heads must equal num_attention_heads"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"hidden_act", "relu"}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("hidden_act 'relu' is not supported (gelu, gelu_new, gelu_fast, gelu_pytorch_tanh)"), std::string::npos)
+      << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"rotary_pct", 0.1}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("partial_rotary_factor 0.1 turns 0 of a head's 8 values"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"hidden_dropout", 1.0}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("hidden_dropout must be in [0, 0.99], got 1"), std::string::npos) << test::hf_error(dir);
+}
+
+TEST(HfFamily, PhiReadsPhi2sConfigHeadBiasDropoutsAndQkNorms) {
+  const std::string dir = test::hf_write_model(root() + "/phi2", kPhi2);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["norms"], "parallel");
+  EXPECT_EQ(b["parallel_sum"], "branches_first");
+  EXPECT_EQ(b["n_kv_heads"], 2);  // null: the heads
+  EXPECT_EQ(b["partial_rotary_factor"], 0.4);
+  EXPECT_EQ(b["act"], "gelu_new");
+  EXPECT_EQ(b["dropout"], 0.1);
+  EXPECT_EQ(b["attn_dropout"], 0.0);
+  EXPECT_EQ(spec.layers["layers"].back()["bias"], true);  // the head's
+  EXPECT_TRUE(has(spec, "lm_head.linear.bias", "lm_head.bias"));
+  EXPECT_TRUE(has(spec, "layer_0.llama.self_attn.o_proj.bias", "model.layers.0.self_attn.dense.bias"));
+  EXPECT_TRUE(has(spec, "layer_1.llama.mlp.down_proj.weight", "model.layers.1.mlp.fc2.weight"));
+  EXPECT_TRUE(has(spec, "norm.rms.weight", "model.final_layernorm.weight"));
+  expect_read_in_place(dir, spec);
+  // Its embeddings' dropout a layer; its q/k LayerNorms (one weight and bias for every head).
+  const std::string qk = test::hf_write_model(root() + "/phi-qk", test::with(kPhi2, {{"qk_layernorm", true}, {"embd_pdrop", 0.2}}));
+  const models::HfSpec with_qk = models::read_hf_spec(qk, 8, "test");
+  EXPECT_EQ(with_qk.layers["layers"][1]["type"], "dropout");
+  EXPECT_EQ(with_qk.layers["layers"][2]["qk_norm_bias"], true);
+  EXPECT_TRUE(has(with_qk, "layer_0.llama.self_attn.k_norm.bias", "model.layers.0.self_attn.k_layernorm.bias"));
+  expect_read_in_place(qk, with_qk);
+}
+
+TEST(HfFamily, StableLmReadsPerHeadNormsAndRefusesTheMlpsOwnDropout) {
+  const std::string dir = test::hf_write_model(root() + "/stablelm", kStableLm);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["norms"], "parallel");
+  EXPECT_FALSE(b.contains("parallel_sum"));  // residual + attention + MLP
+  EXPECT_EQ(b["partial_rotary_factor"], 0.25);
+  EXPECT_EQ(b["act"], "silu");
+  EXPECT_EQ(b["qk_norm_over"], "each_head");
+  EXPECT_FALSE(b.contains("qk_norm_bias"));
+  // q_layernorm.norms.<head>.weight: a row of q_norm.weight each.
+  EXPECT_TRUE(std::any_of(spec.tensors.begin(), spec.tensors.end(), [](const models::HfTensor& t) {
+    return t.ours == "layer_1.llama.self_attn.k_norm.weight" && t.theirs == "model.layers.1.self_attn.k_layernorm.norms.1.weight" && t.ours_row == 1;
+  }));
+  EXPECT_FALSE(has(spec, "layer_0.llama.post_attention_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"));
+  expect_read_in_place(dir, spec);
+  // Its default key heads (32) must divide the heads; the MLP's own dropout is refused.
+  nlohmann::json no_kv = kStableLm;
+  no_kv.erase("num_key_value_heads");
+  std::ofstream(dir + "/config.json") << no_kv.dump();
+  EXPECT_NE(test::hf_error(dir).find("num_key_value_heads (32, StableLmConfig's default) must divide num_attention_heads (4)"), std::string::npos)
+      << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(kStableLm, {{"hidden_dropout", 0.1}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("hidden_dropout above 0 is not supported (StableLM drops the MLP's output alone"), std::string::npos)
+      << test::hf_error(dir);
+}
