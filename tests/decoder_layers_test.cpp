@@ -306,7 +306,7 @@ TEST(LayerList, AnMlpWithoutAGateAndReluSquaredAreChecked) {
   EXPECT_LE(max_diff(act->forward(v), want_v), 1e-12);
   EXPECT_NE(build_error(llama_list({{"act", "xielu"}})).find("act: \"xielu\" needs mlp_gate false"), std::string::npos);
   EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"experts", 4}})).find("mlp_gate: false with experts needs act \"relu2\" (Nemotron-H's experts)"), std::string::npos);
-  EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"act", "swiglu_oai"}})).find("mlp_gate: false needs act"), std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"mlp_gate", false}, {"act", "swiglu_oai"}})).find("mlp_gate: false needs an act other than \"swiglu_oai\""), std::string::npos);
 }
 
 // Hunyuan's q/k norms on the rotated heads (qk_norm_after_rope): without rotary positions they are
