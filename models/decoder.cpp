@@ -12,6 +12,11 @@ namespace pipetrain::models {
 
 namespace {
 at::Tensor run(const torch::nn::Linear& l, const at::Tensor& x) { return linear(x, l->weight, l->bias); }
+// The product, rounded, then its bias (transformers' x @ W.T + b: GPT-OSS's, Falcon's).
+at::Tensor product_then_bias(const torch::nn::Linear& l, const at::Tensor& x) {
+  const at::Tensor y = torch::matmul(x, l->weight.t());
+  return l->bias.defined() ? y + l->bias : y;
+}
 
 // [B, T, H * D] as [B, H, T, D].
 at::Tensor heads(const at::Tensor& x, int64_t H, int64_t D) {
@@ -244,11 +249,9 @@ at::Tensor apply_gelu(Gelu g, const at::Tensor& x) {
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
-  if (oai_alpha_ > 0) {  // GPT-OSS's, in transformers' operations: each product, then its bias
-    auto product = [](const torch::nn::Linear& l, const at::Tensor& in) {
-      const at::Tensor y = torch::matmul(in, l->weight.t());
-      return l->bias.defined() ? y + l->bias : y;
-    };
+  if (oai_alpha_ > 0 || bias_apart_) {  // GPT-OSS's, Falcon's, in transformers' operations: each product, then its bias
+    const auto& product = product_then_bias;
+    if (!gated_) return product(down_proj, act(product(up_proj, x)));
     return product(down_proj, activate(product(gate_proj, x), product(up_proj, x)));
   }
   if (!gated_) return run(down_proj, act(run(up_proj, x)));
@@ -404,7 +407,8 @@ void LlamaBlockImpl::reset() {
   if (o_.norms != NormPlacement::Parallel) post_attention_layernorm_ = norm("post_attention_layernorm");  // ParallelTwo's MLP's
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
-  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu));
+  else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu,
+                                               o_.bias_apart));
   if (o_.norms == NormPlacement::Post || o_.norms == NormPlacement::Sandwich) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 
@@ -431,6 +435,7 @@ std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tenso
 at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   if (o_.mla()) return latent_attention(h, cache);
   const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim;
+  const auto run = [&](const torch::nn::Linear& l, const at::Tensor& x) { return o_.bias_apart ? product_then_bias(l, x) : models::run(l, x); };
   at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h), gate;
   if (o_.attn_output_gate) {  // Qwen3-Next's: each head's queries, then its gate
     const auto parts = qp.view({h.size(0), h.size(1), H, 2 * D}).chunk(2, -1);
@@ -488,7 +493,7 @@ at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   const auto [keys, values] = extend(cache, k, v);
   const double scale = o_.attn_scale > 0 ? o_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor out = causal_attention(q, keys, values, scale, o_.sliding_window, attn_drop_ ? attn_drop_.get() : nullptr, o_.attn_softcap,
-                                          self_attn_->sinks, o_.attention_chunk);
+                                          self_attn_->sinks, o_.attention_chunk, o_.kv_heads);
   drop_unseen(cache, o_.sliding_window, o_.attention_chunk);
   return gate.defined() ? out * torch::sigmoid(gate) : out;
 }
@@ -531,6 +536,7 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
   const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache)
                        : mamba_    ? mamba_->forward(h, cache)
+                       : o_.bias_apart ? product_then_bias(self_attn_->o_proj, merge_heads(attention(h, cache)))
                                    : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
   if (o_.no_mlp) return x + a;  // Nemotron-H's mixer blocks
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.

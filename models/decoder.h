@@ -92,6 +92,14 @@ struct KvCache {
   int64_t length() const { return k.defined() ? dropped + k.size(2) : positions; }
 };
 
+/// How grouped key and value heads reach torch's fused attention where no mask is needed; each
+/// picks a kernel of its own, whose roundings differ (as their families' transformers code calls it).
+enum class KvHeads {
+  Grouped,    ///< as they are, sdpa's grouped-query path (enable_gqa)
+  Repeated,   ///< each repeated for its queries' heads first (Falcon-40B's broadcast keys)
+  Broadcast,  ///< one key and value head broadcast over the queries' (Falcon-7B's multi-query)
+};
+
 /// Causal attention of q [B, H, Tq, D] over k, v [B, KV, Tk, D] (KV divides H: grouped query),
 /// the queries being the last Tq of the Tk positions; with `window` > 0 a query sees only the
 /// `window` positions up to itself (Mistral's sliding window); with `chunk` > 0 only those of its
@@ -101,10 +109,11 @@ struct KvCache {
 /// `sinks` ([H], GPT-OSS's): each head's learned logit joins its softmax's denominator, on the
 /// explicit path in the scores' type, as transformers computes it. Where a mask is needed (a
 /// window, a chunk, queries after cached positions), grouped key and value heads are repeated for
-/// their queries as transformers repeats them, so that the backward sums as its does.
+/// their queries as transformers repeats them, so that the backward sums as its does. Where none
+/// is, `kv_heads` says how grouped heads reach torch's fused attention (KvHeads).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             int64_t window, DropoutImpl* dropout, double softcap = 0, const at::Tensor& sinks = {},
-                            int64_t chunk = 0);
+                            int64_t chunk = 0, KvHeads kv_heads = KvHeads::Grouped);
 
 /// Where a decoder layer's RMSNorms sit.
 enum class NormPlacement {
@@ -154,6 +163,8 @@ struct LlamaBlockOptions {
   bool attn_sinks = false;   // a learned logit per head in each softmax's denominator ("self_attn.sinks", GPT-OSS's)
   double attn_scale = 0;     // the scores' scale; 0: 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5)
   double attn_softcap = 0;   // scores through cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
+  KvHeads kv_heads = KvHeads::Grouped;  // how grouped heads reach the fused attention (Falcon's: repeated, broadcast)
+  bool bias_apart = false;  // each projection's product rounded, then its bias added (Falcon's x @ W.T + b), not one fused op
   bool rope_float32 = false;  // lower precisions rotate q and k in float32, then cast back (OLMo 2's)
   bool rope_tables_rounded = false;  // with rope_float32: the cos and sin tables rounded to the type first (Cohere's)
   double clip_qkv = 0;        // > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms (OLMoE's)
@@ -377,12 +388,13 @@ TORCH_MODULE(Xielu);
 /// place (Gemma's GeGLU: the tanh GELU); with `relu2`, relu(gate(x))² in its place; with `oai_alpha` > 0,
 /// GPT-OSS's clamped SwiGLU (LlamaBlockOptions). Without `gated`, no gate: down(act(up(x))), act
 /// relu² with `relu2` (Arcee's and Nemotron's), xIELU with `xielu` ("act_fn", Apertus's), the GELU
-/// `gelu` names (StarCoder2's tanh, GPT-NeoX's exact, Phi's gelu_new), SiLU otherwise.
+/// `gelu` names (StarCoder2's tanh, GPT-NeoX's exact, Phi's gelu_new), SiLU otherwise. With
+/// `bias_apart`, each product rounded before its bias is added (Falcon's), as with `oai_alpha`.
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
   GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, Gelu gelu = Gelu::None, double oai_alpha = 0, double oai_limit = 0,
-               bool relu2 = false, bool gated = true, bool xielu = false)
-      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), xielu_(xielu), oai_alpha_(oai_alpha),
+               bool relu2 = false, bool gated = true, bool xielu = false, bool bias_apart = false)
+      : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), xielu_(xielu), bias_apart_(bias_apart), oai_alpha_(oai_alpha),
         oai_limit_(oai_limit) {
     reset();
   }
@@ -399,7 +411,7 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
   int64_t d_model_, d_ff_;
   bool bias_;
   Gelu gelu_;
-  bool relu2_, gated_, xielu_;
+  bool relu2_, gated_, xielu_, bias_apart_;
   double oai_alpha_, oai_limit_;
 };
 TORCH_MODULE(GatedMlp);

@@ -224,6 +224,10 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_output_gate = r.get_bool("attn_output_gate", false);
   o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
+  o.bias_apart = r.get_bool("bias_apart", false);
+  const std::string kv_heads = r.get_choice("kv_heads", "grouped", {"grouped", "repeated", "broadcast"});
+  o.kv_heads = kv_heads == "grouped" ? KvHeads::Grouped : kv_heads == "repeated" ? KvHeads::Repeated : KvHeads::Broadcast;
+  if (o.kv_heads == KvHeads::Broadcast && o.n_kv_heads != 1) r.fail("kv_heads", "\"broadcast\" needs n_kv_heads 1 (one key and value head)");
   o.experts = r.get_int("experts", 0, 0, 1 << 16);
   if (o.experts > 0 && !o.mlp_gate && !o.relu2) r.fail("mlp_gate", "false with experts needs act \"relu2\" (Nemotron-H's experts)");
   if (o.experts == 0)

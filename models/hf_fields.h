@@ -40,7 +40,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen3VL = "Qwen3VLForConditionalGeneration", kQwen3VLMoe = "Qwen3VLMoeForConditionalGeneration", kQwen2VL = "Qwen2VLForConditionalGeneration",
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
                          kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel",
-                         kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM";
+                         kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM",
+                         kFalcon = "FalconForCausalLM";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -200,5 +201,11 @@ void phi(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec&
 /// head rotated, q/k/v biases by use_qkv_bias, side by side by use_parallel_residual, each head's
 /// own q/k LayerNorm by qk_layernorm (hf_parallel.cpp).
 void stablelm(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// Falcon (Falcon-7B, 40B, 180B and the models of its architecture): LayerNorms, q, k and v in one
+/// tensor (a key head's group of queries, its key and value with new_decoder_architecture; one key
+/// and value for every head with multi_query), attention beside a GELU MLP on one LayerNorm or two
+/// (ln_attn, ln_mlp), rotary positions over the whole head, biases by `bias`, tied (hf_parallel.cpp).
+void falcon(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

@@ -1,7 +1,8 @@
-// GPT-NeoX (Pythia), Phi (Phi-1, 1.5 and 2) and StableLM (the `hf` family, models/hf_fields.h):
-// LayerNorms of a weight and a bias, rotary positions over the first part of each head, and
-// attention beside the MLP (GPT-NeoX's two norms, Phi's one, StableLM's one; or one after the
-// other), as transformers' GPTNeoXForCausalLM, PhiForCausalLM and StableLmForCausalLM compute them.
+// GPT-NeoX (Pythia), Phi (Phi-1, 1.5 and 2), StableLM and Falcon (the `hf` family,
+// models/hf_fields.h): LayerNorms of a weight and a bias, rotary positions over the first part of
+// each head (Falcon's whole head), and attention beside the MLP (GPT-NeoX's two norms, Phi's one,
+// StableLM's one, Falcon's one or two; or one after the other), as transformers'
+// GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM and FalconForCausalLM compute them.
 // Read as Llama's layers (their sizes, rope and padding), then given their own parts and names.
 #include <string>
 #include <vector>
@@ -29,25 +30,25 @@ double probability(const Fields& f, const char* key) {
 }
 
 // transformers' hidden_act as a llama_block's act: the GELUs, and SiLU where `silu` (StableLM's).
-std::string act_of(const Fields& f, const std::string& def, bool silu) {
-  const std::string a = f.string("hidden_act", def);
+std::string act_of(const Fields& f, const std::string& def, bool silu, const std::string& key = "hidden_act") {
+  const std::string a = f.string(key, def);
   if (a == "gelu" || a == "gelu_new" || a == "gelu_fast") return a;
   if (a == "gelu_pytorch_tanh") return "gelu_tanh";
   if (silu && a == "silu") return a;
-  f.fail("hidden_act", "'" + a + "' is not supported (" + (silu ? "silu, " : "") + "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh)");
+  f.fail(key, "'" + a + "' is not supported (" + (silu ? "silu, " : "") + "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh)");
 }
 
 // Llama's reading of the sizes, rope (without its partial factor, given below), eps and padding:
 // config.json as Llama's reader takes it.
 void as_llama(const Fields& f, json llama, const Common& c, int64_t seq_len, bool padding, HfSpec& spec) {
   for (const char* k : {"partial_rotary_factor", "rotary_pct", "rotary_emb_base", "attention_dropout", "resid_pdrop", "embd_pdrop",
-                        "hidden_dropout", "attention_bias", "mlp_bias"})
+                        "hidden_dropout", "attention_bias", "mlp_bias", "bias"})
     llama.erase(k);
   for (const char* k : {"rope_parameters", "rope_scaling"})
     if (llama.contains(k) && llama[k].is_object()) llama[k].erase("partial_rotary_factor");
   if (f.has("rotary_emb_base") && !f.has("rope_theta") && !(f.has("rope_parameters") && f.at("rope_parameters").contains("rope_theta")))
     llama["rope_theta"] = f.number("rotary_emb_base", 1e4);  // GPT-NeoX's older name
-  llama["rms_norm_eps"] = f.number("layer_norm_eps", 1e-5);
+  llama["rms_norm_eps"] = f.number(f.has("layer_norm_epsilon") ? "layer_norm_epsilon" : "layer_norm_eps", 1e-5);  // Falcon's name
   llama["hidden_act"] = "silu";
   llama["num_key_value_heads"] = c.kv;
   llama.erase("head_dim");  // hidden_size / heads, as each of the three computes it
@@ -99,6 +100,19 @@ void common_parts(const Common& c, HfSpec& spec) {
   if (c.embedding > 0) layers.insert(layers.begin() + 1, json{{"name", "embed_dropout"}, {"type", "dropout"}, {"p", c.embedding}});
 }
 
+// The fused query_key_value's part: `rows` rows in blocks of `block` from `offset` in every group of
+// `step` rows (step 0: the rows from offset, as they are).
+HfTensor fused_part(const std::string& ours, const std::string& theirs, int64_t offset, int64_t rows, int64_t block, int64_t step) {
+  HfTensor x{ours, theirs};
+  x.row_offset = offset;
+  x.rows = rows;
+  if (step > 0) {
+    x.row_step = step;
+    x.row_block = block;
+  }
+  return x;
+}
+
 // A weight's name and, with `bias`, its bias's.
 void add(std::vector<HfTensor>& tensors, const std::string& ours, const std::string& theirs, bool bias) {
   tensors.push_back({ours + ".weight", theirs + ".weight"});
@@ -137,15 +151,10 @@ void gpt_neox(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec
     add(t, ours + "post_attention_layernorm", theirs + "post_attention_layernorm", true);
     const char* parts[] = {"q_proj", "k_proj", "v_proj"};
     for (int64_t p = 0; p < 3; ++p)
-      for (const char* kind : {"weight", "bias"}) {
-        if (!bias && std::string(kind) == "bias") continue;
-        HfTensor x{detail::concat(ours, "self_attn.", parts[p], ".", kind), detail::concat(theirs, "attention.query_key_value.", kind)};
-        x.row_offset = p * D;
-        x.rows = H * D;
-        x.row_step = 3 * D;
-        x.row_block = D;
-        t.push_back(x);
-      }
+      for (const char* kind : {"weight", "bias"})
+        if (bias || std::string(kind) == "weight")
+          t.push_back(fused_part(detail::concat(ours, "self_attn.", parts[p], ".", kind), detail::concat(theirs, "attention.query_key_value.", kind),
+                                 p * D, H * D, D, 3 * D));
     add(t, ours + "self_attn.o_proj", theirs + "attention.dense", bias);
     add(t, ours + "mlp.up_proj", theirs + "mlp.dense_h_to_4h", true);
     add(t, ours + "mlp.down_proj", theirs + "mlp.dense_4h_to_h", true);
@@ -237,6 +246,83 @@ void stablelm(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec
         }
     }
   }
+  spec.tensors = t;
+}
+
+void falcon(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
+  if (f.boolean("alibi", false)) f.fail("alibi", "true is not supported (ALiBi positions, falcon-rw's; rotary positions only)");
+  Common c;
+  c.n = f.integer("num_hidden_layers", 0, 1, 4096, true);
+  c.heads = f.integer("num_attention_heads", 0, 1, 1 << 16, true);
+  c.d = f.integer("hidden_size", 0, 1, int64_t{1} << 30, true);
+  if (c.d % c.heads) f.fail("num_attention_heads", detail::concat("must divide hidden_size (", c.d, ")"));
+  const bool fresh = f.boolean("new_decoder_architecture", false), multi_query = f.boolean("multi_query", true);
+  const bool parallel = f.boolean("parallel_attn", true), bias = f.boolean("bias", false);
+  // The key heads: Falcon-40B's and 180B's num_kv_heads, Falcon-7B's one (multi_query), else the heads.
+  c.kv = fresh ? f.integer("num_kv_heads", c.heads, 1, c.heads) : multi_query ? 1 : c.heads;
+  if (c.heads % c.kv) f.fail("num_kv_heads", detail::concat("must divide num_attention_heads (", c.heads, ")"));
+  const int64_t norms = f.integer("num_ln_in_parallel_attn", fresh ? 2 : 1, 1, 2);
+  if (fresh && !parallel) f.fail("parallel_attn", "false is not supported with new_decoder_architecture (transformers' Falcon cannot run it)");
+  if (!fresh && norms == 2) f.fail("num_ln_in_parallel_attn", "2 needs new_decoder_architecture (transformers' Falcon cannot run it otherwise)");
+  if (probability(f, "hidden_dropout") > 0) f.fail("hidden_dropout", "above 0 is not supported (set it to 0.0)");
+  // With rotary positions Falcon drops no attention weights: its attention_dropout drops attention's
+  // output where the layers are one after the other alone.
+  if (!parallel && probability(f, "attention_dropout") > 0) f.fail("attention_dropout", "above 0 is not supported with parallel_attn false (set it to 0.0)");
+  c.act = act_of(f, "gelu", false, "activation");
+  json llama = config;
+  llama["num_attention_heads"] = c.heads;
+  llama["intermediate_size"] = f.integer("ffn_hidden_size", 4 * c.d, 1, int64_t{1} << 30);
+  llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", true);
+  as_llama(f, llama, c, seq_len, false, spec);
+  common_parts(c, spec);
+  for (json& layer : spec.layers["layers"])
+    if (layer["type"] == "llama_block") {
+      layer["mlp_gate"] = false;
+      layer["qkv_bias"] = layer["o_bias"] = layer["mlp_bias"] = bias;
+      if (bias) layer["bias_apart"] = true;  // FalconLinear's input @ weight.T + bias
+      if (parallel) {
+        layer["norms"] = norms == 2 ? "parallel_two" : "parallel";
+        layer["parallel_sum"] = "branches_first";  // mlp_output += attention_output, then the residual
+      }
+      // Its keys as it hands them to sdpa: repeated for the queries (broadcast_to, then flattened),
+      // or Falcon-7B's one head as it is.
+      if (c.kv != c.heads) layer["kv_heads"] = fresh ? "repeated" : "broadcast";
+    }
+  // query_key_value: Falcon-40B's groups of a key head's queries, its key and its value; Falcon-7B's
+  // queries, then the one key, then the one value; else each head's query, key and value in turn.
+  const int64_t D = c.d / c.heads, H = c.heads, kv = c.kv, per = c.heads / c.kv;
+  std::vector<HfTensor> t{{"embed.embedding.weight", "transformer.word_embeddings.weight"}};
+  for (int64_t i = 0; i < c.n; ++i) {
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("transformer.h.", i, ".");
+    if (norms == 2) {
+      add(t, ours + "input_layernorm", theirs + "ln_attn", true);
+      add(t, ours + "post_attention_layernorm", theirs + "ln_mlp", true);
+    } else {
+      add(t, ours + "input_layernorm", theirs + "input_layernorm", true);
+      if (!parallel) add(t, ours + "post_attention_layernorm", theirs + "post_attention_layernorm", true);
+    }
+    for (const char* kind : {"weight", "bias"}) {
+      if (!bias && std::string(kind) == "bias") continue;
+      const std::string fused = detail::concat(theirs, "self_attention.query_key_value.", kind);
+      auto part = [&](const char* p) { return detail::concat(ours, "self_attn.", p, "_proj.", kind); };
+      if (fresh) {
+        t.push_back(fused_part(part("q"), fused, 0, H * D, per * D, (per + 2) * D));
+        t.push_back(fused_part(part("k"), fused, per * D, kv * D, D, (per + 2) * D));
+        t.push_back(fused_part(part("v"), fused, (per + 1) * D, kv * D, D, (per + 2) * D));
+      } else if (multi_query) {
+        t.push_back(fused_part(part("q"), fused, 0, H * D, 0, 0));
+        t.push_back(fused_part(part("k"), fused, H * D, D, 0, 0));
+        t.push_back(fused_part(part("v"), fused, H * D + D, D, 0, 0));
+      } else {
+        for (int64_t p = 0; p < 3; ++p) t.push_back(fused_part(part(p == 0 ? "q" : p == 1 ? "k" : "v"), fused, p * D, H * D, D, 3 * D));
+      }
+    }
+    add(t, ours + "self_attn.o_proj", theirs + "self_attention.dense", bias);
+    add(t, ours + "mlp.up_proj", theirs + "mlp.dense_h_to_4h", bias);
+    add(t, ours + "mlp.down_proj", theirs + "mlp.dense_4h_to_h", bias);
+  }
+  add(t, "norm.rms", "transformer.ln_f", true);
+  t.push_back({"lm_head.linear.weight", "lm_head.weight"});
   spec.tensors = t;
 }
 

@@ -548,3 +548,21 @@ TEST(LayerList, TheGelusAreTransformersApproximations) {
   // A block's act names them: an MLP without a gate through each.
   for (const char* act : {"gelu", "gelu_new", "gelu_fast"}) EXPECT_EQ(build_error(llama_list({{"act", act}, {"mlp_gate", false}})), "(built)") << act;
 }
+
+// How grouped heads reach the fused attention (kv_heads) and a bias added after its product
+// (bias_apart) move only roundings: 1e-12 apart in float64. Broadcast takes one key head alone.
+TEST(LayerList, KvHeadsAndBiasApartMoveOnlyRoundings) {
+  const at::Tensor ids = torch::randint(0, 20, {2, 6});
+  auto same = [&](const json& a, const json& b) {
+    models::Model x = build(llama_list(a)), y = build(llama_list(b));  // the same weights (seed)
+    x.layers->to(torch::kDouble);
+    y.layers->to(torch::kDouble);
+    return max_diff(x.layers->forward(ids), y.layers->forward(ids));
+  };
+  EXPECT_LE(same({{"n_kv_heads", 2}}, {{"n_kv_heads", 2}, {"kv_heads", "repeated"}}), 1e-12);
+  EXPECT_LE(same({{"n_kv_heads", 1}}, {{"n_kv_heads", 1}, {"kv_heads", "broadcast"}}), 1e-12);
+  EXPECT_LE(same({{"qkv_bias", true}, {"o_bias", true}, {"mlp_bias", true}},
+                 {{"qkv_bias", true}, {"o_bias", true}, {"mlp_bias", true}, {"bias_apart", true}}), 1e-12);
+  EXPECT_NE(build_error(llama_list({{"n_kv_heads", 2}, {"kv_heads", "broadcast"}})).find("kv_heads: \"broadcast\" needs n_kv_heads 1"),
+            std::string::npos);
+}

@@ -247,6 +247,20 @@ CASES = {
     "stablelm-parallel-qk": ("StableLmConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                                                     num_key_value_heads=2, max_position_embeddings=64, use_parallel_residual=True,
                                                     qk_layernorm=True, partial_rotary_factor=0.5, tie_word_embeddings=False)),
+    # Falcon-7B's: one key and value for every head (multi_query) in the fused tensor, attention
+    # beside a GELU MLP on one LayerNorm, no biases, tied
+    "falcon": ("FalconConfig", dict(hidden_size=32, ffn_hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                    max_position_embeddings=64)),
+    # Falcon-40B's and 180B's: groups of a key head's queries, its key and value (2 key heads of 4),
+    # ln_attn and ln_mlp side by side, untied
+    "falcon-40b": ("FalconConfig", dict(hidden_size=32, ffn_hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                        num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=64,
+                                        tie_word_embeddings=False)),
+    # Falcon's layers one after the other, each head's query, key and value in turn, gelu_new, every
+    # bias (added after each product, FalconLinear's)
+    "falcon-sequential": ("FalconConfig", dict(hidden_size=32, ffn_hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                               multi_query=False, parallel_attn=False, activation="gelu_new", bias=True,
+                                               max_position_embeddings=64)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -602,7 +616,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "falcon": "Falcon", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):

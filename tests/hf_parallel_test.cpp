@@ -1,8 +1,8 @@
-// GPT-NeoX, Phi and StableLM in the hf family without transformers: their configs as published
+// GPT-NeoX, Phi, StableLM and Falcon in the hf family without transformers: their configs as published
 // (older field names, nulls, defaults) read into llama_blocks with their norms, GELUs, partial
 // rotations, biases and dropouts; their fused and per-head tensors read and written back in place;
 // what they refuse, in one line naming the field.
-// Against transformers: hf_test.cpp (HfParity.GptNeoX*, HfParity.Phi*, HfParity.StableLm*).
+// Against transformers: hf_test.cpp (HfParity.GptNeoX*, HfParity.Phi*, HfParity.StableLm*, HfParity.Falcon*).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,13 +49,16 @@ void expect_read_in_place(const std::string& dir, const models::HfSpec& spec) {
   models::SafetensorsCheckpoint ck(dir);
   auto params = m.layers->named_parameters();
   for (const models::HfTensor& t : spec.tensors) {
+    if (spec.tied && t.theirs == "lm_head.weight") continue;  // the embedding's
     ASSERT_TRUE(params.contains(t.ours)) << t.ours;
     at::Tensor ours = t.ours_row >= 0 ? params[t.ours].select(0, t.ours_row) : params[t.ours];
     at::Tensor theirs = ck.get(t.theirs);
-    if (t.row_block > 1) {  // GPT-NeoX's query_key_value: [heads, 3, head_dim, ...]
-      std::vector<int64_t> shape{-1, 3, t.row_block};
+    if (t.row_block > 1) {  // GPT-NeoX's query_key_value, [heads, 3 · head_dim, ...]; Falcon-40B's, by groups
+      std::vector<int64_t> shape{-1, t.row_step};
       for (int64_t d = 1; d < theirs.dim(); ++d) shape.push_back(theirs.size(d));
-      theirs = theirs.reshape(shape).select(1, t.row_offset / t.row_block).reshape(ours.sizes());
+      theirs = theirs.reshape(shape).narrow(1, t.row_offset, t.row_block).reshape(ours.sizes());
+    } else if (t.rows > 0) {  // Falcon-7B's: the queries' rows, then the key's, then the value's
+      theirs = theirs.narrow(0, t.row_offset, t.rows);
     }
     EXPECT_TRUE(torch::equal(ours, theirs)) << t.ours << " <- " << t.theirs;
   }
@@ -172,4 +175,60 @@ TEST(HfFamily, StableLmReadsPerHeadNormsAndRefusesTheMlpsOwnDropout) {
   std::ofstream(dir + "/config.json") << test::with(kStableLm, {{"hidden_dropout", 0.1}}).dump();
   EXPECT_NE(test::hf_error(dir).find("hidden_dropout above 0 is not supported (StableLM drops the MLP's output alone"), std::string::npos)
       << test::hf_error(dir);
+}
+
+// Falcon-7B's config as published, Falcon-40B's layout and what transformers' Falcon cannot run.
+TEST(HfFamily, FalconReadsItsThreeLayoutsAndRefusesWhatItCannotRun) {
+  const nlohmann::json falcon7b{{"architectures", {"FalconForCausalLM"}}, {"model_type", "falcon"}, {"vocab_size", 40}, {"hidden_size", 32},
+                                {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"multi_query", true}, {"parallel_attn", true},
+                                {"new_decoder_architecture", false}, {"alibi", false}, {"bias", false}, {"layer_norm_epsilon", 1e-4},
+                                {"hidden_dropout", 0.0}, {"attention_dropout", 0.0}};
+  const std::string dir = test::hf_write_model(root() + "/falcon7b", falcon7b);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["n_kv_heads"], 1);
+  EXPECT_EQ(b["kv_heads"], "broadcast");
+  EXPECT_EQ(b["norms"], "parallel");
+  EXPECT_EQ(b["parallel_sum"], "branches_first");
+  EXPECT_EQ(b["d_ff"], 128);  // 4 · hidden_size
+  EXPECT_EQ(b["act"], "gelu");
+  EXPECT_EQ(b["eps"], 1e-4);
+  EXPECT_FALSE(b.contains("partial_rotary_factor"));
+  EXPECT_FALSE(b.contains("bias_apart"));
+  EXPECT_TRUE(spec.tied);
+  EXPECT_TRUE(has(spec, "layer_1.llama.self_attn.v_proj.weight", "transformer.h.1.self_attention.query_key_value.weight"));
+  EXPECT_TRUE(has(spec, "norm.rms.bias", "transformer.ln_f.bias"));
+  expect_read_in_place(dir, spec);
+  // Falcon-40B's: a key head's group of queries, its key and value; ln_attn and ln_mlp; biases apart.
+  const nlohmann::json falcon40b = test::with(falcon7b, {{"new_decoder_architecture", true}, {"num_kv_heads", 2}, {"bias", true}, {"ffn_hidden_size", 24}});
+  const std::string fresh = test::hf_write_model(root() + "/falcon40b", falcon40b);
+  const models::HfSpec grouped = models::read_hf_spec(fresh, 8, "test");
+  EXPECT_EQ(grouped.layers["layers"][1]["n_kv_heads"], 2);
+  EXPECT_EQ(grouped.layers["layers"][1]["kv_heads"], "repeated");
+  EXPECT_EQ(grouped.layers["layers"][1]["norms"], "parallel_two");
+  EXPECT_EQ(grouped.layers["layers"][1]["bias_apart"], true);
+  EXPECT_TRUE(has(grouped, "layer_0.llama.post_attention_layernorm.bias", "transformer.h.0.ln_mlp.bias"));
+  expect_read_in_place(fresh, grouped);
+  // One after the other, each head's query, key and value in turn.
+  const std::string seq = test::hf_write_model(root() + "/falcon-seq", test::with(falcon7b, {{"multi_query", false}, {"parallel_attn", false}}));
+  const models::HfSpec sequential = models::read_hf_spec(seq, 8, "test");
+  EXPECT_FALSE(sequential.layers["layers"][1].contains("norms"));
+  EXPECT_EQ(sequential.layers["layers"][1]["n_kv_heads"], 4);
+  expect_read_in_place(seq, sequential);
+  // Refused by name.
+  const std::pair<nlohmann::json, std::string> refused[] = {
+      {{{"alibi", true}}, "alibi true is not supported (ALiBi positions"},
+      {{{"hidden_dropout", 0.1}}, "hidden_dropout above 0 is not supported"},
+      {{{"parallel_attn", false}, {"attention_dropout", 0.1}}, "attention_dropout above 0 is not supported with parallel_attn false"},
+      {{{"new_decoder_architecture", true}, {"parallel_attn", false}}, "parallel_attn false is not supported with new_decoder_architecture"},
+      {{{"num_ln_in_parallel_attn", 2}}, "num_ln_in_parallel_attn 2 needs new_decoder_architecture"},
+      {{{"activation", "relu"}}, "activation 'relu' is not supported"},
+  };
+  for (const auto& [change, message] : refused) {
+    std::ofstream(dir + "/config.json") << test::with(falcon7b, change).dump();
+    EXPECT_NE(test::hf_error(dir).find(message), std::string::npos) << test::hf_error(dir);
+  }
+  // attention_dropout beside parallel attention: unused by transformers' Falcon with rotary positions, read as such.
+  std::ofstream(dir + "/config.json") << test::with(falcon7b, {{"attention_dropout", 0.1}}).dump();
+  EXPECT_FALSE(models::read_hf_spec(dir, 8, "test").layers["layers"][1].contains("attn_dropout"));
 }

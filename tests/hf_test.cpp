@@ -238,6 +238,9 @@ TEST(HfParity, PhiParallelOneNormGeluNewHeadBiasPadding) { check_architecture("p
 TEST(HfParity, PhiQkLayerNormsGroupedHeadsExactGelu) { check_architecture("phi-qk"); }
 TEST(HfParity, StableLmLayerNormsQuarterRotatedQkvBiases) { check_architecture("stablelm"); }
 TEST(HfParity, StableLmParallelQkNormsOfEachHead) { check_architecture("stablelm-parallel-qk"); }
+TEST(HfParity, FalconMultiQueryParallelOneNormTied) { check_architecture("falcon"); }
+TEST(HfParity, Falcon40bGroupedFusedHeadsTwoNorms) { check_architecture("falcon-40b"); }
+TEST(HfParity, FalconSequentialHeadByHeadGeluNewBiases) { check_architecture("falcon-sequential"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
