@@ -41,7 +41,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
                          kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel",
                          kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM",
-                         kFalcon = "FalconForCausalLM";
+                         kFalcon = "FalconForCausalLM", kGptJ = "GPTJForCausalLM";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -207,5 +207,10 @@ void stablelm(const Fields& f, const nlohmann::json& config, int64_t seq_len, Hf
 /// and value for every head with multi_query), attention beside a GELU MLP on one LayerNorm or two
 /// (ln_attn, ln_mlp), rotary positions over the whole head, biases by `bias`, tied (hf_parallel.cpp).
 void falcon(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// GPT-J: one LayerNorm feeding attention and a gelu_new MLP side by side, rotary_dim values of
+/// each head rotated as interleaved pairs, the MLP's and the head's biases, its dropouts
+/// (hf_parallel.cpp).
+void gptj(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

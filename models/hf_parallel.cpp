@@ -1,8 +1,9 @@
-// GPT-NeoX (Pythia), Phi (Phi-1, 1.5 and 2), StableLM and Falcon (the `hf` family,
+// GPT-NeoX (Pythia), Phi (Phi-1, 1.5 and 2), StableLM, Falcon and GPT-J (the `hf` family,
 // models/hf_fields.h): LayerNorms of a weight and a bias, rotary positions over the first part of
-// each head (Falcon's whole head), and attention beside the MLP (GPT-NeoX's two norms, Phi's one,
-// StableLM's one, Falcon's one or two; or one after the other), as transformers'
-// GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM and FalconForCausalLM compute them.
+// each head (Falcon's whole head; GPT-J's interleaved pairs), and attention beside the MLP (GPT-NeoX's
+// two norms, Phi's one, StableLM's one, Falcon's one or two, GPT-J's one; or one after the other), as
+// transformers' GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM and
+// GPTJForCausalLM compute them.
 // Read as Llama's layers (their sizes, rope and padding), then given their own parts and names.
 #include <string>
 #include <vector>
@@ -323,6 +324,61 @@ void falcon(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) 
   }
   add(t, "norm.rms", "transformer.ln_f", true);
   t.push_back({"lm_head.linear.weight", "lm_head.weight"});
+  spec.tensors = t;
+}
+
+void gptj(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
+  Common c;
+  c.n = f.integer("n_layer", 0, 1, 4096, true);
+  c.heads = f.integer("n_head", 0, 1, 1 << 16, true);
+  c.d = f.integer("n_embd", 0, 1, int64_t{1} << 30, true);
+  c.kv = c.heads;
+  if (c.d % c.heads) f.fail("n_head", detail::concat("must divide n_embd (", c.d, ")"));
+  const int64_t D = c.d / c.heads, positions = f.integer("n_positions", 2048, 1, int64_t{1} << 30);
+  // The rotated values at the start of each head as interleaved pairs (rotate_every_two).
+  if (!f.has("rotary_dim") && c.heads > 1) f.fail("rotary_dim", "null is not supported (transformers' GPT-J rotates rotary_dim values of each head)");
+  const int64_t rotated = f.integer("rotary_dim", D, 2, D);
+  c.partial = static_cast<double>(rotated) / static_cast<double>(D);
+  if (rotated % 2 || static_cast<int64_t>(static_cast<double>(D) * c.partial) != rotated)
+    f.fail("rotary_dim", detail::concat(rotated, " must be even (of a head's ", D, " values)"));
+  if (seq_len > positions) f.fail("n_positions", detail::concat(positions, " is shorter than the sequence (", seq_len, ": its position table ends there)"));
+  c.act = act_of(f, "gelu_new", false, "activation_function");
+  c.residual = probability(f, "resid_pdrop");
+  c.attention = probability(f, "attn_pdrop");
+  c.embedding = probability(f, "embd_pdrop");
+  json llama = json::object();  // GPT-J's sizes under Llama's names; its rope's base fixed at 10000
+  llama["vocab_size"] = f.integer("vocab_size", 50400, 1, int64_t{1} << 30);
+  llama["hidden_size"] = c.d;
+  llama["num_hidden_layers"] = c.n;
+  llama["num_attention_heads"] = c.heads;
+  llama["intermediate_size"] = f.integer("n_inner", 4 * c.d, 1, int64_t{1} << 30);
+  llama["max_position_embeddings"] = positions;
+  llama["rms_norm_eps"] = f.number("layer_norm_epsilon", 1e-5);
+  llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
+  as_llama(f, llama, c, seq_len, false, spec);
+  common_parts(c, spec);
+  for (json& layer : spec.layers["layers"]) {
+    if (layer["type"] == "llama_block") {
+      layer["mlp_gate"] = false;
+      layer["mlp_bias"] = true;
+      layer["norms"] = "parallel";
+      layer["parallel_sum"] = "branches_first";  // attn_output + feed_forward_hidden_states + residual
+      layer["rope_interleave"] = layer["rope_pairs_kept"] = true;
+    } else if (layer["name"] == "lm_head") {
+      layer["bias"] = true;
+    }
+  }
+  std::vector<HfTensor> t{{"embed.embedding.weight", "transformer.wte.weight"}};
+  for (int64_t i = 0; i < c.n; ++i) {
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("transformer.h.", i, ".");
+    add(t, ours + "input_layernorm", theirs + "ln_1", true);
+    for (const char* p : {"q", "k", "v"}) add(t, ours + "self_attn." + p + "_proj", theirs + "attn." + p + "_proj", false);
+    add(t, ours + "self_attn.o_proj", theirs + "attn.out_proj", false);
+    add(t, ours + "mlp.up_proj", theirs + "mlp.fc_in", true);
+    add(t, ours + "mlp.down_proj", theirs + "mlp.fc_out", true);
+  }
+  add(t, "norm.rms", "transformer.ln_f", true);
+  add(t, "lm_head.linear", "lm_head", true);
   spec.tensors = t;
 }
 

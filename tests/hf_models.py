@@ -261,6 +261,9 @@ CASES = {
     "falcon-sequential": ("FalconConfig", dict(hidden_size=32, ffn_hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
                                                multi_query=False, parallel_attn=False, activation="gelu_new", bias=True,
                                                max_position_embeddings=64)),
+    # GPT-J: one LayerNorm feeding attention and a gelu_new MLP side by side, 4 of each head's 8
+    # values rotated as interleaved pairs, the MLP's and the head's biases, untied
+    "gptj": ("GPTJConfig", dict(n_embd=32, n_inner=48, n_layer=3, n_head=4, rotary_dim=4, n_positions=64)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -616,7 +619,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "falcon": "Falcon", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "falcon": "Falcon", "gptj": "GPTJ", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):
@@ -662,9 +665,14 @@ def patch_float64(families=None):
             return normed * (1.0 + self.weight) if _gemma else self.weight * normed
 
         def rotary_forward(self, x, position_ids, layer_type=None, _orig=getattr(rotary, "forward", None), _complex=family in ("deepseek_v2", "llama4"),
-                           _half=family == "gpt_oss", _interleaved=family in ("cohere", "cohere2")):
+                           _half=family == "gpt_oss", _interleaved=family in ("cohere", "cohere2"), _gptj=family == "gptj"):
             if x.dtype != torch.float64:
                 return _orig(self, x, position_ids, layer_type) if layer_type else _orig(self, x, position_ids)
+            if _gptj:  # GPT-J's table: (sin, cos) of its rotary_dim / 2 angles, base 10000
+                dim = self.pos_embd_dim
+                inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim))
+                freqs = position_ids[..., None].to(torch.float64) * inv
+                return freqs.sin(), freqs.cos()
             c = self.config
             if position_ids.dim() == 3:  # Qwen3.5's three grids' positions, equal for text
                 position_ids = position_ids[0]

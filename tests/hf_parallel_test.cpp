@@ -232,3 +232,31 @@ TEST(HfFamily, FalconReadsItsThreeLayoutsAndRefusesWhatItCannotRun) {
   std::ofstream(dir + "/config.json") << test::with(falcon7b, {{"attention_dropout", 0.1}}).dump();
   EXPECT_FALSE(models::read_hf_spec(dir, 8, "test").layers["layers"][1].contains("attn_dropout"));
 }
+
+// GPT-J's config as published (n_embd, n_head, rotary_dim 64 of heads of 256, here 4 of 8).
+TEST(HfFamily, GptJReadsItsInterleavedPartialRotationAndRefusals) {
+  const nlohmann::json gptj{{"architectures", {"GPTJForCausalLM"}}, {"model_type", "gptj"}, {"vocab_size", 40}, {"n_embd", 32},
+                            {"n_layer", 2}, {"n_head", 4}, {"rotary_dim", 4}, {"n_positions", 16}, {"n_inner", nullptr},
+                            {"activation_function", "gelu_new"}, {"resid_pdrop", 0.1}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}};
+  const std::string dir = test::hf_write_model(root() + "/gptj", gptj);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["norms"], "parallel");
+  EXPECT_EQ(b["parallel_sum"], "branches_first");
+  EXPECT_EQ(b["partial_rotary_factor"], 0.5);
+  EXPECT_EQ(b["rope_interleave"], true);
+  EXPECT_EQ(b["rope_pairs_kept"], true);
+  EXPECT_EQ(b["d_ff"], 128);  // n_inner null: 4 · n_embd
+  EXPECT_EQ(b["dropout"], 0.1);
+  EXPECT_EQ(b["qkv_bias"], false);
+  EXPECT_EQ(b["mlp_bias"], true);
+  EXPECT_TRUE(has(spec, "lm_head.linear.bias", "lm_head.bias"));
+  EXPECT_TRUE(has(spec, "layer_0.llama.self_attn.o_proj.weight", "transformer.h.0.attn.out_proj.weight"));
+  expect_read_in_place(dir, spec);
+  std::ofstream(dir + "/config.json") << test::with(gptj, {{"rotary_dim", nullptr}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("rotary_dim null is not supported"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(gptj, {{"rotary_dim", 3}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("rotary_dim 3 must be even"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << gptj.dump();
+  EXPECT_NE(test::hf_error(dir, 32).find("n_positions 16 is shorter than the sequence (32"), std::string::npos) << test::hf_error(dir, 32);
+}
