@@ -41,7 +41,8 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kQwen25VL = "Qwen2_5_VLForConditionalGeneration",
                          kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel",
                          kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM",
-                         kFalcon = "FalconForCausalLM", kGptJ = "GPTJForCausalLM";
+                         kFalcon = "FalconForCausalLM", kGptJ = "GPTJForCausalLM",
+                         kGptBigCode = "GPTBigCodeForCausalLM";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -212,5 +213,10 @@ void falcon(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSp
 /// each head rotated as interleaved pairs, the MLP's and the head's biases, its dropouts
 /// (hf_parallel.cpp).
 void gptj(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layers (learned positions, LayerNorms, the tanh
+/// GELU, every bias) with one key and value head (multi_query), q, k and v in one tensor (c_attn),
+/// tied (hf_parallel.cpp).
+void gpt_bigcode(const Fields& f, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

@@ -3,7 +3,8 @@
 // each head (Falcon's whole head; GPT-J's interleaved pairs), and attention beside the MLP (GPT-NeoX's
 // two norms, Phi's one, StableLM's one, Falcon's one or two, GPT-J's one; or one after the other), as
 // transformers' GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM and
-// GPTJForCausalLM compute them.
+// GPTJForCausalLM compute them; and GPT-BigCode (StarCoder 1, SantaCoder), GPT-2's layers with one key
+// head, whose LayerNorms and fused heads it shares.
 // Read as Llama's layers (their sizes, rope and padding), then given their own parts and names.
 #include <string>
 #include <vector>
@@ -380,6 +381,64 @@ void gptj(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
   add(t, "norm.rms", "transformer.ln_f", true);
   add(t, "lm_head.linear", "lm_head", true);
   spec.tensors = t;
+}
+
+void gpt_bigcode(const Fields& f, int64_t seq_len, HfSpec& spec) {
+  const int64_t big = int64_t{1} << 30;
+  const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("n_embd", 0, 1, big, true);
+  const int64_t n = f.integer("n_layer", 0, 1, 4096, true), heads = f.integer("n_head", 0, 1, 1 << 16, true);
+  const int64_t positions = f.integer("n_positions", 1024, 1, big), ff = f.integer("n_inner", 4 * d, 1, big);
+  if (d % heads) f.fail("n_head", detail::concat("must divide n_embd (", d, ")"));
+  if (seq_len > positions) f.fail("n_positions", detail::concat("is ", positions, ", fewer than model.seq_len (", seq_len, ")"));
+  if (f.boolean("add_cross_attention", false)) f.fail("add_cross_attention", "true is not supported (a decoder without cross-attention)");
+  const bool multi_query = f.boolean("multi_query", true);
+  const int64_t D = d / heads, kv = multi_query ? 1 : heads;
+  auto pdrop = [&](const char* k) {
+    const double p = f.number(k, 0.1);  // GPTBigCodeConfig's defaults
+    if (p < 0 || p > 0.99) f.fail(k, detail::concat("must be in [0, 0.99], got ", p));
+    return p;
+  };
+  const double eps = f.number("layer_norm_epsilon", 1e-5);
+  json layers = json::array();
+  layers.push_back({{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d},
+                    {"max_positions", positions}, {"dropout", pdrop("embd_pdrop")}});
+  spec.tensors.push_back({"embed.embedding.tok.weight", "transformer.wte.weight"});
+  spec.tensors.push_back({"embed.embedding.pos.weight", "transformer.wpe.weight"});
+  // GPT-2's block with one key head (multi_query) as a llama_block without rotary positions.
+  json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", ff}, {"eps", eps},
+             {"rotary", false}, {"norm_center", true}, {"norm_bias", true}, {"mlp_gate", false}, {"qkv_bias", true}, {"o_bias", true},
+             {"mlp_bias", true}, {"act", act_of(f, "gelu_pytorch_tanh", false, "activation_function")}};
+  if (!f.boolean("scale_attn_weights", true)) block["attn_scale"] = 1.0;  // the scores unscaled
+  const double residual = pdrop("resid_pdrop"), attention = pdrop("attn_pdrop");
+  if (residual > 0 || attention > 0) {  // keyed masks, not torch's (training alone)
+    block["dropout"] = residual;
+    block["attn_dropout"] = attention;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    block["name"] = detail::concat("layer_", i);
+    layers.push_back(block);
+    const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("transformer.h.", i, ".");
+    add(spec.tensors, ours + "input_layernorm", theirs + "ln_1", true);
+    add(spec.tensors, ours + "post_attention_layernorm", theirs + "ln_2", true);
+    // c_attn: the queries, then the one key and value (multi_query); else each head's in turn.
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string fused = detail::concat(theirs, "attn.c_attn.", kind);
+      auto part = [&](const char* p) { return detail::concat(ours, "self_attn.", p, "_proj.", kind); };
+      if (multi_query) {
+        spec.tensors.push_back(fused_part(part("q"), fused, 0, d, 0, 0));
+        spec.tensors.push_back(fused_part(part("k"), fused, d, D, 0, 0));
+        spec.tensors.push_back(fused_part(part("v"), fused, d + D, D, 0, 0));
+      } else {
+        for (int64_t p = 0; p < 3; ++p) spec.tensors.push_back(fused_part(part(p == 0 ? "q" : p == 1 ? "k" : "v"), fused, p * D, d, D, 3 * D));
+      }
+    }
+    add(spec.tensors, ours + "self_attn.o_proj", theirs + "attn.c_proj", true);
+    add(spec.tensors, ours + "mlp.up_proj", theirs + "mlp.c_fc", true);
+    add(spec.tensors, ours + "mlp.down_proj", theirs + "mlp.c_proj", true);
+  }
+  layers.push_back({{"name", "norm"}, {"type", "rmsnorm"}, {"normalized_shape", d}, {"eps", eps}, {"center", true}, {"bias", true}});
+  add(spec.tensors, "norm.rms", "transformer.ln_f", true);
+  with_head(spec, layers, d, vocab, seq_len, f.boolean("tie_word_embeddings", true), "embed.embedding.tok.weight");
 }
 
 }  // namespace pipetrain::models::hf_detail

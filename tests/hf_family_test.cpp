@@ -105,14 +105,14 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "AyaVisionForConditionalGeneration, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, "
                                 "Qwen2VLForConditionalGeneration, "
                                 "Qwen2_5_VLForConditionalGeneration, NemotronHForCausalLM, "
-                                "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, Starcoder2ForCausalLM, SeedOssForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM, GPTJForCausalLM)"),
+                                "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, Starcoder2ForCausalLM, SeedOssForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM, GPTJForCausalLM, GPTBigCodeForCausalLM)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);
   nlohmann::json untyped = with(kLlamaConfig, {{"model_type", "bert"}});
   untyped.erase("architectures");
   std::ofstream(bert + "/config.json") << untyped.dump();
-  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, aya_vision, bamba, cohere, cohere2, deepseek_v2, deepseek_v3, ernie4_5, exaone4, falcon, gemma, gemma2, gemma3, gemma3_text, glm4, glm4_moe, gpt2, gpt_neox, gpt_oss, gptj, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, internvl, llama, llama4, llama4_text, llava, minimax_m2, ministral3, mistral, mistral3, "), std::string::npos)
+  EXPECT_NE(hf_error(bert).find("model_type 'bert' is not supported (apertus, arcee, aya_vision, bamba, cohere, cohere2, deepseek_v2, deepseek_v3, ernie4_5, exaone4, falcon, gemma, gemma2, gemma3, gemma3_text, glm4, glm4_moe, gpt2, gpt_bigcode, gpt_neox, gpt_oss, gptj, granite, granitemoe, granitemoehybrid, granitemoeshared, hunyuan_v1_dense, internvl, llama, llama4, llama4_text, llava, minimax_m2, ministral3, mistral, mistral3, "), std::string::npos)
       << hf_error(bert);
   // GPT-2's positions end at n_positions.
   const nlohmann::json gpt2{{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 40}, {"n_embd", 16}, {"n_layer", 1},

@@ -264,6 +264,14 @@ CASES = {
     # GPT-J: one LayerNorm feeding attention and a gelu_new MLP side by side, 4 of each head's 8
     # values rotated as interleaved pairs, the MLP's and the head's biases, untied
     "gptj": ("GPTJConfig", dict(n_embd=32, n_inner=48, n_layer=3, n_head=4, rotary_dim=4, n_positions=64)),
+    # GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layers with one key and value head for every
+    # query head in c_attn, learned positions, the tanh GELU, every bias, tied; dropouts at 0
+    "gpt-bigcode": ("GPTBigCodeConfig", dict(n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0,
+                                             embd_pdrop=0.0, attn_pdrop=0.0)),
+    # without multi_query: each head's query, key and value in turn; gelu_new, untied
+    "gpt-bigcode-mha": ("GPTBigCodeConfig", dict(n_embd=32, n_inner=48, n_layer=2, n_head=4, n_positions=64, multi_query=False,
+                                                 activation_function="gelu_new", tie_word_embeddings=False, resid_pdrop=0.0,
+                                                 embd_pdrop=0.0, attn_pdrop=0.0)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head

@@ -260,3 +260,37 @@ TEST(HfFamily, GptJReadsItsInterleavedPartialRotationAndRefusals) {
   std::ofstream(dir + "/config.json") << gptj.dump();
   EXPECT_NE(test::hf_error(dir, 32).find("n_positions 16 is shorter than the sequence (32"), std::string::npos) << test::hf_error(dir, 32);
 }
+
+// GPT-BigCode's config as StarCoder publishes it (multi_query, its dropouts of 0.1), c_attn's parts.
+TEST(HfFamily, GptBigCodeReadsOneKeyHeadLearnedPositionsAndDropouts) {
+  const nlohmann::json bigcode{{"architectures", {"GPTBigCodeForCausalLM"}}, {"model_type", "gpt_bigcode"}, {"vocab_size", 40},
+                               {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4}, {"n_inner", 48}, {"n_positions", 16}, {"multi_query", true},
+                               {"activation_function", "gelu_pytorch_tanh"}, {"resid_pdrop", 0.1}, {"embd_pdrop", 0.1}, {"attn_pdrop", 0.1},
+                               {"scale_attn_weights", true}};
+  const std::string dir = test::hf_write_model(root() + "/bigcode", bigcode);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& e = spec.layers["layers"][0];
+  EXPECT_EQ(e["max_positions"], 16);
+  EXPECT_EQ(e["dropout"], 0.1);
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["n_kv_heads"], 1);
+  EXPECT_EQ(b["rotary"], false);
+  EXPECT_EQ(b["act"], "gelu_tanh");
+  EXPECT_EQ(b["dropout"], 0.1);
+  EXPECT_EQ(b["attn_dropout"], 0.1);
+  EXPECT_FALSE(b.contains("attn_scale"));
+  EXPECT_TRUE(spec.tied);
+  EXPECT_TRUE(has(spec, "layer_1.llama.self_attn.k_proj.bias", "transformer.h.1.attn.c_attn.bias"));
+  EXPECT_TRUE(has(spec, "embed.embedding.pos.weight", "transformer.wpe.weight"));
+  expect_read_in_place(dir, spec);
+  // The head tied to the token embedding (beside the positions) when built.
+  models::Model m = test::hf_build(dir, 8);
+  auto params = m.layers->named_parameters();
+  EXPECT_TRUE(torch::equal(params["lm_head.linear.weight"], params["embed.embedding.tok.weight"]));
+  std::ofstream(dir + "/config.json") << test::with(bigcode, {{"scale_attn_weights", false}}).dump();
+  EXPECT_EQ(models::read_hf_spec(dir, 8, "test").layers["layers"][1]["attn_scale"], 1.0);
+  std::ofstream(dir + "/config.json") << test::with(bigcode, {{"add_cross_attention", true}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("add_cross_attention true is not supported"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << bigcode.dump();
+  EXPECT_NE(test::hf_error(dir, 32).find("n_positions is 16, fewer than model.seq_len (32)"), std::string::npos) << test::hf_error(dir, 32);
+}

@@ -242,6 +242,8 @@ TEST(HfParity, FalconMultiQueryParallelOneNormTied) { check_architecture("falcon
 TEST(HfParity, Falcon40bGroupedFusedHeadsTwoNorms) { check_architecture("falcon-40b"); }
 TEST(HfParity, FalconSequentialHeadByHeadGeluNewBiases) { check_architecture("falcon-sequential"); }
 TEST(HfParity, GptJParallelInterleavedPartialRotationBiases) { check_architecture("gptj"); }
+TEST(HfParity, GptBigCodeMultiQueryLearnedPositionsTied) { check_architecture("gpt-bigcode"); }
+TEST(HfParity, GptBigCodeHeadByHeadGeluNewUntied) { check_architecture("gpt-bigcode-mha"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
