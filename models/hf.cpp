@@ -60,30 +60,48 @@ std::string architecture_of(const json& config, const Fields& f) {
   return it->second;
 }
 
+}  // namespace
+
+double hf_detail::dropout_probability(const Fields& f, const std::string& key, double def) {
+  const double p = f.number(key, def);
+  if (p < 0 || p > 0.99) f.fail(key, detail::concat("must be in [0, 0.99], got ", p));
+  return p;
+}
+
+Gpt2Sizes hf_detail::gpt2_sizes(const Fields& f, int64_t seq_len) {
+  const int64_t big = int64_t{1} << 30;
+  Gpt2Sizes s;
+  s.vocab = f.integer("vocab_size", 0, 1, big, true);
+  s.d = f.integer("n_embd", 0, 1, big, true);
+  s.n = f.integer("n_layer", 0, 1, 4096, true);
+  s.heads = f.integer("n_head", 0, 1, 1 << 16, true);
+  s.positions = f.integer("n_positions", 1024, 1, big);
+  s.ff = f.integer("n_inner", 4 * s.d, 1, big);
+  if (s.d % s.heads) f.fail("n_head", detail::concat("must divide n_embd (", s.d, ")"));
+  if (seq_len > s.positions) f.fail("n_positions", detail::concat("is ", s.positions, ", fewer than model.seq_len (", seq_len, ")"));
+  return s;
+}
+
+json hf_detail::gpt2_embedding(const Fields& f, int64_t vocab, int64_t d, int64_t positions, HfSpec& spec) {
+  spec.tensors.push_back({"embed.embedding.tok.weight", "transformer.wte.weight"});
+  spec.tensors.push_back({"embed.embedding.pos.weight", "transformer.wpe.weight"});
+  return {{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d},
+          {"max_positions", positions}, {"dropout", dropout_probability(f, "embd_pdrop", 0.1)}};
+}
+
+namespace {
+
 // GPT-2: embed (token and position), h_0..n-1 (gpt2_block), ln_f, lm_head.
 void gpt2(const Fields& f, int64_t seq_len, HfSpec& spec) {
-  const int64_t big = int64_t{1} << 30;
-  const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("n_embd", 0, 1, big, true);
-  const int64_t n = f.integer("n_layer", 0, 1, 4096, true), heads = f.integer("n_head", 0, 1, 1 << 16, true);
-  const int64_t positions = f.integer("n_positions", 1024, 1, big), ff = f.integer("n_inner", 4 * d, 1, big);
-  if (d % heads) f.fail("n_head", detail::concat("must divide n_embd (", d, ")"));
-  if (seq_len > positions) f.fail("n_positions", detail::concat("is ", positions, ", fewer than model.seq_len (", seq_len, ")"));
+  const auto [vocab, d, n, heads, positions, ff] = gpt2_sizes(f, seq_len);
   const std::string act = f.string("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh") f.fail("activation_function", "'" + act + "' is not supported (gelu_new)");
   f.require("scale_attn_weights", true, "attention scaled by 1/sqrt(head_dim)");
   f.require("scale_attn_by_inverse_layer_idx", false, "attention scaled by 1/sqrt(head_dim) alone");
   f.require("add_cross_attention", false, "a decoder without cross-attention");
-  auto pdrop = [&](const std::string& k) {
-    const double p = f.number(k, 0.1);
-    if (p < 0 || p > 0.99) f.fail(k, detail::concat("must be in [0, 0.99], got ", p));
-    return p;
-  };
+  auto pdrop = [&](const std::string& k) { return dropout_probability(f, k, 0.1); };
   const double eps = f.number("layer_norm_epsilon", 1e-5);
-  json layers = json::array();
-  layers.push_back({{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d},
-                    {"max_positions", positions}, {"dropout", pdrop("embd_pdrop")}});
-  spec.tensors.push_back({"embed.embedding.tok.weight", "transformer.wte.weight"});
-  spec.tensors.push_back({"embed.embedding.pos.weight", "transformer.wpe.weight"});
+  json layers = json::array({gpt2_embedding(f, vocab, d, positions, spec)});
   json block{{"type", "gpt2_block"}, {"d_model", d}, {"n_heads", heads}, {"d_ff", ff}, {"eps", eps},
              {"dropout", pdrop("resid_pdrop")}, {"attn_dropout", pdrop("attn_pdrop")}};
   if (act == "gelu_new") block["act"] = "gelu_new";  // op by op, as transformers computes it
@@ -314,24 +332,14 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
     return checkpoint.get();
   };
   if (f.has("quantization_config")) spec.quantization = read_hf_quantization(f.at("quantization_config"), where + ": " + file);
+  // The families read by a file of their own, from config.json as it is.
+  using Reader = void (*)(const Fields&, const json&, int64_t, HfSpec&);
+  static const std::map<std::string, Reader> readers{{kStarcoder2, starcoder2}, {kSeedOss, seed_oss}, {kGptNeoX, gpt_neox}, {kPhi, phi},
+                                                     {kStableLm, stablelm},     {kFalcon, falcon},    {kGptJ, gptj},         {kGptBigCode, gpt_bigcode}};
   if (spec.architecture == kGpt2) {
     gpt2(f, seq_len, spec);
-  } else if (spec.architecture == kStarcoder2) {
-    starcoder2(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kSeedOss) {
-    seed_oss(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kGptNeoX) {
-    gpt_neox(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kPhi) {
-    phi(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kStableLm) {
-    stablelm(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kFalcon) {
-    falcon(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kGptJ) {
-    gptj(f, spec.config, seq_len, spec);
-  } else if (spec.architecture == kGptBigCode) {
-    gpt_bigcode(f, seq_len, spec);
+  } else if (readers.count(spec.architecture)) {
+    readers.at(spec.architecture)(f, spec.config, seq_len, spec);
   } else if (spec.architecture == kNemotronH) {
     nemotron_h(f, seq_len, spec);
   } else if (spec.architecture == kLlama4Vision) {

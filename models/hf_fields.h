@@ -189,6 +189,20 @@ void starcoder2(const Fields& f, const nlohmann::json& config, int64_t seq_len, 
 /// of 128 and padding token 1 by default, its dropouts (hf_seed_oss.cpp).
 void seed_oss(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
+/// A dropout probability of config.json, `def` where absent; in [0, 0.99] or an error naming `key`.
+double dropout_probability(const Fields& f, const std::string& key, double def);
+
+/// GPT-2's sizes under its names (vocab_size, n_embd, n_layer, n_head, n_positions, n_inner: 4 ·
+/// n_embd where absent), checked: n_head divides n_embd, seq_len within n_positions (hf.cpp).
+struct Gpt2Sizes {
+  int64_t vocab = 0, d = 0, n = 0, heads = 0, positions = 0, ff = 0;
+};
+Gpt2Sizes gpt2_sizes(const Fields& f, int64_t seq_len);
+
+/// GPT-2's embedding (tokens, learned positions, `embd_pdrop`, 0.1 where absent) as the layer
+/// `embed`; its two tensors' names (transformer.wte, transformer.wpe) added to `spec` (hf.cpp).
+nlohmann::json gpt2_embedding(const Fields& f, int64_t vocab, int64_t d, int64_t positions, HfSpec& spec);
+
 /// GPT-NeoX (Pythia): LayerNorms with biases, q, k and v in one tensor head by head, a quarter of
 /// each head rotated, attention beside the MLP each with its norm (use_parallel_residual), an exact
 /// GELU MLP with biases, its dropouts, an untied head (`embed_out`) (hf_parallel.cpp).
@@ -217,6 +231,6 @@ void gptj(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec
 /// GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layers (learned positions, LayerNorms, the tanh
 /// GELU, every bias) with one key and value head (multi_query), q, k and v in one tensor (c_attn),
 /// tied (hf_parallel.cpp).
-void gpt_bigcode(const Fields& f, int64_t seq_len, HfSpec& spec);
+void gpt_bigcode(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

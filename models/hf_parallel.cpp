@@ -25,11 +25,7 @@ struct Common {
   std::string act;                     // the llama_block's
 };
 
-double probability(const Fields& f, const char* key) {
-  const double v = f.number(key, 0.0);
-  if (v < 0 || v > 0.99) f.fail(key, detail::concat("must be in [0, 0.99], got ", v));
-  return v;
-}
+double probability(const Fields& f, const char* key) { return dropout_probability(f, key, 0.0); }
 
 // transformers' hidden_act as a llama_block's act: the GELUs, and SiLU where `silu` (StableLM's).
 std::string act_of(const Fields& f, const std::string& def, bool silu, const std::string& key = "hidden_act") {
@@ -115,6 +111,21 @@ HfTensor fused_part(const std::string& ours, const std::string& theirs, int64_t 
   return x;
 }
 
+// Phi's and GPT-J's blocks: one LayerNorm feeding attention and an MLP without a gate side by side,
+// summed (attention + MLP) + x, the MLP's biases; the head's bias.
+void one_norm_side_by_side(HfSpec& spec) {
+  for (json& layer : spec.layers["layers"]) {
+    if (layer["type"] == "llama_block") {
+      layer["mlp_gate"] = false;
+      layer["mlp_bias"] = true;
+      layer["norms"] = "parallel";
+      layer["parallel_sum"] = "branches_first";  // attn_output + feed_forward_hidden_states + residual
+    } else if (layer["name"] == "lm_head") {
+      layer["bias"] = true;
+    }
+  }
+}
+
 // A weight's name and, with `bias`, its bias's.
 void add(std::vector<HfTensor>& tensors, const std::string& ours, const std::string& theirs, bool bias) {
   tensors.push_back({ours + ".weight", theirs + ".weight"});
@@ -177,19 +188,12 @@ void phi(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
   llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
   as_llama(f, llama, c, seq_len, true, spec);
   common_parts(c, spec);
-  for (json& layer : spec.layers["layers"]) {
+  one_norm_side_by_side(spec);
+  for (json& layer : spec.layers["layers"])
     if (layer["type"] == "llama_block") {
-      layer["mlp_gate"] = false;
-      layer["qkv_bias"] = layer["o_bias"] = layer["mlp_bias"] = true;
-      layer["norms"] = "parallel";
-      layer["parallel_sum"] = "branches_first";  // attn_outputs + feed_forward_hidden_states + residual
-      if (qk_norm) {  // one LayerNorm of a head's values for every head, a weight and a bias
-        layer["qk_norm"] = layer["qk_norm_bias"] = true;
-      }
-    } else if (layer["name"] == "lm_head") {
-      layer["bias"] = true;
+      layer["qkv_bias"] = layer["o_bias"] = true;
+      if (qk_norm) layer["qk_norm"] = layer["qk_norm_bias"] = true;  // one LayerNorm of a head's values for every head, a weight and a bias
     }
-  }
   std::vector<HfTensor> t{{"embed.embedding.weight", "model.embed_tokens.weight"}};
   for (int64_t i = 0; i < c.n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("model.layers.", i, ".");
@@ -358,17 +362,9 @@ void gptj(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
   llama["tie_word_embeddings"] = f.boolean("tie_word_embeddings", false);
   as_llama(f, llama, c, seq_len, false, spec);
   common_parts(c, spec);
-  for (json& layer : spec.layers["layers"]) {
-    if (layer["type"] == "llama_block") {
-      layer["mlp_gate"] = false;
-      layer["mlp_bias"] = true;
-      layer["norms"] = "parallel";
-      layer["parallel_sum"] = "branches_first";  // attn_output + feed_forward_hidden_states + residual
-      layer["rope_interleave"] = layer["rope_pairs_kept"] = true;
-    } else if (layer["name"] == "lm_head") {
-      layer["bias"] = true;
-    }
-  }
+  one_norm_side_by_side(spec);
+  for (json& layer : spec.layers["layers"])
+    if (layer["type"] == "llama_block") layer["rope_interleave"] = layer["rope_pairs_kept"] = true;
   std::vector<HfTensor> t{{"embed.embedding.weight", "transformer.wte.weight"}};
   for (int64_t i = 0; i < c.n; ++i) {
     const std::string ours = detail::concat("layer_", i, ".llama."), theirs = detail::concat("transformer.h.", i, ".");
@@ -383,27 +379,14 @@ void gptj(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec) {
   spec.tensors = t;
 }
 
-void gpt_bigcode(const Fields& f, int64_t seq_len, HfSpec& spec) {
-  const int64_t big = int64_t{1} << 30;
-  const int64_t vocab = f.integer("vocab_size", 0, 1, big, true), d = f.integer("n_embd", 0, 1, big, true);
-  const int64_t n = f.integer("n_layer", 0, 1, 4096, true), heads = f.integer("n_head", 0, 1, 1 << 16, true);
-  const int64_t positions = f.integer("n_positions", 1024, 1, big), ff = f.integer("n_inner", 4 * d, 1, big);
-  if (d % heads) f.fail("n_head", detail::concat("must divide n_embd (", d, ")"));
-  if (seq_len > positions) f.fail("n_positions", detail::concat("is ", positions, ", fewer than model.seq_len (", seq_len, ")"));
+void gpt_bigcode(const Fields& f, const json& /*config*/, int64_t seq_len, HfSpec& spec) {
+  const auto [vocab, d, n, heads, positions, ff] = gpt2_sizes(f, seq_len);
   if (f.boolean("add_cross_attention", false)) f.fail("add_cross_attention", "true is not supported (a decoder without cross-attention)");
   const bool multi_query = f.boolean("multi_query", true);
   const int64_t D = d / heads, kv = multi_query ? 1 : heads;
-  auto pdrop = [&](const char* k) {
-    const double p = f.number(k, 0.1);  // GPTBigCodeConfig's defaults
-    if (p < 0 || p > 0.99) f.fail(k, detail::concat("must be in [0, 0.99], got ", p));
-    return p;
-  };
+  auto pdrop = [&](const char* k) { return dropout_probability(f, k, 0.1); };  // GPTBigCodeConfig's defaults
   const double eps = f.number("layer_norm_epsilon", 1e-5);
-  json layers = json::array();
-  layers.push_back({{"name", "embed"}, {"type", "embedding"}, {"num_embeddings", vocab}, {"embedding_dim", d},
-                    {"max_positions", positions}, {"dropout", pdrop("embd_pdrop")}});
-  spec.tensors.push_back({"embed.embedding.tok.weight", "transformer.wte.weight"});
-  spec.tensors.push_back({"embed.embedding.pos.weight", "transformer.wpe.weight"});
+  json layers = json::array({gpt2_embedding(f, vocab, d, positions, spec)});
   // GPT-2's block with one key head (multi_query) as a llama_block without rotary positions.
   json block{{"type", "llama_block"}, {"d_model", d}, {"n_heads", heads}, {"n_kv_heads", kv}, {"d_ff", ff}, {"eps", eps},
              {"rotary", false}, {"norm_center", true}, {"norm_bias", true}, {"mlp_gate", false}, {"qkv_bias", true}, {"o_bias", true},
