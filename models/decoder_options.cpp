@@ -317,7 +317,7 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
   const double norms = (o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d) * (o.norm_bias ? 2 : 1);
-  const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection || o.qk_norm_each_head ? q + kv : 2 * double(o.head_dim);
+  const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection || o.qk_norm_each_head ? q + kv : (o.qk_norm_bias ? 4 : 2) * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;
   const double s = double(o.shared_expert), gates = o.mlp_gate ? 3 : 2, biases = o.mlp_gate ? 2 : 1;

@@ -566,3 +566,19 @@ TEST(LayerList, KvHeadsAndBiasApartMoveOnlyRoundings) {
   EXPECT_NE(build_error(llama_list({{"n_kv_heads", 2}, {"kv_heads", "broadcast"}})).find("kv_heads: \"broadcast\" needs n_kv_heads 1"),
             std::string::npos);
 }
+
+// The blocks of the families side by side counted before they are made as they are made: GPT-NeoX's
+// two norms, Phi's q/k LayerNorms with biases, StableLM's per-head ones, Falcon's and GPT-BigCode's.
+TEST(LayerList, ParallelFamiliesBlocksAreCountedAsMade) {
+  const json ln{{"norm_center", true}, {"norm_bias", true}, {"mlp_gate", false}, {"mlp_bias", true}, {"act", "gelu"}};
+  for (json extra : {json{{"norms", "parallel_two"}, {"parallel_sum", "branches_first"}, {"qkv_bias", true}, {"o_bias", true}},
+                     json{{"norms", "parallel"}, {"qk_norm", true}, {"qk_norm_bias", true}, {"partial_rotary_factor", 0.5}},
+                     json{{"norms", "parallel"}, {"qk_norm", true}, {"qk_norm_over", "each_head"}, {"n_kv_heads", 2}},
+                     json{{"n_kv_heads", 1}, {"kv_heads", "broadcast"}, {"bias_apart", true}, {"qkv_bias", true}},
+                     json{{"rotary", false}, {"n_kv_heads", 1}, {"dropout", 0.1}}}) {
+    extra.update(ln);
+    const models::Model m = build(llama_list(extra));
+    JsonReader r(llama_list(extra)["layers"][1], "model.layers[1]", "test");
+    EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), double(test::block_values(m))) << extra.dump();
+  }
+}
