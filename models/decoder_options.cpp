@@ -290,6 +290,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
   const bool plain = (o.norms == NormPlacement::Pre || parallel) && !o.no_mixer && !o.no_mlp && o.residual_scale == 1.0 && !o.mla() && !o.mamba() &&
                      !o.gated_deltanet() && o.attn_softcap == 0 && !o.attn_sinks;
+  if (o.norm_scale == RmsScale::None && (!o.norm_center || o.norm_bias || o.qk_norm || o.mla() || o.mamba() || o.gated_deltanet()))
+    r.fail("norm_scale", "\"none\" needs norm_center true, norm_bias false, no q/k norms and attention's own mixer (LayerNorms without parameters, OLMo's)");
   if ((o.dropout > 0 || o.attn_dropout > 0) && !plain)
     r.fail(o.dropout > 0 ? "dropout" : "attn_dropout",
            "above 0 needs a plain block: norms \"pre\" or parallel, attention with neither latents, soft caps nor sinks, no other mixer, no residual_scale");
@@ -297,8 +299,8 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
 }
 
 RmsScale read_rms_scale(JsonReader& r, const std::string& key) {
-  const std::string s = r.get_choice(key, "after_cast", {"after_cast", "before_cast", "one_plus"});
-  return s == "after_cast" ? RmsScale::AfterCast : s == "before_cast" ? RmsScale::BeforeCast : RmsScale::OnePlus;
+  const std::string s = r.get_choice(key, "after_cast", {"after_cast", "before_cast", "one_plus", "none"});
+  return s == "after_cast" ? RmsScale::AfterCast : s == "before_cast" ? RmsScale::BeforeCast : s == "one_plus" ? RmsScale::OnePlus : RmsScale::None;
 }
 
 Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
@@ -316,7 +318,8 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
 
 double parameter_values(const LlamaBlockOptions& o) {
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
-  const double norms = (o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d) * (o.norm_bias ? 2 : 1);
+  const double norms = (o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d) * (o.norm_bias ? 2 : 1) *
+                       (o.norm_scale == RmsScale::None ? 0 : 1);
   const double qk_norms = !o.qk_norm ? 0 : o.qk_norm_projection || o.qk_norm_each_head ? q + kv : (o.qk_norm_bias ? 4 : 2) * double(o.head_dim);
   const double mlps = o.experts > 0 ? double(o.experts) : 1;
   const double router = o.experts > 0 ? double(o.experts) * (d + (o.router_logit_bias ? 1 : 0)) : 0;

@@ -48,7 +48,7 @@ std::string architecture_of(const json& config, const Fields& f) {
                                                                 {"phi3", kPhi3}, {"olmo2", kOlmo2}, {"olmo3", kOlmo3}, {"gemma", kGemma}, {"gemma2", kGemma2},
                                                                 {"gemma3_text", kGemma3}, {"granite", kGranite}, {"granitemoe", kGraniteMoe}, {"granitemoeshared", kGraniteMoeShared}, {"granitemoehybrid", kGraniteMoeHybrid}, {"smollm3", kSmolLM3}, {"mixtral", kMixtral}, {"qwen2_moe", kQwen2Moe}, {"qwen3_moe", kQwen3Moe}, {"olmoe", kOlmoe}, {"deepseek_v2", kDeepseekV2}, {"deepseek_v3", kDeepseekV3}, {"glm4_moe", kGlm4Moe}, {"gpt_oss", kGptOss}, {"llama4_text", kLlama4}, {"llama4", kLlama4Vision}, {"glm4", kGlm4}, {"ernie4_5", kErnie45}, {"exaone4", kExaone4}, {"minimax_m2", kMiniMaxM2}, {"arcee", kArcee}, {"apertus", kApertus}, {"hunyuan_v1_dense", kHunyuan}, {"qwen3_next", kQwen3Next}, {"qwen3_5_text", kQwen35}, {"qwen3_5_moe_text", kQwen35Moe}, {"qwen3_5", kQwen35Vision}, {"qwen3_5_moe", kQwen35MoeVision}, {"gemma3", kGemma3Vision}, {"mistral3", kMistral3}, {"qwen3_vl", kQwen3VL}, {"llava", kLlava}, {"internvl", kInternVL}, {"aya_vision", kAyaVision}, {"qwen3_vl_moe", kQwen3VLMoe}, {"qwen2_vl", kQwen2VL}, {"qwen2_5_vl", kQwen25VL},
                                                                 {"nemotron_h", kNemotronH}, {"bamba", kBamba}, {"cohere", kCohere}, {"cohere2", kCohere2}, {"starcoder2", kStarcoder2}, {"seed_oss", kSeedOss}, {"gpt2", kGpt2},
-                                                                {"gpt_neox", kGptNeoX}, {"phi", kPhi}, {"stablelm", kStableLm}, {"falcon", kFalcon}, {"gptj", kGptJ}, {"gpt_bigcode", kGptBigCode}};
+                                                                {"gpt_neox", kGptNeoX}, {"phi", kPhi}, {"stablelm", kStableLm}, {"falcon", kFalcon}, {"gptj", kGptJ}, {"gpt_bigcode", kGptBigCode}, {"olmo", kOlmo}};
   const std::string type = f.string("model_type", "");
   const auto it = by_type.find(type);
   if (it == by_type.end()) {
@@ -307,7 +307,7 @@ void language_model_beside_vision(const Fields& f, const json& config, const std
 
 const std::vector<std::string>& hf_architectures() {
   static const std::vector<std::string> a{kLlama,  kMistral, kMinistral3, kQwen2,   kQwen3,  kPhi3,     kOlmo2, kOlmo3,
-                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kSeedOss, kGpt2, kGptNeoX, kPhi, kStableLm, kFalcon, kGptJ, kGptBigCode};
+                                          kGemma,  kGemma2,  kGemma3,  kGranite, kGraniteMoe, kGraniteMoeShared, kGraniteMoeHybrid, kSmolLM3, kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe, kGptOss, kLlama4, kLlama4Vision, kGlm4, kErnie45, kExaone4, kMiniMaxM2, kArcee, kApertus, kHunyuan, kQwen3Next, kQwen35, kQwen35Moe, kQwen35Vision, kQwen35MoeVision, kGemma3Vision, kMistral3, kLlava, kInternVL, kAyaVision, kQwen3VL, kQwen3VLMoe, kQwen2VL, kQwen25VL, kNemotronH, kBamba, kCohere, kCohere2, kStarcoder2, kSeedOss, kGpt2, kGptNeoX, kPhi, kStableLm, kFalcon, kGptJ, kGptBigCode, kOlmo};
   return a;
 }
 
@@ -335,7 +335,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
   // The families read by a file of their own, from config.json as it is.
   using Reader = void (*)(const Fields&, const json&, int64_t, HfSpec&);
   static const std::map<std::string, Reader> readers{{kStarcoder2, starcoder2}, {kSeedOss, seed_oss}, {kGptNeoX, gpt_neox}, {kPhi, phi},
-                                                     {kStableLm, stablelm},     {kFalcon, falcon},    {kGptJ, gptj},         {kGptBigCode, gpt_bigcode}};
+                                                     {kStableLm, stablelm},     {kFalcon, falcon},    {kGptJ, gptj},         {kGptBigCode, gpt_bigcode},
+                                                     {kOlmo, olmo}};
   if (spec.architecture == kGpt2) {
     gpt2(f, seq_len, spec);
   } else if (readers.count(spec.architecture)) {

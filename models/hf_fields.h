@@ -42,7 +42,7 @@ inline const std::string kLlama = "LlamaForCausalLM", kMistral = "MistralForCaus
                          kStarcoder2 = "Starcoder2ForCausalLM", kSeedOss = "SeedOssForCausalLM", kGpt2 = "GPT2LMHeadModel",
                          kGptNeoX = "GPTNeoXForCausalLM", kPhi = "PhiForCausalLM", kStableLm = "StableLmForCausalLM",
                          kFalcon = "FalconForCausalLM", kGptJ = "GPTJForCausalLM",
-                         kGptBigCode = "GPTBigCodeForCausalLM";
+                         kGptBigCode = "GPTBigCodeForCausalLM", kOlmo = "OlmoForCausalLM";
 
 /// Qwen3-Next and Qwen3.5's text models: gated DeltaNet layers around gated attention.
 inline bool qwen_hybrid(const std::string& arch) { return arch == kQwen3Next || arch == kQwen35 || arch == kQwen35Moe; }
@@ -232,5 +232,9 @@ void gptj(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec
 /// GELU, every bias) with one key and value head (multi_query), q, k and v in one tensor (c_attn),
 /// tied (hf_parallel.cpp).
 void gpt_bigcode(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
+
+/// OLMo (the first): Llama's layer with LayerNorms without parameters, clip_qkv, padding token 1
+/// by default (hf_olmo.cpp).
+void olmo(const Fields& f, const nlohmann::json& config, int64_t seq_len, HfSpec& spec);
 
 }  // namespace pipetrain::models::hf_detail

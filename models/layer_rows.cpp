@@ -217,6 +217,8 @@ Built norm(LayerContext& c) {
     const bool center = r.get_bool("center", false), bias = r.get_bool("bias", false);
     if (bias && !center) r.fail("bias", "needs center true (a LayerNorm)");
     if (bias) b.params = 2 * n;
+    if (scale == RmsScale::None && (!center || bias)) r.fail("scale", "\"none\" needs center true and bias false (a LayerNorm without parameters)");
+    if (scale == RmsScale::None) b.params = 0;
     b.make = [=] { return RmsNorm(shape, eps, scale, center, 0, bias).ptr(); };
     b.run = through<RmsNormImpl>();
   }

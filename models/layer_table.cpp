@@ -44,7 +44,8 @@ std::vector<LayerType> make_table() {
        "RMS normalization with a learned scale (torch.nn.RMSNorm); `scale`: where it applies in a lower precision, "
        "after the cast back (Llama's), `before_cast` (OLMo 2's) or `one_plus` (Gemma's 1 + weight, the weight zeros at the start); "
        "`center`: the mean subtracted first, a LayerNorm without a bias (Cohere's); with `bias` too, torch's LayerNorm, "
-       "a weight and a bias (`rms.bias`; StarCoder2's)",
+       "a weight and a bias (`rms.bias`; StarCoder2's); `scale` `none` with `center`: no weight, torch's LayerNorm without "
+       "parameters, in float32 for lower precisions (OLMo's)",
        rows::norm},
       {"dropout", {{"p", K::Number, "0.5"}}, same,
        "keyed masks: the same whatever the stage count or micro-batching, and in a recomputation", rows::dropout},

@@ -325,10 +325,12 @@ RmsNormImpl::RmsNormImpl(std::vector<int64_t> shape, double eps, RmsScale scale,
       has_bias_(bias), torch_(bias || torch_norm) {
   PIPETRAIN_CHECK(norm_dims_ <= shape_.size() && (!bias || (center && norm_dims_ == shape_.size())));
   PIPETRAIN_CHECK(!torch_ || (center && (norm_dims_ == shape_.size() || (shape_.size() == 2 && norm_dims_ == 1))));
+  PIPETRAIN_CHECK(scale != RmsScale::None || (center && !bias && !torch_norm && norm_dims_ == shape_.size()));
   reset();
 }
 
 void RmsNormImpl::reset() {
+  if (scale_ == RmsScale::None) return;  // no parameters
   weight = register_parameter("weight", scale_ == RmsScale::OnePlus ? torch::zeros(shape_) : torch::ones(shape_));
   if (has_bias_) bias = register_parameter("bias", torch::zeros(shape_));
 }
@@ -342,6 +344,7 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   }
   // As transformers' RMSNorms: in float32 at least; the scale where the family applies it.
   const bool reduced = c10::isReducedFloatingType(x.scalar_type());
+  if (scale_ == RmsScale::None) return at::layer_norm(reduced ? x.to(torch::kFloat) : x, shape_, {}, {}, eps_).to(x.scalar_type());
   std::vector<int64_t> dims;
   for (size_t i = 0; i < norm_dims_; ++i) dims.push_back(-1 - static_cast<int64_t>(i));
   const at::Tensor f = reduced ? x.to(torch::kFloat) : x;

@@ -184,12 +184,13 @@ TORCH_MODULE(MlpBlock);
 // Where an RMSNorm applies its learned scale, as each family of transformers' models does:
 // Llama's after the cast back to the input's type; OLMo 2's before it (in float32 for lower
 // precisions); Gemma's (1 + weight) before it, its weight zeros at the start.
-enum class RmsScale { AfterCast, BeforeCast, OnePlus };
+enum class RmsScale { AfterCast, BeforeCast, OnePlus, None };  // None: no weight (OLMo's LayerNorm without parameters)
 
 // RMS normalization over the trailing dimensions `shape`, with a learned scale ("weight", ones
 // at the start but for RmsScale::OnePlus), as torch.nn.RMSNorm and transformers' RMSNorms:
 // computed in float32 for lower precisions. With `center`, the mean is subtracted first: a
-// LayerNorm without a bias (Cohere's).
+// LayerNorm without a bias (Cohere's). RmsScale::None (with `center`): no weight, torch's LayerNorm
+// without parameters computed in float32 for lower precisions (OLMo's).
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
   // Over the last norm_dims of shape (0: all of it); the leading ones are the weight's own rows

@@ -240,9 +240,9 @@ const std::vector<HfGroup>& hf_groups() {
       {"glm4_ernie_exaone_minimax", {"glm4", "ernie4_5", "exaone4", "minimax-m2"}},
       {"arcee_apertus_hunyuan_cohere_starcoder2_seed", {"arcee", "apertus", "hunyuan", "cohere", "cohere-qk", "cohere2", "starcoder2", "seed-oss"}},
       {"qwen3_next_qwen3_5", {"qwen3-next", "qwen3.5", "qwen3.5-moe"}},
-      {"gptneox_phi_stablelm_falcon_gptj_bigcode",
+      {"gptneox_phi_stablelm_falcon_gptj_bigcode_olmo",
        {"gpt-neox", "gpt-neox-sequential", "phi", "phi-qk", "stablelm", "stablelm-parallel-qk", "falcon", "falcon-40b", "falcon-sequential",
-        "gptj", "gpt-bigcode", "gpt-bigcode-mha"}},
+        "gptj", "gpt-bigcode", "gpt-bigcode-mha", "olmo"}},
       // Not nemotron-h-dense: its steps' floor (time_step_min 0.01) binds, and transformers' generate
       // steps without it (mamba2_selective_state_update takes no limit) where its forward clamps:
       // its greedy tokens part from its own without a cache after 12 (float32); ours keep the floor

@@ -105,7 +105,7 @@ TEST(HfFamily, WhatWouldComputeADifferentModelIsRefusedByName) {
                                 "AyaVisionForConditionalGeneration, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration, "
                                 "Qwen2VLForConditionalGeneration, "
                                 "Qwen2_5_VLForConditionalGeneration, NemotronHForCausalLM, "
-                                "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, Starcoder2ForCausalLM, SeedOssForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM, GPTJForCausalLM, GPTBigCodeForCausalLM)"),
+                                "BambaForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, Starcoder2ForCausalLM, SeedOssForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM, GPTJForCausalLM, GPTBigCodeForCausalLM, OlmoForCausalLM)"),
             std::string::npos)
       << hf_error(bert);
   EXPECT_NE(hf_error(root() + "/nowhere").find("is not a directory"), std::string::npos);

@@ -272,6 +272,10 @@ CASES = {
     "gpt-bigcode-mha": ("GPTBigCodeConfig", dict(n_embd=32, n_inner=48, n_layer=2, n_head=4, n_positions=64, multi_query=False,
                                                  activation_function="gelu_new", tie_word_embeddings=False, resid_pdrop=0.0,
                                                  embd_pdrop=0.0, attn_pdrop=0.0)),
+    # OLMo (the first): LayerNorms without parameters, q, k and v clamped at 0.5 (which binds), its
+    # padding token (1), untied
+    "olmo": ("OlmoConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=64, clip_qkv=0.5, tie_word_embeddings=False)),
     # Bamba: Mamba 2 (4 heads in 2 groups, chunks of 4, steps clamped above at 0.05, which binds)
     # around an attention layer rotating half of each head, every attention and MLP bias, padding
     # rows, a tied head
@@ -627,7 +631,7 @@ PREFIX = {"llama": "Llama", "mistral": "Mistral", "ministral3": "Ministral3", "q
           "llama4": "Llama4Text", "glm4": "Glm4", "ernie4_5": "Ernie4_5", "exaone4": "Exaone4", "minimax_m2": "MiniMaxM2",
           "arcee": "Arcee", "apertus": "Apertus", "hunyuan_v1_dense": "HunYuanDenseV1", "qwen3_next": "Qwen3Next",
           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe",
-          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "falcon": "Falcon", "gptj": "GPTJ", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
+          "granitemoehybrid": "GraniteMoeHybrid", "nemotron_h": "NemotronH", "bamba": "Bamba", "cohere": "Cohere", "cohere2": "Cohere2", "starcoder2": "Starcoder2", "seed_oss": "SeedOss", "gpt_neox": "GPTNeoX", "phi": "Phi", "stablelm": "StableLm", "falcon": "Falcon", "gptj": "GPTJ", "olmo": "Olmo", "qwen3_vl": "Qwen3VLText", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl_moe": "Qwen3VLMoeText"}
 
 
 def best_groups(router, group_scores):
@@ -664,9 +668,12 @@ def patch_float64(families=None):
         rotary = getattr(module, f"{prefix}RotaryEmbedding", None) or getattr(module, f"{prefix}TextRotaryEmbedding", None)
         gemma = family.startswith("gemma") or family.startswith("qwen3_5") or family == "qwen3_next"  # their norms' (1 + weight)
 
-        def norm_forward(self, h, _orig=getattr(norm, "forward", None), _gemma=gemma, _center=family in ("cohere", "cohere2")):
+        def norm_forward(self, h, _orig=getattr(norm, "forward", None), _gemma=gemma, _center=family in ("cohere", "cohere2"),
+                         _olmo=family == "olmo"):
             if h.dtype != torch.float64:
                 return _orig(self, h)
+            if _olmo:  # OLMo's LayerNorm without parameters (transformers: in float32)
+                return torch.nn.functional.layer_norm(h, self.normalized_shape, None, None, eps=1e-5)
             eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
             h = h - h.mean(-1, keepdim=True) if _center else h
             normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)

@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "tests/hf_oracle.h"
+#include "tests/layer_list_helpers.h"
 
 using namespace pipetrain;
 
@@ -293,4 +294,35 @@ TEST(HfFamily, GptBigCodeReadsOneKeyHeadLearnedPositionsAndDropouts) {
   EXPECT_NE(test::hf_error(dir).find("add_cross_attention true is not supported"), std::string::npos) << test::hf_error(dir);
   std::ofstream(dir + "/config.json") << bigcode.dump();
   EXPECT_NE(test::hf_error(dir, 32).find("n_positions is 16, fewer than model.seq_len (32)"), std::string::npos) << test::hf_error(dir, 32);
+}
+
+// OLMo (the first): Llama's layers with LayerNorms without parameters (no tensors), clip_qkv, its
+// padding token 1 by default; the rmsnorm without a weight is torch's parameterless LayerNorm.
+TEST(HfFamily, OlmoReadsNormsWithoutParametersAndClippedQkv) {
+  const nlohmann::json olmo{{"architectures", {"OlmoForCausalLM"}}, {"model_type", "olmo"}, {"vocab_size", 40}, {"hidden_size", 16},
+                            {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"clip_qkv", 8.0}};
+  const std::string dir = test::hf_write_model(root() + "/olmo", olmo);
+  const models::HfSpec spec = models::read_hf_spec(dir, 8, "test");
+  const nlohmann::json& b = spec.layers["layers"][1];
+  EXPECT_EQ(b["norm_scale"], "none");
+  EXPECT_EQ(b["norm_center"], true);
+  EXPECT_EQ(b["clip_qkv"], 8.0);
+  EXPECT_EQ(b["rope_float32"], true);
+  EXPECT_EQ(spec.layers["layers"][0]["padding_idx"], 1);
+  EXPECT_FALSE(std::any_of(spec.tensors.begin(), spec.tensors.end(), [](const models::HfTensor& t) { return t.theirs.find("norm") != std::string::npos; }));
+  models::Model m = test::hf_build(dir, 8);
+  for (const auto& p : m.layers->named_parameters()) EXPECT_EQ(p.key().find("norm"), std::string::npos) << p.key();
+  expect_read_in_place(dir, spec);
+  std::ofstream(dir + "/config.json") << test::with(olmo, {{"clip_qkv", -1.0}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("clip_qkv must be above 0, got -1"), std::string::npos) << test::hf_error(dir);
+  // The layer: torch's layer_norm without parameters, in float32 for bfloat16.
+  const nlohmann::json list{{"family", "layers"}, {"input_shape", {6}},
+                            {"layers", {{{"name", "n"}, {"type", "rmsnorm"}, {"normalized_shape", 6}, {"eps", 1e-5}, {"center", true}, {"scale", "none"}}}}};
+  models::Model norm = test::build_model_section(list, 1);
+  EXPECT_TRUE(norm.layers->named_parameters().is_empty());
+  const at::Tensor x = torch::randn({3, 6}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(norm.layers->forward(x), at::layer_norm(x.to(torch::kFloat), {6}, {}, {}, 1e-5).to(torch::kBFloat16)));
+  nlohmann::json uncentered = list;
+  uncentered["layers"][0]["center"] = false;
+  EXPECT_NE(test::build_error(uncentered).find("scale: \"none\" needs center true"), std::string::npos) << test::build_error(uncentered);
 }

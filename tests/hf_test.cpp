@@ -244,6 +244,7 @@ TEST(HfParity, FalconSequentialHeadByHeadGeluNewBiases) { check_architecture("fa
 TEST(HfParity, GptJParallelInterleavedPartialRotationBiases) { check_architecture("gptj"); }
 TEST(HfParity, GptBigCodeMultiQueryLearnedPositionsTied) { check_architecture("gpt-bigcode"); }
 TEST(HfParity, GptBigCodeHeadByHeadGeluNewUntied) { check_architecture("gpt-bigcode-mha"); }
+TEST(HfParity, OlmoLayerNormsWithoutParametersClippedQkv) { check_architecture("olmo"); }
 TEST(HfParity, Cohere2WindowsRotatingFullLayerWithoutPositions) { check_architecture("cohere2"); }
 TEST(HfParity, BambaMamba2AroundHalfRotatedAttentionStepsClampedBiasesTied) { check_architecture("bamba"); }
 TEST(HfParity, NemotronHBlocksOfOnePartMamba2AttentionReluSquaredExperts) { check_architecture("nemotron-h"); }
