@@ -12,8 +12,10 @@ namespace pipetrain::models {
 
 namespace {
 at::Tensor run(const torch::nn::Linear& l, const at::Tensor& x) { return linear(x, l->weight, l->bias); }
-// The product, rounded, then its bias (transformers' x @ W.T + b: GPT-OSS's, Falcon's).
-at::Tensor product_then_bias(const torch::nn::Linear& l, const at::Tensor& x) {
+// A projection of a block; with `bias_apart` the product rounded, then its bias added (transformers'
+// x @ W.T + b: GPT-OSS's, Falcon's).
+at::Tensor project(const torch::nn::Linear& l, const at::Tensor& x, bool bias_apart) {
+  if (!bias_apart) return run(l, x);
   const at::Tensor y = torch::matmul(x, l->weight.t());
   return l->bias.defined() ? y + l->bias : y;
 }
@@ -249,13 +251,11 @@ at::Tensor apply_gelu(Gelu g, const at::Tensor& x) {
 }
 
 torch::Tensor GatedMlpImpl::forward(const torch::Tensor& x) {
-  if (oai_alpha_ > 0 || bias_apart_) {  // GPT-OSS's, Falcon's, in transformers' operations: each product, then its bias
-    const auto& product = product_then_bias;
-    if (!gated_) return product(down_proj, act(product(up_proj, x)));
-    return product(down_proj, activate(product(gate_proj, x), product(up_proj, x)));
-  }
-  if (!gated_) return run(down_proj, act(run(up_proj, x)));
-  return run(down_proj, activate(run(gate_proj, x), run(up_proj, x)));
+  // GPT-OSS's and Falcon's in transformers' operations: each product, then its bias.
+  const bool apart = oai_alpha_ > 0 || bias_apart_;
+  auto p = [&](const torch::nn::Linear& l, const at::Tensor& in) { return project(l, in, apart); };
+  if (!gated_) return p(down_proj, act(p(up_proj, x)));
+  return p(down_proj, activate(p(gate_proj, x), p(up_proj, x)));
 }
 
 void MoeImpl::reset() {
@@ -435,7 +435,7 @@ std::pair<at::Tensor, at::Tensor> LlamaBlockImpl::rotate(at::Tensor q, at::Tenso
 at::Tensor LlamaBlockImpl::attention(const at::Tensor& h, KvCache* cache) {
   if (o_.mla()) return latent_attention(h, cache);
   const int64_t H = o_.n_heads, KV = o_.n_kv_heads, D = o_.head_dim;
-  const auto run = [&](const torch::nn::Linear& l, const at::Tensor& x) { return o_.bias_apart ? product_then_bias(l, x) : models::run(l, x); };
+  const auto run = [&](const torch::nn::Linear& l, const at::Tensor& x) { return project(l, x, o_.bias_apart); };
   at::Tensor qp = run(self_attn_->q_proj, h), kp = run(self_attn_->k_proj, h), gate;
   if (o_.attn_output_gate) {  // Qwen3-Next's: each head's queries, then its gate
     const auto parts = qp.view({h.size(0), h.size(1), H, 2 * D}).chunk(2, -1);
@@ -536,8 +536,7 @@ torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, KvCache* ca
   const at::Tensor h = o_.norms == NormPlacement::Post ? x : input_layernorm_(x);
   const at::Tensor a = linear_attn_ ? linear_attn_->forward(h, cache)
                        : mamba_    ? mamba_->forward(h, cache)
-                       : o_.bias_apart ? product_then_bias(self_attn_->o_proj, merge_heads(attention(h, cache)))
-                                   : run(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)));
+                                   : project(o_.mla() ? mla_->o_proj : self_attn_->o_proj, merge_heads(attention(h, cache)), o_.bias_apart);
   if (o_.no_mlp) return x + a;  // Nemotron-H's mixer blocks
   // Granite's residual multiplier: a branch's output times it, a Python number's multiply.
   auto branch = [&](const at::Tensor& t) { return o_.residual_scale != 1.0 ? t * o_.residual_scale : t; };

@@ -224,7 +224,6 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_output_gate = r.get_bool("attn_output_gate", false);
   o.attn_scale = r.get_number("attn_scale", 0.0, 0.0, 1e6);
   o.attn_softcap = r.get_number("attn_softcap", 0.0, 0.0, 1e6);
-  o.bias_apart = r.get_bool("bias_apart", false);
   const std::string kv_heads = r.get_choice("kv_heads", "grouped", {"grouped", "repeated", "broadcast"});
   o.kv_heads = kv_heads == "grouped" ? KvHeads::Grouped : kv_heads == "repeated" ? KvHeads::Repeated : KvHeads::Broadcast;
   if (o.kv_heads == KvHeads::Broadcast && o.n_kv_heads != 1) r.fail("kv_heads", "\"broadcast\" needs n_kv_heads 1 (one key and value head)");
@@ -290,6 +289,9 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   o.attn_dropout = r.get_number("attn_dropout", o.dropout, 0.0, 0.99);
   const bool plain = (o.norms == NormPlacement::Pre || parallel) && !o.no_mixer && !o.no_mlp && o.residual_scale == 1.0 && !o.mla() && !o.mamba() &&
                      !o.gated_deltanet() && o.attn_softcap == 0 && !o.attn_sinks;
+  o.bias_apart = r.get_bool("bias_apart", false);
+  if (o.bias_apart && (o.experts > 0 || o.mla() || o.mamba() || o.gated_deltanet()))
+    r.fail("bias_apart", "needs attention of its own and one MLP (no experts, latents or other mixer)");
   if (o.norm_scale == RmsScale::None && (!o.norm_center || o.norm_bias || o.qk_norm || o.mla() || o.mamba() || o.gated_deltanet()))
     r.fail("norm_scale", "\"none\" needs norm_center true, norm_bias false, no q/k norms and attention's own mixer (LayerNorms without parameters, OLMo's)");
   if ((o.dropout > 0 || o.attn_dropout > 0) && !plain)

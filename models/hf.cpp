@@ -339,8 +339,8 @@ HfSpec read_hf_spec(const std::string& dir, int64_t seq_len, const std::string& 
                                                      {kOlmo, olmo}};
   if (spec.architecture == kGpt2) {
     gpt2(f, seq_len, spec);
-  } else if (readers.count(spec.architecture)) {
-    readers.at(spec.architecture)(f, spec.config, seq_len, spec);
+  } else if (const auto reader = readers.find(spec.architecture); reader != readers.end()) {
+    reader->second(f, spec.config, seq_len, spec);
   } else if (spec.architecture == kNemotronH) {
     nemotron_h(f, seq_len, spec);
   } else if (spec.architecture == kLlama4Vision) {

@@ -5,7 +5,8 @@
 // transformers' GPTNeoXForCausalLM, PhiForCausalLM, StableLmForCausalLM, FalconForCausalLM and
 // GPTJForCausalLM compute them; and GPT-BigCode (StarCoder 1, SantaCoder), GPT-2's layers with one key
 // head, whose LayerNorms and fused heads it shares.
-// Read as Llama's layers (their sizes, rope and padding), then given their own parts and names.
+// All but GPT-BigCode are read as Llama's layers (their sizes, rope and padding), then given their
+// own parts and names.
 #include <string>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-// What the three share, read from config.json.
+// What the families read as Llama's share, from config.json.
 struct Common {
   int64_t n = 0, heads = 0, kv = 0, d = 0;
   double partial = 1;                  // the rotated part of a head
@@ -49,7 +50,11 @@ void as_llama(const Fields& f, json llama, const Common& c, int64_t seq_len, boo
   llama["rms_norm_eps"] = f.number(f.has("layer_norm_epsilon") ? "layer_norm_epsilon" : "layer_norm_eps", 1e-5);  // Falcon's name
   llama["hidden_act"] = "silu";
   llama["num_key_value_heads"] = c.kv;
-  llama.erase("head_dim");  // hidden_size / heads, as each of the three computes it
+  // A head of hidden_size / heads, as each computes it; a head_dim apart from that is not read by all
+  // of their parts alike (GPT-NeoX's rotation reads it, its attention does not).
+  if (f.has("head_dim") && f.integer("head_dim", 0, 1, 1 << 16) != c.d / c.heads)
+    f.fail("head_dim", detail::concat("is not supported apart from hidden_size / heads (", c.d / c.heads, ")"));
+  llama.erase("head_dim");
   if (!padding) llama.erase("pad_token_id");  // GPT-NeoX's embedding has no padding row
   llama_family(kLlama, Fields(llama, f.where()), seq_len, spec);
 }
@@ -237,7 +242,7 @@ void stablelm(const Fields& f, const json& config, int64_t seq_len, HfSpec& spec
     }
   std::vector<HfTensor> t;
   for (const HfTensor& x : spec.tensors) {
-    if (ends(x.ours, "layernorm.weight") && parallel && ends(x.ours, "post_attention_layernorm.weight")) continue;
+    if (parallel && ends(x.ours, "post_attention_layernorm.weight")) continue;  // one norm side by side
     t.push_back(x);
     const bool norm = ends(x.ours, "layernorm.weight") || x.ours == "norm.rms.weight";
     const bool qkv = ends(x.ours, "q_proj.weight") || ends(x.ours, "k_proj.weight") || ends(x.ours, "v_proj.weight");

@@ -565,6 +565,8 @@ TEST(LayerList, KvHeadsAndBiasApartMoveOnlyRoundings) {
                  {{"qkv_bias", true}, {"o_bias", true}, {"mlp_bias", true}, {"bias_apart", true}}), 1e-12);
   EXPECT_NE(build_error(llama_list({{"n_kv_heads", 2}, {"kv_heads", "broadcast"}})).find("kv_heads: \"broadcast\" needs n_kv_heads 1"),
             std::string::npos);
+  EXPECT_NE(build_error(llama_list({{"bias_apart", true}, {"experts", 4}})).find("bias_apart: needs attention of its own and one MLP"),
+            std::string::npos);
 }
 
 // The blocks of the families side by side counted before they are made as they are made: GPT-NeoX's

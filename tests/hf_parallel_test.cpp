@@ -121,6 +121,8 @@ TEST(HfFamily, GptNeoXReadsPythiasConfigFusedHeadsAndOldBuffers) {
       << test::hf_error(dir);
   std::ofstream(dir + "/config.json") << test::with(kPythia, {{"rotary_pct", 0.1}}).dump();
   EXPECT_NE(test::hf_error(dir).find("partial_rotary_factor 0.1 turns 0 of a head's 8 values"), std::string::npos) << test::hf_error(dir);
+  std::ofstream(dir + "/config.json") << test::with(kPythia, {{"head_dim", 4}}).dump();
+  EXPECT_NE(test::hf_error(dir).find("head_dim is not supported apart from hidden_size / heads (8)"), std::string::npos) << test::hf_error(dir);
   std::ofstream(dir + "/config.json") << test::with(kPythia, {{"hidden_dropout", 1.0}}).dump();
   EXPECT_NE(test::hf_error(dir).find("hidden_dropout must be in [0, 0.99], got 1"), std::string::npos) << test::hf_error(dir);
 }
