@@ -2,7 +2,9 @@
 // file; with --initial, the model a config builds, before any step (its initial weights under
 // train.seed), so that another program can start from the same weights. With --format hf, a model
 // of the hf family is written as the Hugging Face directory it was built from
-// (models/hf.h: config.json, model.safetensors or shards), which from_pretrained loads.
+// (models/hf.h: config.json, model.safetensors or shards), which from_pretrained loads, LoRA
+// adapters merged into its weights; with --format peft, its LoRA adapters alone as PEFT writes
+// them (models/hf_lora.h).
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -12,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "job/job.h"
 #include "models/hf.h"
+#include "models/hf_lora.h"
 
 namespace pipetrain::apps {
 
@@ -28,8 +31,9 @@ class Export final : public Command {
         ->required();
     subcommand_->add_option("out", out_, "Output file (a dict of named tensors); with --format hf, a directory")->required();
     subcommand_->add_option("--format", format_, "torch: one torch.load-readable file; hf: a directory from_pretrained loads "
-                                                 "(a model of family hf)")
-        ->check(CLI::IsMember({"torch", "hf"}));
+                                                 "(a model of family hf; LoRA adapters merged into its weights); peft: its LoRA "
+                                                 "adapters alone, as PEFT writes them")
+        ->check(CLI::IsMember({"torch", "hf", "peft"}));
     subcommand_->add_option("--max-shard-mb", shard_mb_, "--format hf: the largest safetensors file, in MiB (default 5000)")
         ->check(CLI::Range(1, 1 << 30));
     subcommand_->add_flag("--initial", initial_,
@@ -38,7 +42,7 @@ class Export final : public Command {
   }
 
   int run() override {
-    if (format_ == "hf") return export_hf();
+    if (format_ == "hf" || format_ == "peft") return export_hf();
     if (initial_) {
       config_.path = checkpoint_;
       const job::Config c = config_.load();
@@ -81,9 +85,17 @@ class Export final : public Command {
         for (auto& [name, t] : checkpoint::checkpoint_weights(from)) weights[name] = t;
     }
     if (model.value("family", "") != "hf" || !model.contains("path") || !model["path"].is_string())
-      throw ConfigError("export --format hf: " + from + " is a model of family '" + model.value("family", "") +
-                        "'; --format hf writes a model built from a Hugging Face directory (model.family \"hf\")");
-    const size_t n = models::save_hf(model["path"].get<std::string>(), weights, out_, uint64_t(shard_mb_) << 20);
+      throw ConfigError("export --format " + format_ + ": " + from + " is a model of family '" + model.value("family", "") +
+                        "'; --format " + format_ + " writes a model built from a Hugging Face directory (model.family \"hf\")");
+    const std::string source = model["path"].get<std::string>();
+    if (format_ == "peft") {
+      const size_t n = models::save_peft(source, weights, model, out_);
+      std::printf("exported %zu adapter tensors of %s to %s (PEFT, PeftModel.from_pretrained loads it over %s)\n", n, from.c_str(),
+                  out_.c_str(), source.c_str());
+      return 0;
+    }
+    models::merge_adapters(weights, model);  // LoRA's, into their projections' weights
+    const size_t n = models::save_hf(source, weights, out_, uint64_t(shard_mb_) << 20);
     std::printf("exported %zu tensors of %s to %s (Hugging Face, from_pretrained loads it)\n", n, from.c_str(), out_.c_str());
     return 0;
   }

@@ -10,6 +10,7 @@
 #include "models/layers.h"
 #include "models/skip.h"
 #include "stages/autocast.h"
+#include "models/model.h"
 
 namespace pipetrain::job {
 
@@ -24,7 +25,7 @@ SingleDevice::SingleDevice(torch::nn::Sequential model, stages::LossFn loss, pip
     ties_.push_back(std::move(members));
   }
   std::vector<at::Tensor> stepped;
-  for (const auto& p : model_->parameters())
+  for (const auto& p : models::trainable_parameters(*model_))
     if (!followers.count(p.unsafeGetTensorImpl())) stepped.push_back(p);
   if (optimizer) optimizer_ = optimizer(stepped);
 }

@@ -11,14 +11,8 @@
 namespace pipetrain::models {
 
 namespace {
-at::Tensor run(const torch::nn::Linear& l, const at::Tensor& x) { return linear(x, l->weight, l->bias); }
-// A projection of a block; with `bias_apart` the product rounded, then its bias added (transformers'
-// x @ W.T + b: GPT-OSS's, Falcon's).
-at::Tensor project(const torch::nn::Linear& l, const at::Tensor& x, bool bias_apart) {
-  if (!bias_apart) return run(l, x);
-  const at::Tensor y = torch::matmul(x, l->weight.t());
-  return l->bias.defined() ? y + l->bias : y;
-}
+// A block's projection (models/lora.h: with its adapter where it has one).
+at::Tensor run(const torch::nn::Linear& l, const at::Tensor& x) { return project(l, x); }
 
 // [B, T, H * D] as [B, H, T, D].
 at::Tensor heads(const at::Tensor& x, int64_t H, int64_t D) {
@@ -164,10 +158,10 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 void LlamaAttentionImpl::reset() {
   const int64_t d = o_.d_model, q = o_.n_heads * o_.head_dim, kv = o_.n_kv_heads * o_.head_dim;
   // With attn_output_gate, each head's queries then its gate (Qwen3-Next's).
-  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(d, o_.attn_output_gate ? 2 * q : q).bias(o_.qkv_bias)));
-  k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
-  v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(d, kv).bias(o_.qkv_bias)));
-  o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(o_.o_bias)));
+  q_proj = register_module("q_proj", lora_linear(o_.lora, "q_proj", d, o_.attn_output_gate ? 2 * q : q, o_.qkv_bias));
+  k_proj = register_module("k_proj", lora_linear(o_.lora, "k_proj", d, kv, o_.qkv_bias));
+  v_proj = register_module("v_proj", lora_linear(o_.lora, "v_proj", d, kv, o_.qkv_bias));
+  o_proj = register_module("o_proj", lora_linear(o_.lora, "o_proj", q, d, o_.o_bias));
   if (o_.attn_sinks) sinks = register_parameter("sinks", torch::zeros({o_.n_heads}));
   if (o_.qk_norm) {
     // Over the projection (OLMo 2's), each head with one weight (Qwen3's) or its own (Command R+'s);
@@ -220,9 +214,9 @@ torch::Tensor XieluImpl::forward(const torch::Tensor& x) const {
 }
 
 void GatedMlpImpl::reset() {
-  if (gated_) gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
-  up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model_, d_ff_).bias(bias_)));
-  down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(d_ff_, d_model_).bias(bias_)));
+  if (gated_) gate_proj = register_module("gate_proj", lora_linear(lora_, "gate_proj", d_model_, d_ff_, bias_));
+  up_proj = register_module("up_proj", lora_linear(lora_, "up_proj", d_model_, d_ff_, bias_));
+  down_proj = register_module("down_proj", lora_linear(lora_, "down_proj", d_ff_, d_model_, bias_));
   if (xielu_) act_fn = register_module("act_fn", Xielu());
 }
 
@@ -387,6 +381,7 @@ void LlamaBlockImpl::reset() {
   auto norm = [&](const char* name) {
     return register_module(name, RmsNorm(std::vector<int64_t>{o_.d_model}, o_.eps, o_.norm_scale, o_.norm_center, 0, o_.norm_bias));
   };
+  o_.lora.stream = stream_ + 3;  // the adapters' dropouts after the block's three
   if (o_.dropout > 0 || o_.attn_dropout > 0) {  // each its own stream, as gpt2_block's
     attn_drop_ = register_module("attn_drop", Dropout(o_.attn_dropout, stream_));
     resid_drop_ = register_module("resid_drop", Dropout(o_.dropout, stream_ + 1));
@@ -408,7 +403,7 @@ void LlamaBlockImpl::reset() {
   if (o_.norms == NormPlacement::Sandwich) pre_feedforward_layernorm_ = norm("pre_feedforward_layernorm");
   if (o_.experts > 0) moe_ = register_module("mlp", Moe(o_));
   else mlp_ = register_module("mlp", GatedMlp(o_.d_model, o_.d_ff, o_.mlp_bias, o_.gelu, o_.swiglu_alpha, o_.swiglu_limit, o_.relu2, o_.mlp_gate, o_.xielu,
-                                               o_.bias_apart));
+                                               o_.bias_apart, o_.lora));
   if (o_.norms == NormPlacement::Post || o_.norms == NormPlacement::Sandwich) post_feedforward_layernorm_ = norm("post_feedforward_layernorm");
 }
 

@@ -22,6 +22,7 @@
 
 #include "common/json_reader.h"
 #include "models/layers.h"
+#include "models/lora.h"
 
 namespace pipetrain::models {
 
@@ -224,6 +225,7 @@ struct LlamaBlockOptions {
   // Keyed dropout (training alone): of the attention weights, and of attention's and the MLP's
   // outputs before their residual adds (StarCoder2's and Seed-OSS's attention_dropout, residual_dropout).
   double dropout = 0, attn_dropout = 0;
+  Lora lora;  // low-rank adapters beside the attention's and the dense MLP's projections (models/lora.h)
 };
 
 /// q, k, v and o projections of grouped-query attention ("self_attn" of a Llama block), and with
@@ -393,9 +395,9 @@ TORCH_MODULE(Xielu);
 class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
  public:
   GatedMlpImpl(int64_t d_model, int64_t d_ff, bool bias, Gelu gelu = Gelu::None, double oai_alpha = 0, double oai_limit = 0,
-               bool relu2 = false, bool gated = true, bool xielu = false, bool bias_apart = false)
+               bool relu2 = false, bool gated = true, bool xielu = false, bool bias_apart = false, Lora lora = {})
       : d_model_(d_model), d_ff_(d_ff), bias_(bias), gelu_(gelu), relu2_(relu2), gated_(gated), xielu_(xielu), bias_apart_(bias_apart), oai_alpha_(oai_alpha),
-        oai_limit_(oai_limit) {
+        oai_limit_(oai_limit), lora_(std::move(lora)) {
     reset();
   }
   void reset() override;
@@ -413,6 +415,7 @@ class GatedMlpImpl : public torch::nn::Cloneable<GatedMlpImpl> {
   Gelu gelu_;
   bool relu2_, gated_, xielu_, bias_apart_;
   double oai_alpha_, oai_limit_;
+  Lora lora_;  // adapters of gate, up and down (a block's dense MLP)
 };
 TORCH_MODULE(GatedMlp);
 

@@ -164,6 +164,43 @@ void read_mamba(JsonReader& r, LlamaBlockOptions& o) {
     if (set) r.fail(key, "does not apply to Mamba 2's mixer (mamba_heads above 0 replaces attention)");
 }
 
+// LoRA's adapters (models/lora.h): lora_rank, lora_alpha, lora_dropout, lora_rslora and
+// lora_targets (projection names, or "all": every one the block has), each needing what it adapts.
+void read_lora(JsonReader& r, LlamaBlockOptions& o) {
+  Lora& l = o.lora;
+  l.rank = r.get_int("lora_rank", 0, 0, 1 << 16);
+  for (const char* key : {"lora_alpha", "lora_dropout", "lora_rslora", "lora_targets"})
+    if (l.rank == 0 && r.has(key)) r.fail(key, "needs lora_rank above 0");
+  if (l.rank == 0) return;
+  l.alpha = r.get_number("lora_alpha", 8.0, 1e-6, 1e6);
+  l.dropout = r.get_number("lora_dropout", 0.0, 0.0, 0.99);
+  l.rslora = r.get_bool("lora_rslora", false);
+  const bool attention = !o.no_mixer && !o.mla() && !o.mamba() && !o.gated_deltanet(), mlp = !o.no_mlp && o.experts == 0;
+  auto has = [&](const std::string& t) {
+    return t == "gate_proj" ? mlp && o.mlp_gate : t == "up_proj" || t == "down_proj" ? mlp : attention;
+  };
+  const nlohmann::json* raw = r.get_raw("lora_targets");
+  if (raw && raw->is_string() && *raw == "all") {
+    for (const std::string& t : lora_target_names())
+      if (has(t)) l.targets.push_back(t);
+    if (l.targets.empty()) r.fail("lora_targets", "\"all\" finds no projection: the block has neither attention of its own nor one MLP");
+    return;
+  }
+  if (raw && (!raw->is_array() || raw->empty()))
+    r.fail("lora_targets", "must be \"all\" or a list of projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  for (const nlohmann::json& t : raw ? *raw : nlohmann::json{"q_proj", "v_proj"}) {  // PEFT's for Llama's
+    const auto& names = lora_target_names();
+    if (!t.is_string() || std::find(names.begin(), names.end(), t.get<std::string>()) == names.end())
+      r.fail("lora_targets", detail::concat("names ", t.dump(), ", not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+    const std::string name = t.get<std::string>();
+    if (!has(name))
+      r.fail("lora_targets", detail::concat("names ", name, ", which the block does not have as a projection of its own (attention's need ",
+                                            "no latents or other mixer; the MLP's, no experts; gate_proj, mlp_gate true)"));
+    if (std::find(l.targets.begin(), l.targets.end(), name) != l.targets.end()) r.fail("lora_targets", detail::concat("names ", name, " twice"));
+    l.targets.push_back(name);
+  }
+}
+
 }  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
@@ -297,6 +334,7 @@ LlamaBlockOptions read_llama_block(JsonReader& r) {
   if ((o.dropout > 0 || o.attn_dropout > 0) && !plain)
     r.fail(o.dropout > 0 ? "dropout" : "attn_dropout",
            "above 0 needs a plain block: norms \"pre\" or parallel, attention with neither latents, soft caps nor sinks, no other mixer, no residual_scale");
+  read_lora(r, o);
   return o;
 }
 
@@ -318,7 +356,23 @@ Gpt2BlockOptions read_gpt2_block(JsonReader& r) {
   return o;
 }
 
+namespace {
+// The adapters' values: rank · (in + out) for each projection adapted.
+double lora_values(const LlamaBlockOptions& o) {
+  const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
+  double sum = 0;
+  for (const std::string& t : o.lora.targets)
+    sum += t == "q_proj" ? d + (o.attn_output_gate ? 2 : 1) * q : t == "k_proj" || t == "v_proj" ? d + kv : t == "o_proj" ? q + d : d + f;
+  return sum * double(o.lora.rank);
+}
+}  // namespace
+
 double parameter_values(const LlamaBlockOptions& o) {
+  if (o.lora.rank > 0) {
+    LlamaBlockOptions base = o;
+    base.lora = {};
+    return parameter_values(base) + lora_values(o);
+  }
   const double d = double(o.d_model), q = double(o.n_heads * o.head_dim), kv = double(o.n_kv_heads * o.head_dim), f = double(o.d_ff);
   const double norms = (o.norms == NormPlacement::Sandwich ? 4 * d : o.norms == NormPlacement::Parallel ? d : 2 * d) * (o.norm_bias ? 2 : 1) *
                        (o.norm_scale == RmsScale::None ? 0 : 1);

@@ -19,6 +19,7 @@
 #include "common/strings.h"
 #include "models/families.h"
 #include "models/hf_fields.h"
+#include "models/hf_lora.h"
 
 namespace pipetrain::models {
 
@@ -402,6 +403,8 @@ Model build_hf(JsonReader& r) {
       moe = true;
     }
   if (!moe && r.has("experts_kernel")) r.fail("experts_kernel", detail::concat("needs a mixture of experts (", spec.architecture, " has none)"));
+  HfLora lora = read_hf_lora(r);  // adapters beside the blocks' projections, all else frozen (hf_lora.h)
+  add_hf_lora(lora, spec);
   JsonReader list(spec.layers, r.path(), dir + "/config.json");
   Model m = build_layer_list(list);
 
@@ -463,6 +466,9 @@ Model build_hf(JsonReader& r) {
     if (!used.count(name) && !ignorable(name) && !ignored(spec, name) && !weights.inert(name))
       throw ConfigError(detail::concat(where, ": ", ck.file_of(name), ": tensor '", name, "' is not part of a ", spec.architecture,
                                        " as config.json describes it (an unsupported option would compute a different model)"));
+  if (lora.lora.rank == 0) return m;
+  load_hf_adapter(lora, spec, *m.layers);
+  freeze_all_but_adapters(*m.layers);
   return m;
 }
 

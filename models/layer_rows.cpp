@@ -309,6 +309,7 @@ Built llama_block(LayerContext& c) {
   Built b;
   decoder_block<LlamaBlockImpl>(c, b, o, "llama", [o, stream] { return LlamaBlock(o, stream).ptr(); });
   if (o.dropout > 0 || o.attn_dropout > 0) b.random_streams = 3;  // none otherwise: the later layers' streams as they were
+  if (o.lora.dropout > 0) b.random_streams = 3 + static_cast<int>(lora_target_names().size());  // one for each adapter's
   return b;
 }
 

@@ -34,6 +34,7 @@ enum class ArgKind {
   List,       ///< a list of integers
   Layers,     ///< a list of layers
   Object,     ///< an object of its own keys
+  Names,      ///< a string or a list of strings
 };
 
 /// One argument of a layer type.

@@ -50,4 +50,8 @@ Model build(JsonReader& model, uint64_t seed);
 /// Layer names in order, e.g. {"embed", "block0", ..., "norm", "head"}.
 std::vector<std::string> layer_names(const torch::nn::Sequential& layers);
 
+/// The parameters of `m` that train (requires_grad): what optimizers step and gradients reduce
+/// over; a frozen parameter (LoRA's base weights, models/hf_lora.h) has no gradient and no state.
+std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& m);
+
 }  // namespace pipetrain::models

@@ -56,4 +56,11 @@ std::vector<std::string> layer_names(const torch::nn::Sequential& layers) {
   return names;
 }
 
+std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : m.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
 }  // namespace pipetrain::models

@@ -23,6 +23,9 @@ Copies::Copies(torch::nn::Sequential model, PipelineOptions options, stages::Los
     if (d > 0) {
       auto clone = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
       if (!clone) throw Error("pipeline: cannot copy the model for data parallelism");
+      // torch's clone makes every parameter trainable: the copy's frozen ones frozen as the model's.
+      const auto mine = model->parameters(), theirs = clone->parameters();
+      for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) theirs[i].requires_grad_(mine[i].requires_grad());
       layers = torch::nn::Sequential(clone);
       options.balance = copies_.front()->balance();  // the first's, as resolved
     }

@@ -10,6 +10,7 @@
 #include "models/layers.h"
 #include "pipeline/executor.h"
 #include "pipeline/optimizer_state.h"
+#include "models/model.h"
 
 namespace pipetrain::pipeline {
 
@@ -27,7 +28,7 @@ void Executor::make_reducers() {
   dp_.reducers.resize(stages_.size());
   for (int vs = 0; vs < static_cast<int>(stages_.size()); ++vs) {
     if (!runs(vs)) continue;
-    auto params = stages_[vs]->layers()->parameters();
+    auto params = models::trainable_parameters(*stages_[vs]->layers());  // the frozen ones have no gradient
     if (params.empty()) continue;
     const int device = sched_.device_of(vs);
     ReplicaInfo info;

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "pipeline/copies.h"
 #include "pipeline/optimizer_state.h"
+#include "models/model.h"
 
 namespace pipetrain::pipeline {
 
@@ -117,7 +118,7 @@ double Executor::step_optimizers() {
 void Executor::set_optimizers(const OptimizerFactory& factory) {
   opt_.factory = factory;
   for (size_t vs = 0; vs < stages_.size(); ++vs) {
-    auto params = stages_[vs]->layers()->parameters();
+    auto params = models::trainable_parameters(*stages_[vs]->layers());
     if (params.empty() || !runs(static_cast<int>(vs)))
       opt_.optimizers[vs] = nullptr;
     else

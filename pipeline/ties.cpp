@@ -104,7 +104,14 @@ void Ties::init(const torch::nn::Sequential& model, const std::vector<models::Ti
       }
       members.push_back({vs, *p});
     }
-    groups_.push_back(std::move(members));
+    // A frozen tie (LoRA's embedding and head) has no gradient to sum; a tie half frozen would
+    // train one use of one weight.
+    const bool trains = members.front().param.requires_grad();
+    for (const Member& m : members)
+      if (m.param.requires_grad() != trains)
+        throw ConfigError(detail::concat(where, ": ", names[tie[0].layer], ".", tie[0].name, " is ", trains ? "trained" : "frozen",
+                                         " and another member is not; a tie's members train together or not at all"));
+    if (trains) groups_.push_back(std::move(members));
   }
 }
 

@@ -10,11 +10,12 @@
 PIPETRAIN_TORCH_VERSION=${PIPETRAIN_TORCH_VERSION:-2.11.0}
 # UCX with CUDA from PyPI (libucx-cu13), pinned.
 PIPETRAIN_UCX_WHEEL_VERSION=${PIPETRAIN_UCX_WHEEL_VERSION:-1.22.0}
-# transformers, tokenizers, accelerate and compressed-tensors from PyPI (scripts/setup.sh): the hf family's test oracle and example.
+# transformers, tokenizers, accelerate, compressed-tensors and peft from PyPI (scripts/setup.sh): the hf family's test oracle and example.
 PIPETRAIN_TRANSFORMERS_VERSION=${PIPETRAIN_TRANSFORMERS_VERSION:-5.24.0}
 PIPETRAIN_TOKENIZERS_VERSION=${PIPETRAIN_TOKENIZERS_VERSION:-0.23.3}
 PIPETRAIN_ACCELERATE_VERSION=${PIPETRAIN_ACCELERATE_VERSION:-1.15.0}
 PIPETRAIN_COMPRESSED_TENSORS_VERSION=${PIPETRAIN_COMPRESSED_TENSORS_VERSION:-0.20.1}
+PIPETRAIN_PEFT_VERSION=${PIPETRAIN_PEFT_VERSION:-0.21.2}
 PIPETRAIN_CACHE=${PIPETRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipetrain}
 pipetrain_py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PIPETRAIN_VENV=${PIPETRAIN_VENV:-$PIPETRAIN_CACHE/torch-$PIPETRAIN_TORCH_VERSION-py$pipetrain_py}

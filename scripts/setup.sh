@@ -110,3 +110,8 @@ pip_add "accelerate-$PIPETRAIN_ACCELERATE_VERSION" \
 pip_add "compressed-tensors-$PIPETRAIN_COMPRESSED_TENSORS_VERSION" \
   "import compressed_tensors, sys; sys.exit(compressed_tensors.__version__ != '$PIPETRAIN_COMPRESSED_TENSORS_VERSION')" \
   "compressed-tensors==$PIPETRAIN_COMPRESSED_TENSORS_VERSION"
+# peft: the oracle of the hf family's LoRA adapters (tests/hf_lora.py), which loads the adapters
+# `export --format peft` writes.
+pip_add "peft-$PIPETRAIN_PEFT_VERSION" \
+  "import peft, sys; sys.exit(peft.__version__ != '$PIPETRAIN_PEFT_VERSION')" \
+  --no-deps "peft==$PIPETRAIN_PEFT_VERSION"

@@ -1,0 +1,315 @@
+// LoRA's adapters (models/lora.h, models/hf_lora.h): the llama_block's adapters as layers, and the
+// hf family's LoRA fine-tuning against PEFT itself (tests/hf_lora.py makes a tiny Llama and a PEFT
+// adapter of every projection with random A and B, PEFT's logits, its 5 SGD steps of the adapters
+// alone, the trained adapter and the trained model merged): the logits equal PEFT's, the steps on
+// 3 stages its losses and trained adapters, every frozen weight unchanged; `export --format peft`
+// writes an adapter PEFT loads to the same logits; the merged weights equal merge_and_unload's.
+// In float64 a LoRA step of every schedule, recomputation and copy count (a sharded AdamW with
+// weight decay, keyed adapter dropout) equals one device's to 1e-10, the frozen weights untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "job/npy.h"
+#include "job/single_device.h"
+#include "models/decoder.h"
+#include "models/hf_lora.h"
+#include "models/families.h"
+#include "models/safetensors.h"
+#include "pipeline/pipeline.h"
+#include "schedule/kinds.h"
+#include "tests/hf_oracle.h"
+
+using namespace pipetrain;
+
+namespace {
+
+nlohmann::json block(const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json b{{"name", "layer_0"}, {"type", "llama_block"}, {"d_model", 16}, {"n_heads", 4}, {"n_kv_heads", 2}, {"d_ff", 24}};
+  b.update(extra);
+  return b;
+}
+
+models::Model list_of(const nlohmann::json& layers) {
+  const nlohmann::json j{{"input_shape", {6, 16}}, {"layers", layers}};
+  JsonReader r(j, "model", "test");
+  return models::build_layer_list(r);
+}
+
+std::string list_error(const nlohmann::json& extra) {
+  try {
+    list_of(nlohmann::json::array({block(extra)}));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(built)";
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+
+}  // namespace
+
+// With B at zero the adapted block computes the block; its adapters are named as PEFT names them,
+// counted as made, and with B not zero they add scaling · B A x to each projection.
+TEST(Lora, AdaptersStartAsTheModelAndAddScaledLowRankProducts) {
+  torch::manual_seed(3);
+  models::Model plain = list_of(nlohmann::json::array({block()}));
+  models::Model adapted = list_of(nlohmann::json::array({block({{"lora_rank", 2}, {"lora_alpha", 3}, {"lora_targets", "all"}})}));
+  auto named = adapted.layers->named_parameters();
+  torch::NoGradGuard no_grad;
+  for (const auto& p : plain.layers->named_parameters()) named[p.key()].copy_(p.value());
+  const at::Tensor x = torch::randn({3, 6, 16});
+  plain.layers->eval();
+  adapted.layers->eval();
+  EXPECT_TRUE(torch::equal(plain.layers->forward(x), adapted.layers->forward(x)));
+  int adapters = 0;
+  double values = 0;
+  for (const auto& p : adapted.layers->named_parameters()) {
+    adapters += models::is_adapter(p.key());
+    values += double(p.value().numel());
+  }
+  EXPECT_EQ(adapters, 14);  // A and B of q, k, v, o, gate, up and down
+  ASSERT_NE(named.find("layer_0.llama.self_attn.q_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(named["layer_0.llama.mlp.down_proj.lora_B.weight"].sizes(), (std::vector<int64_t>{16, 2}));
+  nlohmann::json o = block({{"lora_rank", 2}, {"lora_alpha", 3}, {"lora_targets", "all"}});
+  JsonReader r(o, "block", "test");
+  EXPECT_EQ(models::parameter_values(models::read_llama_block(r)), values);
+  // B not zero: each adapted projection gains 1.5 · B A x; the block's output differs, and merging
+  // the adapters into the weights gives the same block back (float64).
+  adapted.layers->to(at::kDouble);
+  plain.layers->to(at::kDouble);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : adapted.layers->named_parameters()) {
+    if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
+    weights[p.key()] = p.value().clone();
+  }
+  models::merge_adapters(weights, {{"lora", {{"rank", 2}, {"alpha", 3}, {"targets", "all"}}}});
+  for (const auto& p : plain.layers->named_parameters()) p.value().copy_(weights.at(p.key()));
+  const at::Tensor xd = x.to(at::kDouble);
+  EXPECT_GT(max_diff(adapted.layers->forward(xd), plain.layers->forward(xd) * 0), 0);
+  EXPECT_LE(max_diff(adapted.layers->forward(xd), plain.layers->forward(xd)), 1e-12);
+}
+
+// A copy (the data-parallel copies of one process clone the model) keeps the adapters; which
+// parameters are frozen, torch's clone forgets and the copies restore (pipeline/copies.cpp: the
+// grid below, 2 copies in one process).
+TEST(Lora, ACloneKeepsTheAdaptersAndWhatIsFrozen) {
+  models::Model m = list_of(nlohmann::json::array({block({{"lora_rank", 2}, {"lora_targets", nlohmann::json{"q_proj", "up_proj"}}})}));
+  models::freeze_all_but_adapters(*m.layers);
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : m.layers->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_();
+  }
+  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m.layers->clone());
+  ASSERT_TRUE(copy);
+  // torch's clone of a Sequential names its layers by their index: the same parameters in order.
+  const auto a = m.layers->named_parameters(), b = copy->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string& name = a[i].key();
+    EXPECT_EQ(name.substr(name.find('.')), b[i].key().substr(b[i].key().find('.')));
+    EXPECT_TRUE(torch::equal(a[i].value(), b[i].value())) << name;
+  }
+  m.layers->eval();
+  copy->eval();
+  const at::Tensor x = torch::randn({2, 6, 16});
+  EXPECT_TRUE(torch::equal(m.layers->forward(x), copy->forward(x)));
+}
+
+TEST(Lora, BadArgumentsAreOneLineErrors) {
+  EXPECT_NE(list_error({{"lora_alpha", 4}}).find("lora_alpha: needs lora_rank above 0"), std::string::npos) << list_error({{"lora_alpha", 4}});
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"lora_targets", nlohmann::json{"c_attn"}}}).find("lora_targets: names \"c_attn\", not one of q_proj"),
+            std::string::npos);
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"lora_targets", nlohmann::json{"q_proj", "q_proj"}}}).find("names q_proj twice"), std::string::npos);
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"lora_targets", nlohmann::json::array()}}).find("must be \"all\" or a list"), std::string::npos);
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"experts", 4}, {"lora_targets", nlohmann::json{"up_proj"}}}).find("names up_proj, which the block"),
+            std::string::npos);
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"mlp_gate", false}, {"lora_targets", nlohmann::json{"gate_proj"}}}).find("names gate_proj"),
+            std::string::npos);
+  EXPECT_EQ(list_error({{"lora_rank", 2}, {"experts", 4}, {"lora_targets", "all"}}), "(built)");  // attention's alone
+}
+
+namespace {
+
+std::string lora_root() { return test::scratch_dir("lora"); }
+
+bool has_peft() {
+  return test::shell(test::python() + " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"peft\") is None)' >/dev/null 2>&1").status == 0;
+}
+std::string oracle() { return std::string(PIPETRAIN_SOURCE_DIR) + "/tests/hf_lora.py"; }
+
+at::Tensor load_npy(const std::string& file) {
+  const job::NpyHeader h = job::read_npy_header(file);
+  const at::ScalarType type = h.descr == "'<i8'" ? at::kLong : h.descr == "'<f8'" ? at::kDouble : at::kFloat;
+  return job::map_file(file, h.offset, h.shape, type).clone();
+}
+
+at::Tensor ce(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+// The cases once per run of this binary.
+const std::string& made() {
+  static const std::string root = [] {
+    const auto r = test::shell(test::python() + " " + oracle() + " make " + lora_root() + " 2>&1");
+    if (r.status != 0) throw Error("tests/hf_lora.py make failed: " + r.out);
+    return lora_root();
+  }();
+  return root;
+}
+
+models::Model adapted(const std::string& dir, int64_t T, const nlohmann::json& lora = nlohmann::json::object()) {
+  nlohmann::json section{{"path", dir + "/adapter"}};
+  section.update(lora);
+  return test::hf_build(dir + "/model", T, {{"lora", section}});
+}
+
+}  // namespace
+
+TEST(HfLora, EqualsPeftLogitsStepsAdaptersAndMergedWeights) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  for (const std::string dtype : {"float64", "float32"}) {
+    const std::string dir = made() + "/" + dtype;
+    const double tol = dtype == "float64" ? 1e-10 : 1e-5;
+    const at::Tensor tokens = load_npy(dir + "/tokens.npy");
+    const int64_t T = tokens.size(1) - 1;
+    const at::Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
+    models::Model m = adapted(dir, T);
+    std::map<std::string, at::Tensor> before;
+    for (const auto& p : m.layers->named_parameters()) before[p.key()] = p.value().clone();
+    pipeline::PipelineOptions o;
+    o.stages = 3;
+    o.micro_batches = 2;
+    pipeline::Pipeline pipe(m.layers, o, ce);
+    const double logits = max_diff(pipe.predict(x), load_npy(dir + "/logits.npy"));
+    pipe.optimizers().set([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.5); });
+    const at::Tensor losses = load_npy(dir + "/losses.npy");
+    double loss = 0;
+    for (int64_t s = 0; s < losses.size(0); ++s) loss = std::max(loss, std::abs(pipe.train_step(x, y) - losses[s].item<double>()));
+    // The trained adapters against PEFT's (its names, through export's mapping); the frozen unchanged.
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& p : m.layers->named_parameters()) {
+      weights[p.key()] = p.value().detach();
+      if (!models::is_adapter(p.key())) EXPECT_TRUE(torch::equal(p.value(), before.at(p.key()))) << p.key() << " is frozen";
+      else EXPECT_FALSE(torch::equal(p.value(), before.at(p.key()))) << p.key() << " trains";
+    }
+    nlohmann::json model{{"family", "hf"}, {"path", dir + "/model"}, {"lora", {{"path", dir + "/adapter"}}}};
+    EXPECT_EQ(models::save_peft(dir + "/model", weights, model, dir + "/ours"), 42u);  // 3 layers x 7 projections x A, B
+    const models::SafetensorsFile ours(dir + "/ours/adapter_model.safetensors"), trained(dir + "/trained/adapter_model.safetensors");
+    double adapters = 0;
+    ASSERT_EQ(ours.names().size(), trained.names().size());
+    for (const std::string& n : trained.names()) {
+      ASSERT_TRUE(ours.contains(n)) << n;
+      adapters = std::max(adapters, max_diff(ours.get(n), trained.get(n)));
+    }
+    // Merged into the weights as merge_and_unload merges them.
+    models::merge_adapters(weights, model);
+    const models::SafetensorsCheckpoint merged(dir + "/merged");
+    const models::HfSpec spec = models::read_hf_spec(dir + "/model", T, "test");
+    double merge = 0;
+    for (const models::HfTensor& t : spec.tensors) merge = std::max(merge, max_diff(weights.at(t.ours), merged.get(t.theirs)));
+    // PEFT loads our adapter over the model: its logits are the trained model's.
+    const auto checked = test::shell(test::python() + " " + oracle() + " check " + dir + " " + dir + "/ours 2>/dev/null");
+    ASSERT_EQ(checked.status, 0) << checked.out;
+    const nlohmann::json peft = nlohmann::json::parse(checked.out.substr(checked.out.find('{')));
+    std::printf("lora %s logits=%.3g sgd5-loss=%.3g adapters=%.3g merged=%.3g peft-loads-ours: adapters=%.3g logits=%.3g\n", dtype.c_str(),
+                logits, loss, adapters, merge, peft["adapters"].get<double>(), peft["logits"].get<double>());
+    EXPECT_LE(logits, tol) << dtype;
+    EXPECT_LE(loss, tol) << dtype;
+    EXPECT_LE(adapters, tol) << dtype;
+    EXPECT_LE(merge, tol) << dtype;
+    EXPECT_TRUE(peft["names"].get<bool>()) << checked.out;
+    EXPECT_LE(peft["adapters"].get<double>(), tol) << dtype;
+    EXPECT_LE(peft["logits"].get<double>(), tol) << dtype;
+  }
+}
+
+// Every schedule (its default chunks), recomputation mode, 2 and 3 stages, 1 and 2 copies (2: a
+// sharded AdamW): 2 steps with keyed adapter dropout equal one device's steps to 1e-10 in float64,
+// and the frozen weights (AdamW's weight decay included) stay as they were.
+TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  const std::string dir = made() + "/float64";
+  const at::Tensor tokens = load_npy(dir + "/tokens.npy");
+  const int64_t T = tokens.size(1) - 1;
+  // 8 samples (the 4 twice): 4 micro-batches of each of 2 copies' 4.
+  const at::Tensor x = tokens.narrow(1, 0, T).repeat({2, 1}).contiguous(), y = tokens.narrow(1, 1, T).repeat({2, 1}).contiguous();
+  const nlohmann::json lora{{"dropout", 0.25}};
+  auto adamw = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  };
+  models::Model one = adapted(dir, T, lora);
+  job::SingleDevice single(one.layers, ce, adamw, 11);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : one.layers->named_parameters()) before[p.key()] = p.value().clone();
+  std::vector<double> want;
+  for (int s = 0; s < 2; ++s) want.push_back(single.train_step(x, y));
+  int cases = 0;
+  using schedule::Kind;
+  for (const Kind kind : {Kind::GPipe, Kind::OneFOneB, Kind::Interleaved1F1B, Kind::ZbH1, Kind::ZbV, Kind::DualPipeV})
+    for (const int stages : {2, 3})
+      for (const Recompute rc : {Recompute::Always, Recompute::ExceptLast, Recompute::Never})
+        for (const int copies : {1, 2}) {
+          pipeline::PipelineOptions o;
+          o.schedule = kind;
+          o.stages = stages;
+          o.chunks = schedule::info(kind).default_chunks;
+          o.micro_batches = 4;
+          o.recompute = rc;
+          o.seed = 11;
+          o.data_parallel = copies;
+          o.shard_optimizer = copies > 1;
+          models::Model m = adapted(dir, T, lora);
+          // Interleaved 1F1B sends micro-batches in groups of the stage count, DualPipeV needs twice
+          // the stages': 4 of them, 2 stages alone.
+          if ((kind == Kind::Interleaved1F1B || kind == Kind::DualPipeV) && stages == 3) continue;
+          pipeline::Pipeline pipe(m.layers, o, ce);
+          pipe.optimizers().set(adamw);
+          const std::string what = pipetrain::detail::concat(schedule::name(kind), " stages=", stages, " ", recompute_name(rc), " copies=", copies);
+          for (int s = 0; s < 2; ++s) EXPECT_NEAR(pipe.train_step(x, y), want[s], 1e-10) << what;
+          const auto got = m.layers->named_parameters();
+          for (const auto& p : one.layers->named_parameters()) {
+            EXPECT_LE(max_diff(got[p.key()], p.value()), 1e-10) << what << " " << p.key();
+            if (!models::is_adapter(p.key())) EXPECT_TRUE(torch::equal(got[p.key()], before.at(p.key()))) << what << " " << p.key();
+          }
+          ++cases;
+        }
+  EXPECT_EQ(cases, 60);
+  std::printf("lora pipeline cases=%d\n", cases);
+}
+
+// The model section's "lora" and a PEFT adapter's config: one-line errors naming what and where.
+TEST(HfLora, BadSectionsAndAdaptersAreOneLineErrors) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  const std::string dir = made() + "/float32";
+  auto error = [&](const nlohmann::json& lora) {
+    return test::hf_error(dir + "/model", 8, {{"lora", lora}});
+  };
+  EXPECT_NE(error({{"alpha", 4}}).find("model.lora.rank"), std::string::npos) << error({{"alpha", 4}});
+  EXPECT_NE(error({{"rank", 4}, {"targets", {"qkv"}}}).find("names \"qkv\""), std::string::npos);
+  EXPECT_NE(error({{"path", dir + "/adapter"}, {"rank", 4}}).find("is the adapter's"), std::string::npos);
+  EXPECT_NE(error({{"path", dir}}).find("has no adapter_config.json"), std::string::npos);
+  EXPECT_NE(error({{"rank", 4}, {"bogus", 1}}).find("bogus"), std::string::npos);
+  // An adapter with DoRA, or a tensor that is no adapter of the model.
+  const std::string bad = lora_root() + "/bad";
+  std::filesystem::create_directories(bad);
+  std::filesystem::copy_file(dir + "/adapter/adapter_model.safetensors", bad + "/adapter_model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/adapter/adapter_config.json"));
+  config["use_dora"] = true;
+  std::ofstream(bad + "/adapter_config.json") << config.dump();
+  EXPECT_NE(error({{"path", bad}}).find("use_dora true is not supported"), std::string::npos) << error({{"path", bad}});
+  config["use_dora"] = false;
+  config["target_modules"] = {"q_proj"};
+  std::ofstream(bad + "/adapter_config.json") << config.dump();
+  EXPECT_NE(error({{"path", bad}}).find("is no adapter of this model's projections"), std::string::npos) << error({{"path", bad}});
+}
