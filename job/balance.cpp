@@ -172,7 +172,7 @@ partitioner::Balance balance_by(BalanceMethod method, const std::vector<partitio
   const int peak = m.in_flight.empty() ? 1 : *std::max_element(m.in_flight.begin(), m.in_flight.end());
   for (auto& l : mem) {
     const bool keeps_all = m.recompute == Recompute::Never;
-    l.forward_ms = static_cast<double>(l.param_bytes) * (1 + m.state_factor) +
+    l.forward_ms = static_cast<double>(l.param_bytes) + static_cast<double>(l.trained_bytes()) * m.state_factor +
                    static_cast<double>(l.saved_bytes) * (keeps_all ? peak : 1);
     l.backward_ms = 0;
   }
@@ -195,7 +195,11 @@ partitioner::Balance choose_balance(const Config& c, const torch::nn::Sequential
                       "balance method '", choice_name(method), "' needs a profile");
       for (const auto& m : *model) {
         partitioner::LayerCost l;
-        for (const auto& p : m.ptr()->parameters()) l.param_bytes += static_cast<int64_t>(p.nbytes());
+        l.trainable_bytes = 0;
+        for (const auto& p : m.ptr()->parameters()) {
+          l.param_bytes += static_cast<int64_t>(p.nbytes());
+          if (p.requires_grad()) l.trainable_bytes += static_cast<int64_t>(p.nbytes());
+        }
         costs.push_back(l);
       }
     }

@@ -17,6 +17,10 @@ struct LayerCost {
   double forward_ms = 0;         // forward time; finite, >= 0
   double backward_ms = 0;        // backward time (with any recomputed forward); finite, >= 0
   int64_t param_bytes = 0;       // the layer's parameters
+  // The bytes of those that train (gradients and optimizer state follow them); negative: all of
+  // them (a cost file without the field). LoRA's frozen weights (models/hf_lora.h) train not.
+  int64_t trainable_bytes = -1;
+  int64_t trained_bytes() const { return trainable_bytes < 0 ? param_bytes : trainable_bytes; }
   int64_t activation_bytes = 0;  // the layer's output: the next stage's input when a stage ends here
   int64_t saved_bytes = 0;       // what the layer keeps for backward (includes its output when kept)
   // Transient bytes above what the layer keeps, at the peak of its forward or its backward
@@ -63,12 +67,14 @@ inline double layer_ms(const LayerCost& c) { return c.forward_ms + c.backward_ms
 double stage_time(const std::vector<LayerCost>& costs, int begin, int end, const Device& device);
 
 // Peak bytes of a stage from its sums (see stage_memory); f = micro-batches in flight:
-//   params + ceil(params * state_factor) + activations, where activations is
+//   params + ceil(trained * state_factor) + activations, where trained is the bytes of the
+//   parameters that train (negative: params), and activations is
 //   Never: f * saved;  Always: f * input + saved;  ExceptLast: (f - 1) * input + saved.
-int64_t memory_bytes(int64_t params, int64_t saved, int64_t input, int in_flight, const MemoryModel& model);
+int64_t memory_bytes(int64_t params, int64_t saved, int64_t input, int in_flight, const MemoryModel& model,
+                     int64_t trained = -1);
 
 // Predicted peak bytes of stage `stage` holding layers [begin, end): memory_bytes of the sums of
-// param_bytes and saved_bytes over the layers, with input = the stage's input of one micro-batch
+// param_bytes, trained_bytes() and saved_bytes over the layers, with input = the stage's input of one micro-batch
 // (model.input_bytes for begin == 0, else costs[begin - 1].activation_bytes) and
 // f = model.in_flight[stage] (1 when in_flight is empty), plus the largest workspace_bytes of
 // the layers.

@@ -150,6 +150,12 @@ CostFile parse_cost_file(const std::string& text, const std::string& path) {
     c.activation_bytes = static_cast<int64_t>(number("activation_bytes", true, kMaxBytes));
     c.saved_bytes = static_cast<int64_t>(number("saved_bytes", false, kMaxBytes));
     c.workspace_bytes = static_cast<int64_t>(number("workspace_bytes", false, kMaxBytes));
+    if (e.contains("trainable_bytes")) {  // absent: every parameter trains
+      c.trainable_bytes = static_cast<int64_t>(number("trainable_bytes", true, kMaxBytes));
+      if (c.trainable_bytes > c.param_bytes)
+        throw ConfigError(detail::concat(where, " (", shown_name, "): \"trainable_bytes\" (", c.trainable_bytes,
+                                         ") exceeds \"param_bytes\" (", c.param_bytes, ")"));
+    }
     const bool has_b = e.contains("backward_input_ms"), has_w = e.contains("backward_weight_ms");
     if (has_b != has_w)
       throw ConfigError(detail::concat(where, " (", shown_name, "): backward_input_ms and backward_weight_ms go together"));
@@ -174,6 +180,7 @@ void write_cost_file(std::ostream& out, const CostFile& f) {
                      {"saved_bytes", c.saved_bytes}};
     if (c.backward_input_ms >= 0) e["backward_input_ms"] = c.backward_input_ms, e["backward_weight_ms"] = c.backward_weight_ms;
     if (c.workspace_bytes > 0) e["workspace_bytes"] = c.workspace_bytes;
+    if (c.trainable_bytes >= 0 && c.trainable_bytes != c.param_bytes) e["trainable_bytes"] = c.trainable_bytes;
     layers.push_back(e);
   }
   nlohmann::json j{{"layers", layers}};

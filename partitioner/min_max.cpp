@@ -76,6 +76,7 @@ class Instance {
     }
     sum_ms.assign(n + 1, 0.0);
     sum_params.assign(n + 1, 0);
+    sum_trained.assign(n + 1, 0);
     sum_saved.assign(n + 1, 0);
     int64_t max_input = model.input_bytes, max_workspace = 0;
     for (int i = 0; i < n; ++i) {
@@ -84,12 +85,16 @@ class Instance {
         if (!std::isfinite(v) || v < 0)
           throw ConfigError(detail::concat("partition: ", layer_label(costs, i), " has time ", v,
                                            " ms; times must be finite and >= 0"));
+      if (l.trainable_bytes > l.param_bytes)
+        throw ConfigError(detail::concat("partition: ", layer_label(costs, i), " has ", l.trainable_bytes, " trainable bytes of ",
+                                         l.param_bytes, " parameter bytes"));
       for (int64_t v : {l.param_bytes, l.activation_bytes, l.saved_bytes, l.workspace_bytes})
         if (v < 0 || v > kMaxBytes - std::max(sum_params[i], sum_saved[i]))
           throw ConfigError(detail::concat("partition: ", layer_label(costs, i), " has ", v,
                                            " bytes; byte counts must be >= 0 and sum below 2^62"));
       sum_ms[i + 1] = sum_ms[i] + layer_ms(l);
       sum_params[i + 1] = sum_params[i] + l.param_bytes;
+      sum_trained[i + 1] = sum_trained[i] + l.trained_bytes();
       sum_saved[i + 1] = sum_saved[i] + l.saved_bytes;
       max_input = std::max(max_input, l.activation_bytes);
       max_workspace = std::max(max_workspace, l.workspace_bytes);
@@ -109,7 +114,7 @@ class Instance {
     if (!std::isfinite(sum_ms[n]))
       throw ConfigError("partition: the layer times sum to more than a double can hold");
     const int max_f = *std::max_element(in_flight.begin(), in_flight.end());
-    const double bound = static_cast<double>(sum_params[n]) * (1 + model.state_factor) +
+    const double bound = static_cast<double>(sum_params[n]) + static_cast<double>(sum_trained[n]) * model.state_factor +
                          static_cast<double>(max_f) * (static_cast<double>(sum_saved[n]) + max_input) +
                          static_cast<double>(max_workspace);
     if (!(bound < static_cast<double>(kMaxBytes)))
@@ -121,8 +126,8 @@ class Instance {
   double time(int j, int b, int e) const { return (sum_ms[e] - sum_ms[b]) / speed[j]; }
   int64_t input(int b) const { return b == 0 ? model.input_bytes : costs[b - 1].activation_bytes; }
   int64_t memory(int j, int b, int e) const {
-    return memory_bytes(sum_params[e] - sum_params[b], sum_saved[e] - sum_saved[b], input(b), in_flight[j],
-                        model) +
+    return memory_bytes(sum_params[e] - sum_params[b], sum_saved[e] - sum_saved[b], input(b), in_flight[j], model,
+                        sum_trained[e] - sum_trained[b]) +
            workspace(b, e);
   }
   // The largest workspace_bytes of layers [b, e); it only grows as a stage takes more layers, so
@@ -153,7 +158,7 @@ class Instance {
   std::vector<int64_t> limit;  // 0 = none
   std::vector<int> in_flight;
   std::vector<double> sum_ms;  // running sums of layer_ms, as stage_time accumulates them
-  std::vector<int64_t> sum_params, sum_saved;
+  std::vector<int64_t> sum_params, sum_trained, sum_saved;
   std::vector<std::vector<int64_t>> workspace_;  // sparse table of workspace_bytes; empty: all 0
   int64_t max_bytes = 0;  // no stage of any split can need more
 };
@@ -591,7 +596,7 @@ void check_layers_fit(const Instance& in, const MemoryEnds& mem) {
     int closest = -1;  // the stage it misses by the least
     int64_t closest_excess = 0, closest_bytes = 0;
     for (int j = std::max(0, b - (in.n - in.k)); j <= std::min(b, in.k - 1) && !fits; ++j) {
-      const int64_t bytes = memory_bytes(l.param_bytes, l.saved_bytes, 0, in.in_flight[j], in.model) + l.workspace_bytes;
+      const int64_t bytes = memory_bytes(l.param_bytes, l.saved_bytes, 0, in.in_flight[j], in.model, l.trained_bytes()) + l.workspace_bytes;
       fits = !mem.limited(j) || bytes <= mem.limit(j);
       if (!fits && (closest < 0 || bytes - mem.limit(j) < closest_excess))
         closest = j, closest_excess = bytes - mem.limit(j), closest_bytes = bytes;

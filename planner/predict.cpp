@@ -117,7 +117,7 @@ void add_reductions(schedule::Costs& costs, const profiler::Profile& p, const pa
   for (int v = 0; v < V; ++v) {
     double bytes = 0, optimizer_ms = 0;
     for (int i = off[v]; i < off[v + 1]; ++i) {
-      bytes += static_cast<double>(p.layers[i].param_bytes);
+      bytes += static_cast<double>(p.layers[i].trained_bytes());  // the frozen have no gradient
       if (!p.optimizer_ms.empty()) optimizer_ms += p.optimizer_ms[i];
     }
     if (bytes == 0) continue;  // no parameters: nothing to reduce
@@ -201,13 +201,14 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
                                       const schedule::Schedule& s, const schedule::Simulation& sim, Recompute recompute,
                                       double state_factor, bool deferred) {
   const auto off = partitioner::offsets(balance);
-  std::vector<double> params(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
+  std::vector<double> params(s.stages, 0.0), trained(s.stages, 0.0), rebuilt(s.stages, 0.0), workspace(s.stages, 0.0), peak(s.stages);
   std::vector<Stash> stash(s.stages);  // deferred weight gradients: the device's chunks together
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const int d = s.device_of(vs);
     double saved = 0;
     for (int i = off[vs]; i < off[vs + 1]; ++i) {
       params[d] += static_cast<double>(p.layers[i].param_bytes);
+      trained[d] += static_cast<double>(p.layers[i].trained_bytes());
       saved += static_cast<double>(p.layers[i].saved_bytes);
       workspace[d] = std::max(workspace[d], static_cast<double>(p.layers[i].workspace_bytes));
     }
@@ -219,7 +220,7 @@ std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitio
   }
   // One layer runs at a time on a device: its largest workspace comes on top of what is held.
   for (int d = 0; d < s.stages; ++d)
-    peak[d] = params[d] * (1 + state_factor) + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] +
+    peak[d] = params[d] + trained[d] * state_factor + sim.peak_memory.at(d) + rebuilt[d] + workspace[d] +
               static_cast<double>(stash[d].peak());
   return peak;
 }

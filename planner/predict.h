@@ -110,8 +110,8 @@ void add_straggler_wait(schedule::Costs& costs, const schedule::Schedule& s, dou
 // member's value sent once more.
 void add_ties(schedule::Costs& costs, const schedule::Schedule& s, const PlanPoint& pt);
 
-// Per device of `s`: the bytes predicted at its peak: its parameters times (1 + state_factor)
-// (job::state_factor), the activations `sim` held at their peak, when recomputing one
+// Per device of `s`: the bytes predicted at its peak: its parameters, those that train times
+// state_factor (job::state_factor; LoRA's frozen weights hold no gradient or state), the activations `sim` held at their peak, when recomputing one
 // rebuilt graph (its largest virtual stage's saved bytes), and its layers' largest workspace;
 // deferring weight gradients, every micro-batch's stash of its layers as well (held to the end).
 std::vector<double> device_peak_bytes(const profiler::Profile& p, const partitioner::Balance& balance,

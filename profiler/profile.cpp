@@ -245,7 +245,11 @@ Profile profile_layers(torch::nn::Sequential model, const at::Tensor& input_in, 
     l.stage->set_precision(o.precision);
     LayerCost c;
     c.name = children[i].key();
-    for (const auto& param : l.one->parameters()) c.param_bytes += static_cast<int64_t>(param.nbytes());
+    c.trainable_bytes = 0;
+    for (const auto& param : l.one->parameters()) {
+      c.param_bytes += static_cast<int64_t>(param.nbytes());
+      if (param.requires_grad()) c.trainable_bytes += static_cast<int64_t>(param.nbytes());
+    }
     p.layers.push_back(c);
     l.stash = models::WeightGradStash(o.defer_min_bytes);
   }

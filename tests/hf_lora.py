@@ -5,7 +5,8 @@ tests/hf_models.py patches it) and float32, a tiny Llama written by save_pretrai
 a LoRA adapter of every projection with random A and B (init_lora_weights False) written by PEFT
 (ROOT/<dtype>/adapter), the tokens, PEFT's logits of the model with it, its losses over 5 SGD steps
 of the adapters alone, the trained adapter (ROOT/<dtype>/trained) and the trained model merged
-(merge_and_unload, ROOT/<dtype>/merged).
+(merge_and_unload, ROOT/<dtype>/merged); and a tied Llama in float64 with an adapter of three
+projections (ROOT/tied).
 check DIR ADAPTER: loads the model of DIR with the adapter ADAPTER (written by pipetrain's export
 --format peft) as PEFT loads it and prints, as JSON, the largest difference of its adapters from
 the trained ones' and of its logits from the trained model's.
@@ -63,6 +64,18 @@ def make(root):
         with torch.no_grad():
             np.save(os.path.join(out, "trained_logits.npy"), model(input_ids=x, use_cache=False).logits.numpy())
         model.merge_and_unload().save_pretrained(os.path.join(out, "merged"))
+    # A tied Llama (the head is the embedding) and its adapter, float64: the pipeline's ties frozen.
+    torch.manual_seed(8)
+    out = os.path.join(root, "tied")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, dtype="float64")
+    model = transformers.LlamaForCausalLM(config).to(torch.float64)
+    model.save_pretrained(os.path.join(out, "model"))
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj", "up_proj"], init_lora_weights=False,
+                           task_type="CAUSAL_LM")
+    peft.get_peft_model(model, lora, autocast_adapter_dtype=False).save_pretrained(os.path.join(out, "adapter"))
+    np.save(os.path.join(out, "tokens.npy"), torch.randint(0, config.vocab_size, (BATCH, SEQ + 1)).numpy())
     print("made the LoRA cases with peft", peft.__version__, "and transformers", transformers.__version__)
 
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -24,6 +25,8 @@
 #include "models/hf_lora.h"
 #include "models/families.h"
 #include "models/safetensors.h"
+#include "partitioner/cost.h"
+#include "partitioner/cost_file.h"
 #include "pipeline/pipeline.h"
 #include "schedule/kinds.h"
 #include "tests/hf_oracle.h"
@@ -233,12 +236,13 @@ TEST(HfLora, EqualsPeftLogitsStepsAdaptersAndMergedWeights) {
   }
 }
 
-// Every schedule (its default chunks), recomputation mode, 2 and 3 stages, 1 and 2 copies (2: a
-// sharded AdamW): 2 steps with keyed adapter dropout equal one device's steps to 1e-10 in float64,
-// and the frozen weights (AdamW's weight decay included) stay as they were.
-TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
-  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
-  const std::string dir = made() + "/float64";
+namespace {
+
+// Every schedule of `kinds` (its default chunks), recomputation mode of `modes`, 2 and 3 stages, 1
+// and 2 copies (2: a sharded AdamW): 2 steps with keyed adapter dropout equal one device's steps
+// to 1e-10 in float64, and the frozen weights (AdamW's weight decay included) stay as they were.
+// Returns the cases run.
+int pipeline_equals_one_device(const std::string& dir, const std::vector<schedule::Kind>& kinds, const std::vector<Recompute>& modes) {
   const at::Tensor tokens = load_npy(dir + "/tokens.npy");
   const int64_t T = tokens.size(1) - 1;
   // 8 samples (the 4 twice): 4 micro-batches of each of 2 copies' 4.
@@ -248,17 +252,20 @@ TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
     return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   };
   models::Model one = adapted(dir, T, lora);
-  job::SingleDevice single(one.layers, ce, adamw, 11);
+  job::SingleDevice single(one.layers, ce, adamw, 11, Precision::FP32, one.ties);
   std::map<std::string, at::Tensor> before;
   for (const auto& p : one.layers->named_parameters()) before[p.key()] = p.value().clone();
   std::vector<double> want;
   for (int s = 0; s < 2; ++s) want.push_back(single.train_step(x, y));
   int cases = 0;
   using schedule::Kind;
-  for (const Kind kind : {Kind::GPipe, Kind::OneFOneB, Kind::Interleaved1F1B, Kind::ZbH1, Kind::ZbV, Kind::DualPipeV})
+  for (const Kind kind : kinds)
     for (const int stages : {2, 3})
-      for (const Recompute rc : {Recompute::Always, Recompute::ExceptLast, Recompute::Never})
+      for (const Recompute rc : modes)
         for (const int copies : {1, 2}) {
+          // Interleaved 1F1B sends micro-batches in groups of the stage count, DualPipeV needs twice
+          // the stages': 4 of them, 2 stages alone.
+          if ((kind == Kind::Interleaved1F1B || kind == Kind::DualPipeV) && stages == 3) continue;
           pipeline::PipelineOptions o;
           o.schedule = kind;
           o.stages = stages;
@@ -269,9 +276,7 @@ TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
           o.data_parallel = copies;
           o.shard_optimizer = copies > 1;
           models::Model m = adapted(dir, T, lora);
-          // Interleaved 1F1B sends micro-batches in groups of the stage count, DualPipeV needs twice
-          // the stages': 4 of them, 2 stages alone.
-          if ((kind == Kind::Interleaved1F1B || kind == Kind::DualPipeV) && stages == 3) continue;
+          o.ties = m.ties;
           pipeline::Pipeline pipe(m.layers, o, ce);
           pipe.optimizers().set(adamw);
           const std::string what = pipetrain::detail::concat(schedule::name(kind), " stages=", stages, " ", recompute_name(rc), " copies=", copies);
@@ -283,8 +288,28 @@ TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
           }
           ++cases;
         }
+  return cases;
+}
+
+}  // namespace
+
+TEST(HfLora, PipelineStepsEqualOneDeviceWithFrozenWeights) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  using schedule::Kind;
+  const int cases = pipeline_equals_one_device(made() + "/float64", {Kind::GPipe, Kind::OneFOneB, Kind::Interleaved1F1B, Kind::ZbH1, Kind::ZbV, Kind::DualPipeV},
+                                               {Recompute::Always, Recompute::ExceptLast, Recompute::Never});
   EXPECT_EQ(cases, 60);
   std::printf("lora pipeline cases=%d\n", cases);
+}
+
+// A tied model (Llama's head the embedding, both frozen): the frozen tie is left out of the
+// gradient sums, the adapters of three projections train as on one device.
+TEST(HfLora, AFrozenTieStaysOutOfTheSums) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  const std::string dir = made() + "/tied";
+  ASSERT_EQ(adapted(dir, 8).ties.size(), 1u);
+  using schedule::Kind;
+  EXPECT_EQ(pipeline_equals_one_device(dir, {Kind::OneFOneB, Kind::ZbV}, {Recompute::ExceptLast}), 8);
 }
 
 // The model section's "lora" and a PEFT adapter's config: one-line errors naming what and where.
@@ -312,4 +337,115 @@ TEST(HfLora, BadSectionsAndAdaptersAreOneLineErrors) {
   config["target_modules"] = {"q_proj"};
   std::ofstream(bad + "/adapter_config.json") << config.dump();
   EXPECT_NE(error({{"path", bad}}).find("is no adapter of this model's projections"), std::string::npos) << error({{"path", bad}});
+}
+
+// The command line end to end: `pipetrain train` with "lora" on token data, 4 steps at once and
+// 2 + 2 through a checkpoint (--until-step, --resume), give the same adapters bit for bit; `export
+// --format peft` writes them, `--format hf` the merged model, whose frozen tensors (the embedding,
+// the norms, the head) are the source's.
+TEST(HfLora, TrainsResumesExactlyAndExportsFromTheCommandLine) {
+  if (!has_peft()) GTEST_SKIP() << "the project's Python has no peft (scripts/setup.sh installs it)";
+  const std::string dir = made() + "/float32", work = lora_root() + "/cli";
+  std::filesystem::remove_all(work);
+  std::filesystem::create_directories(work);
+  {
+    std::vector<uint16_t> ids(4000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7 + i / 13) % 64);
+    std::ofstream(work + "/tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+  }
+  const nlohmann::json config{
+      {"model", {{"family", "hf"}, {"path", dir + "/model"}, {"seq_len", 8}, {"lora", {{"rank", 4}, {"alpha", 8}, {"dropout", 0.1}, {"targets", "all"}}}}},
+      {"data", {{"kind", "tokens"}, {"path", work + "/tokens.bin"}, {"dtype", "uint16"}, {"batch_size", 4}, {"stride", 8}}},
+      {"pipeline", {{"stages", 2}, {"micro_batches", 2}, {"schedule", "1f1b"}}},
+      {"optimizer", {{"kind", "adamw"}, {"lr", 0.01}, {"weight_decay", 0.1}}},
+      {"train", {{"steps", 4}, {"checkpoint_every", 2}, {"seed", 3}}}};
+  std::ofstream(work + "/lora.json") << config.dump(2);
+  const std::string bin = PIPETRAIN_BINARY, cfg = work + "/lora.json";
+  auto run = [&](const std::string& args) {
+    const auto r = test::shell(bin + " " + args + " 2>&1");
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
+    return r.out;
+  };
+  run("train " + cfg + " --quiet --checkpoint-dir " + work + "/a");
+  run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --until-step 2");
+  run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --resume");
+  for (const char* side : {"a", "b"}) {
+    run("export " + work + "/" + side + " " + work + "/" + side + "-peft --format peft");
+    run("export " + work + "/" + side + " " + work + "/" + side + "-hf --format hf");
+  }
+  const models::SafetensorsFile a(work + "/a-peft/adapter_model.safetensors"), b(work + "/b-peft/adapter_model.safetensors");
+  ASSERT_EQ(a.names().size(), 42u);
+  for (const std::string& n : a.names()) EXPECT_TRUE(torch::equal(a.get(n), b.get(n))) << n;
+  const nlohmann::json adapter = nlohmann::json::parse(std::ifstream(work + "/a-peft/adapter_config.json"));
+  EXPECT_EQ(adapter["r"], 4);
+  EXPECT_EQ(adapter["lora_alpha"], 8.0);
+  EXPECT_EQ(adapter["target_modules"].size(), 7u);
+  const models::SafetensorsCheckpoint merged(work + "/a-hf"), again(work + "/b-hf"), source(dir + "/model");
+  for (const std::string& n : source.names()) {
+    EXPECT_TRUE(torch::equal(merged.get(n), again.get(n))) << n;
+    const bool adapted = n.find("_proj.") != std::string::npos;
+    EXPECT_EQ(torch::equal(merged.get(n), source.get(n)), !adapted) << n << (adapted ? " has its adapter merged" : " is frozen");
+  }
+}
+
+// The plan's memory: a layer's gradients and optimizer state follow its trainable bytes alone (a
+// profile of a LoRA model, or a cost file's trainable_bytes), its parameters are held whole; the
+// cost file reads and writes the field (absent: every parameter trains) and refuses more trainable
+// bytes than parameter bytes.
+TEST(LoraPlan, StateFollowsTheTrainableBytes) {
+  partitioner::MemoryModel mm;
+  mm.state_factor = 3;
+  mm.recompute = Recompute::Never;
+  partitioner::LayerCost all, frozen;
+  all.param_bytes = frozen.param_bytes = 1000;
+  all.saved_bytes = frozen.saved_bytes = 10;
+  frozen.trainable_bytes = 100;
+  EXPECT_EQ(partitioner::stage_memory({all}, 0, 1, 0, mm), 1000 + 3000 + 10);
+  EXPECT_EQ(partitioner::stage_memory({frozen}, 0, 1, 0, mm), 1000 + 300 + 10);
+  EXPECT_EQ(partitioner::stage_memory({frozen, all}, 0, 2, 0, mm), 2000 + 3300 + 20);
+  const partitioner::CostFile f = partitioner::parse_cost_file(
+      R"({"layers": [{"name": "a", "forward_ms": 1, "backward_ms": 2, "param_bytes": 1000, "activation_bytes": 8, "trainable_bytes": 100},
+                     {"name": "b", "forward_ms": 1, "backward_ms": 2, "param_bytes": 1000, "activation_bytes": 8}]})",
+      "costs.json");
+  EXPECT_EQ(f.layers[0].trained_bytes(), 100);
+  EXPECT_EQ(f.layers[1].trained_bytes(), 1000);
+  std::ostringstream out;
+  partitioner::write_cost_file(out, f);
+  const partitioner::CostFile back = partitioner::parse_cost_file(out.str(), "again.json");
+  EXPECT_EQ(back.layers[0].trainable_bytes, 100);
+  EXPECT_EQ(back.layers[1].trainable_bytes, -1);
+  try {
+    partitioner::parse_cost_file(
+        R"({"layers": [{"name": "a", "forward_ms": 1, "backward_ms": 2, "param_bytes": 10, "activation_bytes": 8, "trainable_bytes": 11}]})", "bad.json");
+    FAIL() << "more trainable bytes than parameter bytes";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"trainable_bytes\" (11) exceeds \"param_bytes\" (10)"), std::string::npos) << e.what();
+  }
+  // The profiler's: a LoRA block's trainable bytes are its adapters'.
+  models::Model m = list_of(nlohmann::json::array({block({{"lora_rank", 2}, {"lora_targets", nlohmann::json{"q_proj"}}})}));
+  models::freeze_all_but_adapters(*m.layers);
+  int64_t adapters = 0;
+  for (const at::Tensor& p : models::trainable_parameters(*m.layers)) adapters += int64_t(p.nbytes());
+  EXPECT_EQ(adapters, 4 * 2 * (16 + 16));
+}
+
+// A projection read from a fused tensor of the checkpoint (Phi-3's gate_up_proj) trains an adapter,
+// merges into the fused tensor, and is refused by --format peft, naming the tensor.
+TEST(HfLora, AFusedProjectionMergesButIsNoPeftAdapter) {
+  const nlohmann::json phi3{{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}, {"vocab_size", 40}, {"hidden_size", 16},
+                            {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                            {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+  const std::string dir = test::hf_write_model(lora_root() + "/phi3", phi3);
+  const nlohmann::json model{{"family", "hf"}, {"path", dir}, {"lora", {{"rank", 2}, {"targets", "all"}}}};
+  models::Model m = test::hf_build(dir, 8, {{"lora", model["lora"]}});
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : m.layers->named_parameters()) weights[p.key()] = p.value().detach();
+  try {
+    models::save_peft(dir, weights, model, lora_root() + "/phi3-peft");
+    FAIL() << "a fused projection as a PEFT adapter";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fused tensor 'model.layers.0.mlp.gate_up_proj.weight'"), std::string::npos) << e.what();
+  }
+  models::merge_adapters(weights, model);
+  EXPECT_GT(models::save_hf(dir, weights, lora_root() + "/phi3-merged", 1 << 20), 0u);
 }
