@@ -40,7 +40,10 @@ const std::vector<std::string>& lora_target_names();
 /// parameter's requires_grad included.
 class LoraLinearImpl : public torch::nn::LinearImpl {
  public:
+  /// The projection `target` ("q_proj", …) from `in` to `out` values, with `lora`'s adapter.
   LoraLinearImpl(int64_t in, int64_t out, bool bias, Lora lora, const std::string& target);
+  /// A copy with its adapter (torch's Linear's clone would make none), each parameter's values
+  /// and requires_grad as here.
   std::shared_ptr<torch::nn::Module> clone(const std::optional<at::Device>& device = std::nullopt) const override;
   /// scaling · B (A (dropout(x))): what the adapter adds to the projection of x.
   at::Tensor adapter(const at::Tensor& x) const;

@@ -339,8 +339,9 @@ TEST(HfLora, BadSectionsAndAdaptersAreOneLineErrors) {
   EXPECT_NE(error({{"path", bad}}).find("is no adapter of this model's projections"), std::string::npos) << error({{"path", bad}});
 }
 
-// The command line end to end: `pipetrain train` with "lora" on token data, 4 steps at once and
-// 2 + 2 through a checkpoint (--until-step, --resume), give the same adapters bit for bit; `export
+// The command line end to end: `pipetrain train` with "lora" on token data, 4 steps at once, 2 + 2
+// through a checkpoint (--until-step, --resume) and as 2 processes over Gloo (`launch`) give the
+// same adapters bit for bit; `export
 // --format peft` writes them, `--format hf` the merged model, whose frozen tensors (the embedding,
 // the norms, the head) are the source's.
 TEST(HfLora, TrainsResumesExactlyAndExportsFromTheCommandLine) {
@@ -369,13 +370,18 @@ TEST(HfLora, TrainsResumesExactlyAndExportsFromTheCommandLine) {
   run("train " + cfg + " --quiet --checkpoint-dir " + work + "/a");
   run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --until-step 2");
   run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --resume");
-  for (const char* side : {"a", "b"}) {
+  run("launch --nproc 2 -- train " + cfg + " --quiet --checkpoint-dir " + work + "/c --set runtime.kind=processes --set runtime.transport=gloo");
+  for (const char* side : {"a", "b", "c"}) {
     run("export " + work + "/" + side + " " + work + "/" + side + "-peft --format peft");
     run("export " + work + "/" + side + " " + work + "/" + side + "-hf --format hf");
   }
-  const models::SafetensorsFile a(work + "/a-peft/adapter_model.safetensors"), b(work + "/b-peft/adapter_model.safetensors");
+  const models::SafetensorsFile a(work + "/a-peft/adapter_model.safetensors"), b(work + "/b-peft/adapter_model.safetensors"),
+      c(work + "/c-peft/adapter_model.safetensors");
   ASSERT_EQ(a.names().size(), 42u);
-  for (const std::string& n : a.names()) EXPECT_TRUE(torch::equal(a.get(n), b.get(n))) << n;
+  for (const std::string& n : a.names()) {
+    EXPECT_TRUE(torch::equal(a.get(n), b.get(n))) << n << " resumed";
+    EXPECT_TRUE(torch::equal(a.get(n), c.get(n))) << n << " as 2 processes";
+  }
   const nlohmann::json adapter = nlohmann::json::parse(std::ifstream(work + "/a-peft/adapter_config.json"));
   EXPECT_EQ(adapter["r"], 4);
   EXPECT_EQ(adapter["lora_alpha"], 8.0);

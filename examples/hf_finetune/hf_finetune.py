@@ -1,7 +1,7 @@
 """The Python half of the fine-tuning example (run.sh runs it; see docs/models.md).
 
     python hf_finetune.py prepare WORK [--vocab N] [--hidden H] [--layers L]
-    python hf_finetune.py check WORK [--samples N] [--new-tokens N] [--results DIR --cpu MODEL]
+    python hf_finetune.py check WORK [--samples N] [--new-tokens N] [--results DIR --cpu MODEL] [--peft ADAPTER]
 
 prepare: trains a byte-level BPE tokenizer on the licence texts Debian installs on every machine
 (/usr/share/common-licenses, from base-files), every tenth paragraph held out; writes a
@@ -11,7 +11,9 @@ and the two splits as uint16 token files (WORK/train.bin, WORK/test.bin).
 check: loads what `pipetrain export --format hf` wrote (WORK/exported) with from_pretrained,
 computes the test loss on the windows pipetrain evaluates (each test id after a window's first
 predicted once), compares it with the test loss of WORK/metrics.jsonl, and samples a few lines.
-Prints one JSON line of results last; exits non-zero when the two losses disagree.
+With --peft (run.sh --lora), PEFT's model of WORK/model with the adapter pipetrain exported must
+give the same test loss too. Prints one JSON line of results last; exits non-zero when the losses
+disagree.
 """
 import argparse
 import json
@@ -98,6 +100,17 @@ def metrics(path):
     return steps, test
 
 
+def test_loss(model, windows):
+    """The summed cross-entropy of every window's next ids."""
+    total = 0.0
+    with torch.no_grad():
+        for batch in windows.split(16):
+            logits = model(input_ids=batch[:, :-1]).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).double(), batch[:, 1:].reshape(-1), reduction="sum").item()
+    return total
+
+
 def check(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,16 +127,20 @@ def check(args):
     ids = torch.from_numpy(np.fromfile(os.path.join(work, "test.bin"), dtype=np.uint16).astype(np.int64))
     rows = (len(ids) - 1) // seq_len
     windows = torch.stack([ids[r * seq_len:r * seq_len + seq_len + 1] for r in range(rows)])
-    total = 0.0
-    with torch.no_grad():
-        for batch in windows.split(16):
-            logits = model(input_ids=batch[:, :-1]).logits
-            total += torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).double(), batch[:, 1:].reshape(-1), reduction="sum").item()
-    loss = total / (rows * seq_len)
+    loss = test_loss(model, windows) / (rows * seq_len)
     diff = abs(loss - test["test_loss"])
     print(f"check: transformers' test loss {loss:.5f} on {rows} windows of {seq_len} tokens; pipetrain's "
           f"{test['test_loss']:.5f} (difference {diff:.2g}); unigram baseline {test['baseline_loss']:.4f}")
+    peft_loss = None
+    if args.peft:  # the source model with pipetrain's adapter, as PEFT loads it
+        import peft
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(work, "model"))
+        adapted = peft.PeftModel.from_pretrained(base, args.peft).eval()
+        peft_loss = test_loss(adapted, windows) / (rows * seq_len)
+        trainable = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
+        print(f"check: PEFT's test loss with the adapter {peft_loss:.5f} (difference {abs(peft_loss - test['test_loss']):.2g}); "
+              f"{trainable} adapter parameters beside {sum(p.numel() for n, p in adapted.named_parameters() if 'lora_' not in n)} frozen")
+        diff = max(diff, abs(peft_loss - test["test_loss"]))
 
     samples = []
     torch.manual_seed(args.seed)
@@ -141,6 +158,8 @@ def check(args):
               "pipetrain_test_accuracy": test["test_accuracy"], "steps": len(steps),
               "first_loss": steps[0]["loss"] if steps else None, "last_loss": steps[-1]["loss"] if steps else None,
               "train_time_s": steps[-1]["time_s"] if steps else None, "samples": samples}
+    if peft_loss is not None:
+        result["peft_test_loss"] = peft_loss
     print(json.dumps(result))
     if args.results:
         write_results(args.results, steps, work, result, args.cpu)
@@ -175,7 +194,9 @@ def write_results(folder, steps, work, result, cpu):
         f"Test loss {r['pipetrain_test_loss']:.4f} nats per token (perplexity {r['perplexity']:.1f}, next-token "
         f"accuracy {r['pipetrain_test_accuracy']:.3f}); "
         f"unigram baseline {r['baseline_loss']:.4f}. transformers on the exported model: "
-        f"{r['transformers_test_loss']:.5f} (difference {r['difference']:.2g}).",
+        f"{r['transformers_test_loss']:.5f}"
+        + (f"; PEFT on the source model with the exported adapter: {r['peft_test_loss']:.5f}" if "peft_test_loss" in r else "")
+        + f" (largest difference {r['difference']:.2g}).",
         "",
         "Samples (`model.generate`, top-k 40, temperature 0.8):",
         "",
@@ -203,6 +224,7 @@ def main():
     a.add_argument("--samples", type=int, default=3)
     a.add_argument("--new-tokens", type=int, default=40)
     a.add_argument("--seed", type=int, default=1)
+    a.add_argument("--peft", help="a PEFT adapter pipetrain exported: PEFT's test loss with it must equal pipetrain's too")
     args = p.parse_args()
     prepare(args) if args.command == "prepare" else check(args)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fine-tuning a Hugging Face model on the pipeline, from a text file to from_pretrained and back:
 #
-#   bash examples/hf_finetune/run.sh [--quick] [WORK]
+#   bash examples/hf_finetune/run.sh [--quick] [--lora] [WORK]
 #
 # 1. a byte-pair tokenizer trained on Debian's licence texts (/usr/share/common-licenses);
 # 2. a small Llama model (random weights: the "pretrained" model) saved with it by save_pretrained;
@@ -9,6 +9,12 @@
 # 4. pipetrain fine-tunes it on 2 stages (finetune.json, its paths relative to WORK), logging every
 #    step to WORK/metrics.jsonl, and exports the result with `export --format hf`;
 # 5. transformers loads the export, computes the test loss (it must equal pipetrain's) and samples.
+#
+# --lora fine-tunes the same model with LoRA's adapters instead (rank 16 beside every projection,
+# every other weight frozen: `model.lora`), exports it merged (--format hf) and as a PEFT adapter
+# (--format peft), and checks both: transformers on the merged model and PEFT's model of the
+# source with the adapter must each give pipetrain's test loss. It writes no figures: adapters
+# beside a model of random weights, its embedding and head frozen, learn little (docs/models.md).
 #
 # WORK defaults to $TMPDIR/pipetrain-hf-finetune. The full run writes its figures into
 # examples/hf_finetune/results/; --quick (the ctest example.hf_finetune) trains a smaller model
@@ -23,11 +29,17 @@ source "$root/scripts/env.sh"
 python=${PIPETRAIN_PYTHON:-$(pipetrain_python)}
 pipetrain=${PIPETRAIN:-${PIPETRAIN_BUILD_DIR:-$root/build}/apps/pipetrain}
 quick=0
+lora=0
 if [ "${1:-}" = --quick ]; then quick=1; shift; fi
+if [ "${1:-}" = --lora ]; then lora=1; shift; fi
 work=${1:-${TMPDIR:-/tmp}/pipetrain-hf-finetune}
 
 if ! "$python" -c 'import transformers, tokenizers' 2>/dev/null; then
   echo "skipped: $python has no transformers or tokenizers (scripts/setup.sh installs them)"
+  exit 77
+fi
+if [ $lora = 1 ] && ! "$python" -c 'import peft' 2>/dev/null; then
+  echo "skipped: $python has no peft (scripts/setup.sh installs it)"
   exit 77
 fi
 [ -x "$pipetrain" ] || { echo "no pipetrain binary at $pipetrain (build it, or set PIPETRAIN)" >&2; exit 1; }
@@ -49,11 +61,17 @@ if [ $quick = 1 ]; then
 else
   prepare=()
   train=()
-  check=(--results "$here/results" --cpu "$(lscpu | sed -n 's/^Model name: *//p')")
+  check=(--cpu "$(lscpu | sed -n 's/^Model name: *//p')")
+  [ $lora = 1 ] || check+=(--results "$here/results")
+fi
+if [ $lora = 1 ]; then
+  train+=(--set 'model.lora={"rank": 16, "alpha": 32, "targets": "all"}')
+  check+=(--peft "$work/adapter")
 fi
 
 "$python" "$here/hf_finetune.py" prepare "$work" "${prepare[@]}"
 cd "$work"
 "$pipetrain" train "$here/finetune.json" --metrics metrics.jsonl "${train[@]}" 2>&1 | tee train.log
 "$pipetrain" export checkpoints exported --format hf
+if [ $lora = 1 ]; then "$pipetrain" export checkpoints adapter --format peft; fi
 "$python" "$here/hf_finetune.py" check "$work" "${check[@]}"
