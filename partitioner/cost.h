@@ -17,10 +17,6 @@ struct LayerCost {
   double forward_ms = 0;         // forward time; finite, >= 0
   double backward_ms = 0;        // backward time (with any recomputed forward); finite, >= 0
   int64_t param_bytes = 0;       // the layer's parameters
-  // The bytes of those that train (gradients and optimizer state follow them); negative: all of
-  // them (a cost file without the field). LoRA's frozen weights (models/hf_lora.h) train not.
-  int64_t trainable_bytes = -1;
-  int64_t trained_bytes() const { return trainable_bytes < 0 ? param_bytes : trainable_bytes; }
   int64_t activation_bytes = 0;  // the layer's output: the next stage's input when a stage ends here
   int64_t saved_bytes = 0;       // what the layer keeps for backward (includes its output when kept)
   // Transient bytes above what the layer keeps, at the peak of its forward or its backward
@@ -30,6 +26,10 @@ struct LayerCost {
   // The backward's two parts when known (a cost file may give them): B, the input gradient, and
   // W, the weight gradients; negative when not given.
   double backward_input_ms = -1, backward_weight_ms = -1;
+  // The bytes of the parameters that train (gradients and optimizer state follow them); negative:
+  // all of them (a cost file without the field). LoRA's frozen weights (models/hf_lora.h) train not.
+  int64_t trainable_bytes = -1;
+  int64_t trained_bytes() const { return trainable_bytes < 0 ? param_bytes : trainable_bytes; }
 };
 
 // Tied parameters (PipelineOptions::ties) as costs see them: the layers that hold a tie's

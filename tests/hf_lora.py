@@ -49,15 +49,7 @@ def make(root):
             np.save(os.path.join(out, "logits.npy"), model(input_ids=x, use_cache=False).logits.numpy())
         model.train()
         trained = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.SGD(trained, lr=LR)
-        losses = []
-        for _ in range(STEPS):
-            opt.zero_grad()
-            logits = model(input_ids=x, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = hf_models.sgd_steps(lambda: model(input_ids=x, use_cache=False).logits, y, trained, LR, STEPS)
         np.save(os.path.join(out, "losses.npy"), np.array(losses, dtype=np.float64))
         model.save_pretrained(os.path.join(out, "trained"))
         model.eval()

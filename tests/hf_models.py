@@ -1159,6 +1159,21 @@ def models(root, only):
     print("made the models with transformers", transformers.__version__)
 
 
+def sgd_steps(logits_of, y, params, lr, steps):
+    """`steps` steps of plain SGD of `params` on the cross-entropy of logits_of()'s logits against y;
+    the losses."""
+    opt = torch.optim.SGD(params, lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = logits_of()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def make(root, only=None):
     patch_float64(None if not only else {family for n in only.split(",") for family in families_of(n)})
     for name in CASES:
@@ -1185,15 +1200,7 @@ def make(root, only=None):
                 with torch.no_grad():
                     np.save(os.path.join(out, "logits.npy"), language_model(model)(x, use_cache=False).logits.numpy())
             model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=LR)
-            losses = []
-            for _ in range(STEPS):
-                opt.zero_grad()
-                logits = language_model(model)(x, use_cache=False).logits
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+            losses = sgd_steps(lambda: language_model(model)(x, use_cache=False).logits, y, model.parameters(), LR, STEPS)
             np.save(os.path.join(out, "losses.npy"), np.array(losses, dtype=np.float64))
             model.save_pretrained(os.path.join(out, "trained"))
     print("made the cases with transformers", transformers.__version__)

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -23,9 +25,15 @@
 
 namespace pipetrain::test {
 
-/// TempDir()/pipetrain_<name>_<pid>, made if need be.
+/// TempDir()/pipetrain_<name>_<pid>, made if need be; emptied the first time a process asks for
+/// it, since an earlier process of the same pid may have left one (a model written over another's
+/// files reads both).
 inline std::string scratch_dir(const std::string& name) {
   const std::string p = ::testing::TempDir() + "/pipetrain_" + name + "_" + std::to_string(::getpid());
+  static std::mutex m;
+  static std::set<std::string> fresh;
+  std::lock_guard<std::mutex> lock(m);
+  if (fresh.insert(p).second) std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;
 }
