@@ -45,6 +45,9 @@ void register_family(const std::string& name, Builder builder);
 std::vector<std::string> families();
 
 /// Reads `model.family`, builds it with torch's generator seeded by `seed`, and checks the keys.
+/// `model.freeze` (any family): patterns of parameter names (fnmatch's globs, "layer_0.*") whose
+/// parameters train not (requires_grad false); one that matches nothing, freezing everything, or
+/// freezing a tie in part is a ConfigError.
 Model build(JsonReader& model, uint64_t seed);
 
 /// Layer names in order, e.g. {"embed", "block0", ..., "norm", "head"}.

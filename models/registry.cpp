@@ -1,3 +1,5 @@
+#include <fnmatch.h>
+
 #include <map>
 #include <mutex>
 
@@ -20,6 +22,35 @@ struct Registry {
 Registry& registry() {
   static Registry r;
   return r;
+}
+
+// "freeze": globs over the parameters' names (fnmatch's, "layer_0.*"), each matching some; what
+// they match trains not. A tie trains whole or not at all; something must still train.
+void freeze(JsonReader& model, Model& m) {
+  const nlohmann::json* raw = model.get_raw("freeze");
+  if (!raw) return;
+  if (!raw->is_array() || raw->empty()) model.fail("freeze", "must be a list of parameter-name patterns (\"embed.*\", \"layer_[0-3].*\")");
+  auto params = m.layers->named_parameters();
+  for (const nlohmann::json& pattern : *raw) {
+    if (!pattern.is_string() || pattern.get<std::string>().empty()) model.fail("freeze", detail::concat("holds ", pattern.dump(), ", not a pattern"));
+    const std::string glob = pattern.get<std::string>();
+    size_t matched = 0;
+    for (auto& p : params)
+      if (::fnmatch(glob.c_str(), p.key().c_str(), 0) == 0) p.value().requires_grad_(false), ++matched;
+    if (matched == 0)
+      model.fail("freeze", detail::concat("'", glob, "' matches no parameter (their names: '", params.begin()->key(), "', …)"));
+  }
+  if (trainable_parameters(*m.layers).empty()) model.fail("freeze", "leaves no parameter to train");
+  const auto names = layer_names(m.layers);
+  for (const Tie& tie : m.ties) {
+    const auto first = m.layers->ptr(tie.front().layer)->named_parameters();
+    for (const ParamRef& r : tie) {
+      const auto own = m.layers->ptr(r.layer)->named_parameters();
+      if (own[r.name].requires_grad() != first[tie.front().name].requires_grad())
+        model.fail("freeze", detail::concat("freezes one of the tied ", names[tie.front().layer], ".", tie.front().name, " and ",
+                                            names[r.layer], ".", r.name, " but not the other: one weight trains whole or not at all"));
+    }
+  }
 }
 }  // namespace
 
@@ -46,6 +77,7 @@ Model build(JsonReader& model, uint64_t seed) {
   }
   torch::manual_seed(seed);
   Model m = builder(model);
+  freeze(model, m);
   model.finish();
   return m;
 }

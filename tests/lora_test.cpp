@@ -455,3 +455,78 @@ TEST(HfLora, AFusedProjectionMergesButIsNoPeftAdapter) {
   models::merge_adapters(weights, model);
   EXPECT_GT(models::save_hf(dir, weights, lora_root() + "/phi3-merged", 1 << 20), 0u);
 }
+
+namespace {
+
+models::Model gpt(const nlohmann::json& extra) {
+  nlohmann::json j{{"family", "gpt"}, {"vocab_size", 32}, {"seq_len", 8}, {"d_model", 16}, {"n_heads", 2}, {"n_layers", 3}, {"dropout", 0.1}};
+  j.update(extra);
+  JsonReader r(j, "model", "test");
+  return models::build(r, 5);
+}
+
+std::string gpt_error(const nlohmann::json& extra) {
+  try {
+    gpt(extra);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(built)";
+}
+
+}  // namespace
+
+// `model.freeze` on any family (a GPT here, with keyed dropout): what it names keeps its values and
+// the rest trains as on one device, to 1e-10 in float64, for several schedules and 1 or 2 copies
+// (a sharded AdamW with weight decay); a tie frozen whole stays out of the sums.
+TEST(Freeze, FrozenParametersKeepTheirValuesAndTheRestTrainsAsOnOneDevice) {
+  for (const nlohmann::json& extra : {nlohmann::json{{"freeze", {"embed.*", "block0.*"}}},
+                                      nlohmann::json{{"tie_embeddings", true}, {"freeze", {"embed.tok.*", "head.*", "block1.qkv.*"}}}}) {
+    SCOPED_TRACE(extra.dump());
+    models::Model one = gpt(extra);
+    one.layers->to(at::kDouble);
+    std::map<std::string, at::Tensor> before;
+    for (const auto& p : one.layers->named_parameters()) before[p.key()] = p.value().clone();
+    const at::Tensor x = torch::randint(0, 32, {8, 8}), y = torch::randint(0, 32, {8, 8});
+    auto adamw = [](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    };
+    job::SingleDevice single(one.layers, ce, adamw, 4, Precision::FP32, one.ties);
+    std::vector<double> want;
+    for (int s = 0; s < 2; ++s) want.push_back(single.train_step(x, y));
+    using schedule::Kind;
+    for (const Kind kind : {Kind::OneFOneB, Kind::ZbH1, Kind::Interleaved1F1B})
+      for (const int copies : {1, 2}) {
+        models::Model m = gpt(extra);
+        m.layers->to(at::kDouble);
+        pipeline::PipelineOptions o;
+        o.schedule = kind;
+        o.stages = 2;
+        o.chunks = schedule::info(kind).default_chunks;
+        o.micro_batches = 4;
+        o.seed = 4;
+        o.data_parallel = copies;
+        o.shard_optimizer = copies > 1;
+        o.ties = m.ties;
+        pipeline::Pipeline pipe(m.layers, o, ce);
+        pipe.optimizers().set(adamw);
+        const std::string what = pipetrain::detail::concat(schedule::name(kind), " copies=", copies);
+        for (int s = 0; s < 2; ++s) EXPECT_NEAR(pipe.train_step(x, y), want[s], 1e-10) << what;
+        const auto got = m.layers->named_parameters();
+        for (const auto& p : one.layers->named_parameters()) {
+          EXPECT_LE(max_diff(got[p.key()], p.value()), 1e-10) << what << " " << p.key();
+          EXPECT_EQ(torch::equal(got[p.key()], before.at(p.key())), !p.value().requires_grad()) << what << " " << p.key();
+        }
+      }
+  }
+}
+
+TEST(Freeze, BadPatternsAreOneLineErrors) {
+  EXPECT_NE(gpt_error({{"freeze", {"embeds.*"}}}).find("model.freeze: 'embeds.*' matches no parameter (their names: 'embed."), std::string::npos)
+      << gpt_error({{"freeze", {"embeds.*"}}});
+  EXPECT_NE(gpt_error({{"freeze", "embed.*"}}).find("must be a list of parameter-name patterns"), std::string::npos);
+  EXPECT_NE(gpt_error({{"freeze", {"*"}}}).find("leaves no parameter to train"), std::string::npos);
+  EXPECT_NE(gpt_error({{"tie_embeddings", true}, {"freeze", {"embed.*"}}}).find("freezes one of the tied embed.tok.weight and head."),
+            std::string::npos)
+      << gpt_error({{"tie_embeddings", true}, {"freeze", {"embed.*"}}});
+}
