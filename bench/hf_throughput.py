@@ -15,6 +15,7 @@ over its median step time after --warmup steps; every run's first loss must equa
 system's (1e-4 relative), or the run is reported as an error, not timed.
 
     bash bench/hf_throughput.sh                  # the defaults, into bench/results/hf_throughput.jsonl
+    bash bench/hf_throughput.sh build --lora 16 --json bench/results/hf_throughput_lora.jsonl   # both LoRA
     python bench/hf_throughput.py build/apps/pipetrain --rounds 1 --steps 2 --warmup 1   # a quick check
 
 Run with the project's venv (torch, transformers). Writes one JSON object per run and a summary
@@ -69,6 +70,8 @@ def pipetrain_config(work, a):
          "optimizer": {"kind": "adamw", "lr": a.lr, "weight_decay": 0.0},
          "train": {"steps": a.warmup + a.steps, "log_every": a.warmup + a.steps, "eval_batches": 1},
          "runtime": {"intra_op_threads": 1}}
+    if a.lora:
+        c["model"]["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "targets": "all"}
     path = os.path.join(work, "pipetrain.json")
     with open(path, "w") as f:
         json.dump(c, f)
@@ -81,10 +84,15 @@ def transformers_steps(work, a):
 
     torch.set_num_threads(a.threads)
     model = LlamaForCausalLM.from_pretrained(os.path.join(work, "model")).train()
+    if a.lora:
+        import peft
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = peft.get_peft_model(model, peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, target_modules=targets)).train()
     ids = torch.from_numpy(np.fromfile(os.path.join(work, "train.bin"), dtype=np.uint16).astype(np.int64))
     windows = torch.stack([ids[r * a.seq_len:r * a.seq_len + a.seq_len + 1] for r in range(a.batch)])
     x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     times, losses = [], []
     for _ in range(a.warmup + a.steps):
         t = time.perf_counter()
@@ -95,7 +103,8 @@ def transformers_steps(work, a):
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         times.append(time.perf_counter() - t)
-    print(json.dumps({"times": times, "losses": losses, "attention": model.config._attn_implementation}))
+    print(json.dumps({"times": times, "losses": losses, "attention": model.config._attn_implementation,
+                      "trained_parameters": sum(p.numel() for p in trained)}))
 
 
 def run_transformers(work, a):
@@ -150,11 +159,14 @@ def arguments():
     ap.add_argument("--threads", type=int, default=2, help="transformers' torch threads")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
     ap.add_argument("--json", help="write one JSON object per run and a summary to this file")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="both sides train LoRA adapters of this rank on every projection, all else frozen "
+                         "(pipetrain's model.lora; transformers through PEFT), alpha 2 x rank")
     ap.add_argument("--transformers-loop", metavar="WORK", help=argparse.SUPPRESS)
     a = ap.parse_args()
     # What the child process of a transformers run is given again (its loop's settings).
     a.passed = [f"--{k}={v}" for k, v in (("steps", a.steps), ("warmup", a.warmup), ("batch", a.batch),
-                                          ("seq-len", a.seq_len), ("lr", a.lr), ("threads", a.threads))]
+                                          ("seq-len", a.seq_len), ("lr", a.lr), ("threads", a.threads), ("lora", a.lora))]
     return a
 
 
@@ -175,7 +187,7 @@ def main():
     setup = {"parameters": parameters, "vocab": a.vocab, "hidden": a.hidden, "layers": a.layers, "heads": a.heads,
              "kv_heads": a.kv_heads, "intermediate": a.intermediate, "seq_len": a.seq_len, "batch": a.batch,
              "micro_batches": a.micro_batches, "schedule": a.schedule, "recompute": a.recompute, "steps": a.steps,
-             "warmup": a.warmup}
+             "warmup": a.warmup, "lora_rank": a.lora}
     print(f"hf_throughput: Llama of {parameters / 1e6:.1f}M parameters, batch {a.batch} x {a.seq_len} tokens, "
           f"{a.rounds} rounds of {a.warmup} + {a.steps} steps; {machine['cpu']}, {machine['cores']} cores")
     out = open(a.json, "w") if a.json else None
