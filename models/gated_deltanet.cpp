@@ -111,7 +111,7 @@ at::Tensor causal_depthwise_conv(const at::Tensor& x, const at::Tensor& weight, 
   if (cache && cache->conv.defined()) {  // after kept inputs: the convolution over them and these
     const at::Tensor full = torch::cat({cache->conv.to(x.scalar_type()), x}, -1);
     cache->conv = full.narrow(-1, full.size(-1) - (K - 1), K - 1);
-    return torch::conv1d(full, weight, bias, 1, int64_t{0}, 1, channels);
+    return torch::conv1d(full, weight, bias, at::IntArrayRef(1), at::IntArrayRef(0), at::IntArrayRef(1), channels);  // GCC: no string padding
   }
   if (cache) cache->conv = torch::constant_pad_nd(x, {std::max<int64_t>(K - 1 - T, 0), 0}).narrow(-1, std::max<int64_t>(T - (K - 1), 0), K - 1);
   return torch::conv1d(x, weight, bias, 1, K - 1, 1, channels).narrow(2, 0, T);
