@@ -78,6 +78,7 @@ class Generate final : public Command {
     else if (family != "hf")
       throw ConfigError("generate: --checkpoint is required for a model of family '" + family +
                         "' (only an hf model brings its weights)");
+    models::widen_frozen(model);  // generation computes in float32, without autocast
     options_.seq_len = model.sample_shape.empty() ? 0 : model.sample_shape.back();
     options_.cache = !no_cache_;
     const bool bytes = model.token_input && model.classes == 256 && family != "hf";

@@ -13,7 +13,8 @@
 # recomputation).
 # Writes RESULTS_DIR/machine.jsonl (the device, driver and clocks, read before and after) and
 # RESULTS_DIR/transfers.jsonl (bench/transfer_gpu.cpp: two processes on the GPU, GB/s per transport,
-# direction and size beside cudaMemcpy's), RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
+# direction and size beside cudaMemcpy's; transfers_ucx_settings.jsonl the same for UCX at 64 MiB
+# under other rendezvous settings, transfers_ucx_protocols.log the protocols UCX picked), RESULTS_DIR/gpu_pipeline.jsonl (bench/gpu_pipeline.cpp: a 24-layer GPT, d_model 1024,
 # sequence 1024, as the plain loop and as 1, 2 and 4 stages on the same GPU; peak memory per
 # recomputation mode; the largest batch with and without recomputation), and fashion.jsonl (the
 # default config trained on the GPU and on the CPU). Commit them under bench/results/gpu/.
@@ -50,6 +51,18 @@ if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
   if [ "$t" -gt 0 ]; then
     timeout "$t" "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
   else skip transfers; fi
+  # Where UCX's time goes at 64 MiB: the protocols it picked (UCX_PROTO_INFO=used, printed through
+  # our log at info level into transfers_ucx_protocols.log), and the same transfer under other
+  # rendezvous settings, each line labelled with them (transfers_ucx_settings.jsonl).
+  for setting in default UCX_MAX_RNDV_RAILS=1 UCX_RNDV_SCHEME=get_zcopy UCX_RNDV_SCHEME=put_zcopy; do
+    t=$(within 40)
+    if [ "$t" -eq 0 ]; then skip "transfers_ucx $setting"; continue; fi
+    env=()
+    [ "$setting" != default ] && env=("$setting")
+    [ "$setting" = default ] && env=(UCX_PROTO_INFO=used PIPETRAIN_LOG_LEVEL=info)
+    env "${env[@]}" timeout "$t" "$build/bench/transfer_gpu" "$out/transfers_ucx_settings.jsonl" --transports ucx \
+      --sizes 67108864 --label "$setting" >>"$out/transfers_ucx_protocols.log" 2>&1 || status=$?
+  done
 fi
 if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
   t=$(within 270)

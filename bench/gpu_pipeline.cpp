@@ -199,18 +199,20 @@ json speed_common(const Args& a, const std::string& card, const std::string& nam
 }
 
 // One model of the speed run: the plain loop, and `stages` stages of 1F1B over `micro_batches`
-// eager and with CUDA graphs, alternating (compare); returns the model for what follows.
+// eager and with CUDA graphs, then `more` (variants that tell where the time goes), alternating
+// (compare); returns the model for what follows.
 models::Model speed_case(const Args& a, int stages, int micro_batches, const std::string& card, const std::string& name,
-                         std::ostream& out) {
+                         std::ostream& out, const std::vector<Variant>& more = {}) {
   models::Model m = build(a);
   torch::manual_seed(0);
   const at::Tensor x = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
   const at::Tensor y = torch::randint(0, a.vocab, {a.batch, a.seq}, torch::kLong);
   const json common = speed_common(a, card, name);
-  compare({{"plain"},
-           {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, false},
-           {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, true}},
-          m.layers, x, y, a, common, name, out);
+  std::vector<Variant> variants{{"plain"},
+                                {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, false},
+                                {"pipeline", stages, micro_batches, schedule::Kind::OneFOneB, Recompute::Never, true}};
+  variants.insert(variants.end(), more.begin(), more.end());
+  compare(variants, m.layers, x, y, a, common, name, out);
   return m;
 }
 
@@ -285,7 +287,14 @@ int main(int argc, char** argv) {
     speed_case(small, 2, 4, card, "gpt_small", out);
     Args big = a;
     big.steps = std::min(a.steps, 6);
-    const models::Model bm = speed_case(big, 4, 8, card, "gpt24", out);
+    // Beside them, what separates the pipeline's cost from the smaller products': the plain loop
+    // over the 8 micro-batches one after another, one stage with graphs (no concurrency), and 4
+    // stages with graphs over 4 micro-batches (products twice as large).
+    const models::Model bm =
+        speed_case(big, 4, 8, card, "gpt24", out,
+                   {{"accumulate", 1, 8},
+                    {"pipeline", 1, 8, schedule::Kind::OneFOneB, Recompute::Never, true},
+                    {"pipeline", 4, 4, schedule::Kind::OneFOneB, Recompute::Never, true}});
     // 3. The largest batch of the 24-layer GPT with and without recomputation.
     largest_batches(bm.layers, big, speed_common(big, card, "gpt24"), out);
     return 0;

@@ -4,8 +4,12 @@
 // same GPU. One JSON line per measurement, appended to OUT:
 //   {"bench":"transfer","transport":"nccl","from":0,"to":1,"bytes":67108864,"iters":10,
 //    "gbps_median":..,"gbps_min":..,"gbps_max":..,"device":"NVIDIA H100 ..."}
-// GB/s are 1e9 bytes per second of payload, from the first send to the receiver's stream having
-// finished the last receive (its ack over the store); every received tensor's content is checked.
+// GB/s are 1e9 bytes per second of payload as the receiver sees them streaming in: from the
+// return of its first receive to its stream having finished the last (messages 2..n; the sender
+// posts all n back to back, from tensors made and filled before the clock starts, so neither
+// the fills nor the store's go and done count), with n the larger of --iters (at least 2) and
+// enough messages to carry --min-bytes (default 1 GiB; at most 1024 messages). The last received
+// tensor's content is checked.
 // NCCL runs its two ranks on one GPU with a host id each (NCCL_HOSTID; sockets on lo): a test-only
 // arrangement, slow by design (docs/gpu.md). UCX carries device memory where it has CUDA
 // (UCX_CUDA=1 in `pipetrain --version`), through the host otherwise; Gloo stages through pinned
@@ -13,7 +17,8 @@
 // kChildSeconds: a transport that hangs costs its own time, not the others' lines.
 //
 //   transfer_gpu OUT.jsonl [--transports ucx,nccl,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
-//                [--device cuda|cpu]
+//                [--device cuda|cpu] [--label TEXT] [--min-bytes B]
+// --label adds "label": TEXT to every line (bench/gpu.sh: the UCX settings of a run).
 // --device cpu runs the same exchange with host tensors (no nccl), which checks the harness
 // where there is no GPU.
 #include <sys/wait.h>
@@ -63,14 +68,27 @@ double median(std::vector<double> v) {
 constexpr double kWait = 60;
 constexpr unsigned kChildSeconds = 75;
 constexpr int kRepeats = 5;
-bool on_gpu = true;  // --device
+int64_t min_bytes = int64_t{1} << 30;  // --min-bytes: each measurement carries at least this much
+constexpr int kMaxMessages = 1024;
+constexpr int kPool = 16;  // distinct tensors the sender cycles through
+bool on_gpu = true;        // --device
+std::string label;         // --label
+
+// Messages per measurement: at least `iters`, and enough to carry min_bytes.
+int messages_for(int64_t bytes, int iters) {
+  const int64_t enough = (min_bytes + bytes - 1) / bytes;
+  return static_cast<int>(std::max<int64_t>(iters, std::min<int64_t>(enough, kMaxMessages)));
+}
+
+// The fields every line ends with.
+std::string tail() {
+  return pipetrain::detail::concat(",\"device\":\"", on_gpu ? "cuda:0" : "cpu", "\"",
+                                   label.empty() ? "" : ",\"label\":\"" + label + "\"", "}\n");
+}
 
 void sync_device() {
   if (on_gpu) torch::cuda::synchronize();
 }
-
-// The card itself is in machine.jsonl beside the results (bench/gpu.sh).
-std::string device_name() { return on_gpu ? "cuda:0" : "cpu"; }
 
 // One rank's part: every size, both directions; rank 0 appends the lines.
 void rank_main(int rank, int port, const std::string& transport, const std::vector<int64_t>& sizes, int iters,
@@ -105,42 +123,49 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
   for (int64_t bytes : sizes)
     for (int from : {0, 1}) {
       std::vector<double> gbps;
-      const int to = 1 - from;
-      at::Tensor msg = at::empty({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(o.device));
+      const int to = 1 - from, n = messages_for(bytes, iters);
+      // The sender's tensors, made and filled before the clock starts; message i carries pool[i %
+      // kPool], whose every element is its index (checked on the last message).
+      std::vector<at::Tensor> pool;
+      if (rank == from)
+        for (int k = 0; k < std::min(n, kPool); ++k)
+          pool.push_back(at::full({bytes / 4}, static_cast<float>(k), at::TensorOptions().dtype(at::kFloat).device(o.device)));
+      sync_device();
       for (int rep = 0; rep < kRepeats + 1; ++rep, ++round) {  // the first round warms up
         const std::string done = pipetrain::detail::concat("done/", round), go = pipetrain::detail::concat("go/", round);
         if (rank == to) store->set(go, {1});
         store->wait({go});
-        const auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) {
+        Clock::time_point t0;
+        for (int i = 0; i < n; ++i) {
           const MessageId id{Kind::Activation, i, 0, round};
           if (rank == from) {
-            // A tensor of its own per message, as the pipeline sends: a send in flight (NCCL's
-            // stream, UCX's progress) may still read the one before.
-            t->send(to, id, at::full_like(msg, static_cast<float>(round * iters + i)));
+            t->send(to, id, pool[i % pool.size()]);
           } else {
             at::Tensor got = t->recv(from, id, Deadline::after(kWait));
-            if (i == iters - 1) {
-              const float want = static_cast<float>(round * iters + i);
-              if (got.is_cuda() != on_gpu || got.numel() != msg.numel() || got.min().item<float>() != want ||
+            if (i == 0) t0 = Clock::now();
+            if (i == n - 1) {
+              const float want = static_cast<float>((n - 1) % std::min(n, kPool));
+              if (got.is_cuda() != on_gpu || got.numel() != bytes / 4 || got.min().item<float>() != want ||
                   got.max().item<float>() != want)
                 throw Error(pipetrain::detail::concat(transport, ": received the wrong bytes at ", bytes, " bytes"));
             }
           }
         }
         sync_device();
-        if (rank == to) store->set(done, {1});
-        store->wait({done});
-        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (rep > 0) gbps.push_back(static_cast<double>(bytes) * iters / s / 1e9);
+        if (rank == to) {
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          const std::string text = std::to_string(static_cast<double>(bytes) * (n - 1) / s / 1e9);
+          store->set(done, std::vector<uint8_t>(text.begin(), text.end()));
+        }
+        const std::vector<uint8_t> rate = store->get(done);
+        if (rep > 0) gbps.push_back(std::stod(std::string(rate.begin(), rate.end())));
       }
       if (rank == 0) {
         std::ofstream f(out, std::ios::app);
         f << "{\"bench\":\"transfer\",\"transport\":\"" << transport << "\",\"from\":" << from << ",\"to\":" << to
-          << ",\"bytes\":" << bytes << ",\"iters\":" << iters << ",\"gbps_median\":" << median(gbps)
-          << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
-          << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end())
-          << ",\"device\":\"" << device_name() << "\"}\n";
+          << ",\"bytes\":" << bytes << ",\"iters\":" << n << ",\"timing\":\"receiver, messages 2.." << n << "\""
+          << ",\"gbps_median\":" << median(gbps) << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
+          << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << tail();
       }
     }
   t.reset();
@@ -152,19 +177,20 @@ void memcpy_baseline(const std::vector<int64_t>& sizes, int iters, const std::st
     at::Tensor a = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(on_gpu ? at::kCUDA : at::kCPU)),
                b = at::empty_like(a);
     std::vector<double> gbps;
+    const int n = messages_for(bytes, iters);
     for (int rep = 0; rep < kRepeats + 1; ++rep) {
       sync_device();
       const auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) b.copy_(a);
+      for (int i = 0; i < n; ++i) b.copy_(a);
       sync_device();
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rep > 0) gbps.push_back(static_cast<double>(bytes) * iters / s / 1e9);
+      if (rep > 0) gbps.push_back(static_cast<double>(bytes) * n / s / 1e9);
     }
     std::ofstream f(out, std::ios::app);
     f << "{\"bench\":\"transfer\",\"transport\":\"" << (on_gpu ? "cudaMemcpy" : "memcpy") << "\",\"from\":0,\"to\":0,\"bytes\":" << bytes
-      << ",\"iters\":" << iters << ",\"gbps_median\":" << median(gbps)
+      << ",\"iters\":" << n << ",\"gbps_median\":" << median(gbps)
       << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
-      << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << ",\"device\":\"" << device_name() << "\"}\n";
+      << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << tail();
   }
 }
 
@@ -207,7 +233,7 @@ bool finished(const std::vector<pid_t>& pids, const std::string& what) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes B,...] [--iters N]\n");
+    std::fprintf(stderr, "usage: transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes B,...] [--iters N] [--device cuda|cpu] [--label TEXT] [--min-bytes B]\n");
     return 2;
   }
   const std::string out = argv[1];
@@ -220,8 +246,10 @@ int main(int argc, char** argv) {
     else if (flag == "--sizes") {
       sizes.clear();
       for (const auto& s : split(value)) sizes.push_back(std::stoll(s));
-    } else if (flag == "--iters") iters = std::stoi(value);
+    } else if (flag == "--iters") iters = std::max(2, std::stoi(value));
     else if (flag == "--device") on_gpu = value != "cpu";
+    else if (flag == "--label") label = value;
+    else if (flag == "--min-bytes") min_bytes = std::stoll(value);
     else {
       std::fprintf(stderr, "transfer_gpu: unknown flag %s\n", flag.c_str());
       return 2;

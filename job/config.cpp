@@ -74,6 +74,28 @@ void apply_overrides(json& root, const std::vector<std::string>& overrides, Orig
   }
 }
 
+namespace {
+bool frozen_dtype_set(const Config& c) {
+  return c.model.is_object() && c.model.contains("frozen_dtype") && c.model["frozen_dtype"] != "fp32";
+}
+}  // namespace
+
+Config with_precision(const Config& c, Precision p) {
+  Config out = c;
+  out.train.precision = p;
+  if (frozen_dtype_set(c)) {
+    out.model["frozen_dtype"] = precision_name(p);
+    if (out.root.contains("model")) out.root["model"]["frozen_dtype"] = precision_name(p);
+  }
+  return out;
+}
+
+std::vector<std::string> precision_overrides(const Config& c, const std::string& precision) {
+  std::vector<std::string> sets{"train.precision=" + precision};
+  if (frozen_dtype_set(c)) sets.push_back("model.frozen_dtype=" + precision);
+  return sets;
+}
+
 int intra_op_threads(const RuntimeConfig& runtime, int stages) {
   if (runtime.intra_op_threads > 0) return runtime.intra_op_threads;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -154,6 +154,13 @@ Config parse_config(const nlohmann::json& root, const std::string& source,
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 
+// The config in precision `p`, for a what-if (plan --compare, plan --auto, bench --precision):
+// train.precision p, and model.frozen_dtype, where set, following it (fp32: frozen weights kept
+// in float32), since frozen weights in bfloat16 compute only under bf16.
+Config with_precision(const Config& c, Precision p);
+// The --set texts that make a config's precision `p` as with_precision does.
+std::vector<std::string> precision_overrides(const Config& c, const std::string& precision);
+
 // Intra-op threads per stage: the configured value, or cores / stages (at least 1).
 int intra_op_threads(const RuntimeConfig& runtime, int stages);
 

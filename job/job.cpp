@@ -68,6 +68,15 @@ models::Model build_model(const Config& c) {
   JsonReader model_reader(model, "model", c.source, origins);
   models::Model m = models::build(model_reader, c.train.seed);
   m.layers->to(c.runtime.dtype == DType::Float64 ? torch::kDouble : torch::kFloat);
+  if (m.frozen != Precision::FP32) {
+    const std::string name = precision_name(m.frozen);
+    if (c.train.precision != m.frozen)
+      throw ConfigError(c.where("model.frozen_dtype") + ": \"" + name + "\" needs train.precision \"" + name +
+                        "\" (the frozen weights' products compute in it), not \"" + precision_name(c.train.precision) + "\"");
+    if (models::store_frozen(m) == 0)
+      throw ConfigError(c.where("model.frozen_dtype") + ": \"" + name + "\", but no Linear weight is frozen (model.freeze or the " +
+                        "hf family's \"lora\" freezes them)");
+  }
   return m;
 }
 

@@ -179,26 +179,14 @@ void read_lora(JsonReader& r, LlamaBlockOptions& o) {
   auto has = [&](const std::string& t) {
     return t == "gate_proj" ? mlp && o.mlp_gate : t == "up_proj" || t == "down_proj" ? mlp : attention;
   };
-  const nlohmann::json* raw = r.get_raw("lora_targets");
-  if (raw && raw->is_string() && *raw == "all") {
-    for (const std::string& t : lora_target_names())
-      if (has(t)) l.targets.push_back(t);
-    if (l.targets.empty()) r.fail("lora_targets", "\"all\" finds no projection: the block has neither attention of its own nor one MLP");
-    return;
-  }
-  if (raw && (!raw->is_array() || raw->empty()))
-    r.fail("lora_targets", "must be \"all\" or a list of projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
-  for (const nlohmann::json& t : raw ? *raw : nlohmann::json{"q_proj", "v_proj"}) {  // PEFT's for Llama's
-    const auto& names = lora_target_names();
-    if (!t.is_string() || std::find(names.begin(), names.end(), t.get<std::string>()) == names.end())
-      r.fail("lora_targets", detail::concat("names ", t.dump(), ", not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
-    const std::string name = t.get<std::string>();
-    if (!has(name))
+  const LoraTargets wanted = read_lora_targets(r, "lora_targets");
+  for (const std::string& name : wanted.names) {
+    if (has(name)) l.targets.push_back(name);
+    else if (!wanted.all)
       r.fail("lora_targets", detail::concat("names ", name, ", which the block does not have as a projection of its own (attention's need ",
                                             "no latents or other mixer; the MLP's, no experts; gate_proj, mlp_gate true)"));
-    if (std::find(l.targets.begin(), l.targets.end(), name) != l.targets.end()) r.fail("lora_targets", detail::concat("names ", name, " twice"));
-    l.targets.push_back(name);
   }
+  if (l.targets.empty()) r.fail("lora_targets", "\"all\" finds no projection: the block has neither attention of its own nor one MLP");
 }
 
 }  // namespace

@@ -481,6 +481,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   std::map<std::string, const HfTensor*> part_of;  // one of a fused tensor's parts: its step and transposition
   std::set<std::string> stacked;
   at::ScalarType type = at::kFloat;
+  bool first = true;
   for (const HfTensor& t : spec.tensors) {
     if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // save_pretrained leaves the tied head out
     const auto it = weights.find(t.ours);
@@ -489,7 +490,10 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
                                        source, " needs (was the model built from it?)"));
     at::Tensor w = it->second.detach().cpu();
     if (t.ours_row >= 0) w = w.select(0, t.ours_row);
-    type = w.scalar_type();
+    // The config's dtype: the widest type among the tensors (float32 norms beside weights kept
+    // in bfloat16, model.frozen_dtype's, load as float32).
+    if (at::isFloatingType(w.scalar_type())) type = first ? w.scalar_type() : at::promote_types(type, w.scalar_type());
+    first = first && !at::isFloatingType(w.scalar_type());
     if (t.rows == 0 && t.slice < 0) {
       tensors.emplace_back(t.theirs, (t.transposed ? w.t() : w).contiguous());
       continue;

@@ -20,24 +20,6 @@ namespace pipetrain::models {
 using nlohmann::json;
 
 namespace {
-// The targets of "targets": names of lora_target_names(), or "all".
-std::vector<std::string> read_targets(JsonReader& r) {
-  const json* t = r.get_raw("targets");
-  const auto& names = lora_target_names();
-  if (!t) return {"q_proj", "v_proj"};  // PEFT's for Llama's
-  if (t->is_string() && (*t == "all" || *t == "all-linear")) return names;
-  if (!t->is_array() || t->empty())
-    r.fail("targets", "must be \"all\" or a list of projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
-  std::vector<std::string> out;
-  for (const json& n : *t) {
-    if (!n.is_string() || std::find(names.begin(), names.end(), n.get<std::string>()) == names.end())
-      r.fail("targets", detail::concat("names ", n.dump(), ", not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
-    if (std::find(out.begin(), out.end(), n.get<std::string>()) != out.end()) r.fail("targets", detail::concat("names ", n.dump(), " twice"));
-    out.push_back(n.get<std::string>());
-  }
-  return out;
-}
-
 // An adapter's adapter_config.json: what PEFT wrote, every field that would change the math checked.
 void read_adapter_config(HfLora& h) {
   const std::string file = h.path + "/adapter_config.json";
@@ -94,7 +76,7 @@ HfLora read_hf_lora(JsonReader& model) {
     h.lora.alpha = r.get_number("alpha", 8.0, 1e-6, 1e6);
     h.lora.dropout = r.get_number("dropout", 0.0, 0.0, 0.99);
     h.lora.rslora = r.get_bool("rslora", false);
-    h.lora.targets = read_targets(r);
+    h.lora.targets = read_lora_targets(r, "targets").names;
   }
   r.finish();
   return h;

@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/json_reader.h"
+#include "common/strings.h"
 #include "models/layers.h"
 
 namespace pipetrain::models {
@@ -18,6 +20,24 @@ bool Lora::adapts(const std::string& name) const {
 const std::vector<std::string>& lora_target_names() {
   static const std::vector<std::string> names{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   return names;
+}
+
+LoraTargets read_lora_targets(JsonReader& r, const std::string& key) {
+  const auto& names = lora_target_names();
+  const nlohmann::json* t = r.get_raw(key);
+  if (!t) return {false, {"q_proj", "v_proj"}};
+  if (t->is_string() && (*t == "all" || *t == "all-linear")) return {true, names};
+  if (!t->is_array() || t->empty())
+    r.fail(key, "must be \"all\" or a list of projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  LoraTargets out;
+  for (const nlohmann::json& n : *t) {
+    if (!n.is_string() || std::find(names.begin(), names.end(), n.get<std::string>()) == names.end())
+      r.fail(key, detail::concat("names ", n.dump(), ", not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+    if (std::find(out.names.begin(), out.names.end(), n.get<std::string>()) != out.names.end())
+      r.fail(key, detail::concat("names ", n.get<std::string>(), " twice"));
+    out.names.push_back(n.get<std::string>());
+  }
+  return out;
 }
 
 namespace {
@@ -43,7 +63,6 @@ LoraLinearImpl::LoraLinearImpl(int64_t in, int64_t out, bool bias, Lora lora, co
 std::shared_ptr<torch::nn::Module> LoraLinearImpl::clone(const std::optional<at::Device>& device) const {
   torch::NoGradGuard no_grad;
   auto copy = std::make_shared<LoraLinearImpl>(options.in_features(), options.out_features(), options.bias(), lora_, target_);
-  copy->to(weight.scalar_type());
   auto theirs = copy->named_parameters();
   for (const auto& p : named_parameters()) {
     at::Tensor& t = theirs[p.key()];

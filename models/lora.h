@@ -15,6 +15,10 @@
 
 #include <torch/torch.h>
 
+namespace pipetrain {
+class JsonReader;
+}
+
 namespace pipetrain::models {
 
 /// A block's adapters (LlamaBlockOptions::lora).
@@ -34,6 +38,16 @@ struct Lora {
 /// The projections a llama_block's adapters may target, in their stream order: q_proj, k_proj,
 /// v_proj, o_proj, gate_proj, up_proj, down_proj.
 const std::vector<std::string>& lora_target_names();
+
+/// What a config's list of adapted projections says.
+struct LoraTargets {
+  bool all = false;                ///< "all" (or PEFT's "all-linear"): every projection there is
+  std::vector<std::string> names;  ///< the names given (every name where `all`), without repeats
+};
+
+/// Reads `key` of `r`: "all", "all-linear" or a list of lora_target_names() without repeats;
+/// absent, q_proj and v_proj (PEFT's default for Llama's). Anything else fails naming the key.
+LoraTargets read_lora_targets(JsonReader& r, const std::string& key);
 
 /// A Linear with an adapter: its own weight and bias (frozen by whoever freezes them), and
 /// children lora_A and lora_B (Linears without biases). Cloned whole, adapters and each

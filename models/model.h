@@ -11,6 +11,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "common/json_reader.h"
+#include "common/precision.h"
 
 /// Models as layer lists: the families built from configs and the description of a user's layers.
 namespace pipetrain::models {
@@ -34,6 +35,9 @@ struct Model {
   int64_t classes = 0;                ///< size of the output's last dimension
   bool pixel_targets = false;         ///< one class per pixel of the image (a segmentation), not per sample
   std::vector<Tie> ties;              ///< parameters that are one weight (the gpt's tie_embeddings)
+  /// model.frozen_dtype: the type store_frozen keeps frozen Linear weights in; FP32 (the default):
+  /// the runtime's, as every other parameter.
+  Precision frozen = Precision::FP32;
 };
 
 /// Reads the family's keys from `model` (the reader of the `model` object, without `family`).
@@ -47,11 +51,23 @@ std::vector<std::string> families();
 /// Reads `model.family`, builds it with torch's generator seeded by `seed`, and checks the keys.
 /// `model.freeze` (any family): patterns of parameter names (fnmatch's globs, "layer_0.*") whose
 /// parameters train not (requires_grad false); one that matches nothing, freezing everything, or
-/// freezing a tie in part is a ConfigError.
+/// freezing a tie in part is a ConfigError. `model.frozen_dtype` ("fp32", "bf16", "fp16") sets
+/// Model::frozen (store_frozen applies it; job::build_model does, after the runtime's dtype).
 Model build(JsonReader& model, uint64_t seed);
 
 /// Layer names in order, e.g. {"embed", "block0", ..., "norm", "head"}.
 std::vector<std::string> layer_names(const torch::nn::Sequential& layers);
+
+/// Keeps the frozen weights of m's Linear modules (requires_grad false; not a tie's) in the
+/// dtype of m.frozen (bfloat16, float16), from float32: half their bytes, and under autocast to
+/// that dtype the very products of float32 weights cast at each use, without the casts (autocast
+/// caches no cast of a frozen weight: each forward makes its own, which the backward keeps).
+/// Returns how many it changed (none where m.frozen is FP32). Biases, norms, embeddings and
+/// weights held otherwise stay as they are.
+size_t store_frozen(Model& m);
+/// Brings the weights store_frozen changed back to float32 (their values exactly), for what runs
+/// without autocast (generation).
+void widen_frozen(Model& m);
 
 /// The parameters of `m` that train (requires_grad): what optimizers step and gradients reduce
 /// over; a frozen parameter (LoRA's base weights, models/hf_lora.h) has no gradient and no state.

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <torch/torch.h>
 
@@ -78,6 +79,7 @@ Model build(JsonReader& model, uint64_t seed) {
   torch::manual_seed(seed);
   Model m = builder(model);
   freeze(model, m);
+  m.frozen = parse_precision(model.get_choice("frozen_dtype", "fp32", precision_names()));
   model.finish();
   return m;
 }
@@ -86,6 +88,39 @@ std::vector<std::string> layer_names(const torch::nn::Sequential& layers) {
   std::vector<std::string> names;
   for (const auto& item : layers->named_children()) names.push_back(item.key());
   return names;
+}
+
+namespace {
+// The frozen weights of m's Linear modules that are no tie's, each once.
+std::vector<at::Tensor> frozen_linear_weights(const Model& m) {
+  std::set<const void*> tied, seen;
+  for (const Tie& tie : m.ties)
+    for (const ParamRef& r : tie) tied.insert(m.layers->ptr(r.layer)->named_parameters()[r.name].unsafeGetTensorImpl());
+  std::vector<at::Tensor> out;
+  for (const auto& module : m.layers->modules(/*include_self=*/false)) {
+    const auto* linear = dynamic_cast<const torch::nn::LinearImpl*>(module.get());
+    if (!linear || !linear->weight.defined() || linear->weight.requires_grad()) continue;
+    const void* impl = linear->weight.unsafeGetTensorImpl();
+    if (!tied.count(impl) && seen.insert(impl).second) out.push_back(linear->weight);
+  }
+  return out;
+}
+}  // namespace
+
+size_t store_frozen(Model& m) {
+  if (m.frozen == Precision::FP32) return 0;
+  const at::ScalarType type = m.frozen == Precision::BF16 ? at::kBFloat16 : at::kHalf;
+  torch::NoGradGuard no_grad;
+  size_t changed = 0;
+  for (at::Tensor w : frozen_linear_weights(m))
+    if (w.scalar_type() == at::kFloat) w.set_data(w.to(type)), ++changed;
+  return changed;
+}
+
+void widen_frozen(Model& m) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor w : frozen_linear_weights(m))
+    if (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf) w.set_data(w.to(at::kFloat));
 }
 
 std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& m) {

@@ -85,9 +85,11 @@ void Executor::check_options(const torch::nn::Sequential& model) const {
   } catch (const ScheduleError& e) {
     throw ConfigError(std::string("pipeline: ") + e.what());
   }
+  // Frozen weights may be kept in the precision's own type (models::store_frozen).
   if (o.precision != Precision::FP32)
     for (const auto& t : model->parameters())
-      if (t.scalar_type() != torch::kFloat)
+      if (t.scalar_type() != torch::kFloat &&
+          (t.requires_grad() || t.scalar_type() != (o.precision == Precision::BF16 ? torch::kBFloat16 : torch::kHalf)))
         throw ConfigError(detail::concat("pipeline: precision ", precision_name(o.precision),
                                          " keeps float32 master weights, but the model's parameters are ",
                                          c10::toString(t.scalar_type())));

@@ -453,9 +453,8 @@ AutoPlanReport auto_plan(const Config& c, const AutoPlanOptions& o) {
       prof.micro_batch = rows;
       return prof;
     }
-    Config cc = c;
+    Config cc = job::with_precision(c, p);
     cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
-    cc.train.precision = p;
     cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.schedule = schedule::Kind::GPipe;
     cc.pipeline.balance_method = BalanceMethod::Uniform, cc.pipeline.balance.clear();
     cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();

@@ -56,13 +56,12 @@ using Clock = std::chrono::steady_clock;
 
 Concurrency measure_concurrency(const job::Config& config, Precision precision, int workers, int repeat) {
   PIPETRAIN_CHECK(workers >= 2 && repeat >= 1, "measure_concurrency: ", workers, " workers, ", repeat, " repeats");
-  job::Config cc = config;
+  job::Config cc = job::with_precision(config, precision);
   cc.pipeline.stages = 1, cc.pipeline.chunks = 1, cc.pipeline.micro_batches = 1, cc.pipeline.data_parallel = 1;
   cc.pipeline.schedule = schedule::Kind::GPipe;
   cc.pipeline.balance_method = job::BalanceMethod::Uniform, cc.pipeline.balance.clear();
   cc.pipeline.speeds.clear(), cc.pipeline.memory_limit.clear();
   cc.runtime.intra_op_threads = 1;
-  cc.train.precision = precision;
   const int64_t batch = cc.data.batch_size;
   const int64_t rows = (batch + workers - 1) / workers;  // the workers may share samples: only time counts
 

@@ -202,8 +202,7 @@ std::vector<PrecisionRow> compare_precisions(const Config& c, const PlanOptions&
       row.step_ms = r.configured.step_ms, row.bubble = r.configured.bubble;
     } else {
       try {
-        Config cc = c;
-        cc.train.precision = p;
+        Config cc = job::with_precision(c, p);
         const Job other = prepare(cc);
         const profiler::Profile prof = profile_job(other, o.repeat);
         const PlanPoint pt = point_of(cc, choose_balance(cc, other.model.layers, &prof), r.data_parallel, links, false);

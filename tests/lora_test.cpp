@@ -139,6 +139,9 @@ TEST(Lora, BadArgumentsAreOneLineErrors) {
   EXPECT_NE(list_error({{"lora_rank", 2}, {"mlp_gate", false}, {"lora_targets", nlohmann::json{"gate_proj"}}}).find("names gate_proj"),
             std::string::npos);
   EXPECT_EQ(list_error({{"lora_rank", 2}, {"experts", 4}, {"lora_targets", "all"}}), "(built)");  // attention's alone
+  EXPECT_EQ(list_error({{"lora_rank", 2}, {"lora_targets", "all-linear"}}), "(built)");       // PEFT's spelling
+  EXPECT_NE(list_error({{"lora_rank", 2}, {"mixer", false}, {"experts", 4}, {"lora_targets", "all"}}).find("\"all\" finds no projection"),
+            std::string::npos);
 }
 
 namespace {
@@ -392,6 +395,18 @@ TEST(HfLora, TrainsResumesExactlyAndExportsFromTheCommandLine) {
     const bool adapted = n.find("_proj.") != std::string::npos;
     EXPECT_EQ(torch::equal(merged.get(n), source.get(n)), !adapted) << n << (adapted ? " has its adapter merged" : " is frozen");
   }
+  // model.frozen_dtype bf16: the merged projections (and the frozen head) in bfloat16, the rest
+  // as the source holds it, the config's dtype the widest (float32).
+  run("train " + cfg + " --quiet --checkpoint-dir " + work + "/d --set train.precision=bf16 --set model.frozen_dtype=bf16");
+  run("export " + work + "/d " + work + "/d-hf --format hf");
+  const models::SafetensorsCheckpoint low(work + "/d-hf");
+  for (const std::string& n : source.names()) {
+    const bool linear = n.find("_proj.") != std::string::npos || n == "lm_head.weight";
+    EXPECT_EQ(low.get(n).scalar_type(), linear ? at::kBFloat16 : at::kFloat) << n;
+    if (!linear) EXPECT_TRUE(torch::equal(low.get(n), source.get(n))) << n;
+  }
+  const nlohmann::json written = nlohmann::json::parse(std::ifstream(work + "/d-hf/config.json"));
+  EXPECT_EQ(written.value("dtype", written.value("torch_dtype", "")), "float32");
 }
 
 // The plan's memory: a layer's gradients and optimizer state follow its trainable bytes alone (a

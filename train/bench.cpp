@@ -453,7 +453,7 @@ void run_sweep(const std::string& path, const std::vector<std::string>& override
           for (const auto& precision : precisions) {
             ++done;
             std::vector<std::string> sets = overrides;
-            sets.push_back("train.precision=" + precision);
+            for (const std::string& s : precision_overrides(base, precision)) sets.push_back(s);
             sets.push_back("pipeline.stages=" + std::to_string(k));
             sets.push_back("pipeline.data_parallel=" + std::to_string(d));
             sets.push_back("pipeline.micro_batches=" + std::to_string(m));
