@@ -418,6 +418,8 @@ Config chosen_config(const Config& c, const AutoPlanOptions& o, const SearchSpac
   else pipe.erase("speeds");
   pipe.erase("memory_limit");
   root["train"]["precision"] = precision_name(best.precision);
+  const nlohmann::json model = job::with_precision(c, best.precision).model;  // model.frozen_dtype follows it
+  if (model.is_object() && model.contains("frozen_dtype")) root["model"]["frozen_dtype"] = model["frozen_dtype"];
   const Config chosen = parse_config(root, o.write_config.empty() ? "the chosen plan" : o.write_config);
   if (!o.write_config.empty()) {
     try {

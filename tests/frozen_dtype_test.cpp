@@ -194,7 +194,8 @@ TEST(FrozenDtype, AWhatIfInAnotherPrecisionTakesTheFrozenWeightsAlong) {
 }
 
 // `pipetrain train`: 4 steps at once and 2 + 2 through a checkpoint end with the same loss; the
-// checkpoint keeps the frozen weights in bfloat16; `generate` continues a prompt from it.
+// checkpoint keeps the frozen weights in bfloat16; `plan --compare` and `plan --auto` plan the
+// other precision with the frozen weights following it; `generate` continues a prompt from it.
 TEST(FrozenDtype, TrainsResumesAndGeneratesFromTheCommandLine) {
   const std::string work = work_dir() + "/cli";
   std::filesystem::remove_all(work);
@@ -234,6 +235,11 @@ TEST(FrozenDtype, TrainsResumesAndGeneratesFromTheCommandLine) {
   }
   const std::string compared = run("plan " + cfg + " --compare");
   EXPECT_EQ(compared.find("frozen_dtype"), std::string::npos) << "the fp32 row plans float32 frozen weights\n" << compared;
+  // The auto-planner's pick is a config that loads: its frozen_dtype follows its precision.
+  run("plan " + cfg + " --auto --top 1 --write-config " + work + "/chosen.json");
+  const nlohmann::json chosen = nlohmann::json::parse(std::ifstream(work + "/chosen.json"));
+  EXPECT_EQ(chosen["model"]["frozen_dtype"], chosen["train"]["precision"]) << chosen.dump();
+  run("train " + work + "/chosen.json --quiet --set train.steps=1 --set train.checkpoint_every=0");
   const std::string out = run("generate " + cfg + " --checkpoint " + work + "/a --prompt-ids \"1 2 3\" --tokens 4");
   EXPECT_NE(out.find("1 2 3 "), std::string::npos) << out;
 }
