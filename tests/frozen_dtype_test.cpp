@@ -193,7 +193,7 @@ TEST(FrozenDtype, AWhatIfInAnotherPrecisionTakesTheFrozenWeightsAlong) {
   EXPECT_EQ(job::precision_overrides(plain, "bf16"), std::vector<std::string>{"train.precision=bf16"});
 }
 
-// `pipetrain train`: 4 steps at once and 2 + 2 through a checkpoint end with the same loss; the
+// `pipetrain train`: 4 steps at once, 2 + 2 through a checkpoint and as 2 processes end with the same loss; the
 // checkpoint keeps the frozen weights in bfloat16; `plan --compare` and `plan --auto` plan the
 // other precision with the frozen weights following it; `generate` continues a prompt from it.
 TEST(FrozenDtype, TrainsResumesAndGeneratesFromTheCommandLine) {
@@ -218,6 +218,9 @@ TEST(FrozenDtype, TrainsResumesAndGeneratesFromTheCommandLine) {
   run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --until-step 2");
   run("train " + cfg + " --quiet --checkpoint-dir " + work + "/b --resume --metrics " + work + "/b.jsonl");
   EXPECT_EQ(last_loss(work + "/a.jsonl"), last_loss(work + "/b.jsonl"));
+  run("launch --nproc 2 -- train " + cfg + " --quiet --checkpoint-dir " + work + "/c --metrics " + work +
+      "/c.jsonl --set runtime.kind=processes --set runtime.transport=gloo");
+  EXPECT_EQ(last_loss(work + "/a.jsonl"), last_loss(work + "/c.jsonl")) << "2 processes over Gloo";
   run("export " + work + "/a " + work + "/a.pt");
   run("export " + work + "/b " + work + "/b.pt");
   auto tensors = [](const std::string& path) {
