@@ -65,6 +65,9 @@ std::vector<std::string> layer_names(const torch::nn::Sequential& layers);
 /// Returns how many it changed (none where m.frozen is FP32). Biases, norms, embeddings and
 /// weights held otherwise stay as they are.
 size_t store_frozen(Model& m);
+/// The weights store_frozen keeps in m.frozen's dtype: the frozen weights of m's Linear modules
+/// that are no tie's, each once, in whatever type they are now.
+std::vector<at::Tensor> frozen_linear_weights(const Model& m);
 /// Brings the weights store_frozen changed back to float32 (their values exactly), for what runs
 /// without autocast (generation).
 void widen_frozen(Model& m);

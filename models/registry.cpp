@@ -90,8 +90,6 @@ std::vector<std::string> layer_names(const torch::nn::Sequential& layers) {
   return names;
 }
 
-namespace {
-// The frozen weights of m's Linear modules that are no tie's, each once.
 std::vector<at::Tensor> frozen_linear_weights(const Model& m) {
   std::set<const void*> tied, seen;
   for (const Tie& tie : m.ties)
@@ -105,7 +103,6 @@ std::vector<at::Tensor> frozen_linear_weights(const Model& m) {
   }
   return out;
 }
-}  // namespace
 
 size_t store_frozen(Model& m) {
   if (m.frozen == Precision::FP32) return 0;

@@ -219,6 +219,22 @@ std::vector<PrecisionRow> compare_precisions(const Config& c, const PlanOptions&
 
 }  // namespace
 
+namespace {
+// What keeping the frozen Linear weights in the precision's type would save, where they are float32
+// under a reduced precision.
+std::string frozen_hint(const Config& c, const models::Model& m) {
+  if (c.train.precision == Precision::FP32 || m.frozen != Precision::FP32) return "";
+  int64_t bytes = 0;
+  for (const at::Tensor& w : models::frozen_linear_weights(m))
+    if (w.scalar_type() == at::kFloat) bytes += static_cast<int64_t>(w.nbytes());
+  if (bytes == 0) return "";
+  const std::string p = precision_name(c.train.precision);
+  return detail::concat(bytes_text(static_cast<double>(bytes)), " of frozen Linear weights in float32 under ", p,
+                        "; model.frozen_dtype \"", p, "\" keeps them in half that, with the same steps, and drops the ", p,
+                        " copy of them that each micro-batch in flight keeps");
+}
+}  // namespace
+
 PlanReport make_plan(const Config& c, const PlanOptions& o) {
   Job job = prepare(c);
   PlanReport r;
@@ -237,6 +253,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   r.simulation = r.prediction.simulation;
   r.stages = stage_rows(c, r, models::layer_names(job.model.layers));
   if (o.compare) r.compared = compare_schedules(c, job, r, links);
+  r.frozen_hint = frozen_hint(c, job.model);
   if (o.compare && o.costs_path.empty() && c.runtime.dtype == DType::Float32) r.precisions = compare_precisions(c, o, r, links);
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
@@ -272,6 +289,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
                 100 * r.configured.bubble, schedule::name(r.configured.kind));
   out << line;
   if (!r.deferral.empty()) out << "weight gradients: " << r.deferral << "\n";
+  if (!r.frozen_hint.empty()) out << "frozen weights: " << r.frozen_hint << "\n";
   if (r.data_parallel.copies > 1) {
     const auto& dp = r.data_parallel;
     std::vector<std::string> per_stage;
@@ -366,6 +384,7 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
   json j{{"summary", r.summary}, {"balance", r.balance}, {"stages", stages},
          {"predicted", schedule_json(r.configured)}, {"deferred_weight_grads", !r.whole.layers.empty()}};
   if (!r.deferral.empty()) j["deferral"] = r.deferral;
+  if (!r.frozen_hint.empty()) j["frozen_hint"] = r.frozen_hint;
   if (r.data_parallel.copies > 1)
     j["data_parallel"] = {{"copies", r.data_parallel.copies}, {"sharded_optimizer", r.data_parallel.sharded},
                           {"all_reduce", fit_json(r.data_parallel.link.all_reduce)},

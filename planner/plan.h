@@ -80,6 +80,9 @@ struct PlanReport {
   profiler::Profile whole;
   // pipeline.defer_weight_grads "auto": the decision and its reason (Deferral::text); empty when forced.
   std::string deferral;
+  // Under a reduced precision with frozen Linear weights in float32: what model.frozen_dtype would
+  // save (models.md, "Frozen weights in bfloat16"); empty otherwise.
+  std::string frozen_hint;
 };
 
 struct PlanOptions {

@@ -238,6 +238,11 @@ TEST(FrozenDtype, TrainsResumesAndGeneratesFromTheCommandLine) {
   }
   const std::string compared = run("plan " + cfg + " --compare");
   EXPECT_EQ(compared.find("frozen_dtype"), std::string::npos) << "the fp32 row plans float32 frozen weights\n" << compared;
+  // With float32 frozen weights under bf16 the plan says what frozen_dtype would save.
+  const std::string hint = run("plan " + cfg + " --set model.frozen_dtype=fp32");
+  EXPECT_NE(hint.find("frozen weights: 64.0 KiB of frozen Linear weights in float32 under bf16; model.frozen_dtype \"bf16\" keeps them"),
+            std::string::npos)
+      << hint;
   // The auto-planner's pick is a config that loads: its frozen_dtype follows its precision.
   run("plan " + cfg + " --auto --top 1 --write-config " + work + "/chosen.json");
   const nlohmann::json chosen = nlohmann::json::parse(std::ifstream(work + "/chosen.json"));
