@@ -23,6 +23,7 @@
 #include "models/model.h"
 #include "pipeline/pipeline.h"
 #include "profiler/profile.h"
+#include "schedule/kinds.h"
 #include "tests/hf_oracle.h"
 
 using namespace pipetrain;
@@ -138,6 +139,35 @@ TEST(FrozenDtype, StepsAsFloat32FrozenWeightsUnderAutocastWould) {
       EXPECT_TRUE(torch::equal(l, p.value())) << p.key() << " trained as with float32 frozen weights";
       if (p.value().requires_grad()) EXPECT_FALSE(torch::equal(l, before.at(p.key()))) << p.key() << " trains";
     }
+  }
+}
+
+// Every kind of schedule and recomputation: a split backward (ZB-H1, the frozen weights without a
+// W pass), interleaved chunks, recomputed forwards: the losses and the trained parameters bit for bit
+// those of float32 frozen weights.
+TEST(FrozenDtype, EveryScheduleAndRecomputationStepsAsWithFloat32FrozenWeights) {
+  using schedule::Kind;
+  const std::vector<std::pair<Kind, Recompute>> cases{
+      {Kind::ZbH1, Recompute::Never}, {Kind::Interleaved1F1B, Recompute::Always}, {Kind::GPipe, Recompute::ExceptLast}, {Kind::OneFOneB, Recompute::Always}};
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randint(0, 32, {8, 8}), y = torch::randint(0, 32, {8, 8});
+  for (const auto& [kind, rc] : cases) {
+    const std::string what = std::string(schedule::name(kind)) + " " + recompute_name(rc);
+    models::Model low = build({{"frozen_dtype", "bf16"}}), wide = build({});
+    pipeline::PipelineOptions o;
+    o.schedule = kind;
+    o.chunks = schedule::info(kind).default_chunks;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.recompute = rc;
+    o.precision = Precision::BF16;
+    pipeline::Pipeline a(low.layers, o, ce), b(wide.layers, o, ce);
+    a.optimizers().set(adamw);
+    b.optimizers().set(adamw);
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(a.train_step(x, y), b.train_step(x, y)) << what << " step " << s;
+    const auto lows = low.layers->named_parameters();
+    for (const auto& p : wide.layers->named_parameters())
+      if (p.value().requires_grad()) EXPECT_TRUE(torch::equal(lows[p.key()], p.value())) << what << " " << p.key();
   }
 }
 
