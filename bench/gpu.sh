@@ -54,20 +54,24 @@ if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
   # Where UCX's time goes at 64 MiB: the protocols it picked (UCX_PROTO_INFO=used, printed through
   # our log at info level into transfers_ucx_protocols.log), and the same transfer under other
   # rendezvous settings, each line labelled with them (transfers_ucx_settings.jsonl).
-  for setting in default UCX_MAX_RNDV_RAILS=1 UCX_RNDV_SCHEME=get_zcopy UCX_RNDV_SCHEME=put_zcopy; do
+  for setting in default UCX_MAX_RNDV_RAILS=1 UCX_RNDV_SCHEME=get_zcopy UCX_RNDV_SCHEME=put_zcopy \
+      UCX_PROTO_ENABLE=n UCX_TLS=sm,self,cuda_copy,cuda_ipc; do
     t=$(within 40)
     if [ "$t" -eq 0 ]; then skip "transfers_ucx $setting"; continue; fi
     env=()
     [ "$setting" != default ] && env=("$setting")
     [ "$setting" = default ] && env=(UCX_PROTO_INFO=used PIPETRAIN_LOG_LEVEL=info)
+    sizes=67108864
+    [ "$setting" = default ] && sizes=67108864,268435456  # and 256 MiB: how the cost per message scales
     env "${env[@]}" timeout "$t" "$build/bench/transfer_gpu" "$out/transfers_ucx_settings.jsonl" --transports ucx \
-      --sizes 67108864 --label "$setting" >>"$out/transfers_ucx_protocols.log" 2>&1 || status=$?
+      --sizes "$sizes" --label "$setting" >>"$out/transfers_ucx_protocols.log" 2>&1 || status=$?
   done
 fi
 if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
   t=$(within 270)
   if [ "$t" -gt 0 ]; then
-    timeout "$t" "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 >"$out/speed.log" 2>&1 || status=$?
+    # shellcheck disable=SC2086  # GPU_SPEED_ARGS: e.g. "--small 0 --largest 0" (measured before)
+    timeout "$t" "$build/bench/gpu_pipeline" "$out/speed.jsonl" --speed 1 ${GPU_SPEED_ARGS:-} >"$out/speed.log" 2>&1 || status=$?
   else skip speed; fi
 fi
 if part pipeline; then

@@ -5,7 +5,8 @@
 //
 //   gpu_pipeline OUT.jsonl [--layers 24] [--d-model 1024] [--seq 1024] [--batch 16] [--steps 10]
 //   gpu_pipeline OUT.jsonl --speed 1   (speed.jsonl: the small GPT with and without CUDA graphs,
-//                                       the 24-layer GPT in 4 stages, peaks, largest batches)
+//                                       the 24-layer GPT in 4 stages, peaks, largest batches;
+//                                       --small 0 and --largest 0 leave out the first and last)
 //
 // bf16 autocast over float32 master weights, SGD, no dropout. Rounds alternate the variants; each
 // reports the median and the range of its steps' samples/s. Needs a CUDA device.
@@ -43,6 +44,7 @@ struct Args {
   int64_t layers = 24, d_model = 1024, seq = 1024, batch = 16, vocab = 32000;
   int steps = 10, rounds = 2;
   bool speed = false;
+  bool small = true, largest = true;  // --speed: the small GPT's case, the largest batches
 };
 
 at::Tensor mean_ce(const at::Tensor& out, const at::Tensor& target) {
@@ -265,6 +267,8 @@ int main(int argc, char** argv) {
     else if (k == "--steps") a.steps = static_cast<int>(v);
     else if (k == "--rounds") a.rounds = static_cast<int>(v);
     else if (k == "--speed") a.speed = v != 0;
+    else if (k == "--small") a.small = v != 0;
+    else if (k == "--largest") a.largest = v != 0;
     else {
       std::cerr << "gpu_pipeline: unknown option " << k << "\n";
       return 2;
@@ -284,7 +288,7 @@ int main(int argc, char** argv) {
     Args small = a;
     small.layers = 4, small.d_model = 64, small.seq = 32, small.batch = 32, small.vocab = 64, small.steps = 30;
     small.rounds = 3;
-    speed_case(small, 2, 4, card, "gpt_small", out);
+    if (a.small) speed_case(small, 2, 4, card, "gpt_small", out);
     Args big = a;
     big.steps = std::min(a.steps, 6);
     // Beside them, what separates the pipeline's cost from the smaller products': the plain loop
@@ -296,7 +300,7 @@ int main(int argc, char** argv) {
                     {"pipeline", 1, 8, schedule::Kind::OneFOneB, Recompute::Never, true},
                     {"pipeline", 4, 4, schedule::Kind::OneFOneB, Recompute::Never, true}});
     // 3. The largest batch of the 24-layer GPT with and without recomputation.
-    largest_batches(bm.layers, big, speed_common(big, card, "gpt24"), out);
+    if (a.largest) largest_batches(bm.layers, big, speed_common(big, card, "gpt24"), out);
     return 0;
   }
   models::Model m = build(a);

@@ -9,7 +9,9 @@
 // posts all n back to back, from tensors made and filled before the clock starts, so neither
 // the fills nor the store's go and done count), with n the larger of --iters (at least 2) and
 // enough messages to carry --min-bytes (default 1 GiB; at most 1024 messages). The last received
-// tensor's content is checked.
+// tensor's content is checked. send_us_median and recv_us_median: the sender's time per send()
+// call (posting all n) and the median of the receiver's recv() calls (messages 2..n), medians
+// over the rounds: which side sets the pace.
 // NCCL runs its two ranks on one GPU with a host id each (NCCL_HOSTID; sockets on lo): a test-only
 // arrangement, slow by design (docs/gpu.md). UCX carries device memory where it has CUDA
 // (UCX_CUDA=1 in `pipetrain --version`), through the host otherwise; Gloo stages through pinned
@@ -122,7 +124,7 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
   int64_t round = 0;
   for (int64_t bytes : sizes)
     for (int from : {0, 1}) {
-      std::vector<double> gbps;
+      std::vector<double> gbps, post_us, recv_us_all;
       const int to = 1 - from, n = messages_for(bytes, iters);
       // The sender's tensors, made and filled before the clock starts; message i carries pool[i %
       // kPool], whose every element is its index (checked on the last message).
@@ -136,12 +138,16 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
         if (rank == to) store->set(go, {1});
         store->wait({go});
         Clock::time_point t0;
+        const auto posting = Clock::now();
+        std::vector<double> recv_us;  // each recv() call's time, messages 2..n
         for (int i = 0; i < n; ++i) {
           const MessageId id{Kind::Activation, i, 0, round};
           if (rank == from) {
             t->send(to, id, pool[i % pool.size()]);
           } else {
+            const auto called = Clock::now();
             at::Tensor got = t->recv(from, id, Deadline::after(kWait));
+            if (i > 0) recv_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - called).count());
             if (i == 0) t0 = Clock::now();
             if (i == n - 1) {
               const float want = static_cast<float>((n - 1) % std::min(n, kPool));
@@ -151,6 +157,12 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
             }
           }
         }
+        // Where the time per message goes: the sender's send() calls (posting, a stream sync
+        // each) and the receiver's recv() calls, in microseconds.
+        const double per_post = std::chrono::duration<double, std::micro>(Clock::now() - posting).count() / n;
+        const std::string mine = std::to_string(rank == from ? per_post : median(recv_us));
+        store->set(pipetrain::detail::concat(rank == from ? "post/" : "recvus/", round),
+                   std::vector<uint8_t>(mine.begin(), mine.end()));
         sync_device();
         if (rank == to) {
           const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -159,13 +171,19 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
         }
         const std::vector<uint8_t> rate = store->get(done);
         if (rep > 0) gbps.push_back(std::stod(std::string(rate.begin(), rate.end())));
+        if (rep > 0)
+          for (const char* what : {"post/", "recvus/"}) {
+            const std::vector<uint8_t> us = store->get(pipetrain::detail::concat(what, round));
+            (what[0] == 'p' ? post_us : recv_us_all).push_back(std::stod(std::string(us.begin(), us.end())));
+          }
       }
       if (rank == 0) {
         std::ofstream f(out, std::ios::app);
         f << "{\"bench\":\"transfer\",\"transport\":\"" << transport << "\",\"from\":" << from << ",\"to\":" << to
           << ",\"bytes\":" << bytes << ",\"iters\":" << n << ",\"timing\":\"receiver, messages 2.." << n << "\""
           << ",\"gbps_median\":" << median(gbps) << ",\"gbps_min\":" << *std::min_element(gbps.begin(), gbps.end())
-          << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end()) << tail();
+          << ",\"gbps_max\":" << *std::max_element(gbps.begin(), gbps.end())
+          << ",\"send_us_median\":" << median(post_us) << ",\"recv_us_median\":" << median(recv_us_all) << tail();
       }
     }
   t.reset();
