@@ -11,6 +11,9 @@
 # loop and as 2 stages with and without CUDA graphs; the 24-layer GPT as the plain loop and as 4
 # stages 1F1B with and without graphs, each one's peak memory; its largest batch with and without
 # recomputation).
+# GPU_TRANSFER_TRANSPORTS (default ucx,nccl,gloo), GPU_UCX_SETTINGS (the rendezvous settings
+# UCX is measured under at 64 MiB), GPU_SPEED_ARGS (more gpu_pipeline flags) and
+# GPU_GPT24_TRANSPORTS (default "ucx nccl") narrow a call to what is to be measured again.
 # Writes RESULTS_DIR/machine.jsonl (the device, driver and clocks, read before and after) and
 # RESULTS_DIR/transfers.jsonl (bench/transfer_gpu.cpp: two processes on the GPU, GB/s per transport,
 # direction and size beside cudaMemcpy's; transfers_ucx_settings.jsonl the same for UCX at 64 MiB
@@ -49,22 +52,27 @@ status=0
 if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
   t=$(within 180)
   if [ "$t" -gt 0 ]; then
-    timeout "$t" "$build/bench/transfer_gpu" "$out/transfers.jsonl" >"$out/transfers.log" 2>&1 || status=$?
+    timeout "$t" "$build/bench/transfer_gpu" "$out/transfers.jsonl" --transports "${GPU_TRANSFER_TRANSPORTS:-ucx,nccl,gloo}" \
+      >"$out/transfers.log" 2>&1 || status=$?
   else skip transfers; fi
   # Where UCX's time goes at 64 MiB: the protocols it picked (UCX_PROTO_INFO=used, printed through
   # our log at info level into transfers_ucx_protocols.log), and the same transfer under other
-  # rendezvous settings, each line labelled with them (transfers_ucx_settings.jsonl).
-  for setting in default UCX_MAX_RNDV_RAILS=1 UCX_RNDV_SCHEME=get_zcopy UCX_RNDV_SCHEME=put_zcopy \
-      UCX_PROTO_ENABLE=n UCX_TLS=sm,self,cuda_copy,cuda_ipc; do
+  # rendezvous settings, each line labelled with them (transfers_ucx_settings.jsonl); read_ahead=0
+  # is the transport receiving no message ahead (TransportOptions::read_ahead), for comparison.
+  # GPU_UCX_SETTINGS: a shorter list (e.g. "default read_ahead=0") where the others were measured.
+  for setting in ${GPU_UCX_SETTINGS:-default read_ahead=0 UCX_MAX_RNDV_RAILS=1 UCX_RNDV_SCHEME=get_zcopy \
+      UCX_RNDV_SCHEME=put_zcopy UCX_PROTO_ENABLE=n UCX_TLS=sm,self,cuda_copy,cuda_ipc}; do
     t=$(within 40)
     if [ "$t" -eq 0 ]; then skip "transfers_ucx $setting"; continue; fi
-    env=()
-    [ "$setting" != default ] && env=("$setting")
-    [ "$setting" = default ] && env=(UCX_PROTO_INFO=used PIPETRAIN_LOG_LEVEL=info)
-    sizes=67108864
-    [ "$setting" = default ] && sizes=67108864,268435456  # and 256 MiB: how the cost per message scales
+    env=(UCX_PROTO_INFO=used PIPETRAIN_LOG_LEVEL=info)
+    args=(--sizes 67108864,268435456)  # and 256 MiB: how the cost per message scales
+    case "$setting" in
+      default) ;;
+      read_ahead=0) args=(--sizes 67108864,268435456 --read-ahead 0); env=() ;;
+      *) args=(--sizes 67108864); env=("$setting") ;;
+    esac
     env "${env[@]}" timeout "$t" "$build/bench/transfer_gpu" "$out/transfers_ucx_settings.jsonl" --transports ucx \
-      --sizes "$sizes" --label "$setting" >>"$out/transfers_ucx_protocols.log" 2>&1 || status=$?
+      "${args[@]}" --label "$setting" >>"$out/transfers_ucx_protocols.log" 2>&1 || status=$?
   done
 fi
 if part speed && [ -x "$build/bench/gpu_pipeline" ]; then
@@ -98,7 +106,7 @@ EOF
   if [ "$t" -gt 0 ]; then
     timeout "$t" "$build/apps/pipetrain" train "$cfg" --quiet --metrics "$out/gpt24_threads.jsonl" >"$out/gpt24_threads.log" 2>&1 || status=$?
   else skip gpt24_threads; fi
-  for transport in ucx nccl; do
+  for transport in ${GPU_GPT24_TRANSPORTS:-ucx nccl}; do
     t=$(within 120)
     if [ "$t" -eq 0 ]; then skip "gpt24_$transport"; continue; fi
     port=$(( 29500 + RANDOM % 1000 ))

@@ -163,6 +163,7 @@ void compare(const std::vector<Variant>& variants, torch::nn::Sequential model, 
         continue;
       }
       peaks[describe(v)] = std::max(peaks[describe(v)], peak());
+      c10::cuda::CUDACachingAllocator::emptyCache();  // each variant starts from a bare allocator
       auto& all = times[describe(v)];
       all.insert(all.end(), t.begin(), t.end());
       std::cerr << measure << " round " << round << " " << describe(v) << ": " << x.size(0) / median_of(t) << " samples/s\n";
@@ -291,14 +292,15 @@ int main(int argc, char** argv) {
     if (a.small) speed_case(small, 2, 4, card, "gpt_small", out);
     Args big = a;
     big.steps = std::min(a.steps, 6);
-    // Beside them, what separates the pipeline's cost from the smaller products': the plain loop
-    // over the 8 micro-batches one after another, one stage with graphs (no concurrency), and 4
-    // stages with graphs over 4 micro-batches (products twice as large).
+    // Beside them, 4 stages over fewer, larger micro-batches (products 2 and 4 times as large),
+    // with graphs and eagerly. (The plain loop over the 8 micro-batches one after another, 0.30x,
+    // and one stage with graphs, 0.68x: bench/results/gpu/h200/speed_gpt24_variants.jsonl.)
     const models::Model bm =
         speed_case(big, 4, 8, card, "gpt24", out,
-                   {{"accumulate", 1, 8},
-                    {"pipeline", 1, 8, schedule::Kind::OneFOneB, Recompute::Never, true},
-                    {"pipeline", 4, 4, schedule::Kind::OneFOneB, Recompute::Never, true}});
+                   {{"pipeline", 4, 4, schedule::Kind::OneFOneB, Recompute::Never, true},
+                    {"pipeline", 4, 2, schedule::Kind::OneFOneB, Recompute::Never, true},
+                    {"pipeline", 4, 4, schedule::Kind::OneFOneB, Recompute::Never, false},
+                    {"pipeline", 4, 2, schedule::Kind::OneFOneB, Recompute::Never, false}});
     // 3. The largest batch of the 24-layer GPT with and without recomputation.
     if (a.largest) largest_batches(bm.layers, big, speed_common(big, card, "gpt24"), out);
     return 0;
@@ -324,6 +326,7 @@ int main(int argc, char** argv) {
       reset_peak();
       auto t = run(v, m.layers, x, y, a.steps, round == 0 ? 3 : 1);
       peaks[describe(v)] = std::max(peaks[describe(v)], peak());
+      c10::cuda::CUDACachingAllocator::emptyCache();  // each variant starts from a bare allocator
       auto& all = times[describe(v)];
       all.insert(all.end(), t.begin(), t.end());
       std::cerr << "round " << round << " " << describe(v) << ": " << a.batch / t[t.size() / 2] << " samples/s\n";

@@ -19,7 +19,8 @@
 // kChildSeconds: a transport that hangs costs its own time, not the others' lines.
 //
 //   transfer_gpu OUT.jsonl [--transports ucx,nccl,gloo] [--sizes 1048576,16777216,67108864] [--iters 10]
-//                [--device cuda|cpu] [--label TEXT] [--min-bytes B]
+//                [--device cuda|cpu] [--label TEXT] [--min-bytes B] [--read-ahead N]
+// --read-ahead: UCX's TransportOptions::read_ahead (0: each message's rendezvous after the last's).
 // --label adds "label": TEXT to every line (bench/gpu.sh: the UCX settings of a run).
 // --device cpu runs the same exchange with host tensors (no nccl), which checks the harness
 // where there is no GPU.
@@ -75,6 +76,7 @@ constexpr int kMaxMessages = 1024;
 constexpr int kPool = 16;  // distinct tensors the sender cycles through
 bool on_gpu = true;        // --device
 std::string label;         // --label
+int read_ahead = 2;        // --read-ahead: UCX's TransportOptions::read_ahead
 
 // Messages per measurement: at least `iters`, and enough to carry min_bytes.
 int messages_for(int64_t bytes, int iters) {
@@ -107,6 +109,7 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
   o.device = on_gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   o.timeout_s = kWait;
   o.detect_peer_failure = false;  // UCX: shared memory and cuda_ipc between the two
+  o.read_ahead = read_ahead;
   std::unique_ptr<Transport> t;
   if (transport == "nccl" || transport == "gloo") {
     t = make_group_transport(o, store, "bench/", rank, 2, "lo");
@@ -251,7 +254,7 @@ bool finished(const std::vector<pid_t>& pids, const std::string& what) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes B,...] [--iters N] [--device cuda|cpu] [--label TEXT] [--min-bytes B]\n");
+    std::fprintf(stderr, "usage: transfer_gpu OUT.jsonl [--transports nccl,ucx,gloo] [--sizes B,...] [--iters N] [--device cuda|cpu] [--label TEXT] [--min-bytes B] [--read-ahead N]\n");
     return 2;
   }
   const std::string out = argv[1];
@@ -268,6 +271,7 @@ int main(int argc, char** argv) {
     else if (flag == "--device") on_gpu = value != "cpu";
     else if (flag == "--label") label = value;
     else if (flag == "--min-bytes") min_bytes = std::stoll(value);
+    else if (flag == "--read-ahead") read_ahead = std::stoi(value);
     else {
       std::fprintf(stderr, "transfer_gpu: unknown flag %s\n", flag.c_str());
       return 2;

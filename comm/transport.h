@@ -73,6 +73,10 @@ struct TransportOptions {
   /// communicator runs them. Off (the default), each direction has a group of its own; on, a
   /// schedule's sends and receives can cross and deadlock: for tests that show it.
   bool shared_p2p_stream = false;
+  /// ucx: how many later messages from a peer a receive that waits for data may receive ahead
+  /// of their recv() (their headers already arrived), so that their rendezvous overlaps; each
+  /// holds its buffer from then on. 0 turns it off (a benchmark's comparison).
+  int read_ahead = 2;
 };
 
 /// One rank's endpoint: tensors to and from the other ranks of its world.

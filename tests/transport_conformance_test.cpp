@@ -384,6 +384,45 @@ TEST(UcxHostilePeer, MalformedHeadersAreRefusedNamingThePeer) {
   EXPECT_EQ(g[1]->recv(2, act(6), Deadline::after(kWait)).numel(), 3);
 }
 
+// Messages whose header waits in UCX's queue while an earlier message's data arrives are
+// received ahead (comm/ucx/transport.cpp, read_ahead): the receiver still gets each in the order
+// UCX keeps per tag, whatever order it asks in, with what was sent; a wrong step or a malformed
+// header read ahead is refused as it would be otherwise; and messages read ahead but never asked
+// for go with the transport.
+TEST(UcxTransport, ReceivesAheadKeepingOrderAndRefusals) {
+  Group g = make_ucx_group(2);
+  const uint64_t before = ucx_read_ahead_for_test();
+  const int64_t n = 16384;  // 64 KiB of float: data apart from its header
+  auto payload = [&](int m, int64_t step) { return torch::full({n}, static_cast<float>(10 * m + step)); };
+  for (int m = 0; m < 6; ++m) g[0]->send(1, act(m), payload(m, 0));
+  for (int64_t step : {0, 1}) g[0]->send(1, act(7, step), payload(7, step));  // one tag, two steps
+  g[0]->send(1, act(8, 1), payload(8, 1));
+  send_raw_header_for_test(*g[0], 1, act(9), std::string(kWireHeaderBytes, 'x'));
+  for (int m : {0, 5, 3, 4, 2, 1}) {
+    const at::Tensor t = g[1]->recv(0, act(m), Deadline::after(kWait));
+    ASSERT_EQ(t.numel(), n);
+    EXPECT_TRUE(torch::equal(t, payload(m, 0))) << "micro-batch " << m;
+  }
+  for (int64_t step : {0, 1})
+    EXPECT_TRUE(torch::equal(g[1]->recv(0, act(7, step), Deadline::after(kWait)), payload(7, step))) << step;
+  EXPECT_GT(ucx_read_ahead_for_test(), before) << "no header was read ahead";
+  int peer = -1;
+  std::string err = test::transport_error_of([&] { g[1]->recv(0, act(8, 2), Deadline::after(kWait)); }, &peer);
+  EXPECT_EQ(peer, 0);
+  EXPECT_NE(err.find("expected activation of micro-batch 8 (step 2) from rank 0, got micro-batch 8 of step 1"),
+            std::string::npos)
+      << err;
+  err = test::transport_error_of([&] { g[1]->recv(0, act(9), Deadline::after(kWait)); }, &peer);
+  EXPECT_EQ(peer, 0);
+  EXPECT_NE(err.find("bad magic"), std::string::npos) << err;
+  // Still usable; then three large messages of which only the first is asked for.
+  for (int m = 10; m < 13; ++m) g[0]->send(1, act(m), payload(m, 0));
+  EXPECT_TRUE(torch::equal(g[1]->recv(0, act(10), Deadline::after(kWait)), payload(10, 0)));
+  const auto t0 = Clock::now();
+  g.clear();
+  EXPECT_LT(seconds_since(t0), kWait);
+}
+
 TEST(UcxTransport, MultiProcessFactoryWithInMemoryExchange) {
   // The per-rank factory with an exchange that publishes into a shared table: what a
   // multi-process runtime does through its store, here with threads.

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -159,6 +160,18 @@ class UcxTransport final : public Transport {
   void wait(std::unique_lock<std::mutex>& lock, std::unique_ptr<Op>& op, int src, const MessageId& id,
             Deadline deadline, const char* part);
   void give_up(std::unique_ptr<Op> op);
+  // A message whose header was received before its recv() asked for it (read_ahead), with the
+  // receive of its data posted where it travels apart and its header decoded.
+  struct Ahead {
+    bool read = false;        // an entry at all
+    size_t length = 0;        // the header message's length, as the probe saw it
+    std::unique_ptr<Op> head, body;
+    at::Tensor out;           // body's buffer
+  };
+  void read_ahead(int src);
+  Ahead take_ahead(uint64_t tag);
+  at::Tensor buffer_for(const WireHeader& h, bool device);
+  WireHeader checked_header(const Op& head, int src, const MessageId& id) const;
   // Throws once aborted, after a failed send, or when not connected; `doing()` says what failed.
   template <typename Doing>
   void check_usable(int peer, const Doing& doing) const;
@@ -212,6 +225,8 @@ class UcxTransport final : public Transport {
   int waiters_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::map<Op*, std::unique_ptr<Op>> pending_;
+  std::map<uint64_t, std::deque<Ahead>> ahead_;  // by header tag, oldest first
+  std::map<int, int> read_ahead_held_;            // entries of ahead_ per source rank
   std::unique_ptr<Op> abort_notice_;  // the posted receive of a peer's abort notice
   std::unique_ptr<Op> probe_;         // the posted receive of a peer's ping or pong
   bool probes_off_ = false;           // the probe receive failed: no more reposts

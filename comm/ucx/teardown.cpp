@@ -95,6 +95,12 @@ UcxTransport::~UcxTransport() {
 void UcxTransport::release() {
   if (worker_) {
     std::lock_guard<std::mutex> lock(mu_);
+    // Messages read ahead that nobody received: their receives still in flight are given up.
+    for (auto& [tag, queue] : ahead_)
+      for (Ahead& a : queue)
+        for (std::unique_ptr<Op>* op : {&a.head, &a.body})
+          if (*op) give_up(std::move(*op));
+    ahead_.clear();
     // Receives still posted are cancelled; their callbacks drop them from pending_.
     std::vector<void*> posted;
     for (std::unique_ptr<Op>* standing : {&abort_notice_, &probe_})

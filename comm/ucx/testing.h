@@ -21,6 +21,10 @@ void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id
 // carries device memory itself (PIPETRAIN_UCX_CUDA), every large payload's bytes otherwise.
 uint64_t ucx_host_staged_bytes_for_test();
 
+// Messages this process's UCX transports received ahead of their recv() (their header waiting in
+// UCX's queue while an earlier message's data arrived from the same rank).
+uint64_t ucx_read_ahead_for_test();
+
 // Hands `message` to UCX's log dispatcher at UCX's level `ucs_level` (a ucs_log_level_t), as UCX's
 // own ucs_warn() and ucs_error() do, after the first UCX transport of this process was made.
 void ucx_log_for_test(int ucs_level, const std::string& message);

@@ -47,6 +47,7 @@ void UcxTransport::check_usable(int peer, const Doing& doing) const {
 
 namespace {
 std::atomic<uint64_t> host_staged_bytes{0};
+std::atomic<uint64_t> read_ahead_count{0};  // headers read ahead (read_ahead), for tests
 
 }  // namespace
 
@@ -94,60 +95,76 @@ void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) 
   if (static_cast<size_t>(sends_in_flight_) > before) wake();  // whoever drives moves them on
 }
 
-at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
-  check_peer(src);
-  const uint64_t tag = header_tag(src, id);
-  std::unique_lock<std::mutex> lock(mu_);
-  check_usable(src, [&] { return detail::concat("receive ", id.describe(), " from rank ", src); });
-  auto head = new_op(OpKind::Recv, src, id);
-  head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
-  post_recv(*head, head->bytes.get(), kHeaderBufferBytes, tag, kAllBits);
-  wait(lock, head, src, id, deadline, "");
-  lock.unlock();
-
-  if (head->status == UCS_ERR_MESSAGE_TRUNCATED)
-    throw TransportError(
-        src, detail::concat("invalid message header from rank ", src, ": message for ", id.describe(),
-                            " is larger than a header with inline data (", kHeaderBufferBytes, " bytes)"));
-  if (head->status != UCS_OK)
-    throw TransportError(src, detail::concat("rank ", rank_, ": receiving ", id.describe(), " from rank ",
-                                             src, " failed: ", ucs_status_string(head->status)));
-  const size_t length = head->info.length;
-  const WireHeader h =
-      decode(head->bytes.get(), std::min(length, kWireHeaderBytes), options_.max_message_bytes, src);
-  check_received(h, id, rank_, src);
-  const bool inline_data = h.nbytes <= kInlineBytes;
-  const size_t expected = inline_data ? kWireHeaderBytes + h.nbytes : kWireHeaderBytes;
-  if (length != expected)
-    throw TransportError(src, detail::concat("invalid message from rank ", src, ": ", length,
-                                             " bytes for a header announcing ", h.nbytes, " bytes of data (",
-                                             expected, " expected)"));
-  // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
-  const bool device = device_memory_ && !inline_data && (id.kind == Kind::Activation || id.kind == Kind::Grad);
+// Where a message's data is received: device memory for an activation or gradient where UCX
+// carries it, else host memory (a pooled buffer for a huge one).
+at::Tensor UcxTransport::buffer_for(const WireHeader& h, bool device) {
+  if (!device) return h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
   // A device buffer is allocated on receive_stream_, which runs no kernel. The caching allocator
   // hands a block freed on a stream straight to that stream's next allocation, trusting the
   // stream's order to keep the old user's queued kernels ahead of the new user's; UCX writes
   // outside every stream, so a block from a compute stream could be overwritten while kernels
   // queued there still read it. A block of receive_stream_ is reused only once the streams it was
   // recorded on (its consumer's: stages/device_cuda.cpp) are done with it.
-  at::Tensor out;
-  if (device) {
-    c10::StreamGuard on_receive_stream(*receive_stream_);
-    out = at::empty(h.dims, at::TensorOptions().dtype(scalar_type_of(h.dtype)).device(options_.device));
-  } else {
-    out = h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
+  c10::StreamGuard on_receive_stream(*receive_stream_);
+  return at::empty(h.dims, at::TensorOptions().dtype(scalar_type_of(h.dtype)).device(options_.device));
+}
+
+at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
+  check_peer(src);
+  const uint64_t tag = header_tag(src, id);
+  std::unique_lock<std::mutex> lock(mu_);
+  check_usable(src, [&] { return detail::concat("receive ", id.describe(), " from rank ", src); });
+  // A header read ahead (read_ahead) is this message's: it came first among those with its tag.
+  Ahead ahead = take_ahead(tag);
+  std::unique_ptr<Op> head = std::move(ahead.head), body = std::move(ahead.body);
+  at::Tensor out = ahead.out;
+  if (!head) {
+    head = new_op(OpKind::Recv, src, id);
+    head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
+    post_recv(*head, head->bytes.get(), kHeaderBufferBytes, tag, kAllBits);
   }
+  wait(lock, head, src, id, deadline, "");
+  if (ahead.read) head->info.length = ahead.length;  // the probe's: UCX 1.13's callback may not say
+  lock.unlock();
+  // What is wrong with a message read ahead is said here, as for any other; its data, if posted
+  // already, goes with the receive that gives up on it.
+  auto refuse = [&](std::exception_ptr error) -> at::Tensor {
+    if (body) {
+      std::lock_guard<std::mutex> relock(mu_);
+      give_up(std::move(body));
+    }
+    std::rethrow_exception(error);
+  };
+  bool inline_data = false;
+  WireHeader h;
+  try {
+    h = checked_header(*head, src, id);
+    inline_data = h.nbytes <= kInlineBytes;
+  } catch (...) {
+    return refuse(std::current_exception());
+  }
+  // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
+  const bool device = device_memory_ && !inline_data && (id.kind == Kind::Activation || id.kind == Kind::Grad);
+  if (!out.defined()) out = buffer_for(h, device);
   if (inline_data) {
     if (h.nbytes) std::memcpy(out.data_ptr(), head->bytes.get() + kWireHeaderBytes, h.nbytes);
     return out;
   }
 
   lock.lock();
-  check_usable(src,
-               [&] { return detail::concat("receive the data of ", id.describe(), " from rank ", src); });
-  auto body = new_op(OpKind::Recv, src, id);
-  body->tensor = out;
-  post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits, device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+  try {
+    check_usable(src,
+                 [&] { return detail::concat("receive the data of ", id.describe(), " from rank ", src); });
+  } catch (...) {
+    lock.unlock();
+    return refuse(std::current_exception());
+  }
+  if (!body) {
+    body = new_op(OpKind::Recv, src, id);
+    body->tensor = out;
+    post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits, device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+  }
+  read_ahead(src);
   ++data_waits_;
   try {
     wait(lock, body, src, id, deadline, "the data of ");
@@ -164,6 +181,94 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
                                 ? detail::concat(body->info.length, " bytes, header announced ", h.nbytes)
                                 : ""));
   return out;
+}
+
+// Up to options_.read_ahead messages of `src` whose header arrived before anyone asked for them (UCX's
+// unexpected queue holds it) are received now, and where the data travels apart, its receive is
+// posted into a buffer of its own: the rendezvous of the next message (UCX's handshake, and the
+// copy it starts) goes on while this one's data arrives and while the caller works on it, which
+// overlaps what costs each message a fixed time (bench/results/gpu/h200/transfers.jsonl). The
+// headers are taken in their order of arrival per tag, and recv() looks here first, under the
+// same lock: no message is matched out of the order UCX itself would keep. A header that does
+// not decode is left for its recv() to refuse, with the error it would give anyway.
+void UcxTransport::read_ahead(int src) {
+  int& held = read_ahead_held_[src];
+  while (held < options_.read_ahead) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, rank_bits(src), kTypeMask | kRankMask, 1, &info);
+    if (!message) return;
+    const auto kind = static_cast<Kind>((info.sender_tag >> kKindShift) & 3);
+    const MessageId id{kind, static_cast<int32_t>(info.sender_tag & 0xffffffffu),
+                       static_cast<int>((info.sender_tag >> kChunkShift) & ((1u << kChunkBits) - 1))};
+    Ahead a;
+    a.read = true;
+    a.length = info.length;
+    a.head = new_op(OpKind::Recv, src, id);
+    a.head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = &UcxTransport::on_recv;
+    p.user_data = a.head.get();
+    ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, a.head->bytes.get(), kHeaderBufferBytes, message, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      a.head->done = true;
+      a.head->status = UCS_PTR_STATUS(r);
+    } else if (!a.head->done) {
+      a.head->request = r;
+    }
+    if (a.head->done && a.head->status == UCS_OK && info.length == kWireHeaderBytes) {
+      try {
+        const WireHeader h = decode(a.head->bytes.get(), kWireHeaderBytes, options_.max_message_bytes, src);
+        if (h.nbytes > kInlineBytes) {
+          const bool device = device_memory_ && (kind == Kind::Activation || kind == Kind::Grad);
+          a.out = buffer_for(h, device);
+          a.body = new_op(OpKind::Recv, src, id);
+          a.body->tensor = a.out;
+          post_recv(*a.body, a.out.data_ptr(), h.nbytes, data_tag(info.sender_tag), kAllBits,
+                    device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+        }
+      } catch (const std::exception&) {
+        a.out = at::Tensor();  // its recv() refuses it
+      }
+    }
+    ++held;
+    ++read_ahead_count;
+    ahead_[info.sender_tag].push_back(std::move(a));
+  }
+}
+
+// The oldest message read ahead with header tag `tag`, or an empty one.
+UcxTransport::Ahead UcxTransport::take_ahead(uint64_t tag) {
+  auto it = ahead_.find(tag);
+  if (it == ahead_.end()) return {};
+  Ahead a = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) ahead_.erase(it);
+  --read_ahead_held_[a.head->peer];
+  return a;
+}
+
+// The header of message `id` from `src`, received into `head`, decoded and checked: its status,
+// its fields, and its length against the data it announces.
+WireHeader UcxTransport::checked_header(const Op& head, int src, const MessageId& id) const {
+  if (head.status == UCS_ERR_MESSAGE_TRUNCATED)
+    throw TransportError(
+        src, detail::concat("invalid message header from rank ", src, ": message for ", id.describe(),
+                            " is larger than a header with inline data (", kHeaderBufferBytes, " bytes)"));
+  if (head.status != UCS_OK)
+    throw TransportError(src, detail::concat("rank ", rank_, ": receiving ", id.describe(), " from rank ",
+                                             src, " failed: ", ucs_status_string(head.status)));
+  const size_t length = head.info.length;
+  const WireHeader h =
+      decode(head.bytes.get(), std::min(length, kWireHeaderBytes), options_.max_message_bytes, src);
+  check_received(h, id, rank_, src);
+  const bool inline_data = h.nbytes <= kInlineBytes;
+  const size_t expected = inline_data ? kWireHeaderBytes + h.nbytes : kWireHeaderBytes;
+  if (length != expected)
+    throw TransportError(src, detail::concat("invalid message from rank ", src, ": ", length,
+                                             " bytes for a header announcing ", h.nbytes, " bytes of data (",
+                                             expected, " expected)"));
+  return h;
 }
 
 std::string UcxTransport::describe_endpoint(int peer) {
@@ -360,5 +465,7 @@ void send_raw_header_for_test(Transport& transport, int dst, const MessageId& id
 }
 
 uint64_t ucx_host_staged_bytes_for_test() { return ucx::host_staged_bytes.load(); }
+
+uint64_t ucx_read_ahead_for_test() { return ucx::read_ahead_count.load(); }
 
 }  // namespace pipetrain::comm
