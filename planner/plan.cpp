@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <ATen/Parallel.h>
@@ -235,6 +236,21 @@ std::string frozen_hint(const Config& c, const models::Model& m) {
 }
 }  // namespace
 
+std::string shared_device_hint(const stages::StageDevices& devices, int micro_batches) {
+  if (micro_batches <= 2) return "";
+  std::map<std::string, std::vector<std::string>> stages_on;  // a GPU's name -> its stages
+  for (size_t s = 0; s < devices.per_stage.size(); ++s)
+    if (devices.per_stage[s].is_cuda()) stages_on[devices.per_stage[s].str()].push_back(std::to_string(s));
+  for (const auto& [gpu, stages] : stages_on) {
+    if (stages.size() < 2) continue;
+    return detail::concat("stages ", join(stages, ", "), " share ", gpu, ", where they overlap little: each of the ",
+                          micro_batches, " micro-batches costs smaller products and a launch of every kernel, and "
+                          "buys activation memory only (the 24-layer GPT as 4 stages on one H200: 0.99x the plain loop "
+                          "with 2 micro-batches, 0.38x with 8, 0.81x with 8 and pipeline.cuda_graphs; docs/gpu.md)");
+  }
+  return "";
+}
+
 PlanReport make_plan(const Config& c, const PlanOptions& o) {
   Job job = prepare(c);
   PlanReport r;
@@ -254,6 +270,7 @@ PlanReport make_plan(const Config& c, const PlanOptions& o) {
   r.stages = stage_rows(c, r, models::layer_names(job.model.layers));
   if (o.compare) r.compared = compare_schedules(c, job, r, links);
   r.frozen_hint = frozen_hint(c, job.model);
+  r.shared_device_hint = shared_device_hint(job.devices, c.pipeline.micro_batches);
   if (o.compare && o.costs_path.empty() && c.runtime.dtype == DType::Float32) r.precisions = compare_precisions(c, o, r, links);
   r.summary = detail::concat(c.model.value("family", "?"), " on ", job.data.name, ", ", c.pipeline.stages, " stages",
                              c.pipeline.chunks > 1 ? detail::concat(" x ", c.pipeline.chunks, " chunks") : "",
@@ -290,6 +307,7 @@ void print_plan(std::ostream& out, const PlanReport& r) {
   out << line;
   if (!r.deferral.empty()) out << "weight gradients: " << r.deferral << "\n";
   if (!r.frozen_hint.empty()) out << "frozen weights: " << r.frozen_hint << "\n";
+  if (!r.shared_device_hint.empty()) out << "shared device: " << r.shared_device_hint << "\n";
   if (r.data_parallel.copies > 1) {
     const auto& dp = r.data_parallel;
     std::vector<std::string> per_stage;
@@ -385,6 +403,7 @@ void print_plan_json(std::ostream& out, const PlanReport& r) {
          {"predicted", schedule_json(r.configured)}, {"deferred_weight_grads", !r.whole.layers.empty()}};
   if (!r.deferral.empty()) j["deferral"] = r.deferral;
   if (!r.frozen_hint.empty()) j["frozen_hint"] = r.frozen_hint;
+  if (!r.shared_device_hint.empty()) j["shared_device_hint"] = r.shared_device_hint;
   if (r.data_parallel.copies > 1)
     j["data_parallel"] = {{"copies", r.data_parallel.copies}, {"sharded_optimizer", r.data_parallel.sharded},
                           {"all_reduce", fit_json(r.data_parallel.link.all_reduce)},

@@ -83,6 +83,9 @@ struct PlanReport {
   // Under a reduced precision with frozen Linear weights in float32: what model.frozen_dtype would
   // save (models.md, "Frozen weights in bfloat16"); empty otherwise.
   std::string frozen_hint;
+  // Where two or more stages share one GPU and there are more than 2 micro-batches: what the
+  // micro-batches cost there (shared_device_hint); empty otherwise.
+  std::string shared_device_hint;
 };
 
 struct PlanOptions {
@@ -92,6 +95,12 @@ struct PlanOptions {
 };
 
 PlanReport make_plan(const job::Config& c, const PlanOptions& options);
+
+// Stages that share one GPU overlap little on it, so micro-batches there cost their smaller
+// products and a launch of every kernel and buy only activation memory: a line saying so, with
+// what was measured (docs/gpu.md), where some GPU of `devices` holds two or more stages and
+// `micro_batches` > 2; else "".
+std::string shared_device_hint(const stages::StageDevices& devices, int micro_batches);
 
 // A copy's whole batch profiled (its shard of the batch as one micro-batch), for the flush of
 // deferred weight gradients (schedule_costs' `deferred`).

@@ -476,3 +476,23 @@ TEST(AutoPlan, TiesAreExchangedAtTheStep) {
   const Prediction one = predict(point(1, 1, false, true), p);
   EXPECT_NEAR(one.step_ms, predict(point(1, 1, false, false), p).step_ms, 1e-12);
 }
+
+// Stages that share a GPU: `plan` says what more than 2 micro-batches cost there, naming the
+// stages and the GPU; nothing for stages on GPUs of their own, on the CPU, or for 2 micro-batches.
+TEST(Plan, SaysWhatMicroBatchesCostWhereStagesShareAGpu) {
+  const c10::Device gpu0(c10::kCUDA, 0), gpu1(c10::kCUDA, 1), cpu(c10::kCPU);
+  stages::StageDevices shared;
+  shared.per_stage = {gpu1, gpu0, gpu0, gpu0};
+  const std::string hint = shared_device_hint(shared, 8);
+  EXPECT_NE(hint.find("stages 1, 2, 3 share cuda:0, where they overlap little: each of the 8 micro-batches"),
+            std::string::npos)
+      << hint;
+  EXPECT_NE(hint.find("docs/gpu.md"), std::string::npos) << hint;
+  EXPECT_EQ(shared_device_hint(shared, 2), "");
+  stages::StageDevices apart;
+  apart.per_stage = {gpu0, gpu1};
+  EXPECT_EQ(shared_device_hint(apart, 8), "");
+  stages::StageDevices host;
+  host.per_stage = {cpu, cpu, cpu};
+  EXPECT_EQ(shared_device_hint(host, 8), "");
+}
