@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -480,8 +481,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   std::map<std::string, std::vector<std::vector<at::Tensor>>> parts;
   std::map<std::string, const HfTensor*> part_of;  // one of a fused tensor's parts: its step and transposition
   std::set<std::string> stacked;
-  at::ScalarType type = at::kFloat;
-  bool first = true;
+  std::optional<at::ScalarType> widest;  // of the floating tensors; float32 where there is none
   for (const HfTensor& t : spec.tensors) {
     if (spec.tied && t.ours == "lm_head.linear.weight") continue;  // save_pretrained leaves the tied head out
     const auto it = weights.find(t.ours);
@@ -492,8 +492,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
     if (t.ours_row >= 0) w = w.select(0, t.ours_row);
     // The config's dtype: the widest type among the tensors (float32 norms beside weights kept
     // in bfloat16, model.frozen_dtype's, load as float32).
-    if (at::isFloatingType(w.scalar_type())) type = first ? w.scalar_type() : at::promote_types(type, w.scalar_type());
-    first = first && !at::isFloatingType(w.scalar_type());
+    if (at::isFloatingType(w.scalar_type())) widest = widest ? at::promote_types(*widest, w.scalar_type()) : w.scalar_type();
     if (t.rows == 0 && t.slice < 0) {
       tensors.emplace_back(t.theirs, (t.transposed ? w.t() : w).contiguous());
       continue;
@@ -547,6 +546,7 @@ size_t save_hf(const std::string& source, const std::map<std::string, at::Tensor
   save_safetensors_checkpoint(out, tensors, shard_bytes, {{"format", "pt"}});
   json config = spec.config;
   config.erase("quantization_config");  // the weights are written in their own type
+  const at::ScalarType type = widest.value_or(at::kFloat);
   const std::string dtype = type == at::kDouble ? "float64" : type == at::kBFloat16 ? "bfloat16" : type == at::kHalf ? "float16" : "float32";
   if (config.contains("dtype") || !config.contains("torch_dtype")) config["dtype"] = dtype;
   if (config.contains("torch_dtype")) config["torch_dtype"] = dtype;
