@@ -68,7 +68,7 @@ if part transfers && [ -x "$build/bench/transfer_gpu" ]; then
     args=(--sizes 67108864,268435456)  # and 256 MiB: how the cost per message scales
     case "$setting" in
       default) ;;
-      read_ahead=0) args=(--sizes 67108864,268435456 --read-ahead 0); env=() ;;
+      read_ahead=0) args+=(--read-ahead 0); env=() ;;
       *) args=(--sizes 67108864); env=("$setting") ;;
     esac
     env "${env[@]}" timeout "$t" "$build/bench/transfer_gpu" "$out/transfers_ucx_settings.jsonl" --transports ucx \

@@ -172,13 +172,16 @@ void rank_main(int rank, int port, const std::string& transport, const std::vect
           const std::string text = std::to_string(static_cast<double>(bytes) * (n - 1) / s / 1e9);
           store->set(done, std::vector<uint8_t>(text.begin(), text.end()));
         }
-        const std::vector<uint8_t> rate = store->get(done);
-        if (rep > 0) gbps.push_back(std::stod(std::string(rate.begin(), rate.end())));
-        if (rep > 0)
-          for (const char* what : {"post/", "recvus/"}) {
-            const std::vector<uint8_t> us = store->get(pipetrain::detail::concat(what, round));
-            (what[0] == 'p' ? post_us : recv_us_all).push_back(std::stod(std::string(us.begin(), us.end())));
-          }
+        auto number = [&](const std::string& key) {
+          const std::vector<uint8_t> text = store->get(key);
+          return std::stod(std::string(text.begin(), text.end()));
+        };
+        const double rate = number(done);
+        if (rep > 0) {
+          gbps.push_back(rate);
+          post_us.push_back(number(pipetrain::detail::concat("post/", round)));
+          recv_us_all.push_back(number(pipetrain::detail::concat("recvus/", round)));
+        }
       }
       if (rank == 0) {
         std::ofstream f(out, std::ios::app);

@@ -387,8 +387,8 @@ TEST(UcxHostilePeer, MalformedHeadersAreRefusedNamingThePeer) {
 // Messages whose header waits in UCX's queue while an earlier message's data arrives are
 // received ahead (comm/ucx/transport.cpp, read_ahead): the receiver still gets each in the order
 // UCX keeps per tag, whatever order it asks in, with what was sent; a wrong step or a malformed
-// header read ahead is refused as it would be otherwise; and messages read ahead but never asked
-// for go with the transport.
+// header read ahead is refused as it would be otherwise; messages read ahead but never asked
+// for go with the transport; and with read_ahead 0 nothing is read ahead.
 TEST(UcxTransport, ReceivesAheadKeepingOrderAndRefusals) {
   Group g = make_ucx_group(2);
   const uint64_t before = ucx_read_ahead_for_test();
@@ -421,6 +421,15 @@ TEST(UcxTransport, ReceivesAheadKeepingOrderAndRefusals) {
   const auto t0 = Clock::now();
   g.clear();
   EXPECT_LT(seconds_since(t0), kWait);
+
+  // read_ahead 0: each message is received when asked for, and none ahead.
+  TransportOptions off;
+  off.read_ahead = 0;
+  Group plain = make_ucx_group(2, off);
+  const uint64_t before_plain = ucx_read_ahead_for_test();
+  for (int m = 0; m < 4; ++m) plain[0]->send(1, act(m), payload(m, 0));
+  for (int m = 0; m < 4; ++m) EXPECT_TRUE(torch::equal(plain[1]->recv(0, act(m), Deadline::after(kWait)), payload(m, 0)));
+  EXPECT_EQ(ucx_read_ahead_for_test(), before_plain);
 }
 
 TEST(UcxTransport, MultiProcessFactoryWithInMemoryExchange) {

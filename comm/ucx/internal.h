@@ -163,14 +163,13 @@ class UcxTransport final : public Transport {
   // A message whose header was received before its recv() asked for it (read_ahead), with the
   // receive of its data posted where it travels apart and its header decoded.
   struct Ahead {
-    bool read = false;        // an entry at all
-    size_t length = 0;        // the header message's length, as the probe saw it
-    std::unique_ptr<Op> head, body;
-    at::Tensor out;           // body's buffer
+    size_t length = 0;  // the header message's length, as the probe saw it
+    std::unique_ptr<Op> head, body;  // no head: no entry
+    at::Tensor out;                  // body's buffer
   };
   void read_ahead(int src);
   Ahead take_ahead(uint64_t tag);
-  at::Tensor buffer_for(const WireHeader& h, bool device);
+  at::Tensor buffer_for(const WireHeader& h, Kind kind);
   WireHeader checked_header(const Op& head, int src, const MessageId& id) const;
   // Throws once aborted, after a failed send, or when not connected; `doing()` says what failed.
   template <typename Doing>

@@ -95,9 +95,11 @@ void UcxTransport::send(int dst, const MessageId& id, const at::Tensor& tensor) 
   if (static_cast<size_t>(sends_in_flight_) > before) wake();  // whoever drives moves them on
 }
 
-// Where a message's data is received: device memory for an activation or gradient where UCX
-// carries it, else host memory (a pooled buffer for a huge one).
-at::Tensor UcxTransport::buffer_for(const WireHeader& h, bool device) {
+// Where the data of a message of `kind` is received: device memory for an activation or gradient
+// that travels apart from its header where UCX carries device memory, else host memory (a pooled
+// buffer for a huge one).
+at::Tensor UcxTransport::buffer_for(const WireHeader& h, Kind kind) {
+  const bool device = device_memory_ && h.nbytes > kInlineBytes && (kind == Kind::Activation || kind == Kind::Grad);
   if (!device) return h.nbytes >= HugeBuffers::kHugeMin ? HugeBuffers::instance()->tensor(h) : empty_for(h);
   // A device buffer is allocated on receive_stream_, which runs no kernel. The caching allocator
   // hands a block freed on a stream straight to that stream's next allocation, trusting the
@@ -116,15 +118,16 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
   check_usable(src, [&] { return detail::concat("receive ", id.describe(), " from rank ", src); });
   // A header read ahead (read_ahead) is this message's: it came first among those with its tag.
   Ahead ahead = take_ahead(tag);
+  const bool read_ahead_here = ahead.head != nullptr;
   std::unique_ptr<Op> head = std::move(ahead.head), body = std::move(ahead.body);
   at::Tensor out = ahead.out;
-  if (!head) {
+  if (!read_ahead_here) {
     head = new_op(OpKind::Recv, src, id);
     head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
     post_recv(*head, head->bytes.get(), kHeaderBufferBytes, tag, kAllBits);
   }
   wait(lock, head, src, id, deadline, "");
-  if (ahead.read) head->info.length = ahead.length;  // the probe's: UCX 1.13's callback may not say
+  if (read_ahead_here) head->info.length = ahead.length;  // the probe's: UCX 1.13's callback may not say
   lock.unlock();
   // What is wrong with a message read ahead is said here, as for any other; its data, if posted
   // already, goes with the receive that gives up on it.
@@ -143,9 +146,7 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
   } catch (...) {
     return refuse(std::current_exception());
   }
-  // Activations and gradients for a GPU endpoint arrive in its device memory where UCX has CUDA.
-  const bool device = device_memory_ && !inline_data && (id.kind == Kind::Activation || id.kind == Kind::Grad);
-  if (!out.defined()) out = buffer_for(h, device);
+  if (!out.defined()) out = buffer_for(h, id.kind);
   if (inline_data) {
     if (h.nbytes) std::memcpy(out.data_ptr(), head->bytes.get() + kWireHeaderBytes, h.nbytes);
     return out;
@@ -162,7 +163,7 @@ at::Tensor UcxTransport::recv(int src, const MessageId& id, Deadline deadline) {
   if (!body) {
     body = new_op(OpKind::Recv, src, id);
     body->tensor = out;
-    post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits, device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+    post_recv(*body, out.data_ptr(), h.nbytes, data_tag(tag), kAllBits, out.is_cuda() ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
   }
   read_ahead(src);
   ++data_waits_;
@@ -201,7 +202,6 @@ void UcxTransport::read_ahead(int src) {
     const MessageId id{kind, static_cast<int32_t>(info.sender_tag & 0xffffffffu),
                        static_cast<int>((info.sender_tag >> kChunkShift) & ((1u << kChunkBits) - 1))};
     Ahead a;
-    a.read = true;
     a.length = info.length;
     a.head = new_op(OpKind::Recv, src, id);
     a.head->bytes.reset(new uint8_t[kHeaderBufferBytes]);
@@ -220,15 +220,14 @@ void UcxTransport::read_ahead(int src) {
       try {
         const WireHeader h = decode(a.head->bytes.get(), kWireHeaderBytes, options_.max_message_bytes, src);
         if (h.nbytes > kInlineBytes) {
-          const bool device = device_memory_ && (kind == Kind::Activation || kind == Kind::Grad);
-          a.out = buffer_for(h, device);
+          a.out = buffer_for(h, kind);
           a.body = new_op(OpKind::Recv, src, id);
           a.body->tensor = a.out;
           post_recv(*a.body, a.out.data_ptr(), h.nbytes, data_tag(info.sender_tag), kAllBits,
-                    device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+                    a.out.is_cuda() ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
         }
       } catch (const std::exception&) {
-        a.out = at::Tensor();  // its recv() refuses it
+        // its recv() decodes it again and refuses it (or, where the buffer could not be had, tries again)
       }
     }
     ++held;
